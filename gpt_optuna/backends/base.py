@@ -1,0 +1,103 @@
+"""The protocol every backend follows: discover a space, build a candidate, open a runner.
+
+Backends know nothing of Optuna. The worker process calls them in this order for each
+candidate::
+
+    built = backend.build(model, candidate, workdir)      # may raise BuildError
+    with backend.open(built, feeds, reference) as runner: # buffers bound to inputs and outputs
+        outputs = runner.infer()                          # host copies, for the accuracy check
+        runner.launch(); runner.synchronize()             # what the timer measures
+
+``space`` runs in a worker process too (probing a provider can crash), so everything a
+backend returns must be picklable plain data.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import numpy as np
+
+from gpt_optuna.errors import GptOptunaError
+from gpt_optuna.model import Feeds, ModelInfo
+from gpt_optuna.space import Candidate, Space
+
+
+class BuildError(GptOptunaError):
+    """The engine could not be built for this candidate; ``log`` holds the engine's own words."""
+
+    def __init__(self, message: str, log: str = "") -> None:
+        super().__init__(message)
+        self.log = log
+
+
+@dataclass
+class Built:
+    """A built candidate: the engine object (process-local), build time and facts to record."""
+
+    engine: Any
+    build_s: float
+    attrs: dict[str, Any] = field(default_factory=dict)
+
+
+class Runner(abc.ABC):
+    """An engine bound to input and output buffers; a context manager.
+
+    ``stream`` is the CuPy stream the runner enqueues work on, or None for a host runner, in
+    which case ``launch`` returns only when the inference is done.
+    """
+
+    stream: Any = None
+
+    @abc.abstractmethod
+    def infer(self) -> dict[str, np.ndarray]:
+        """Run once and return every output as a host array."""
+
+    @abc.abstractmethod
+    def launch(self) -> None:
+        """Enqueue one inference on ``stream`` (or run it, for a host runner)."""
+
+    def synchronize(self) -> None:
+        """Wait until everything launched has finished."""
+        if self.stream is not None:
+            self.stream.synchronize()
+
+    def close(self) -> None:
+        """Release buffers and sessions."""
+
+    def __enter__(self) -> Runner:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+
+class Backend(abc.ABC):
+    """An inference engine the tuner can search over."""
+
+    name: str = ""
+
+    @abc.abstractmethod
+    def space(self, model: ModelInfo, shapes: dict[str, tuple[int, ...]]) -> Space:
+        """The knobs worth searching for this model with the library installed here."""
+
+    @abc.abstractmethod
+    def build(self, model: ModelInfo, candidate: Candidate, workdir: Path) -> Built:
+        """Build (compile, create a session for) one candidate; raise BuildError on failure."""
+
+    @abc.abstractmethod
+    def open(self, built: Built, feeds: Feeds, outputs: Feeds) -> Runner:
+        """Bind a built candidate to the inputs and return a runner.
+
+        ``outputs`` are the reference outputs: their shapes and dtypes size the output buffers.
+        """
+
+    def versions(self) -> dict[str, str]:
+        """Library versions to record with the study."""
+        return {}

@@ -1,0 +1,270 @@
+"""ONNX Runtime: CPU, CUDA and TensorRT execution providers.
+
+Only providers that can actually create a session here are offered: ONNX Runtime lists
+providers it cannot start (TensorRT without libnvinfer) and silently falls back to CPU, so each
+one is probed with a real session on a one-node model.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from gpt_optuna.backends.base import Backend, BuildError, Built, Runner
+from gpt_optuna.errors import MissingDependencyError
+from gpt_optuna.model import Feeds, ModelInfo
+from gpt_optuna.space import Candidate, Condition, Knob, Space, Value
+
+CPU = "CPUExecutionProvider"
+CUDA = "CUDAExecutionProvider"
+TENSORRT = "TensorrtExecutionProvider"
+GPU_PROVIDERS = (CUDA, TENSORRT)
+
+_OPTIONAL_GRAPH_LEVELS = ("ORT_DISABLE_ALL", "ORT_ENABLE_BASIC", "ORT_ENABLE_EXTENDED", "ORT_ENABLE_LAYOUT")
+
+
+def _ort() -> Any:
+    try:
+        import onnxruntime
+    except ImportError as exc:
+        raise MissingDependencyError("ONNX Runtime", "cpu") from exc
+    return onnxruntime
+
+
+def _cupy() -> Any:
+    try:
+        import cupy
+    except ImportError as exc:
+        raise MissingDependencyError("CuPy", "gpu") from exc
+    return cupy
+
+
+def thread_choices(cores: int) -> tuple[int, ...]:
+    """0 (the library's own choice), then powers of two up to the core count, and the count."""
+    counts = {0, cores}
+    n = 1
+    while n < cores:
+        counts.add(n)
+        n *= 2
+    return tuple(sorted(counts))
+
+
+def usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def _probe_model_bytes() -> bytes:
+    from onnx import TensorProto, helper
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "probe", [x], [y])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    return model.SerializeToString()
+
+
+def usable_providers() -> list[str]:
+    """Providers, in order of preference, that really create a session on this machine."""
+    ort = _ort()
+    listed = ort.get_available_providers()
+    if any(p in listed for p in GPU_PROVIDERS) and hasattr(ort, "preload_dlls"):
+        try:
+            ort.preload_dlls()
+        except Exception:  # a missing CUDA library shows up in the probe below
+            pass
+    usable = []
+    probe = _probe_model_bytes()
+    options = ort.SessionOptions()
+    options.log_severity_level = 4
+    for provider in (*GPU_PROVIDERS, CPU):
+        if provider not in listed:
+            continue
+        try:
+            session = ort.InferenceSession(probe, options, providers=[provider])
+        except Exception:
+            continue
+        if session.get_providers()[:1] == [provider]:
+            usable.append(provider)
+    return usable
+
+
+def discover_knobs(providers: list[str], graph_levels: list[str], cores: int) -> list[Knob]:
+    """The ONNX Runtime search space for these providers; pure, so it is unit-tested directly."""
+    knobs = [
+        Knob("provider", tuple(providers), providers[0], "execution provider"),
+        Knob("graph_optimization_level", tuple(graph_levels), "ORT_ENABLE_ALL", "graph rewrites before running"),
+        Knob("mem_pattern", (True, False), True, "plan memory from the first run's allocation pattern"),
+    ]
+    on = {p: Condition("provider", (p,)) for p in providers}
+    threads = thread_choices(cores)
+    if CPU in providers:
+        knobs += [
+            Knob("execution_mode", ("ORT_SEQUENTIAL", "ORT_PARALLEL"), "ORT_SEQUENTIAL", condition=on[CPU]),
+            Knob("intra_op_num_threads", threads, 0, "threads inside one operator", on[CPU]),
+            Knob(
+                "inter_op_num_threads",
+                threads,
+                0,
+                "threads across operators",
+                Condition("execution_mode", ("ORT_PARALLEL",)),
+            ),
+            Knob("intra_op_spinning", (True, False), True, "spin-wait for work", on[CPU]),
+            Knob("cpu_mem_arena", (True, False), True, "arena allocator for CPU memory", on[CPU]),
+            Knob("denormal_as_zero", (False, True), False, "flush denormals to zero", on[CPU]),
+        ]
+    if CUDA in providers:
+        knobs += [
+            Knob("cuda.cudnn_conv_algo_search", ("EXHAUSTIVE", "HEURISTIC", "DEFAULT"), "EXHAUSTIVE", condition=on[CUDA]),
+            Knob("cuda.use_tf32", (True, False), True, "TF32 math in convolutions and GEMMs", on[CUDA]),
+            Knob("cuda.prefer_nhwc", (False, True), False, "NHWC layout for convolutions", on[CUDA]),
+            Knob("cuda.enable_cuda_graph", (False, True), False, "replay the run as one CUDA graph", on[CUDA]),
+            Knob("cuda.cudnn_conv_use_max_workspace", (True, False), True, "largest cuDNN workspace", on[CUDA]),
+        ]
+    if TENSORRT in providers:
+        knobs += [
+            Knob("trt.builder_optimization_level", (3, 0, 1, 2, 4, 5), 3, "TensorRT builder effort", on[TENSORRT]),
+            Knob("trt.fp16", (False, True), False, "allow fp16 kernels", on[TENSORRT]),
+            Knob("trt.cuda_graph", (False, True), False, "replay the run as one CUDA graph", on[TENSORRT]),
+            Knob("trt.auxiliary_streams", (-1, 0, 1, 2), -1, "auxiliary streams (-1: heuristic)", on[TENSORRT]),
+        ]
+    return knobs
+
+
+def session_options(candidate: Candidate) -> Any:
+    """Map a candidate's session-level knobs onto ``onnxruntime.SessionOptions``."""
+    ort = _ort()
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, str(candidate["graph_optimization_level"]))
+    options.enable_mem_pattern = bool(candidate["mem_pattern"])
+    if candidate["provider"] == CPU:
+        options.execution_mode = getattr(ort.ExecutionMode, str(candidate["execution_mode"]))
+        options.intra_op_num_threads = int(candidate["intra_op_num_threads"])
+        options.inter_op_num_threads = int(candidate.get("inter_op_num_threads", 0))
+        options.add_session_config_entry("session.intra_op.allow_spinning", "1" if candidate["intra_op_spinning"] else "0")
+        options.enable_cpu_mem_arena = bool(candidate["cpu_mem_arena"])
+        options.add_session_config_entry("session.set_denormal_as_zero", "1" if candidate["denormal_as_zero"] else "0")
+    return options
+
+
+def provider_options(candidate: Candidate, stream_ptr: int | None, workdir: Path) -> dict[str, str]:
+    """Map a candidate's provider knobs onto the provider's option strings."""
+    provider = candidate["provider"]
+
+    def flag(value: Value) -> str:
+        return "1" if value else "0"
+
+    if provider == CUDA:
+        options = {
+            "device_id": "0",
+            "cudnn_conv_algo_search": str(candidate["cuda.cudnn_conv_algo_search"]),
+            "use_tf32": flag(candidate["cuda.use_tf32"]),
+            "prefer_nhwc": flag(candidate["cuda.prefer_nhwc"]),
+            "enable_cuda_graph": flag(candidate["cuda.enable_cuda_graph"]),
+            "cudnn_conv_use_max_workspace": flag(candidate["cuda.cudnn_conv_use_max_workspace"]),
+        }
+    elif provider == TENSORRT:
+        options = {
+            "device_id": "0",
+            "trt_builder_optimization_level": str(candidate["trt.builder_optimization_level"]),
+            "trt_fp16_enable": flag(candidate["trt.fp16"]),
+            "trt_cuda_graph_enable": flag(candidate["trt.cuda_graph"]),
+            "trt_auxiliary_streams": str(candidate["trt.auxiliary_streams"]),
+            "trt_timing_cache_enable": "1",
+            "trt_timing_cache_path": str(workdir),
+        }
+    else:
+        return {}
+    if stream_ptr is not None:
+        options["has_user_compute_stream"] = "1"
+        options["user_compute_stream"] = str(stream_ptr)
+    return options
+
+
+class OnnxRuntimeBackend(Backend):
+    """ONNX Runtime with whichever of the CPU, CUDA and TensorRT providers work here."""
+
+    name = "onnxruntime"
+
+    def space(self, model: ModelInfo, shapes: dict[str, tuple[int, ...]]) -> Space:
+        ort = _ort()
+        usable = usable_providers()
+        gpu = [p for p in usable if p in GPU_PROVIDERS]
+        levels = [lvl for lvl in (*_OPTIONAL_GRAPH_LEVELS, "ORT_ENABLE_ALL") if hasattr(ort.GraphOptimizationLevel, lvl)]
+        return Space(discover_knobs(gpu or [CPU], levels, usable_cores()))
+
+    def build(self, model: ModelInfo, candidate: Candidate, workdir: Path) -> Built:
+        ort = _ort()
+        provider = str(candidate["provider"])
+        stream = _cupy().cuda.Stream(non_blocking=True) if provider in GPU_PROVIDERS else None
+        options = session_options(candidate)
+        providers = [(provider, provider_options(candidate, stream.ptr if stream else None, workdir))]
+        start = time.perf_counter()
+        try:
+            session = ort.InferenceSession(str(model.path), options, providers=providers)
+        except Exception as exc:
+            raise BuildError(f"ONNX Runtime could not create the session: {exc}", str(exc)) from exc
+        build_s = time.perf_counter() - start
+        if session.get_providers()[:1] != [provider]:
+            raise BuildError(f"{provider} could not take the model; ONNX Runtime fell back to {session.get_providers()[0]}")
+        return Built((session, stream), build_s)
+
+    def open(self, built: Built, feeds: Feeds, outputs: Feeds) -> Runner:
+        session, stream = built.engine
+        if stream is None:
+            return _HostRunner(session, feeds)
+        return _DeviceRunner(session, stream, feeds, outputs)
+
+    def versions(self) -> dict[str, str]:
+        return {"onnxruntime": _ort().__version__}
+
+
+class _HostRunner(Runner):
+    def __init__(self, session: Any, feeds: Feeds) -> None:
+        self._session = session
+        self._feeds = feeds
+        self._names = [o.name for o in session.get_outputs()]
+
+    def infer(self) -> dict[str, np.ndarray]:
+        return dict(zip(self._names, self._session.run(self._names, self._feeds), strict=True))
+
+    def launch(self) -> None:
+        self._session.run(self._names, self._feeds)
+
+
+class _DeviceRunner(Runner):
+    """Inputs and outputs in CuPy buffers bound once; the session runs on the CuPy stream."""
+
+    def __init__(self, session: Any, stream: Any, feeds: Feeds, outputs: Feeds) -> None:
+        cp = _cupy()
+        self.stream = stream
+        self._session = session
+        self._binding = session.io_binding()
+        with stream:
+            self._inputs = {n: cp.asarray(a) for n, a in feeds.items()}
+            self._outputs = {n: cp.empty(a.shape, a.dtype) for n, a in outputs.items()}
+        stream.synchronize()
+        for name, buf in self._inputs.items():
+            self._binding.bind_input(name, "cuda", 0, buf.dtype, buf.shape, buf.data.ptr)
+        for name, buf in self._outputs.items():
+            self._binding.bind_output(name, "cuda", 0, buf.dtype, buf.shape, buf.data.ptr)
+
+    def infer(self) -> dict[str, np.ndarray]:
+        self.launch()
+        self.synchronize()
+        return {name: buf.get(stream=self.stream) for name, buf in self._outputs.items()}
+
+    def launch(self) -> None:
+        self._session.run_with_iobinding(self._binding)
+
+    def close(self) -> None:
+        self._inputs.clear()
+        self._outputs.clear()

@@ -1,0 +1,156 @@
+"""The ``gpt-optuna`` command: tune, status, best."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from gpt_optuna import __version__
+from gpt_optuna.config import SAMPLERS, TuneConfig, default_storage, parse_duration, read_toml
+from gpt_optuna.errors import UserError
+
+
+def _storage_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--storage", help="Optuna storage URL (default sqlite:///studies/<study-name>.db)")
+    parser.add_argument("--study-name", help="study name (default: the only study in the storage)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="gpt-optuna", description="Search engine configurations for the fastest one that meets an accuracy criterion.")
+    parser.add_argument("--version", action="version", version=f"gpt-optuna {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    tune = commands.add_parser("tune", help="run or resume a search")
+    tune.add_argument("model", nargs="?", help="ONNX model file (or `model` in --config)")
+    tune.add_argument("--backend", help="onnxruntime (default), or a module:Class path")
+    tune.add_argument("--accuracy", help='criterion, e.g. "cosine>=0.9999 and max_abs<=1e-2" (default cosine>=0.9999)')
+    tune.add_argument("--inputs", help="input data: .npz keyed by input name (default: generated)")
+    tune.add_argument("--shape", action="append", default=None, metavar="NAME:DIMS", help="input shape, e.g. x:1x3x224x224")
+    tune.add_argument("--n-trials", type=int, help="trials the study should hold when done (default 100 without --timeout)")
+    tune.add_argument("--timeout", help="stop after this long, e.g. 8h, 30m, 90s")
+    tune.add_argument("--trial-timeout", help="deadline for one candidate (default 600 s)")
+    _storage_flags(tune)
+    tune.add_argument("--sampler", choices=SAMPLERS, help="tpe (default), gp (needs the gp extra) or random")
+    tune.add_argument("--seed", type=int, help="sampler seed")
+    tune.add_argument("--config", help="tune.toml with the same keys, plus [measure] and [space] tables")
+    tune.add_argument("--quiet", action="store_true", help="no progress bar")
+
+    status = commands.add_parser("status", help="trial counts, baseline and best of a study")
+    _storage_flags(status)
+    best = commands.add_parser("best", help="the best feasible trial")
+    _storage_flags(best)
+    best.add_argument("--json", action="store_true", help="print one JSON object")
+    return parser
+
+
+def tune_config(args: argparse.Namespace) -> TuneConfig:
+    values: dict[str, Any] = read_toml(Path(args.config)) if args.config else {}
+    flags = {
+        "model": Path(args.model) if args.model else None,
+        "backend": args.backend,
+        "accuracy": args.accuracy,
+        "inputs": Path(args.inputs) if args.inputs else None,
+        "shapes": args.shape,
+        "n_trials": args.n_trials,
+        "timeout_s": parse_duration(args.timeout) if args.timeout else None,
+        "trial_timeout_s": parse_duration(args.trial_timeout) if args.trial_timeout else None,
+        "storage": args.storage,
+        "study_name": args.study_name,
+        "sampler": args.sampler,
+        "seed": args.seed,
+    }
+    values.update({k: v for k, v in flags.items() if v is not None})
+    if "model" not in values:
+        raise UserError("no model given: gpt-optuna tune MODEL.onnx")
+    try:
+        return TuneConfig(**values)
+    except TypeError as exc:
+        raise UserError(f"bad configuration: {exc}") from exc
+
+
+def _resolve_storage(args: argparse.Namespace) -> tuple[str, str | None]:
+    if args.storage:
+        return args.storage, args.study_name
+    if args.study_name:
+        return default_storage(args.study_name), args.study_name
+    found = sorted(Path("studies").glob("*.db"))
+    if len(found) == 1:
+        return default_storage(found[0].stem), found[0].stem
+    if not found:
+        raise UserError("no study found under studies/; give --storage or --study-name")
+    raise UserError(f"several studies under studies/ ({', '.join(p.stem for p in found)}); choose one with --study-name")
+
+
+def _open_existing(args: argparse.Namespace) -> Any:
+    from gpt_optuna.study import load_study, open_storage
+
+    url, name = _resolve_storage(args)
+    if url.startswith("sqlite:///") and not Path(url.removeprefix("sqlite:///")).is_file():
+        raise UserError(f"no study database at {url.removeprefix('sqlite:///')}")
+    storage = open_storage(url)
+    if name is None:
+        import optuna
+
+        names = [s.study_name for s in optuna.get_all_study_summaries(storage, include_best_trial=False)]
+        if len(names) != 1:
+            raise UserError(f"the storage holds {len(names)} studies ({', '.join(names)}); choose one with --study-name")
+        name = names[0]
+    return load_study(storage, name)
+
+
+def best_record(summary: Any) -> dict[str, Any]:
+    best = summary.best
+    return {
+        "number": best.number,
+        "params": best.params,
+        "latency_ms": best.value,
+        "baseline_latency_ms": summary.baseline_latency_ms,
+        "speedup": summary.speedup,
+        "accuracy": best.user_attrs.get("accuracy", {}),
+    }
+
+
+def run(argv: list[str]) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "tune":
+        from gpt_optuna.progress import Progress
+        from gpt_optuna.tuner import tune
+
+        return tune(tune_config(args), Progress(enabled=not args.quiet))
+    from gpt_optuna.progress import format_params, format_summary
+    from gpt_optuna.study import summarize_study
+
+    summary = summarize_study(_open_existing(args))
+    if args.command == "status":
+        print(format_summary(summary))
+        return 0
+    if summary.best is None:
+        raise UserError(f"study {summary.name} has no feasible trial yet")
+    record = best_record(summary)
+    if args.json:
+        print(json.dumps(record))
+        return 0
+    print(f"best trial {record['number']}: {record['latency_ms']:.4g} ms")
+    if record["baseline_latency_ms"] is not None:
+        print(f"baseline: {record['baseline_latency_ms']:.4g} ms; speedup {record['speedup']:.3f}x")
+    print(f"params: {format_params(record['params'])}")
+    print("accuracy: " + ", ".join(f"{k}={v:.6g}" for k, v in record["accuracy"].items()))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        return run(sys.argv[1:] if argv is None else argv)
+    except UserError as exc:
+        print(f"gpt-optuna: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("gpt-optuna: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,144 @@
+"""One TuneConfig: command-line flags and a TOML file map onto it, and it is validated up front."""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from gpt_optuna.backends import BACKENDS
+from gpt_optuna.accuracy import DEFAULT_CRITERION, Criterion, parse_criterion
+from gpt_optuna.errors import UserError
+from gpt_optuna.measure import MeasureSettings
+from gpt_optuna.space import Value
+
+SAMPLERS = ("tpe", "gp", "random")
+DEFAULT_N_TRIALS = 100
+DEFAULT_TRIAL_TIMEOUT_S = 600.0
+_DURATION_RE = re.compile(r"^(?:(?P<h>\d+(?:\.\d+)?)h)?(?:(?P<m>\d+(?:\.\d+)?)m)?(?:(?P<s>\d+(?:\.\d+)?)s?)?$")
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+def parse_duration(text: str | float | int) -> float:
+    """Seconds from ``8h``, ``30m``, ``1h30m``, ``90s`` or a plain number of seconds."""
+    if isinstance(text, int | float):
+        seconds = float(text)
+    else:
+        match = _DURATION_RE.match(text.strip())
+        if not text.strip() or not match or not any(match.groupdict().values()):
+            raise UserError(f"malformed duration {text!r}: use e.g. 8h, 30m, 1h30m, 90s or 90")
+        seconds = sum(float(match[u] or 0) * k for u, k in (("h", 3600), ("m", 60), ("s", 1)))
+    if seconds <= 0:
+        raise UserError(f"duration must be positive, got {text!r}")
+    return seconds
+
+
+def default_study_name(model: Path, backend: str) -> str:
+    short = backend.rpartition(":")[2].lower() if ":" in backend else backend
+    return f"{model.stem}-{short}"
+
+
+def default_storage(study_name: str) -> str:
+    return f"sqlite:///studies/{study_name}.db"
+
+
+@dataclass
+class TuneConfig:
+    """Everything a tuning run needs, after defaults are filled in and values are checked."""
+
+    model: Path
+    backend: str = "onnxruntime"
+    accuracy: str = DEFAULT_CRITERION
+    inputs: Path | None = None
+    shapes: list[str] = field(default_factory=list)
+    n_trials: int | None = None
+    timeout_s: float | None = None
+    trial_timeout_s: float = DEFAULT_TRIAL_TIMEOUT_S
+    storage: str | None = None
+    study_name: str | None = None
+    sampler: str = "tpe"
+    seed: int | None = None
+    measure: MeasureSettings = field(default_factory=MeasureSettings)
+    space: dict[str, Value | list[Value]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.backend not in BACKENDS and ":" not in self.backend:
+            raise UserError(f"unknown backend {self.backend!r}; choose one of: {', '.join(BACKENDS)} (or module:Class)")
+        parse_criterion(self.accuracy)
+        if self.sampler not in SAMPLERS:
+            raise UserError(f"unknown sampler {self.sampler!r}; choose one of: {', '.join(SAMPLERS)}")
+        if self.n_trials is not None and self.n_trials < 1:
+            raise UserError(f"--n-trials must be at least 1, got {self.n_trials}")
+        if self.n_trials is None and self.timeout_s is None:
+            self.n_trials = DEFAULT_N_TRIALS
+        if self.study_name is None:
+            self.study_name = default_study_name(self.model, self.backend)
+        if not _NAME_RE.match(self.study_name):
+            raise UserError(f"study name {self.study_name!r} may hold only letters, digits, '.', '_' and '-'")
+        if self.storage is None:
+            self.storage = default_storage(self.study_name)
+        if self.measure.target_rel_ci <= 0 or self.measure.budget_s <= 0:
+            raise UserError("[measure] target_rel_ci and budget_s must be positive")
+
+    @property
+    def criterion(self) -> Criterion:
+        return parse_criterion(self.accuracy)
+
+    @property
+    def workdir(self) -> Path:
+        """The study folder: cached inputs, reference outputs, worker log."""
+        assert self.study_name is not None
+        return Path("studies") / self.study_name
+
+
+_TOML_KEYS = {
+    "model": "model",
+    "backend": "backend",
+    "accuracy": "accuracy",
+    "inputs": "inputs",
+    "shape": "shapes",
+    "shapes": "shapes",
+    "n_trials": "n_trials",
+    "timeout": "timeout_s",
+    "trial_timeout": "trial_timeout_s",
+    "storage": "storage",
+    "study_name": "study_name",
+    "sampler": "sampler",
+    "seed": "seed",
+}
+
+
+def read_toml(path: Path) -> dict[str, Any]:
+    """Read a tune.toml into TuneConfig keyword arguments (flags given on the command line win)."""
+    if not path.is_file():
+        raise UserError(f"config file not found: {path}")
+    try:
+        data = tomllib.loads(path.read_text())
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise UserError(f"{path} is not valid TOML: {exc}") from exc
+    values: dict[str, Any] = {}
+    for raw_key, value in data.items():
+        key = raw_key.replace("-", "_")
+        if key == "measure":
+            known = {f.name for f in fields(MeasureSettings)}
+            unknown = sorted(set(value) - known)
+            if unknown:
+                raise UserError(f"{path}: unknown [measure] key {unknown[0]!r}; known: {', '.join(sorted(known))}")
+            values["measure"] = MeasureSettings(**value)
+        elif key == "space":
+            values["space"] = dict(value)
+        elif key in _TOML_KEYS:
+            values[_TOML_KEYS[key]] = value
+        else:
+            raise UserError(f"{path}: unknown key {raw_key!r}")
+    for key in ("timeout_s", "trial_timeout_s"):
+        if key in values:
+            values[key] = parse_duration(values[key])
+    for key in ("model", "inputs"):
+        if key in values:
+            values[key] = (path.parent / values[key]) if not Path(values[key]).is_absolute() else Path(values[key])
+    if isinstance(values.get("shapes"), str):
+        values["shapes"] = [values["shapes"]]
+    return values

@@ -1,0 +1,116 @@
+"""The jobs the worker process runs: discover a space; build, validate and measure a candidate.
+
+A failed candidate is data: every way a candidate can end is an :class:`Outcome` with its detail.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gpt_optuna.accuracy import Criterion, Verdict
+from gpt_optuna.backends import Backend, BuildError, load_backend
+from gpt_optuna.measure import LatencyStats, MeasureSettings, measure
+from gpt_optuna.model import Feeds, ModelInfo, read_npz
+from gpt_optuna.space import Candidate, Space
+from gpt_optuna.worker import JobFailure, Worker
+
+_backends: dict[str, Backend] = {}
+_arrays: dict[tuple[Path, float], Feeds] = {}
+
+
+def _backend(spec: str) -> Backend:
+    if spec not in _backends:
+        _backends[spec] = load_backend(spec)
+    return _backends[spec]
+
+
+def _npz(path: Path) -> Feeds:
+    key = (path, path.stat().st_mtime)
+    if key not in _arrays:
+        _arrays[key] = read_npz(path)
+    return _arrays[key]
+
+
+class Outcome(str, enum.Enum):
+    """How a candidate ended."""
+
+    OK = "ok"
+    INFEASIBLE = "infeasible"
+    BUILD_ERROR = "build_error"
+    CRASH = "crash"
+    TIMEOUT = "timeout"
+    EXCEPTION = "exception"
+
+    @property
+    def is_failure(self) -> bool:
+        return self not in (Outcome.OK, Outcome.INFEASIBLE)
+
+
+@dataclass(frozen=True)
+class TrialResult:
+    """Everything one evaluation produced."""
+
+    outcome: Outcome
+    detail: str = ""
+    latency: LatencyStats | None = None
+    verdict: Verdict | None = None
+    build_s: float | None = None
+    attrs: dict[str, Any] = field(default_factory=dict)
+    log: str = ""
+
+
+@dataclass(frozen=True)
+class SpaceJob:
+    """Discover the backend's search space for a model, with the library versions."""
+
+    backend: str
+    model: ModelInfo
+    shapes: dict[str, tuple[int, ...]]
+
+    def __call__(self) -> tuple[Space, dict[str, str]]:
+        backend = _backend(self.backend)
+        return backend.space(self.model, self.shapes), backend.versions()
+
+
+@dataclass(frozen=True)
+class EvaluateJob:
+    """Build one candidate, check its outputs against the reference, and time it.
+
+    An infeasible candidate is not timed unless ``measure_infeasible`` (the baseline always is).
+    """
+
+    backend: str
+    model: ModelInfo
+    candidate: Candidate
+    workdir: Path
+    feeds_path: Path
+    reference_path: Path
+    criterion: Criterion
+    settings: MeasureSettings
+    measure_infeasible: bool = False
+
+    def __call__(self) -> TrialResult:
+        backend = _backend(self.backend)
+        try:
+            built = backend.build(self.model, self.candidate, self.workdir)
+        except BuildError as exc:
+            return TrialResult(Outcome.BUILD_ERROR, str(exc), log=exc.log)
+        reference = _npz(self.reference_path)
+        with backend.open(built, _npz(self.feeds_path), reference) as runner:
+            verdict = self.criterion.evaluate(runner.infer(), reference)
+            latency = None
+            if verdict.feasible or self.measure_infeasible:
+                latency = measure(runner, self.settings)
+        outcome = Outcome.OK if verdict.feasible else Outcome.INFEASIBLE
+        return TrialResult(outcome, verdict.reason, latency, verdict, built.build_s, built.attrs)
+
+
+def run_evaluation(worker: Worker, job: EvaluateJob, timeout: float | None) -> TrialResult:
+    """Run a job in the worker; a crash, hang or exception becomes a failed TrialResult."""
+    try:
+        return worker.run(job, timeout)
+    except JobFailure as failure:
+        return TrialResult(Outcome(failure.kind.value), failure.detail, log=failure.log_tail)

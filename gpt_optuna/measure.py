@@ -1,0 +1,133 @@
+"""Latency measurement: CuPy CUDA events on a runner's stream, a monotonic clock on the host.
+
+Protocol: warm up until the per-launch time stops drifting, then time single launches in blocks
+until the median's distribution-free 95 % confidence half-width is under the target fraction of
+the median, or the time budget is spent. A measurement that never got there is flagged.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from gpt_optuna.backends.base import Runner
+
+
+@dataclass(frozen=True)
+class MeasureSettings:
+    """How hard to work for one latency figure."""
+
+    target_rel_ci: float = 0.01
+    budget_s: float = 2.0
+    min_samples: int = 10
+    max_samples: int = 5000
+    block: int = 10
+    warmup_min: int = 3
+    warmup_tolerance: float = 0.05
+
+
+@dataclass(frozen=True)
+class LatencyStats:
+    """Robust statistics of per-launch latency, in milliseconds."""
+
+    median_ms: float
+    p10_ms: float
+    p90_ms: float
+    iqr_ms: float
+    cv: float
+    rel_ci: float
+    samples: int
+    warmup: int
+    stable: bool
+
+    def as_attrs(self) -> dict[str, float | int | bool]:
+        return {f"latency_{k}": v for k, v in asdict(self).items()}
+
+
+def median_rel_ci(samples: np.ndarray) -> float:
+    """Half-width of the distribution-free 95 % confidence interval of the median, over the median."""
+    n = len(samples)
+    if n < 3:
+        return math.inf
+    ordered = np.sort(samples)
+    half = 1.96 * math.sqrt(n) / 2
+    lo = max(int(math.floor(n / 2 - half)), 0)
+    hi = min(int(math.ceil(n / 2 + half)), n - 1)
+    median = float(np.median(ordered))
+    if median <= 0:
+        return math.inf
+    return float(ordered[hi] - ordered[lo]) / 2 / median
+
+
+def summarize(samples: np.ndarray, warmup: int, target_rel_ci: float) -> LatencyStats:
+    p10, p25, p50, p75, p90 = np.percentile(samples, [10, 25, 50, 75, 90])
+    mean = float(np.mean(samples))
+    rel_ci = median_rel_ci(samples)
+    return LatencyStats(
+        median_ms=float(p50),
+        p10_ms=float(p10),
+        p90_ms=float(p90),
+        iqr_ms=float(p75 - p25),
+        cv=float(np.std(samples) / mean) if mean > 0 else 0.0,
+        rel_ci=rel_ci,
+        samples=len(samples),
+        warmup=warmup,
+        stable=rel_ci <= target_rel_ci,
+    )
+
+
+def launch_timer(runner: Runner) -> Callable[[], float]:
+    """A function that launches once and returns that launch's latency in milliseconds."""
+    if runner.stream is None:
+
+        def host() -> float:
+            start = time.perf_counter_ns()
+            runner.launch()
+            return (time.perf_counter_ns() - start) / 1e6
+
+        return host
+
+    import cupy
+
+    start_event, end_event = cupy.cuda.Event(), cupy.cuda.Event()
+
+    def device() -> float:
+        start_event.record(runner.stream)
+        runner.launch()
+        end_event.record(runner.stream)
+        end_event.synchronize()
+        return float(cupy.cuda.get_elapsed_time(start_event, end_event))
+
+    return device
+
+
+def measure(runner: Runner, settings: MeasureSettings) -> LatencyStats:
+    """Warm up, then time launches until the median is known well enough or the budget is spent."""
+    return measure_with(launch_timer(runner), settings)
+
+
+def measure_with(timed_launch: Callable[[], float], settings: MeasureSettings) -> LatencyStats:
+    deadline = time.monotonic() + settings.budget_s
+    warmup_deadline = time.monotonic() + settings.budget_s / 4
+    warmup = 0
+    previous: float | None = None
+    while True:
+        block = [timed_launch() for _ in range(settings.warmup_min)]
+        warmup += len(block)
+        current = float(np.median(block))
+        settled = previous is not None and abs(current - previous) <= settings.warmup_tolerance * previous
+        if settled or time.monotonic() >= warmup_deadline:
+            break
+        previous = current
+    samples: list[float] = []
+    while len(samples) < settings.max_samples:
+        samples.extend(timed_launch() for _ in range(settings.block))
+        if len(samples) >= settings.min_samples and (
+            median_rel_ci(np.asarray(samples)) <= settings.target_rel_ci or time.monotonic() >= deadline
+        ):
+            break
+    return summarize(np.asarray(samples), warmup, settings.target_rel_ci)

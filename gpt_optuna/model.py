@@ -1,0 +1,238 @@
+"""ONNX model loading and checks, input specs, input feeds and reference outputs."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from gpt_optuna.errors import MissingDependencyError, UserError
+
+Dim = int | str | None
+Feeds = dict[str, np.ndarray]
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One graph input or output: name, numpy dtype and shape (symbolic dims as str or None)."""
+
+    name: str
+    dtype: np.dtype
+    shape: tuple[Dim, ...]
+
+    @property
+    def is_static(self) -> bool:
+        return all(isinstance(d, int) and d > 0 for d in self.shape)
+
+    def describe(self) -> str:
+        dims = "x".join(str(d) if d is not None else "?" for d in self.shape)
+        return f"{self.name}: {self.dtype.name}[{dims}]"
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What the tuner needs to know about a model, without keeping the graph in memory."""
+
+    path: Path
+    sha256: str
+    opset: int
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _tensor_spec(value_info: object) -> TensorSpec:
+    import onnx
+
+    tensor_type = value_info.type.tensor_type  # type: ignore[attr-defined]
+    dims: list[Dim] = []
+    for d in tensor_type.shape.dim:
+        if d.HasField("dim_value"):
+            dims.append(int(d.dim_value))
+        else:
+            dims.append(d.dim_param or None)
+    dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tensor_type.elem_type))
+    return TensorSpec(value_info.name, dtype, tuple(dims))  # type: ignore[attr-defined]
+
+
+def load_model_info(path: str | Path) -> ModelInfo:
+    """Load and check an ONNX file; raise UserError with one clear line when it is unusable."""
+    import onnx
+
+    model_path = Path(path)
+    if not model_path.is_file():
+        raise UserError(f"model file not found: {model_path}")
+    try:
+        model = onnx.load(str(model_path), load_external_data=False)
+    except Exception as exc:  # onnx raises DecodeError, ValueError, ... on garbage
+        raise UserError(f"{model_path} is not a valid ONNX model: {_one_line(exc)}") from exc
+    try:
+        onnx.checker.check_model(str(model_path))
+    except Exception as exc:
+        raise UserError(f"{model_path} fails the ONNX checker: {_one_line(exc)}") from exc
+    initializers = {init.name for init in model.graph.initializer}
+    inputs = tuple(_tensor_spec(v) for v in model.graph.input if v.name not in initializers)
+    outputs = tuple(_tensor_spec(v) for v in model.graph.output)
+    if not outputs:
+        raise UserError(f"{model_path} has no graph outputs")
+    opset = max((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), default=0)
+    return ModelInfo(model_path, file_sha256(model_path), opset, inputs, outputs)
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
+_SHAPE_RE = re.compile(r"^(?P<name>.+):(?P<dims>\d+(x\d+)*)$")
+
+
+def parse_shapes(items: list[str]) -> dict[str, tuple[int, ...]]:
+    """Parse ``NAME:1x3x224x224`` flags into a mapping."""
+    shapes: dict[str, tuple[int, ...]] = {}
+    for item in items:
+        match = _SHAPE_RE.match(item.strip())
+        if not match:
+            raise UserError(f"malformed --shape {item!r}: expected NAME:DIMxDIM..., e.g. x:1x3x224x224")
+        shapes[match["name"]] = tuple(int(d) for d in match["dims"].split("x"))
+    return shapes
+
+
+def resolve_shapes(info: ModelInfo, shapes: dict[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
+    """Concrete shape of every input; a dynamic dim with no ``--shape`` is a UserError."""
+    known = {spec.name for spec in info.inputs}
+    for name in shapes:
+        if name not in known:
+            raise UserError(f"--shape names {name!r}, which is not a model input ({', '.join(sorted(known))})")
+    resolved: dict[str, tuple[int, ...]] = {}
+    for spec in info.inputs:
+        given = shapes.get(spec.name)
+        if given is not None:
+            _check_shape(spec, given, "--shape")
+            resolved[spec.name] = given
+            continue
+        if not spec.is_static:
+            axis = next(i for i, d in enumerate(spec.shape) if not (isinstance(d, int) and d > 0))
+            example = "x".join(str(d) if isinstance(d, int) and d > 0 else "1" for d in spec.shape)
+            raise UserError(
+                f"input {spec.name!r} has a dynamic dimension {spec.shape[axis]!r} (axis {axis}); "
+                f"give its shape with --shape {spec.name}:{example}"
+            )
+        resolved[spec.name] = tuple(int(d) for d in spec.shape)  # type: ignore[arg-type]
+    return resolved
+
+
+def _check_shape(spec: TensorSpec, shape: tuple[int, ...], source: str) -> None:
+    if len(shape) != len(spec.shape):
+        raise UserError(
+            f"{source} gives input {spec.name!r} rank {len(shape)}, the model expects {spec.describe()}"
+        )
+    for axis, (want, got) in enumerate(zip(spec.shape, shape, strict=True)):
+        if isinstance(want, int) and want > 0 and want != got:
+            raise UserError(
+                f"{source} gives input {spec.name!r} size {got} on axis {axis}, "
+                f"the model expects {spec.describe()}"
+            )
+
+
+def load_feeds(path: str | Path, info: ModelInfo, shapes: dict[str, tuple[int, ...]]) -> Feeds:
+    """Read an .npz keyed by input name and check names, dtypes and shapes against the model."""
+    npz_path = Path(path)
+    if not npz_path.is_file():
+        raise UserError(f"inputs file not found: {npz_path}")
+    try:
+        with np.load(npz_path, allow_pickle=False) as data:
+            feeds = {key: np.ascontiguousarray(data[key]) for key in data.files}
+    except Exception as exc:
+        raise UserError(f"{npz_path} is not a readable .npz file: {_one_line(exc)}") from exc
+    expected = {spec.name for spec in info.inputs}
+    missing = sorted(expected - feeds.keys())
+    extra = sorted(feeds.keys() - expected)
+    if missing:
+        raise UserError(f"{npz_path} lacks model input {missing[0]!r} (it has: {', '.join(sorted(feeds))})")
+    if extra:
+        raise UserError(f"{npz_path} has {extra[0]!r}, which is not a model input ({', '.join(sorted(expected))})")
+    for spec in info.inputs:
+        array = feeds[spec.name]
+        if array.dtype != spec.dtype:
+            raise UserError(
+                f"{npz_path}: input {spec.name!r} is {array.dtype.name}, the model expects {spec.describe()}"
+            )
+        _check_shape(spec, tuple(array.shape), str(npz_path))
+        if spec.name in shapes and tuple(array.shape) != shapes[spec.name]:
+            raise UserError(
+                f"{npz_path}: input {spec.name!r} has shape {'x'.join(map(str, array.shape))}, "
+                f"but --shape says {'x'.join(map(str, shapes[spec.name]))}"
+            )
+    return feeds
+
+
+def synthetic_feeds(info: ModelInfo, shapes: dict[str, tuple[int, ...]], seed: int = 0) -> Feeds:
+    """Deterministic inputs from the input specs: N(0,1) floats, 0/1 integers and booleans.
+
+    Integers stay in {0, 1} so that index inputs (token ids, masks) are valid for any table.
+    """
+    rng = np.random.default_rng(seed)
+    feeds: Feeds = {}
+    for spec in info.inputs:
+        shape = shapes[spec.name]
+        if np.issubdtype(spec.dtype, np.floating):
+            feeds[spec.name] = rng.standard_normal(shape).astype(spec.dtype)
+        elif spec.dtype == np.bool_:
+            feeds[spec.name] = rng.integers(0, 2, shape).astype(np.bool_)
+        elif np.issubdtype(spec.dtype, np.integer):
+            feeds[spec.name] = rng.integers(0, 2, shape).astype(spec.dtype)
+        else:
+            raise UserError(
+                f"cannot generate data for input {spec.describe()}; give real inputs with --inputs FEEDS.npz"
+            )
+    return feeds
+
+
+def reference_outputs(info: ModelInfo, feeds: Feeds) -> Feeds:
+    """Run the unmodified model with ONNX Runtime on CPU in fp32: the accuracy reference."""
+    try:
+        import onnxruntime as ort
+    except ImportError as exc:
+        raise MissingDependencyError("ONNX Runtime", "cpu") from exc
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    try:
+        session = ort.InferenceSession(str(info.path), options, providers=["CPUExecutionProvider"])
+        values = session.run(None, feeds)
+    except Exception as exc:
+        raise UserError(f"ONNX Runtime cannot run {info.path} on CPU for the reference: {_one_line(exc)}") from exc
+    return {spec.name: np.asarray(v) for spec, v in zip(info.outputs, values, strict=True)}
+
+
+def feeds_sha256(feeds: Feeds) -> str:
+    digest = hashlib.sha256()
+    for name in sorted(feeds):
+        array = np.ascontiguousarray(feeds[name])
+        digest.update(f"{name}:{array.dtype.str}:{array.shape}".encode())
+        digest.update(array.tobytes())
+    return digest.hexdigest()
+
+
+def save_npz(path: Path, arrays: Feeds) -> None:
+    """Write atomically so an interrupted run never leaves a half-written cache file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    with tmp.open("wb") as f:
+        np.savez(f, **arrays)
+    tmp.replace(path)
+
+
+def read_npz(path: Path) -> Feeds:
+    with np.load(path, allow_pickle=False) as data:
+        return {key: data[key] for key in data.files}

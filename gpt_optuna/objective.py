@@ -1,0 +1,132 @@
+"""Trial -> candidate -> worker -> objective value, constraint and user attrs.
+
+Outcomes map onto Optuna in one place: a feasible candidate COMPLETEs with its median latency;
+an infeasible one is PRUNED with its error metrics and a positive constraint; a build error,
+crash, hang or exception FAILs with its kind and detail. A candidate already evaluated in the
+study is not built again: the trial copies the earlier result and names it in ``reused_from``.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from gpt_optuna.evaluate import EvaluateJob, Outcome, TrialResult, run_evaluation
+from gpt_optuna.space import Candidate, Space
+from gpt_optuna.worker import Worker
+
+OWNER = f"{socket.gethostname()}:{os.getpid()}"
+"""Which tuner process runs a trial, so a later run can tell a dead owner's trials apart."""
+
+_COPIED_ATTRS = ("outcome", "failure", "infeasible", "accuracy", "constraint", "error", "build_s")
+_MAX_CONSECUTIVE_REUSE = 30
+
+
+class CandidateFailed(Exception):
+    """Raised inside the objective so that Optuna records a FAILED trial, and the study goes on."""
+
+
+def result_attrs(result: TrialResult) -> dict[str, Any]:
+    attrs: dict[str, Any] = {"outcome": result.outcome.value, **result.attrs}
+    if result.build_s is not None:
+        attrs["build_s"] = result.build_s
+    if result.latency is not None:
+        attrs.update(result.latency.as_attrs())
+    if result.verdict is not None:
+        attrs["accuracy"] = result.verdict.metrics
+        attrs["constraint"] = result.verdict.constraint
+        attrs["error"] = result.verdict.error
+    if result.outcome is Outcome.INFEASIBLE:
+        attrs["infeasible"] = result.detail
+    elif result.outcome.is_failure:
+        attrs["failure"] = result.detail
+        if result.log:
+            attrs["log"] = result.log[-2000:]
+    return attrs
+
+
+class Objective:
+    """The function Optuna calls for each trial."""
+
+    def __init__(
+        self,
+        space: Space,
+        job: EvaluateJob,
+        worker: Worker,
+        trial_timeout_s: float,
+        on_result: Callable[[int, Candidate, TrialResult | None], None] = lambda *_: None,
+    ) -> None:
+        self.space = space
+        self.job = job
+        self.worker = worker
+        self.trial_timeout_s = trial_timeout_s
+        self.on_result = on_result
+        self.consecutive_reuse = 0
+        self.interrupted: int | None = None
+
+    def __call__(self, trial: optuna.Trial) -> float:
+        trial.set_user_attr("owner", OWNER)
+        candidate = self.space.suggest(trial)
+        earlier = find_evaluated(trial.study, candidate, trial.number)
+        if earlier is not None:
+            return self._reuse(trial, earlier)
+        self.consecutive_reuse = 0
+        baseline = bool(trial.user_attrs.get("baseline"))
+        job = replace(self.job, candidate=candidate, measure_infeasible=baseline)
+        try:
+            result = run_evaluation(self.worker, job, self.trial_timeout_s)
+        except KeyboardInterrupt:
+            trial.set_user_attr("interrupted", "stopped by the user")
+            self.interrupted = trial.number
+            raise
+        record(trial, result_attrs(result))
+        self.on_result(trial.number, candidate, result)
+        if result.outcome is Outcome.OK:
+            assert result.latency is not None
+            return result.latency.median_ms
+        if result.outcome is Outcome.INFEASIBLE:
+            raise optuna.TrialPruned(result.detail)
+        raise CandidateFailed(f"{result.outcome.value}: {result.detail}")
+
+    def _reuse(self, trial: optuna.Trial, earlier: FrozenTrial) -> float:
+        self.consecutive_reuse += 1
+        if self.consecutive_reuse >= _MAX_CONSECUTIVE_REUSE:
+            trial.study.stop()  # the sampler keeps proposing what was tried: the space is covered
+        trial.set_user_attr("reused_from", earlier.number)
+        record(trial, {k: v for k, v in earlier.user_attrs.items() if k in _COPIED_ATTRS or k.startswith("latency_")})
+        self.on_result(trial.number, dict(trial.params), None)
+        if earlier.state is TrialState.COMPLETE:
+            assert earlier.value is not None
+            return earlier.value
+        if earlier.state is TrialState.PRUNED:
+            raise optuna.TrialPruned(earlier.user_attrs.get("infeasible", "infeasible"))
+        raise CandidateFailed(f"same candidate failed in trial {earlier.number}: {earlier.user_attrs.get('failure')}")
+
+    @property
+    def space_exhausted(self) -> bool:
+        return self.consecutive_reuse >= _MAX_CONSECUTIVE_REUSE
+
+
+def record(trial: optuna.Trial, attrs: dict[str, Any]) -> None:
+    """Store a result's attrs; its accuracy constraint (> 0: infeasible) goes to the sampler too."""
+    for key, value in attrs.items():
+        trial.set_user_attr(key, value)
+    if "accuracy" in attrs:
+        trial.set_constraint("accuracy", float(attrs["constraint"]))
+
+
+def find_evaluated(study: optuna.Study, candidate: Candidate, exclude: int) -> FrozenTrial | None:
+    """An earlier trial with the same parameters whose result stands (not an interrupted one)."""
+    for earlier in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)):
+        if earlier.number == exclude or earlier.params != candidate:
+            continue
+        if earlier.state is TrialState.FAIL and "outcome" not in earlier.user_attrs:
+            continue  # interrupted or killed, not the candidate's own failure: evaluate again
+        return earlier
+    return None

@@ -1,0 +1,88 @@
+"""What a person sees during and after a search: a progress bar, notes and the summary."""
+
+from __future__ import annotations
+
+import sys
+from typing import TYPE_CHECKING, TextIO
+
+from tqdm import tqdm
+
+if TYPE_CHECKING:
+    import optuna
+
+    from gpt_optuna.config import TuneConfig
+    from gpt_optuna.space import Space
+    from gpt_optuna.study import StudySummary
+
+
+def format_params(params: dict[str, object]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in params.items()) or "(defaults)"
+
+
+def format_summary(summary: StudySummary) -> str:
+    """The lines status, best and tune print about a study."""
+    counts = summary.counts
+    lines = [
+        f"study {summary.name}: {counts['complete']} complete, {counts['pruned']} infeasible, "
+        f"{counts['fail']} failed, {counts['running']} running, {counts['waiting']} waiting"
+        + (f" ({summary.reused} reused earlier results)" if summary.reused else "")
+    ]
+    base = summary.baseline_latency_ms
+    lines.append(f"baseline (trial {summary.baseline.number}): " + (f"{base:.4g} ms" if base is not None else "no latency")
+                 if summary.baseline is not None else "baseline: not run yet")
+    if summary.best is None:
+        lines.append("best: no feasible trial yet")
+    else:
+        speedup = summary.speedup
+        lines.append(
+            f"best (trial {summary.best.number}): {summary.best.value:.4g} ms"
+            + (f", {speedup:.3f}x the baseline" if speedup is not None else "")
+        )
+        lines.append(f"  params: {format_params(summary.best.params)}")
+    return "\n".join(lines)
+
+
+class Progress:
+    """A tqdm bar on stderr with the best latency so far; notes and the summary around it."""
+
+    def __init__(self, stream: TextIO = sys.stderr, enabled: bool = True) -> None:
+        self.stream = stream
+        self.enabled = enabled
+        self._bar: tqdm | None = None
+
+    def start(
+        self, config: TuneConfig, space: Space, resumed: bool, done: int, recovered: list[int], remaining: int | None
+    ) -> None:
+        verb = "resuming" if resumed else "new"
+        self.note(f"{verb} study {config.study_name} in {config.storage} ({done} trials done); {len(space)} knobs")
+        if recovered:
+            self.note(f"trials {', '.join(map(str, recovered))} were interrupted by a killed run; retrying them")
+        if self.enabled and remaining != 0:
+            self._bar = tqdm(total=remaining, file=self.stream, unit="trial", dynamic_ncols=True)
+
+    def note(self, text: str) -> None:
+        if self._bar is not None:
+            self._bar.write(text, file=self.stream)
+        else:
+            print(text, file=self.stream)
+
+    def trial_done(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+        if self._bar is None:
+            return
+        self._bar.update(1)
+        try:
+            best = study.best_trial
+        except ValueError:
+            return
+        self._bar.set_postfix_str(f"best {best.value:.4g} ms (trial {best.number})")
+
+    def finish(self, summary: StudySummary, resume: str, note: str = "", elapsed: float | None = None) -> None:
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+        if note:
+            print(note, file=self.stream)
+        print(format_summary(summary), file=sys.stdout)
+        if elapsed is not None:
+            print(f"searched for {elapsed:.1f} s", file=sys.stdout)
+        print(f"resume or extend with: {resume}", file=sys.stdout)

@@ -1,0 +1,112 @@
+"""Knob descriptions, the search space they form, and its mapping onto Optuna distributions.
+
+Backends describe what they can tune as :class:`Knob` objects and know nothing of Optuna; this
+module is the one place where knobs become ``trial.suggest_categorical`` calls.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+from gpt_optuna.errors import UserError
+
+if TYPE_CHECKING:
+    import optuna
+
+Value = str | int | float | bool
+Candidate = dict[str, Value]
+"""A concrete configuration: knob name -> value, for the knobs active in it."""
+
+
+@dataclass(frozen=True)
+class Condition:
+    """A knob is active only when knob ``parent`` takes one of ``values``."""
+
+    parent: str
+    values: tuple[Value, ...]
+
+
+@dataclass(frozen=True)
+class Knob:
+    """One searchable option: its choices, the engine's default, and when it applies."""
+
+    name: str
+    choices: tuple[Value, ...]
+    default: Value
+    help: str = ""
+    condition: Condition | None = None
+
+    def __post_init__(self) -> None:
+        if not self.choices:
+            raise ValueError(f"knob {self.name} has no choices")
+        if self.default not in self.choices:
+            raise ValueError(f"knob {self.name}: default {self.default!r} is not among its choices")
+
+    def active(self, params: Mapping[str, Value]) -> bool:
+        return self.condition is None or params.get(self.condition.parent) in self.condition.values
+
+    def describe(self) -> dict[str, Any]:
+        data: dict[str, Any] = {"name": self.name, "choices": list(self.choices), "default": self.default}
+        if self.condition is not None:
+            data["when"] = {self.condition.parent: list(self.condition.values)}
+        return data
+
+
+class Space:
+    """An ordered set of knobs; a knob's condition may only refer to a knob before it."""
+
+    def __init__(self, knobs: list[Knob]) -> None:
+        seen: set[str] = set()
+        for knob in knobs:
+            if knob.name in seen:
+                raise ValueError(f"duplicate knob {knob.name}")
+            if knob.condition is not None and knob.condition.parent not in seen:
+                raise ValueError(f"knob {knob.name} depends on {knob.condition.parent}, not defined before it")
+            seen.add(knob.name)
+        self.knobs = tuple(knobs)
+
+    def __len__(self) -> int:
+        return len(self.knobs)
+
+    def default(self) -> Candidate:
+        """The engine's default configuration: every active knob at its default."""
+        params: Candidate = {}
+        for knob in self.knobs:
+            if knob.active(params):
+                params[knob.name] = knob.default
+        return params
+
+    def suggest(self, trial: optuna.Trial) -> Candidate:
+        params: Candidate = {}
+        for knob in self.knobs:
+            if knob.active(params):
+                params[knob.name] = trial.suggest_categorical(knob.name, knob.choices)  # type: ignore[arg-type]
+        return params
+
+    def describe(self) -> list[dict[str, Any]]:
+        return [k.describe() for k in self.knobs]
+
+    def with_overrides(self, overrides: Mapping[str, Value | list[Value]]) -> Space:
+        """Apply a ``[space]`` table: a list gives the values to try, a scalar fixes the knob.
+
+        A knob fixed or restricted away from its default takes the first given value as the
+        default, so the baseline stays a configuration inside the space.
+        """
+        by_name = {k.name: k for k in self.knobs}
+        unknown = sorted(set(overrides) - by_name.keys())
+        if unknown:
+            raise UserError(f"[space] names unknown knob {unknown[0]!r}; known: {', '.join(by_name)}")
+        knobs = []
+        for knob in self.knobs:
+            if knob.name not in overrides:
+                knobs.append(knob)
+                continue
+            given = overrides[knob.name]
+            values = tuple(given) if isinstance(given, list) else (given,)
+            if not values:
+                raise UserError(f"[space] gives knob {knob.name!r} no values")
+            default = knob.default if knob.default in values else values[0]
+            knobs.append(replace(knob, choices=values, default=default))
+        return Space(knobs)

@@ -1,0 +1,227 @@
+"""Storage, sampler, resume checks, the baseline trial and recovery of interrupted trials."""
+
+from __future__ import annotations
+
+import os
+import socket
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from gpt_optuna.errors import MissingDependencyError, UserError
+
+FINGERPRINT_ATTR = "gpt_optuna"
+_HEARTBEAT_S = 30
+_GRACE_S = 120
+_MAX_RETRY = 3
+
+
+def _retry_callback() -> Any:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        return optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=_MAX_RETRY)
+
+
+def open_storage(url: str) -> optuna.storages.BaseStorage:
+    """An Optuna storage for a URL; ``journal:PATH`` is a journal file for several local workers.
+
+    RDB and journal storages get a heartbeat, so trials of a tuner that died on another host
+    are failed and retried after a grace period.
+    """
+    try:
+        if url.startswith("journal:"):
+            from optuna.storages.journal import JournalFileBackend
+
+            path = Path(url.removeprefix("journal:"))
+            path.parent.mkdir(parents=True, exist_ok=True)
+            return optuna.storages.JournalStorage(JournalFileBackend(str(path)))
+        if url.startswith("sqlite:///"):
+            Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            return optuna.storages.RDBStorage(
+                url,
+                heartbeat_interval=_HEARTBEAT_S,
+                grace_period=_GRACE_S,
+                heartbeat_stale_trial_callback=_retry_callback(),
+            )
+    except ImportError as exc:
+        raise UserError(f"storage {url!r} needs a database driver that is not installed: {exc}") from exc
+    except Exception as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise UserError(f"cannot open storage {url!r}: {first}") from exc
+
+
+def make_sampler(name: str, seed: int | None) -> optuna.samplers.BaseSampler:
+    if name == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    if name == "gp":
+        try:
+            import torch  # noqa: F401
+        except ImportError as exc:
+            raise MissingDependencyError("PyTorch (needed by the GP sampler)", "gp") from exc
+        return optuna.samplers.GPSampler(seed=seed)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        return optuna.samplers.TPESampler(seed=seed, multivariate=True, n_startup_trials=5)
+
+
+def load_study(storage: optuna.storages.BaseStorage, name: str, sampler: optuna.samplers.BaseSampler | None = None) -> optuna.Study:
+    try:
+        return optuna.load_study(study_name=name, storage=storage, sampler=sampler)
+    except KeyError:
+        names = [s.study_name for s in optuna.get_all_study_summaries(storage, include_best_trial=False)]
+        known = f"; studies there: {', '.join(names)}" if names else "; the storage holds no study"
+        raise UserError(f"no study named {name!r}{known}") from None
+
+
+def fingerprint_differences(stored: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
+    """Plain-language differences between a study's recorded configuration and this run's."""
+    labels = {
+        "model_sha256": "the model (content hash)",
+        "backend": "the backend",
+        "accuracy": "the accuracy criterion",
+        "inputs_sha256": "the input data",
+        "shapes": "the input shapes",
+        "space": "the search space",
+    }
+    diffs = []
+    for key, label in labels.items():
+        old, new = stored.get(key), current.get(key)
+        if old == new:
+            continue
+        if key == "space":
+            diffs.append(f"{label}: {_space_difference(old or [], new or [])}")
+        elif key.endswith("sha256"):
+            diffs.append(f"{label}: {str(old)[:12]} in the study, {str(new)[:12]} now")
+        else:
+            diffs.append(f"{label}: {old!r} in the study, {new!r} now")
+    return diffs
+
+
+def _space_difference(old: list[dict[str, Any]], new: list[dict[str, Any]]) -> str:
+    before = {k["name"]: k for k in old}
+    after = {k["name"]: k for k in new}
+    parts = [f"knob {n} is new" for n in after if n not in before]
+    parts += [f"knob {n} is gone" for n in before if n not in after]
+    parts += [f"knob {n} changed" for n in after if n in before and after[n] != before[n]]
+    return ", ".join(parts) or "knob order changed"
+
+
+def open_study(
+    storage: optuna.storages.BaseStorage,
+    name: str,
+    sampler: optuna.samplers.BaseSampler,
+    fingerprint: dict[str, Any],
+    baseline: dict[str, Any],
+) -> tuple[optuna.Study, bool]:
+    """Create the study with its baseline trial enqueued, or resume it if its configuration matches."""
+    study = optuna.create_study(storage=storage, study_name=name, sampler=sampler, direction="minimize", load_if_exists=True)
+    stored = study.user_attrs.get(FINGERPRINT_ATTR)
+    if stored is None:
+        if study.trials:
+            raise UserError(f"study {name!r} exists but was not made by gpt-optuna; choose another --study-name")
+        study.set_user_attr(FINGERPRINT_ATTR, fingerprint)
+        study.enqueue_trial(baseline, user_attrs={"baseline": True})
+        return study, False
+    diffs = fingerprint_differences(stored, fingerprint)
+    if diffs:
+        raise UserError(
+            f"study {name!r} was made with a different configuration ({'; '.join(diffs)}); "
+            "resume it with the same settings, or start a new study with --study-name"
+        )
+    return study, True
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _owner_is_dead(owner: str | None) -> bool:
+    if not owner:
+        return False
+    host, _, pid = owner.rpartition(":")
+    return host == socket.gethostname() and pid.isdigit() and int(pid) != os.getpid() and not _process_alive(int(pid))
+
+
+def retry_trial(study: optuna.Study, trial: FrozenTrial) -> None:
+    """Enqueue the same candidate again, keeping its baseline mark."""
+    _retry_callback()(study, trial)
+
+
+def recover_interrupted(study: optuna.Study) -> list[int]:
+    """Fail the RUNNING trials whose tuner on this host is dead, and enqueue them again.
+
+    Trials of a tuner on another host are left to the storage heartbeat.
+    """
+    recovered = []
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        if _owner_is_dead(trial.user_attrs.get("owner")):
+            study._storage.set_trial_user_attr(trial._trial_id, "interrupted", "the tuner was killed")
+            study._storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)
+            retry_trial(study, study._storage.get_trial(trial._trial_id))
+            recovered.append(trial.number)
+    return recovered
+
+
+def finished_count(study: optuna.Study) -> int:
+    """Trials that count towards --n-trials: evaluated ones, not interrupted ones."""
+    return sum(
+        1
+        for t in study.get_trials(deepcopy=False)
+        if t.state in (TrialState.COMPLETE, TrialState.PRUNED)
+        or (t.state is TrialState.FAIL and "outcome" in t.user_attrs)
+    )
+
+
+@dataclass(frozen=True)
+class StudySummary:
+    """What status, best and the end of tune report."""
+
+    name: str
+    counts: dict[str, int]
+    reused: int
+    baseline: FrozenTrial | None
+    best: FrozenTrial | None
+
+    @property
+    def baseline_latency_ms(self) -> float | None:
+        if self.baseline is None:
+            return None
+        value = self.baseline.user_attrs.get("latency_median_ms")
+        return float(value) if value is not None else None
+
+    @property
+    def speedup(self) -> float | None:
+        base = self.baseline_latency_ms
+        if base is None or self.best is None or not self.best.value:
+            return None
+        return base / self.best.value
+
+
+def summarize_study(study: optuna.Study) -> StudySummary:
+    trials = study.get_trials(deepcopy=False)
+    counts = {state.name.lower(): 0 for state in TrialState}
+    for t in trials:
+        counts[t.state.name.lower()] += 1
+    baselines = [t for t in trials if t.user_attrs.get("baseline") and t.state.is_finished()]
+    complete = [t for t in trials if t.state is TrialState.COMPLETE and t.value is not None]
+    best = min(complete, key=lambda t: (t.value, t.number)) if complete else None
+    return StudySummary(
+        name=study.study_name,
+        counts=counts,
+        reused=sum(1 for t in trials if "reused_from" in t.user_attrs),
+        baseline=next((t for t in baselines if "latency_median_ms" in t.user_attrs), baselines[0] if baselines else None),
+        best=best,
+    )

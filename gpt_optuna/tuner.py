@@ -1,0 +1,153 @@
+"""A tuning run from a TuneConfig: prepare the model and data, open the study, search, summarize."""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import optuna
+
+from gpt_optuna import model as model_io
+from gpt_optuna.config import TuneConfig
+from gpt_optuna.errors import UserError
+from gpt_optuna.evaluate import EvaluateJob, Outcome, SpaceJob, TrialResult
+from gpt_optuna.objective import CandidateFailed, Objective
+from gpt_optuna.progress import Progress
+from gpt_optuna.space import Candidate, Space
+from gpt_optuna.study import (
+    finished_count,
+    make_sampler,
+    open_storage,
+    open_study,
+    recover_interrupted,
+    retry_trial,
+    summarize_study,
+)
+from gpt_optuna.worker import JobFailure, Worker
+
+SPACE_TIMEOUT_S = 300.0
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """The checked model, the cached data paths and the discovered search space."""
+
+    info: model_io.ModelInfo
+    shapes: dict[str, tuple[int, ...]]
+    feeds_path: Path
+    reference_path: Path
+    inputs_sha256: str
+    space: Space
+    versions: dict[str, str]
+
+
+def prepare(config: TuneConfig, worker: Worker) -> Prepared:
+    """Check the model and inputs, cache feeds and reference outputs, discover the space."""
+    criterion = config.criterion
+    info = model_io.load_model_info(config.model)
+    shapes = model_io.parse_shapes(config.shapes)
+    if config.inputs is not None:
+        feeds = model_io.load_feeds(config.inputs, info, shapes)
+        shapes = {name: tuple(array.shape) for name, array in feeds.items()}
+    else:
+        shapes = model_io.resolve_shapes(info, shapes)
+        feeds = model_io.synthetic_feeds(info, shapes)
+    workdir = config.workdir
+    feeds_path, reference_path = workdir / "inputs.npz", workdir / "reference.npz"
+    inputs_sha256 = model_io.feeds_sha256(feeds)
+    stamp = workdir / "reference.key"
+    key = f"{info.sha256}:{inputs_sha256}"
+    if not (reference_path.is_file() and feeds_path.is_file() and stamp.is_file() and stamp.read_text() == key):
+        reference = model_io.reference_outputs(info, feeds)
+        model_io.save_npz(feeds_path, feeds)
+        model_io.save_npz(reference_path, reference)
+        stamp.write_text(key)
+    criterion.check_applicable(model_io.read_npz(reference_path))
+    try:
+        space, versions = worker.run(SpaceJob(config.backend, info, shapes), SPACE_TIMEOUT_S)
+    except JobFailure as failure:
+        raise UserError(f"backend {config.backend!r} could not describe its search space: {failure}") from None
+    return Prepared(info, shapes, feeds_path, reference_path, inputs_sha256, space.with_overrides(config.space), versions)
+
+
+def fingerprint(config: TuneConfig, prepared: Prepared) -> dict[str, Any]:
+    return {
+        "model_sha256": prepared.info.sha256,
+        "model": str(prepared.info.path),
+        "backend": config.backend,
+        "accuracy": config.criterion.text,
+        "inputs_sha256": prepared.inputs_sha256,
+        "shapes": {name: list(shape) for name, shape in prepared.shapes.items()},
+        "space": prepared.space.describe(),
+        "versions": prepared.versions,
+    }
+
+
+def resume_command(argv: list[str] | None = None) -> str:
+    import shlex
+
+    return "gpt-optuna " + shlex.join(sys.argv[1:] if argv is None else argv)
+
+
+def tune(config: TuneConfig, progress: Progress | None = None) -> int:
+    """Run or resume a search; returns the process exit code (130 after Ctrl-C)."""
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    logging.getLogger("optuna").setLevel(logging.ERROR)
+    assert config.storage is not None and config.study_name is not None
+    storage = open_storage(config.storage)
+    progress = progress or Progress()
+    with Worker(config.workdir / "worker.log") as worker:
+        prepared = prepare(config, worker)
+        study, resumed = open_study(
+            storage,
+            config.study_name,
+            make_sampler(config.sampler, config.seed),
+            fingerprint(config, prepared),
+            prepared.space.default(),
+        )
+        recovered = recover_interrupted(study)
+        done = finished_count(study)
+        remaining = None if config.n_trials is None else max(config.n_trials - done, 0)
+        progress.start(config, prepared.space, resumed, done, recovered, remaining)
+        if remaining == 0:
+            progress.finish(summarize_study(study), resume_command(), note="the study already has its trials")
+            return 0
+        job = EvaluateJob(
+            backend=config.backend,
+            model=prepared.info,
+            candidate={},
+            workdir=config.workdir.resolve(),
+            feeds_path=prepared.feeds_path.resolve(),
+            reference_path=prepared.reference_path.resolve(),
+            criterion=config.criterion,
+            settings=config.measure,
+        )
+
+        def on_result(number: int, candidate: Candidate, result: TrialResult | None) -> None:
+            if result is not None and result.outcome.is_failure:
+                progress.note(f"trial {number} failed ({result.outcome.value}): {result.detail.splitlines()[0][:160]}")
+            elif result is not None and result.outcome is Outcome.INFEASIBLE:
+                progress.note(f"trial {number} infeasible: {result.detail[:160]}")
+
+        objective = Objective(prepared.space, job, worker, config.trial_timeout_s, on_result)
+        started = time.monotonic()
+        try:
+            study.optimize(
+                objective,
+                n_trials=remaining,
+                timeout=config.timeout_s,
+                catch=(CandidateFailed,),
+                callbacks=[lambda s, t: progress.trial_done(s, t)],
+            )
+        except KeyboardInterrupt:
+            if objective.interrupted is not None:
+                retry_trial(study, study.get_trials(deepcopy=False)[objective.interrupted])
+            progress.finish(summarize_study(study), resume_command(), note="stopped by Ctrl-C", elapsed=time.monotonic() - started)
+            return 130
+        note = "the sampler kept proposing evaluated candidates: the space looks covered" if objective.space_exhausted else ""
+        progress.finish(summarize_study(study), resume_command(), note=note, elapsed=time.monotonic() - started)
+    return 0

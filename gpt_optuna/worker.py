@@ -1,0 +1,167 @@
+"""A warm child process that runs jobs with a deadline; a crash or hang becomes data.
+
+A job is any picklable callable. The child runs it and sends back its return value, or the
+exception it raised. The parent waits up to the deadline: end-of-file on the pipe is a crash
+(with the signal or exit code), no answer in time is a hang (the child is killed). After any
+failure the child is replaced, since a crashed library can leave a process unusable. The
+child's stdout and stderr go to a log file whose new lines are attached to each failure.
+"""
+
+from __future__ import annotations
+
+import enum
+import faulthandler
+import multiprocessing
+import os
+import signal
+import traceback
+from collections.abc import Callable
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+_LOG_TAIL_CHARS = 4000
+
+
+class FailureKind(str, enum.Enum):
+    """How a job ended when it did not return."""
+
+    CRASH = "crash"
+    TIMEOUT = "timeout"
+    EXCEPTION = "exception"
+
+
+class JobFailure(Exception):
+    """A job that crashed its process, ran past its deadline or raised."""
+
+    def __init__(self, kind: FailureKind, detail: str, log_tail: str = "") -> None:
+        super().__init__(kind, detail)
+        self.kind = kind
+        self.detail = detail
+        self.log_tail = log_tail
+
+    def __str__(self) -> str:
+        return f"{self.kind.value}: {self.detail}"
+
+
+def _die_with_parent() -> None:
+    """Ask Linux to kill this process when the tuner dies, so a hung job never outlives it."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def _child_main(conn: Connection, log_path: str) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    _die_with_parent()
+    log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(log_fd, 1)
+    os.dup2(log_fd, 2)
+    faulthandler.enable()
+    while True:
+        try:
+            job = conn.recv()
+        except (EOFError, OSError):
+            return
+        try:
+            reply: tuple[str, Any] = ("ok", job())
+        except BaseException as exc:  # the job's failure is data for the parent
+            reply = ("raised", f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}")
+        try:
+            conn.send(reply)
+        except (BrokenPipeError, OSError):
+            return
+
+
+class Worker:
+    """Runs jobs one at a time in a reusable child process."""
+
+    def __init__(self, log_path: Path) -> None:
+        self.log_path = log_path
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._context = multiprocessing.get_context("spawn")
+        self._process: multiprocessing.process.BaseProcess | None = None
+        self._conn: Connection | None = None
+
+    def run(self, job: Callable[[], T], timeout: float | None) -> T:
+        """Run ``job`` in the child and return its value; raise JobFailure if it does not return."""
+        if self._process is None or not self._process.is_alive():
+            self._start()
+        assert self._conn is not None and self._process is not None
+        offset = self._log_size()
+        try:
+            self._conn.send(job)
+            if not self._conn.poll(timeout):
+                self._kill()
+                raise JobFailure(FailureKind.TIMEOUT, f"no answer within {timeout:g} s; worker killed", self._log_tail(offset))
+            status, payload = self._conn.recv()
+        except (EOFError, ConnectionError):
+            detail = self._exit_reason()
+            self._kill()
+            raise JobFailure(FailureKind.CRASH, detail, self._log_tail(offset)) from None
+        except BaseException:
+            self._kill()  # interrupted mid-job: the child's state is unknown
+            raise
+        if status == "raised":
+            self._kill()
+            first, _, rest = payload.partition("\n")
+            raise JobFailure(FailureKind.EXCEPTION, first, (rest + self._log_tail(offset))[-_LOG_TAIL_CHARS:])
+        return payload  # type: ignore[no-any-return]
+
+    def _start(self) -> None:
+        parent_conn, child_conn = self._context.Pipe()
+        process = self._context.Process(target=_child_main, args=(child_conn, str(self.log_path)), daemon=True)
+        process.start()
+        child_conn.close()
+        self._process, self._conn = process, parent_conn
+
+    def _exit_reason(self) -> str:
+        assert self._process is not None
+        self._process.join(timeout=5)
+        code = self._process.exitcode
+        if code is None:
+            return "worker closed its pipe"
+        if code < 0:
+            try:
+                return f"worker killed by {signal.Signals(-code).name}"
+            except ValueError:
+                return f"worker killed by signal {-code}"
+        return f"worker exited with code {code}"
+
+    def _kill(self) -> None:
+        if self._process is not None:
+            if self._process.is_alive():
+                self._process.kill()
+            self._process.join(timeout=10)
+        if self._conn is not None:
+            self._conn.close()
+        self._process = self._conn = None
+
+    def _log_size(self) -> int:
+        try:
+            return self.log_path.stat().st_size
+        except FileNotFoundError:
+            return 0
+
+    def _log_tail(self, offset: int) -> str:
+        try:
+            with self.log_path.open("rb") as f:
+                f.seek(max(offset, self._log_size() - _LOG_TAIL_CHARS))
+                return f.read().decode(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def close(self) -> None:
+        """Stop the child."""
+        self._kill()
+
+    def __enter__(self) -> Worker:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
