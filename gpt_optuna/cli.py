@@ -119,7 +119,7 @@ def run(argv: list[str]) -> int:
         from gpt_optuna.progress import Progress
         from gpt_optuna.tuner import tune
 
-        return tune(tune_config(args), Progress(enabled=not args.quiet))
+        return tune(tune_config(args), Progress(enabled=not args.quiet), argv)
     from gpt_optuna.progress import format_params, format_summary
     from gpt_optuna.study import summarize_study
 

@@ -45,10 +45,14 @@ def format_summary(summary: StudySummary) -> str:
 class Progress:
     """A tqdm bar on stderr with the best latency so far; notes and the summary around it."""
 
-    def __init__(self, stream: TextIO = sys.stderr, enabled: bool = True) -> None:
-        self.stream = stream
+    def __init__(self, stream: TextIO | None = None, enabled: bool = True) -> None:
+        self._stream = stream
         self.enabled = enabled
         self._bar: tqdm | None = None
+
+    @property
+    def stream(self) -> TextIO:
+        return self._stream or sys.stderr
 
     def start(
         self, config: TuneConfig, space: Space, resumed: bool, done: int, recovered: list[int], remaining: int | None

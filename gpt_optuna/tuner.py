@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import shlex
 import sys
 import time
 from dataclasses import dataclass
@@ -87,14 +88,12 @@ def fingerprint(config: TuneConfig, prepared: Prepared) -> dict[str, Any]:
     }
 
 
-def resume_command(argv: list[str] | None = None) -> str:
-    import shlex
+def tune(config: TuneConfig, progress: Progress | None = None, argv: list[str] | None = None) -> int:
+    """Run or resume a search; returns the process exit code (130 after Ctrl-C).
 
-    return "gpt-optuna " + shlex.join(sys.argv[1:] if argv is None else argv)
-
-
-def tune(config: TuneConfig, progress: Progress | None = None) -> int:
-    """Run or resume a search; returns the process exit code (130 after Ctrl-C)."""
+    ``argv`` are the command's arguments, printed at the end as the command that resumes.
+    """
+    resume = "gpt-optuna " + shlex.join(sys.argv[1:] if argv is None else argv)
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     logging.getLogger("optuna").setLevel(logging.ERROR)
     assert config.storage is not None and config.study_name is not None
@@ -114,7 +113,7 @@ def tune(config: TuneConfig, progress: Progress | None = None) -> int:
         remaining = None if config.n_trials is None else max(config.n_trials - done, 0)
         progress.start(config, prepared.space, resumed, done, recovered, remaining)
         if remaining == 0:
-            progress.finish(summarize_study(study), resume_command(), note="the study already has its trials")
+            progress.finish(summarize_study(study), resume, note="the study already has its trials")
             return 0
         job = EvaluateJob(
             backend=config.backend,
@@ -146,8 +145,8 @@ def tune(config: TuneConfig, progress: Progress | None = None) -> int:
         except KeyboardInterrupt:
             if objective.interrupted is not None:
                 retry_trial(study, study.get_trials(deepcopy=False)[objective.interrupted])
-            progress.finish(summarize_study(study), resume_command(), note="stopped by Ctrl-C", elapsed=time.monotonic() - started)
+            progress.finish(summarize_study(study), resume, note="stopped by Ctrl-C", elapsed=time.monotonic() - started)
             return 130
         note = "the sampler kept proposing evaluated candidates: the space looks covered" if objective.space_exhausted else ""
-        progress.finish(summarize_study(study), resume_command(), note=note, elapsed=time.monotonic() - started)
+        progress.finish(summarize_study(study), resume, note=note, elapsed=time.monotonic() - started)
     return 0

@@ -1,0 +1,109 @@
+"""Shared fixtures: small ONNX models built here, a scratch working directory, the gpu marker."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from gpt_optuna.data.make_small_cnn import small_cnn
+
+SYNTHETIC = "gpt_optuna.backends.synthetic:SyntheticBackend"
+
+
+def _gpu_available() -> bool:
+    try:
+        import cupy
+
+        return cupy.cuda.runtime.getDeviceCount() > 0
+    except Exception:
+        return False
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if _gpu_available():
+        return
+    skip = pytest.mark.skip(reason="needs an NVIDIA GPU with CuPy")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Each test runs in its own folder, so studies/ is fresh."""
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def save(model: onnx.ModelProto, path: Path) -> Path:
+    onnx.save(model, path)
+    return path
+
+
+@pytest.fixture
+def cnn_path(tmp_path: Path) -> Path:
+    return save(small_cnn(), tmp_path / "cnn.onnx")
+
+
+def matmul_model(batch: int | str = "batch", features: int = 16, seed: int = 0) -> onnx.ModelProto:
+    """x[batch, features] @ W + b -> Relu -> Softmax: a dynamic batch when ``batch`` is a name."""
+    rng = np.random.default_rng(seed)
+    w = numpy_helper.from_array(rng.standard_normal((features, 8)).astype(np.float32), "w")
+    b = numpy_helper.from_array(rng.standard_normal(8).astype(np.float32), "b")
+    graph = helper.make_graph(
+        [
+            helper.make_node("MatMul", ["x", "w"], ["m"]),
+            helper.make_node("Add", ["m", "b"], ["a"]),
+            helper.make_node("Relu", ["a"], ["r"]),
+            helper.make_node("Softmax", ["r"], ["probs"], axis=-1),
+        ],
+        "mlp",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, features])],
+        [helper.make_tensor_value_info("probs", TensorProto.FLOAT, [batch, 8])],
+        [w, b],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+@pytest.fixture
+def mlp_path(tmp_path: Path) -> Path:
+    return save(matmul_model(), tmp_path / "mlp.onnx")
+
+
+@pytest.fixture
+def static_mlp_path(tmp_path: Path) -> Path:
+    return save(matmul_model(batch=2), tmp_path / "static_mlp.onnx")
+
+
+def token_model() -> onnx.ModelProto:
+    """Two int64 inputs (ids, mask) through an embedding Gather: the integer-input case."""
+    table = numpy_helper.from_array(np.random.default_rng(0).standard_normal((4, 6)).astype(np.float32), "table")
+    graph = helper.make_graph(
+        [
+            helper.make_node("Gather", ["table", "ids"], ["emb"]),
+            helper.make_node("Cast", ["mask"], ["maskf"], to=TensorProto.FLOAT),
+            helper.make_node("Unsqueeze", ["maskf", "axes"], ["mask3"]),
+            helper.make_node("Mul", ["emb", "mask3"], ["out"]),
+        ],
+        "tokens",
+        [
+            helper.make_tensor_value_info("ids", TensorProto.INT64, [1, 5]),
+            helper.make_tensor_value_info("mask", TensorProto.INT64, [1, 5]),
+        ],
+        [helper.make_tensor_value_info("out", TensorProto.FLOAT, [1, 5, 6])],
+        [table, numpy_helper.from_array(np.array([2], np.int64), "axes")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def cpu_count() -> int:
+    return len(os.sched_getaffinity(0))

@@ -1,0 +1,174 @@
+"""The ONNX Runtime backend against the real library: CPU here, CUDA on a GPU machine."""
+
+from pathlib import Path
+
+import numpy as np
+import optuna
+import pytest
+from conftest import cpu_count
+
+from gpt_optuna import model as m
+from gpt_optuna.accuracy import parse_criterion
+from gpt_optuna.backends.base import BuildError
+from gpt_optuna.backends.onnxruntime import (
+    CPU,
+    CUDA,
+    TENSORRT,
+    OnnxRuntimeBackend,
+    discover_knobs,
+    provider_options,
+    session_options,
+    thread_choices,
+    usable_providers,
+)
+from gpt_optuna.measure import MeasureSettings, measure
+
+LEVELS = ["ORT_DISABLE_ALL", "ORT_ENABLE_BASIC", "ORT_ENABLE_EXTENDED", "ORT_ENABLE_ALL"]
+
+
+def test_thread_choices_are_bounded_by_the_machine() -> None:
+    assert thread_choices(1) == (0, 1)
+    assert thread_choices(6) == (0, 1, 2, 4, 6)
+    assert max(thread_choices(cpu_count())) == cpu_count()
+
+
+def test_cpu_space_has_threading_knobs_and_no_gpu_knobs() -> None:
+    knobs = {k.name: k for k in discover_knobs([CPU], LEVELS, 4)}
+    assert knobs["provider"].choices == (CPU,)
+    assert knobs["intra_op_num_threads"].choices == (0, 1, 2, 4)
+    assert knobs["inter_op_num_threads"].condition.parent == "execution_mode"
+    assert not any(name.startswith(("cuda.", "trt.")) for name in knobs)
+
+
+def test_gpu_space_is_conditional_on_the_provider() -> None:
+    knobs = {k.name: k for k in discover_knobs([CUDA, TENSORRT], LEVELS, 16)}
+    assert knobs["provider"].default == CUDA
+    assert knobs["cuda.prefer_nhwc"].condition.values == (CUDA,)
+    assert knobs["trt.builder_optimization_level"].condition.values == (TENSORRT,)
+    assert "intra_op_num_threads" not in knobs
+
+
+def test_only_providers_that_create_a_session_are_offered() -> None:
+    usable = usable_providers()
+    assert CPU in usable
+    assert "AzureExecutionProvider" not in usable
+
+
+def test_session_options_mapping() -> None:
+    options = session_options(
+        {
+            "provider": CPU,
+            "graph_optimization_level": "ORT_ENABLE_BASIC",
+            "mem_pattern": False,
+            "execution_mode": "ORT_PARALLEL",
+            "intra_op_num_threads": 2,
+            "inter_op_num_threads": 1,
+            "intra_op_spinning": False,
+            "cpu_mem_arena": False,
+            "denormal_as_zero": True,
+        }
+    )
+    assert str(options.graph_optimization_level).endswith("ORT_ENABLE_BASIC")
+    assert str(options.execution_mode).endswith("ORT_PARALLEL")
+    assert (options.intra_op_num_threads, options.inter_op_num_threads) == (2, 1)
+    assert options.enable_mem_pattern is False and options.enable_cpu_mem_arena is False
+    assert options.get_session_config_entry("session.intra_op.allow_spinning") == "0"
+    assert options.get_session_config_entry("session.set_denormal_as_zero") == "1"
+
+
+def test_provider_options_mapping(tmp_path: Path) -> None:
+    cuda = provider_options(
+        {
+            "provider": CUDA,
+            "cuda.cudnn_conv_algo_search": "HEURISTIC",
+            "cuda.use_tf32": False,
+            "cuda.prefer_nhwc": True,
+            "cuda.enable_cuda_graph": True,
+            "cuda.cudnn_conv_use_max_workspace": True,
+        },
+        1234,
+        tmp_path,
+    )
+    assert cuda == {
+        "device_id": "0",
+        "cudnn_conv_algo_search": "HEURISTIC",
+        "use_tf32": "0",
+        "prefer_nhwc": "1",
+        "enable_cuda_graph": "1",
+        "cudnn_conv_use_max_workspace": "1",
+        "has_user_compute_stream": "1",
+        "user_compute_stream": "1234",
+    }
+    trt = provider_options(
+        {"provider": TENSORRT, "trt.builder_optimization_level": 5, "trt.fp16": True, "trt.cuda_graph": False, "trt.auxiliary_streams": 2},
+        None,
+        tmp_path,
+    )
+    assert trt["trt_builder_optimization_level"] == "5" and trt["trt_fp16_enable"] == "1"
+    assert trt["trt_auxiliary_streams"] == "2" and trt["trt_timing_cache_path"] == str(tmp_path)
+    assert provider_options({"provider": CPU}, None, tmp_path) == {}
+
+
+def _prepare(path: Path, shapes: list[str]):
+    info = m.load_model_info(path)
+    feeds = m.synthetic_feeds(info, m.resolve_shapes(info, m.parse_shapes(shapes)))
+    return info, feeds, m.reference_outputs(info, feeds)
+
+
+def test_every_sampled_cpu_candidate_builds_runs_and_matches_the_reference(cnn_path: Path, tmp_path: Path) -> None:
+    info, feeds, reference = _prepare(cnn_path, [])
+    backend = OnnxRuntimeBackend()
+    space = backend.space(info, {})
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    criterion = parse_criterion("cosine>=0.99999 and max_abs<=1e-3")
+    seen = set()
+    for candidate in [space.default()] + [space.suggest(study.ask()) for _ in range(12)]:
+        built = backend.build(info, candidate, tmp_path)
+        assert built.build_s > 0
+        with backend.open(built, feeds, reference) as runner:
+            verdict = criterion.evaluate(runner.infer(), reference)
+            assert verdict.feasible, (candidate, verdict.reason)
+            stats = measure(runner, MeasureSettings(budget_s=0.2))
+            assert stats.median_ms > 0 and stats.samples >= 10
+        seen.add(candidate["graph_optimization_level"])
+    assert len(seen) > 1
+
+
+def test_unsupported_model_is_a_build_error(tmp_path: Path) -> None:
+    import onnx
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [helper.make_node("NoSuchOp", ["x"], ["y"], domain="com.example")],
+        "bad",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.example", 1)])
+    path = tmp_path / "bad.onnx"
+    onnx.save(model, path)
+    info = m.load_model_info(path)
+    backend = OnnxRuntimeBackend()
+    with pytest.raises(BuildError, match="could not create the session"):
+        backend.build(info, backend.space(info, {}).default(), tmp_path)
+
+
+@pytest.mark.gpu
+def test_cuda_candidates_run_on_cupy_buffers_and_stream(cnn_path: Path, tmp_path: Path) -> None:
+    import cupy
+
+    info, feeds, reference = _prepare(cnn_path, [])
+    backend = OnnxRuntimeBackend()
+    space = backend.space(info, {})
+    assert space.default()["provider"] == CUDA
+    criterion = parse_criterion("cosine>=0.999")
+    base = space.default()
+    variants = [base, {**base, "cuda.enable_cuda_graph": True}, {**base, "cuda.prefer_nhwc": True, "cuda.use_tf32": False}]
+    for candidate in variants:
+        built = backend.build(info, candidate, tmp_path)
+        with backend.open(built, feeds, reference) as runner:
+            assert isinstance(runner.stream, cupy.cuda.Stream) and runner.stream.ptr != 0
+            verdict = criterion.evaluate(runner.infer(), reference)
+            assert verdict.feasible, (candidate, verdict.reason)
+            stats = measure(runner, MeasureSettings(budget_s=0.5))
+            assert 0 < stats.median_ms < 50

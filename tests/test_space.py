@@ -1,0 +1,54 @@
+import optuna
+import pytest
+
+from gpt_optuna.errors import UserError
+from gpt_optuna.space import Condition, Knob, Space
+
+
+def space() -> Space:
+    return Space(
+        [
+            Knob("mode", ("seq", "par"), "seq"),
+            Knob("threads", (0, 1, 2), 0),
+            Knob("inter", (0, 1, 2), 0, condition=Condition("mode", ("par",))),
+        ]
+    )
+
+
+def test_default_includes_only_active_knobs() -> None:
+    assert space().default() == {"mode": "seq", "threads": 0}
+
+
+def test_conditional_knob_is_suggested_only_when_its_parent_allows() -> None:
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=1))
+    seen_inter = {True: 0, False: 0}
+    for _ in range(40):
+        trial = study.ask()
+        params = space().suggest(trial)
+        assert ("inter" in params) == (params["mode"] == "par")
+        assert trial.params == params
+        seen_inter["inter" in params] += 1
+        study.tell(trial, 1.0)
+    assert seen_inter[True] and seen_inter[False]
+
+
+def test_overrides_fix_restrict_and_keep_default_inside() -> None:
+    s = space().with_overrides({"mode": "par", "threads": [2, 1]})
+    knobs = {k.name: k for k in s.knobs}
+    assert knobs["mode"].choices == ("par",) and knobs["mode"].default == "par"
+    assert knobs["threads"].choices == (2, 1) and knobs["threads"].default == 2
+    assert s.default() == {"mode": "par", "threads": 2, "inter": 0}
+
+
+def test_override_of_unknown_knob_is_a_user_error() -> None:
+    with pytest.raises(UserError, match="unknown knob 'nope'"):
+        space().with_overrides({"nope": 1})
+
+
+def test_invalid_spaces_are_refused() -> None:
+    with pytest.raises(ValueError, match="not among its choices"):
+        Knob("k", (1, 2), 3)
+    with pytest.raises(ValueError, match="not defined before"):
+        Space([Knob("a", (1,), 1, condition=Condition("b", (1,))), Knob("b", (1,), 1)])
+    with pytest.raises(ValueError, match="duplicate"):
+        Space([Knob("a", (1,), 1), Knob("a", (1,), 1)])

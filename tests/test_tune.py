@@ -1,0 +1,148 @@
+"""End to end through the command line, in process: real ONNX Runtime, SQLite and workers."""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import optuna
+import pytest
+from conftest import SYNTHETIC, matmul_model, save
+from optuna.trial import TrialState
+
+from gpt_optuna.cli import main
+
+
+def load(name: str) -> optuna.Study:
+    return optuna.load_study(study_name=name, storage=f"sqlite:///studies/{name}.db")
+
+
+def tune(*args: str) -> int:
+    return main(["tune", *args, "--quiet"])
+
+
+def synthetic_config(tmp_path: Path, space: str, name: str = "tune.toml") -> Path:
+    path = tmp_path / name
+    path.write_text(f"[measure]\nbudget_s = 0.05\nmin_samples = 5\n[space]\n{space}\n")
+    return path
+
+
+def test_search_starts_with_the_baseline_and_reports_the_best(cnn_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert tune(str(cnn_path), "--n-trials", "6", "--seed", "0") == 0
+    out = capsys.readouterr().out
+    assert "baseline (trial 0)" in out and "resume or extend with: gpt-optuna tune" in out
+    study = load("cnn-onnxruntime")
+    trials = study.get_trials()
+    assert len(trials) == 6
+    baseline = trials[0]
+    assert baseline.user_attrs["baseline"] is True
+    assert baseline.params["provider"] == "CPUExecutionProvider"
+    assert baseline.params["graph_optimization_level"] == "ORT_ENABLE_ALL"
+    for t in trials:
+        if t.state is TrialState.COMPLETE:
+            assert t.value == t.user_attrs["latency_median_ms"] > 0
+            assert t.user_attrs["accuracy"]["cosine"] > 0.9999
+            assert t.user_attrs["latency_samples"] >= 10
+    assert main(["best", "--json"]) == 0
+    record = json.loads(capsys.readouterr().out)
+    assert set(record) == {"number", "params", "latency_ms", "baseline_latency_ms", "speedup", "accuracy"}
+    best = min((t for t in trials if t.state is TrialState.COMPLETE), key=lambda t: t.value)
+    assert record["latency_ms"] == best.value and record["params"] == best.params
+    assert record["baseline_latency_ms"] == baseline.value
+    assert record["speedup"] == pytest.approx(baseline.value / best.value)
+    assert main(["status", "--study-name", "cnn-onnxruntime"]) == 0
+    assert "6 complete" in capsys.readouterr().out
+
+
+def test_resume_accumulates_trials_and_redoes_nothing(cnn_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert tune(str(cnn_path), "--n-trials", "4", "--seed", "1") == 0
+    first = [(t.number, t.datetime_start, t.value) for t in load("cnn-onnxruntime").get_trials()]
+    assert tune(str(cnn_path), "--n-trials", "7", "--seed", "1") == 0
+    trials = load("cnn-onnxruntime").get_trials()
+    assert len(trials) == 7
+    assert [(t.number, t.datetime_start, t.value) for t in trials[:4]] == first
+    assert sum(1 for t in trials if t.user_attrs.get("baseline")) == 1
+    assert tune(str(cnn_path), "--n-trials", "7") == 0  # nothing left to do
+    assert len(load("cnn-onnxruntime").get_trials()) == 7
+    assert "already has its trials" in capsys.readouterr().err
+
+
+def test_resume_with_other_model_or_criterion_is_refused(cnn_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert tune(str(cnn_path), "--n-trials", "2") == 0
+    capsys.readouterr()
+    other = tmp_path / "other" / "cnn.onnx"
+    other.parent.mkdir()
+    save(matmul_model(batch=1), other)
+    assert tune(str(other), "--n-trials", "3") == 2
+    err = capsys.readouterr().err
+    assert "different configuration" in err and "the model (content hash)" in err
+    assert tune(str(cnn_path), "--n-trials", "3", "--accuracy", "max_abs<=1e-3") == 2
+    assert "the accuracy criterion: 'cosine>=0.9999' in the study, 'max_abs<=0.001' now" in capsys.readouterr().err
+    assert len(load("cnn-onnxruntime").get_trials()) == 2
+
+
+def test_dynamic_shapes_and_given_inputs(mlp_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert tune(str(mlp_path), "--n-trials", "2") == 2
+    assert "give its shape with --shape x:1x16" in capsys.readouterr().err
+    feeds = tmp_path / "feeds.npz"
+    np.savez(feeds, x=np.random.default_rng(0).standard_normal((3, 16)).astype(np.float32))
+    assert tune(str(mlp_path), "--n-trials", "2", "--inputs", str(feeds), "--accuracy", "topk(1)>=1 and max_abs<=1e-4") == 0
+    reference = np.load("studies/mlp-onnxruntime/reference.npz")["probs"]
+    assert reference.shape == (3, 8)
+    assert tune(str(mlp_path), "--n-trials", "2", "--shape", "x:5x16", "--study-name", "mlp5") == 0
+    assert np.load("studies/mlp5/inputs.npz")["x"].shape == (5, 16)
+
+
+def test_crash_hang_raise_and_build_errors_fail_their_trials_and_the_study_goes_on(tmp_path: Path, cnn_path: Path) -> None:
+    config = synthetic_config(tmp_path, 'mode = ["ok", "crash", "abort", "hang", "raise", "build_error"]\ndelay_us = [0]\nbuild_ms = [0]')
+    argv = [str(cnn_path), "--backend", SYNTHETIC, "--config", str(config), "--n-trials", "22"]
+    assert tune(*argv, "--trial-timeout", "2", "--sampler", "random", "--seed", "3") == 0
+    trials = load("cnn-syntheticbackend").get_trials()
+    assert len(trials) == 22
+    by_mode: dict[str, list] = {}
+    for t in trials:
+        by_mode.setdefault(t.params["mode"], []).append(t)
+    assert set(by_mode) == {"ok", "crash", "abort", "hang", "raise", "build_error"}
+    expected = {
+        "crash": ("crash", "SIGSEGV"),
+        "abort": ("crash", "SIGABRT"),
+        "hang": ("timeout", "no answer within 2 s"),
+        "raise": ("exception", "RuntimeError: synthetic failure in build"),
+        "build_error": ("build_error", "synthetic build error"),
+    }
+    for mode, (outcome, detail) in expected.items():
+        for t in by_mode[mode]:
+            assert t.state is TrialState.FAIL
+            assert t.user_attrs["outcome"] == outcome
+            assert detail in t.user_attrs["failure"]
+    assert all(t.state is TrialState.COMPLETE for t in by_mode["ok"])
+    evaluated_crash = [t for t in by_mode["crash"] if "reused_from" not in t.user_attrs]
+    assert "Segmentation fault" in evaluated_crash[0].user_attrs["log"]
+
+
+def test_infeasible_candidates_are_pruned_with_their_errors_and_a_constraint(tmp_path: Path, cnn_path: Path) -> None:
+    config = synthetic_config(tmp_path, 'mode = ["ok", "nan", "noisy"]\ndelay_us = [0]\nbuild_ms = [0]')
+    assert tune(str(cnn_path), "--backend", SYNTHETIC, "--config", str(config), "--n-trials", "12", "--sampler", "random", "--seed", "0") == 0
+    trials = load("cnn-syntheticbackend").get_trials()
+    pruned = [t for t in trials if t.state is TrialState.PRUNED]
+    assert {t.params["mode"] for t in pruned} == {"nan", "noisy"}
+    for t in pruned:
+        assert t.user_attrs["outcome"] == "infeasible"
+        assert t.constraints["accuracy"] > 0
+        if t.params["mode"] == "nan":
+            assert "contains NaN" in t.user_attrs["infeasible"]
+        else:
+            assert "fails cosine>=0.9999" in t.user_attrs["infeasible"]
+            assert t.user_attrs["accuracy"]["cosine"] < 0.9999
+    for t in trials:
+        if t.state is TrialState.COMPLETE:
+            assert t.constraints["accuracy"] <= 0
+
+
+def test_a_candidate_already_evaluated_is_reused_not_rebuilt(tmp_path: Path, cnn_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = synthetic_config(tmp_path, 'mode = ["ok"]\ndelay_us = [100]\nbuild_ms = [0]\na = [0]\nb = [0]\nc = ["x"]')
+    assert tune(str(cnn_path), "--backend", SYNTHETIC, "--config", str(config), "--n-trials", "50") == 0
+    trials = load("cnn-syntheticbackend").get_trials()
+    assert trials[0].user_attrs["baseline"] and "reused_from" not in trials[0].user_attrs
+    assert all(t.user_attrs["reused_from"] == 0 and t.value == trials[0].value for t in trials[1:])
+    assert len(trials) < 50  # the search stopped: the one-point space is covered
+    assert "space looks covered" in capsys.readouterr().err

@@ -1,0 +1,74 @@
+"""The worker process: real child processes that really crash, hang and raise."""
+
+import ctypes
+import os
+import time
+from functools import partial
+from pathlib import Path
+
+import pytest
+
+from gpt_optuna.worker import FailureKind, JobFailure, Worker
+
+
+def segfault() -> None:
+    print("about to crash", flush=True)
+    ctypes.string_at(0)
+
+
+def hang() -> None:
+    time.sleep(3600)
+
+
+def boom() -> None:
+    raise ValueError("bad knob value")
+
+
+def exit_hard() -> None:
+    os._exit(3)
+
+
+def test_jobs_return_values_and_reuse_the_warm_child(tmp_path: Path) -> None:
+    with Worker(tmp_path / "w.log") as worker:
+        first = worker.run(os.getpid, timeout=60)
+        assert first != os.getpid()
+        assert worker.run(os.getpid, timeout=60) == first
+        assert worker.run(partial(sum, [1, 2, 3]), timeout=60) == 6
+
+
+@pytest.mark.parametrize(
+    "job, kind, detail",
+    [
+        (segfault, FailureKind.CRASH, "SIGSEGV"),
+        (os.abort, FailureKind.CRASH, "SIGABRT"),
+        (exit_hard, FailureKind.CRASH, "exited with code 3"),
+        (boom, FailureKind.EXCEPTION, "ValueError: bad knob value"),
+    ],
+)
+def test_failures_become_data_and_the_child_is_replaced(tmp_path: Path, job, kind: FailureKind, detail: str) -> None:
+    with Worker(tmp_path / "w.log") as worker:
+        before = worker.run(os.getpid, timeout=60)
+        with pytest.raises(JobFailure) as info:
+            worker.run(job, timeout=60)
+        assert info.value.kind is kind
+        assert detail in info.value.detail
+        after = worker.run(os.getpid, timeout=60)
+        assert after != before
+
+
+def test_crash_carries_the_childs_own_output(tmp_path: Path) -> None:
+    with Worker(tmp_path / "w.log") as worker, pytest.raises(JobFailure) as info:
+        worker.run(segfault, timeout=60)
+    assert "about to crash" in info.value.log_tail
+    assert "Segmentation fault" in info.value.log_tail  # faulthandler's report
+
+
+def test_hang_is_killed_at_the_deadline(tmp_path: Path) -> None:
+    with Worker(tmp_path / "w.log") as worker:
+        worker.run(os.getpid, timeout=60)
+        start = time.monotonic()
+        with pytest.raises(JobFailure) as info:
+            worker.run(hang, timeout=1.0)
+        assert info.value.kind is FailureKind.TIMEOUT
+        assert time.monotonic() - start < 15
+        assert worker.run(partial(pow, 2, 5), timeout=60) == 32
