@@ -127,7 +127,6 @@ class Verdict:
     reason: str
     metrics: dict[str, float] = field(default_factory=dict)
     constraint: float = 0.0
-    error: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -165,14 +164,16 @@ class Criterion:
         metrics = self._aggregate(outputs, reference)
         failed = [c for c in self.clauses if not c.holds(metrics[c.metric.key])]
         constraint = max(c.violation(metrics[c.metric.key]) for c in self.clauses)
-        main = self.clauses[0].metric
-        error = metrics[main.key]
-        if main.higher_is_better:
-            error = 1.0 - error
         if failed:
             reason = "; ".join(f"{c.metric.key}={metrics[c.metric.key]:.6g} fails {c}" for c in failed)
-            return Verdict(False, reason, metrics, constraint, error)
-        return Verdict(True, "", metrics, constraint, error)
+            return Verdict(False, reason, metrics, constraint)
+        return Verdict(True, "", metrics, constraint)
+
+    def error(self, metrics: Mapping[str, float]) -> float:
+        """The first clause's metric as an error, lower is better (1 - similarity for cosine, topk)."""
+        main = self.clauses[0].metric
+        value = metrics[main.key]
+        return 1.0 - value if main.higher_is_better else value
 
     def _aggregate(self, outputs: Mapping[str, np.ndarray], reference: Mapping[str, np.ndarray]) -> dict[str, float]:
         metrics: dict[str, float] = {}
@@ -202,9 +203,7 @@ def parse_criterion(text: str) -> Criterion:
     for part in re.split(r"\s+and\s+", text.strip()):
         match = _CLAUSE_RE.match(part)
         if not match:
-            raise UserError(
-                f"malformed --accuracy clause {part!r}: expected METRIC OP NUMBER, e.g. cosine>=0.9999"
-            )
+            raise UserError(f"malformed --accuracy clause {part!r}: expected METRIC OP NUMBER, e.g. cosine>=0.9999")
         try:
             threshold = float(match["num"])
         except ValueError:

@@ -19,7 +19,10 @@ def _storage_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="gpt-optuna", description="Search engine configurations for the fastest one that meets an accuracy criterion.")
+    parser = argparse.ArgumentParser(
+        prog="gpt-optuna",
+        description="Search engine configurations for the fastest one that meets an accuracy criterion.",
+    )
     parser.add_argument("--version", action="version", version=f"gpt-optuna {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
 
@@ -28,8 +31,12 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--backend", help="onnxruntime (default), or a module:Class path")
     tune.add_argument("--accuracy", help='criterion, e.g. "cosine>=0.9999 and max_abs<=1e-2" (default cosine>=0.9999)')
     tune.add_argument("--inputs", help="input data: .npz keyed by input name (default: generated)")
-    tune.add_argument("--shape", action="append", default=None, metavar="NAME:DIMS", help="input shape, e.g. x:1x3x224x224")
-    tune.add_argument("--n-trials", type=int, help="trials the study should hold when done (default 100 without --timeout)")
+    tune.add_argument(
+        "--shape", action="append", default=None, metavar="NAME:DIMS", help="input shape, e.g. x:1x3x224x224"
+    )
+    tune.add_argument(
+        "--n-trials", type=int, help="trials the study should hold when done (default 100 without --timeout)"
+    )
     tune.add_argument("--timeout", help="stop after this long, e.g. 8h, 30m, 90s")
     tune.add_argument("--trial-timeout", help="deadline for one candidate (default 600 s)")
     _storage_flags(tune)
@@ -81,7 +88,9 @@ def _resolve_storage(args: argparse.Namespace) -> tuple[str, str | None]:
         return default_storage(found[0].stem), found[0].stem
     if not found:
         raise UserError("no study found under studies/; give --storage or --study-name")
-    raise UserError(f"several studies under studies/ ({', '.join(p.stem for p in found)}); choose one with --study-name")
+    raise UserError(
+        f"several studies under studies/ ({', '.join(p.stem for p in found)}); choose one with --study-name"
+    )
 
 
 def _open_existing(args: argparse.Namespace) -> Any:
@@ -96,7 +105,9 @@ def _open_existing(args: argparse.Namespace) -> Any:
 
         names = [s.study_name for s in optuna.get_all_study_summaries(storage, include_best_trial=False)]
         if len(names) != 1:
-            raise UserError(f"the storage holds {len(names)} studies ({', '.join(names)}); choose one with --study-name")
+            raise UserError(
+                f"the storage holds {len(names)} studies ({', '.join(names)}); choose one with --study-name"
+            )
         name = names[0]
     return load_study(storage, name)
 

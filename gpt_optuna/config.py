@@ -8,8 +8,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from gpt_optuna.backends import BACKENDS
 from gpt_optuna.accuracy import DEFAULT_CRITERION, Criterion, parse_criterion
+from gpt_optuna.backends import BACKENDS
 from gpt_optuna.errors import UserError
 from gpt_optuna.measure import MeasureSettings
 from gpt_optuna.space import Value

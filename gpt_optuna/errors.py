@@ -13,8 +13,6 @@ class MissingDependencyError(UserError):
     """A library a backend needs is not installed; the message names the extra that installs it."""
 
     def __init__(self, library: str, extra: str) -> None:
-        super().__init__(
-            f"{library} is not installed; install it with: pip install 'gpt-optuna[{extra}]'"
-        )
+        super().__init__(f"{library} is not installed; install it with: pip install 'gpt-optuna[{extra}]'")
         self.library = library
         self.extra = extra

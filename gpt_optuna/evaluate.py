@@ -6,7 +6,8 @@ A failed candidate is data: every way a candidate can end is an :class:`Outcome`
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+import time
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +35,7 @@ def _npz(path: Path) -> Feeds:
     return _arrays[key]
 
 
-class Outcome(str, enum.Enum):
+class Outcome(enum.StrEnum):
     """How a candidate ended."""
 
     OK = "ok"
@@ -93,6 +94,11 @@ class EvaluateJob:
     measure_infeasible: bool = False
 
     def __call__(self) -> TrialResult:
+        start = time.perf_counter()
+        result = self._evaluate()
+        return replace(result, attrs={**result.attrs, "eval_s": time.perf_counter() - start})
+
+    def _evaluate(self) -> TrialResult:
         backend = _backend(self.backend)
         try:
             built = backend.build(self.model, self.candidate, self.workdir)

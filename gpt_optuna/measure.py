@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -43,9 +43,6 @@ class LatencyStats:
     samples: int
     warmup: int
     stable: bool
-
-    def as_attrs(self) -> dict[str, float | int | bool]:
-        return {f"latency_{k}": v for k, v in asdict(self).items()}
 
 
 def median_rel_ci(samples: np.ndarray) -> float:

@@ -134,14 +134,11 @@ def resolve_shapes(info: ModelInfo, shapes: dict[str, tuple[int, ...]]) -> dict[
 
 def _check_shape(spec: TensorSpec, shape: tuple[int, ...], source: str) -> None:
     if len(shape) != len(spec.shape):
-        raise UserError(
-            f"{source} gives input {spec.name!r} rank {len(shape)}, the model expects {spec.describe()}"
-        )
+        raise UserError(f"{source} gives input {spec.name!r} rank {len(shape)}, the model expects {spec.describe()}")
     for axis, (want, got) in enumerate(zip(spec.shape, shape, strict=True)):
         if isinstance(want, int) and want > 0 and want != got:
             raise UserError(
-                f"{source} gives input {spec.name!r} size {got} on axis {axis}, "
-                f"the model expects {spec.describe()}"
+                f"{source} gives input {spec.name!r} size {got} on axis {axis}, the model expects {spec.describe()}"
             )
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import socket
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import asdict, replace
 from typing import Any
 
 import optuna
@@ -24,7 +24,7 @@ from gpt_optuna.worker import Worker
 OWNER = f"{socket.gethostname()}:{os.getpid()}"
 """Which tuner process runs a trial, so a later run can tell a dead owner's trials apart."""
 
-_COPIED_ATTRS = ("outcome", "failure", "infeasible", "accuracy", "constraint", "error", "build_s")
+_COPIED_ATTRS = ("outcome", "failure", "infeasible", "accuracy", "build_s", "latency")
 _MAX_CONSECUTIVE_REUSE = 30
 
 
@@ -37,11 +37,9 @@ def result_attrs(result: TrialResult) -> dict[str, Any]:
     if result.build_s is not None:
         attrs["build_s"] = result.build_s
     if result.latency is not None:
-        attrs.update(result.latency.as_attrs())
+        attrs["latency"] = asdict(result.latency)
     if result.verdict is not None:
         attrs["accuracy"] = result.verdict.metrics
-        attrs["constraint"] = result.verdict.constraint
-        attrs["error"] = result.verdict.error
     if result.outcome is Outcome.INFEASIBLE:
         attrs["infeasible"] = result.detail
     elif result.outcome.is_failure:
@@ -85,7 +83,7 @@ class Objective:
             trial.set_user_attr("interrupted", "stopped by the user")
             self.interrupted = trial.number
             raise
-        record(trial, result_attrs(result))
+        record(trial, result_attrs(result), result.verdict.constraint if result.verdict else None)
         self.on_result(trial.number, candidate, result)
         if result.outcome is Outcome.OK:
             assert result.latency is not None
@@ -99,7 +97,8 @@ class Objective:
         if self.consecutive_reuse >= _MAX_CONSECUTIVE_REUSE:
             trial.study.stop()  # the sampler keeps proposing what was tried: the space is covered
         trial.set_user_attr("reused_from", earlier.number)
-        record(trial, {k: v for k, v in earlier.user_attrs.items() if k in _COPIED_ATTRS or k.startswith("latency_")})
+        copied = {k: v for k, v in earlier.user_attrs.items() if k in _COPIED_ATTRS}
+        record(trial, copied, earlier.constraints.get("accuracy"))
         self.on_result(trial.number, dict(trial.params), None)
         if earlier.state is TrialState.COMPLETE:
             assert earlier.value is not None
@@ -113,12 +112,12 @@ class Objective:
         return self.consecutive_reuse >= _MAX_CONSECUTIVE_REUSE
 
 
-def record(trial: optuna.Trial, attrs: dict[str, Any]) -> None:
-    """Store a result's attrs; its accuracy constraint (> 0: infeasible) goes to the sampler too."""
+def record(trial: optuna.Trial, attrs: dict[str, Any], constraint: float | None) -> None:
+    """Store a result's attrs, and its accuracy constraint (> 0: infeasible) for the sampler."""
     for key, value in attrs.items():
         trial.set_user_attr(key, value)
-    if "accuracy" in attrs:
-        trial.set_constraint("accuracy", float(attrs["constraint"]))
+    if constraint is not None:
+        trial.set_constraint("accuracy", constraint)
 
 
 def find_evaluated(study: optuna.Study, candidate: Candidate, exclude: int) -> FrozenTrial | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from typing import TYPE_CHECKING, TextIO
 
@@ -28,8 +29,11 @@ def format_summary(summary: StudySummary) -> str:
         + (f" ({summary.reused} reused earlier results)" if summary.reused else "")
     ]
     base = summary.baseline_latency_ms
-    lines.append(f"baseline (trial {summary.baseline.number}): " + (f"{base:.4g} ms" if base is not None else "no latency")
-                 if summary.baseline is not None else "baseline: not run yet")
+    lines.append(
+        f"baseline (trial {summary.baseline.number}): " + (f"{base:.4g} ms" if base is not None else "no latency")
+        if summary.baseline is not None
+        else "baseline: not run yet"
+    )
     if summary.best is None:
         lines.append("best: no feasible trial yet")
     else:
@@ -49,6 +53,7 @@ class Progress:
         self._stream = stream
         self.enabled = enabled
         self._bar: tqdm | None = None
+        self._best: tuple[float, int] | None = None
 
     @property
     def stream(self) -> TextIO:
@@ -74,11 +79,13 @@ class Progress:
         if self._bar is None:
             return
         self._bar.update(1)
-        try:
-            best = study.best_trial
-        except ValueError:
-            return
-        self._bar.set_postfix_str(f"best {best.value:.4g} ms (trial {best.number})")
+        if self._best is None:  # once per run, so that a resumed study shows its earlier best
+            with contextlib.suppress(ValueError):  # no complete trial yet
+                self._best = (study.best_trial.value, study.best_trial.number)  # type: ignore[assignment]
+        if trial.value is not None and (self._best is None or trial.value < self._best[0]):
+            self._best = (trial.value, trial.number)
+        if self._best is not None:
+            self._bar.set_postfix_str(f"best {self._best[0]:.4g} ms (trial {self._best[1]})")
 
     def finish(self, summary: StudySummary, resume: str, note: str = "", elapsed: float | None = None) -> None:
         if self._bar is not None:

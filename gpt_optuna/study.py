@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sqlite3
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -21,10 +22,27 @@ _GRACE_S = 120
 _MAX_RETRY = 3
 
 
-def _retry_callback() -> Any:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        return optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=_MAX_RETRY)
+def retry_trial(study: optuna.Study, trial: FrozenTrial) -> None:
+    """Enqueue an interrupted trial's candidate again, keeping its baseline mark.
+
+    The retry records ``failed_trial`` and ``retry_history`` as Optuna's own retry callback
+    does; a candidate interrupted more than three times is not retried again.
+    """
+    history = [*trial.system_attrs.get("retry_history", []), trial.number]
+    if len(history) > _MAX_RETRY:
+        return
+    study.add_trial(
+        optuna.create_trial(
+            state=TrialState.WAITING,
+            params=trial.params,
+            distributions=trial.distributions,
+            user_attrs={k: v for k, v in trial.user_attrs.items() if k == "baseline"},
+            system_attrs={
+                "failed_trial": trial.system_attrs.get("failed_trial", trial.number),
+                "retry_history": history,
+            },
+        )
+    )
 
 
 def open_storage(url: str) -> optuna.storages.BaseStorage:
@@ -40,21 +58,46 @@ def open_storage(url: str) -> optuna.storages.BaseStorage:
             path = Path(url.removeprefix("journal:"))
             path.parent.mkdir(parents=True, exist_ok=True)
             return optuna.storages.JournalStorage(JournalFileBackend(str(path)))
-        if url.startswith("sqlite:///"):
-            Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+        sqlite = url.startswith("sqlite:///") and url != "sqlite:///:memory:"
+        if sqlite:
+            _use_write_ahead_log(Path(url.removeprefix("sqlite:///")))
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            return optuna.storages.RDBStorage(
+            storage = optuna.storages.RDBStorage(
                 url,
                 heartbeat_interval=_HEARTBEAT_S,
                 grace_period=_GRACE_S,
-                heartbeat_stale_trial_callback=_retry_callback(),
+                heartbeat_stale_trial_callback=retry_trial,
             )
+        if sqlite:
+            _sync_normally(storage)
+        return storage
     except ImportError as exc:
         raise UserError(f"storage {url!r} needs a database driver that is not installed: {exc}") from exc
     except Exception as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise UserError(f"cannot open storage {url!r}: {first}") from exc
+
+
+def _use_write_ahead_log(path: Path) -> None:
+    """WAL mode (kept in the file): readers such as ``status`` never block the tuner's writes."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    connection = sqlite3.connect(path)
+    try:
+        connection.execute("PRAGMA journal_mode=WAL")
+    finally:
+        connection.close()
+
+
+def _sync_normally(storage: optuna.storages.RDBStorage) -> None:
+    """In WAL mode, synchronous=NORMAL is still safe against a killed process; it saves an fsync per write."""
+    import sqlalchemy
+
+    def on_connect(connection: Any, _record: Any) -> None:
+        connection.execute("PRAGMA synchronous=NORMAL")
+
+    sqlalchemy.event.listen(storage.engine, "connect", on_connect)
+    storage.engine.dispose()
 
 
 def make_sampler(name: str, seed: int | None) -> optuna.samplers.BaseSampler:
@@ -71,7 +114,9 @@ def make_sampler(name: str, seed: int | None) -> optuna.samplers.BaseSampler:
         return optuna.samplers.TPESampler(seed=seed, multivariate=True, n_startup_trials=5)
 
 
-def load_study(storage: optuna.storages.BaseStorage, name: str, sampler: optuna.samplers.BaseSampler | None = None) -> optuna.Study:
+def load_study(
+    storage: optuna.storages.BaseStorage, name: str, sampler: optuna.samplers.BaseSampler | None = None
+) -> optuna.Study:
     try:
         return optuna.load_study(study_name=name, storage=storage, sampler=sampler)
     except KeyError:
@@ -121,7 +166,9 @@ def open_study(
     baseline: dict[str, Any],
 ) -> tuple[optuna.Study, bool]:
     """Create the study with its baseline trial enqueued, or resume it if its configuration matches."""
-    study = optuna.create_study(storage=storage, study_name=name, sampler=sampler, direction="minimize", load_if_exists=True)
+    study = optuna.create_study(
+        storage=storage, study_name=name, sampler=sampler, direction="minimize", load_if_exists=True
+    )
     stored = study.user_attrs.get(FINGERPRINT_ATTR)
     if stored is None:
         if study.trials:
@@ -153,11 +200,6 @@ def _owner_is_dead(owner: str | None) -> bool:
         return False
     host, _, pid = owner.rpartition(":")
     return host == socket.gethostname() and pid.isdigit() and int(pid) != os.getpid() and not _process_alive(int(pid))
-
-
-def retry_trial(study: optuna.Study, trial: FrozenTrial) -> None:
-    """Enqueue the same candidate again, keeping its baseline mark."""
-    _retry_callback()(study, trial)
 
 
 def recover_interrupted(study: optuna.Study) -> list[int]:
@@ -199,8 +241,8 @@ class StudySummary:
     def baseline_latency_ms(self) -> float | None:
         if self.baseline is None:
             return None
-        value = self.baseline.user_attrs.get("latency_median_ms")
-        return float(value) if value is not None else None
+        latency = self.baseline.user_attrs.get("latency")
+        return float(latency["median_ms"]) if latency else None
 
     @property
     def speedup(self) -> float | None:
@@ -222,6 +264,6 @@ def summarize_study(study: optuna.Study) -> StudySummary:
         name=study.study_name,
         counts=counts,
         reused=sum(1 for t in trials if "reused_from" in t.user_attrs),
-        baseline=next((t for t in baselines if "latency_median_ms" in t.user_attrs), baselines[0] if baselines else None),
+        baseline=next((t for t in baselines if "latency" in t.user_attrs), baselines[0] if baselines else None),
         best=best,
     )

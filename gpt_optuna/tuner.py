@@ -72,7 +72,9 @@ def prepare(config: TuneConfig, worker: Worker) -> Prepared:
         space, versions = worker.run(SpaceJob(config.backend, info, shapes), SPACE_TIMEOUT_S)
     except JobFailure as failure:
         raise UserError(f"backend {config.backend!r} could not describe its search space: {failure}") from None
-    return Prepared(info, shapes, feeds_path, reference_path, inputs_sha256, space.with_overrides(config.space), versions)
+    return Prepared(
+        info, shapes, feeds_path, reference_path, inputs_sha256, space.with_overrides(config.space), versions
+    )
 
 
 def fingerprint(config: TuneConfig, prepared: Prepared) -> dict[str, Any]:
@@ -145,8 +147,14 @@ def tune(config: TuneConfig, progress: Progress | None = None, argv: list[str] |
         except KeyboardInterrupt:
             if objective.interrupted is not None:
                 retry_trial(study, study.get_trials(deepcopy=False)[objective.interrupted])
-            progress.finish(summarize_study(study), resume, note="stopped by Ctrl-C", elapsed=time.monotonic() - started)
+            progress.finish(
+                summarize_study(study), resume, note="stopped by Ctrl-C", elapsed=time.monotonic() - started
+            )
             return 130
-        note = "the sampler kept proposing evaluated candidates: the space looks covered" if objective.space_exhausted else ""
+        note = (
+            "the sampler kept proposing evaluated candidates: the space looks covered"
+            if objective.space_exhausted
+            else ""
+        )
         progress.finish(summarize_study(study), resume, note=note, elapsed=time.monotonic() - started)
     return 0

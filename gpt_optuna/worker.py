@@ -25,7 +25,7 @@ T = TypeVar("T")
 _LOG_TAIL_CHARS = 4000
 
 
-class FailureKind(str, enum.Enum):
+class FailureKind(enum.StrEnum):
     """How a job ended when it did not return."""
 
     CRASH = "crash"
@@ -98,7 +98,9 @@ class Worker:
             self._conn.send(job)
             if not self._conn.poll(timeout):
                 self._kill()
-                raise JobFailure(FailureKind.TIMEOUT, f"no answer within {timeout:g} s; worker killed", self._log_tail(offset))
+                raise JobFailure(
+                    FailureKind.TIMEOUT, f"no answer within {timeout:g} s; worker killed", self._log_tail(offset)
+                )
             status, payload = self._conn.recv()
         except (EOFError, ConnectionError):
             detail = self._exit_reason()

@@ -7,12 +7,17 @@ from gpt_optuna.errors import UserError
 
 def ref() -> dict[str, np.ndarray]:
     rng = np.random.default_rng(0)
-    return {"logits": rng.standard_normal((4, 10)).astype(np.float32), "feat": rng.standard_normal((4, 3)).astype(np.float32)}
+    return {
+        "logits": rng.standard_normal((4, 10)).astype(np.float32),
+        "feat": rng.standard_normal((4, 3)).astype(np.float32),
+    }
 
 
 def test_identical_outputs_pass_every_metric() -> None:
     r = ref()
-    verdict = parse_criterion("cosine>=0.9999 and max_abs<=0 and rel_l2<=0 and topk(1)>=1 and outside(atol=0,rtol=0)<=0").evaluate(r, r)
+    verdict = parse_criterion(
+        "cosine>=0.9999 and max_abs<=0 and rel_l2<=0 and topk(1)>=1 and outside(atol=0,rtol=0)<=0"
+    ).evaluate(r, r)
     assert verdict.feasible, verdict.reason
     assert verdict.metrics["max_abs"] == 0.0
     assert verdict.metrics["top1"] == 1.0
@@ -77,8 +82,9 @@ def test_wrong_shape_is_infeasible() -> None:
 def test_error_is_lower_is_better_for_the_first_clause() -> None:
     r = {"y": np.array([1.0, 0.0], np.float32)}
     o = {"y": np.array([1.0, 1.0], np.float32)}
-    assert parse_criterion("cosine>=0.5").evaluate(o, r).error == pytest.approx(1 - 1 / np.sqrt(2))
-    assert parse_criterion("max_abs<=2").evaluate(o, r).error == pytest.approx(1.0)
+    for text, expected in (("cosine>=0.5", 1 - 1 / np.sqrt(2)), ("max_abs<=2 and cosine>=0", 1.0)):
+        criterion = parse_criterion(text)
+        assert criterion.error(criterion.evaluate(o, r).metrics) == pytest.approx(expected)
 
 
 def test_canonical_text_round_trips() -> None:

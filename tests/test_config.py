@@ -6,7 +6,9 @@ from gpt_optuna.config import TuneConfig, parse_duration, read_toml
 from gpt_optuna.errors import UserError
 
 
-@pytest.mark.parametrize("text, seconds", [("8h", 28800), ("30m", 1800), ("1h30m", 5400), ("90s", 90), ("90", 90), ("1.5h", 5400), (12, 12)])
+@pytest.mark.parametrize(
+    "text, seconds", [("8h", 28800), ("30m", 1800), ("1h30m", 5400), ("90s", 90), ("90", 90), ("1.5h", 5400), (12, 12)]
+)
 def test_durations(text: str, seconds: float) -> None:
     assert parse_duration(text) == seconds
 
@@ -44,7 +46,8 @@ def test_toml_maps_onto_config(tmp_path: Path) -> None:
     path = tmp_path / "tune.toml"
     path.write_text(
         'model = "m.onnx"\naccuracy = "max_abs<=1e-3"\nshape = "x:1x16"\ntimeout = "2h"\ntrial-timeout = 30\n'
-        "n_trials = 7\n[measure]\nbudget_s = 0.5\n[space]\nprovider = \"CPUExecutionProvider\"\nintra_op_num_threads = [1, 2]\n"
+        "n_trials = 7\n[measure]\nbudget_s = 0.5\n"
+        '[space]\nprovider = "CPUExecutionProvider"\nintra_op_num_threads = [1, 2]\n'
     )
     config = TuneConfig(**read_toml(path))
     assert config.model == tmp_path / "m.onnx"
@@ -54,7 +57,14 @@ def test_toml_maps_onto_config(tmp_path: Path) -> None:
     assert config.space == {"provider": "CPUExecutionProvider", "intra_op_num_threads": [1, 2]}
 
 
-@pytest.mark.parametrize("body, message", [("bogus = 1", "unknown key 'bogus'"), ("[measure]\nfoo = 1", "unknown \\[measure\\] key"), ("x = = 1", "not valid TOML")])
+@pytest.mark.parametrize(
+    "body, message",
+    [
+        ("bogus = 1", "unknown key 'bogus'"),
+        ("[measure]\nfoo = 1", "unknown \\[measure\\] key"),
+        ("x = = 1", "not valid TOML"),
+    ],
+)
 def test_bad_toml(tmp_path: Path, body: str, message: str) -> None:
     path = tmp_path / "t.toml"
     path.write_text(body)

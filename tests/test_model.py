@@ -28,12 +28,22 @@ def test_missing_and_corrupt_files_are_user_errors(tmp_path: Path) -> None:
 
 def test_dynamic_dimension_without_shape_names_the_flag(mlp_path: Path) -> None:
     info = m.load_model_info(mlp_path)
-    with pytest.raises(UserError, match=r"input 'x' has a dynamic dimension 'batch' \(axis 0\); give its shape with --shape x:1x16"):
+    with pytest.raises(
+        UserError, match=r"input 'x' has a dynamic dimension 'batch' \(axis 0\); give its shape with --shape x:1x16"
+    ):
         m.resolve_shapes(info, {})
     assert m.resolve_shapes(info, m.parse_shapes(["x:4x16"])) == {"x": (4, 16)}
 
 
-@pytest.mark.parametrize("flag, message", [("x:4x17", "size 17 on axis 1"), ("x:4", "rank 1"), ("y:4x16", "not a model input"), ("x=4x16", "malformed --shape")])
+@pytest.mark.parametrize(
+    "flag, message",
+    [
+        ("x:4x17", "size 17 on axis 1"),
+        ("x:4", "rank 1"),
+        ("y:4x16", "not a model input"),
+        ("x=4x16", "malformed --shape"),
+    ],
+)
 def test_bad_shapes(mlp_path: Path, flag: str, message: str) -> None:
     info = m.load_model_info(mlp_path)
     with pytest.raises(UserError, match=message):

@@ -2,7 +2,6 @@
 
 from pathlib import Path
 
-import numpy as np
 import optuna
 import pytest
 from conftest import cpu_count
@@ -100,7 +99,13 @@ def test_provider_options_mapping(tmp_path: Path) -> None:
         "user_compute_stream": "1234",
     }
     trt = provider_options(
-        {"provider": TENSORRT, "trt.builder_optimization_level": 5, "trt.fp16": True, "trt.cuda_graph": False, "trt.auxiliary_streams": 2},
+        {
+            "provider": TENSORRT,
+            "trt.builder_optimization_level": 5,
+            "trt.fp16": True,
+            "trt.cuda_graph": False,
+            "trt.auxiliary_streams": 2,
+        },
         None,
         tmp_path,
     )
@@ -163,7 +168,11 @@ def test_cuda_candidates_run_on_cupy_buffers_and_stream(cnn_path: Path, tmp_path
     assert space.default()["provider"] == CUDA
     criterion = parse_criterion("cosine>=0.999")
     base = space.default()
-    variants = [base, {**base, "cuda.enable_cuda_graph": True}, {**base, "cuda.prefer_nhwc": True, "cuda.use_tf32": False}]
+    variants = [
+        base,
+        {**base, "cuda.enable_cuda_graph": True},
+        {**base, "cuda.prefer_nhwc": True, "cuda.use_tf32": False},
+    ]
     for candidate in variants:
         built = backend.build(info, candidate, tmp_path)
         with backend.open(built, feeds, reference) as runner:

@@ -26,7 +26,9 @@ def synthetic_config(tmp_path: Path, space: str, name: str = "tune.toml") -> Pat
     return path
 
 
-def test_search_starts_with_the_baseline_and_reports_the_best(cnn_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_search_starts_with_the_baseline_and_reports_the_best(
+    cnn_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert tune(str(cnn_path), "--n-trials", "6", "--seed", "0") == 0
     out = capsys.readouterr().out
     assert "baseline (trial 0)" in out and "resume or extend with: gpt-optuna tune" in out
@@ -39,9 +41,9 @@ def test_search_starts_with_the_baseline_and_reports_the_best(cnn_path: Path, ca
     assert baseline.params["graph_optimization_level"] == "ORT_ENABLE_ALL"
     for t in trials:
         if t.state is TrialState.COMPLETE:
-            assert t.value == t.user_attrs["latency_median_ms"] > 0
+            assert t.value == t.user_attrs["latency"]["median_ms"] > 0
             assert t.user_attrs["accuracy"]["cosine"] > 0.9999
-            assert t.user_attrs["latency_samples"] >= 10
+            assert t.user_attrs["latency"]["samples"] >= 10
     assert main(["best", "--json"]) == 0
     record = json.loads(capsys.readouterr().out)
     assert set(record) == {"number", "params", "latency_ms", "baseline_latency_ms", "speedup", "accuracy"}
@@ -66,7 +68,9 @@ def test_resume_accumulates_trials_and_redoes_nothing(cnn_path: Path, capsys: py
     assert "already has its trials" in capsys.readouterr().err
 
 
-def test_resume_with_other_model_or_criterion_is_refused(cnn_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_resume_with_other_model_or_criterion_is_refused(
+    cnn_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert tune(str(cnn_path), "--n-trials", "2") == 0
     capsys.readouterr()
     other = tmp_path / "other" / "cnn.onnx"
@@ -85,15 +89,22 @@ def test_dynamic_shapes_and_given_inputs(mlp_path: Path, tmp_path: Path, capsys:
     assert "give its shape with --shape x:1x16" in capsys.readouterr().err
     feeds = tmp_path / "feeds.npz"
     np.savez(feeds, x=np.random.default_rng(0).standard_normal((3, 16)).astype(np.float32))
-    assert tune(str(mlp_path), "--n-trials", "2", "--inputs", str(feeds), "--accuracy", "topk(1)>=1 and max_abs<=1e-4") == 0
+    assert (
+        tune(str(mlp_path), "--n-trials", "2", "--inputs", str(feeds), "--accuracy", "topk(1)>=1 and max_abs<=1e-4")
+        == 0
+    )
     reference = np.load("studies/mlp-onnxruntime/reference.npz")["probs"]
     assert reference.shape == (3, 8)
     assert tune(str(mlp_path), "--n-trials", "2", "--shape", "x:5x16", "--study-name", "mlp5") == 0
     assert np.load("studies/mlp5/inputs.npz")["x"].shape == (5, 16)
 
 
-def test_crash_hang_raise_and_build_errors_fail_their_trials_and_the_study_goes_on(tmp_path: Path, cnn_path: Path) -> None:
-    config = synthetic_config(tmp_path, 'mode = ["ok", "crash", "abort", "hang", "raise", "build_error"]\ndelay_us = [0]\nbuild_ms = [0]')
+def test_crash_hang_raise_and_build_errors_fail_their_trials_and_the_study_goes_on(
+    tmp_path: Path, cnn_path: Path
+) -> None:
+    config = synthetic_config(
+        tmp_path, 'mode = ["ok", "crash", "abort", "hang", "raise", "build_error"]\ndelay_us = [0]\nbuild_ms = [0]'
+    )
     argv = [str(cnn_path), "--backend", SYNTHETIC, "--config", str(config), "--n-trials", "22"]
     assert tune(*argv, "--trial-timeout", "2", "--sampler", "random", "--seed", "3") == 0
     trials = load("cnn-syntheticbackend").get_trials()
@@ -121,7 +132,22 @@ def test_crash_hang_raise_and_build_errors_fail_their_trials_and_the_study_goes_
 
 def test_infeasible_candidates_are_pruned_with_their_errors_and_a_constraint(tmp_path: Path, cnn_path: Path) -> None:
     config = synthetic_config(tmp_path, 'mode = ["ok", "nan", "noisy"]\ndelay_us = [0]\nbuild_ms = [0]')
-    assert tune(str(cnn_path), "--backend", SYNTHETIC, "--config", str(config), "--n-trials", "12", "--sampler", "random", "--seed", "0") == 0
+    assert (
+        tune(
+            str(cnn_path),
+            "--backend",
+            SYNTHETIC,
+            "--config",
+            str(config),
+            "--n-trials",
+            "12",
+            "--sampler",
+            "random",
+            "--seed",
+            "0",
+        )
+        == 0
+    )
     trials = load("cnn-syntheticbackend").get_trials()
     pruned = [t for t in trials if t.state is TrialState.PRUNED]
     assert {t.params["mode"] for t in pruned} == {"nan", "noisy"}
@@ -138,7 +164,9 @@ def test_infeasible_candidates_are_pruned_with_their_errors_and_a_constraint(tmp
             assert t.constraints["accuracy"] <= 0
 
 
-def test_a_candidate_already_evaluated_is_reused_not_rebuilt(tmp_path: Path, cnn_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_candidate_already_evaluated_is_reused_not_rebuilt(
+    tmp_path: Path, cnn_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     config = synthetic_config(tmp_path, 'mode = ["ok"]\ndelay_us = [100]\nbuild_ms = [0]\na = [0]\nb = [0]\nc = ["x"]')
     assert tune(str(cnn_path), "--backend", SYNTHETIC, "--config", str(config), "--n-trials", "50") == 0
     trials = load("cnn-syntheticbackend").get_trials()

@@ -66,7 +66,7 @@ class Runner(abc.ABC):
         if self.stream is not None:
             self.stream.synchronize()
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - an optional hook, not abstract
         """Release buffers and sessions."""
 
     def __enter__(self) -> Runner:

@@ -7,6 +7,7 @@ one is probed with a real session on a one-node model.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from pathlib import Path
@@ -76,10 +77,8 @@ def usable_providers() -> list[str]:
     ort = _ort()
     listed = ort.get_available_providers()
     if any(p in listed for p in GPU_PROVIDERS) and hasattr(ort, "preload_dlls"):
-        try:
+        with contextlib.suppress(Exception):  # a missing CUDA library shows up in the probe below
             ort.preload_dlls()
-        except Exception:  # a missing CUDA library shows up in the probe below
-            pass
     usable = []
     probe = _probe_model_bytes()
     options = ort.SessionOptions()
@@ -122,7 +121,9 @@ def discover_knobs(providers: list[str], graph_levels: list[str], cores: int) ->
         ]
     if CUDA in providers:
         knobs += [
-            Knob("cuda.cudnn_conv_algo_search", ("EXHAUSTIVE", "HEURISTIC", "DEFAULT"), "EXHAUSTIVE", condition=on[CUDA]),
+            Knob(
+                "cuda.cudnn_conv_algo_search", ("EXHAUSTIVE", "HEURISTIC", "DEFAULT"), "EXHAUSTIVE", condition=on[CUDA]
+            ),
             Knob("cuda.use_tf32", (True, False), True, "TF32 math in convolutions and GEMMs", on[CUDA]),
             Knob("cuda.prefer_nhwc", (False, True), False, "NHWC layout for convolutions", on[CUDA]),
             Knob("cuda.enable_cuda_graph", (False, True), False, "replay the run as one CUDA graph", on[CUDA]),
@@ -149,7 +150,9 @@ def session_options(candidate: Candidate) -> Any:
         options.execution_mode = getattr(ort.ExecutionMode, str(candidate["execution_mode"]))
         options.intra_op_num_threads = int(candidate["intra_op_num_threads"])
         options.inter_op_num_threads = int(candidate.get("inter_op_num_threads", 0))
-        options.add_session_config_entry("session.intra_op.allow_spinning", "1" if candidate["intra_op_spinning"] else "0")
+        options.add_session_config_entry(
+            "session.intra_op.allow_spinning", "1" if candidate["intra_op_spinning"] else "0"
+        )
         options.enable_cpu_mem_arena = bool(candidate["cpu_mem_arena"])
         options.add_session_config_entry("session.set_denormal_as_zero", "1" if candidate["denormal_as_zero"] else "0")
     return options
@@ -198,7 +201,9 @@ class OnnxRuntimeBackend(Backend):
         ort = _ort()
         usable = usable_providers()
         gpu = [p for p in usable if p in GPU_PROVIDERS]
-        levels = [lvl for lvl in (*_OPTIONAL_GRAPH_LEVELS, "ORT_ENABLE_ALL") if hasattr(ort.GraphOptimizationLevel, lvl)]
+        levels = [
+            lvl for lvl in (*_OPTIONAL_GRAPH_LEVELS, "ORT_ENABLE_ALL") if hasattr(ort.GraphOptimizationLevel, lvl)
+        ]
         return Space(discover_knobs(gpu or [CPU], levels, usable_cores()))
 
     def build(self, model: ModelInfo, candidate: Candidate, workdir: Path) -> Built:
@@ -214,7 +219,9 @@ class OnnxRuntimeBackend(Backend):
             raise BuildError(f"ONNX Runtime could not create the session: {exc}", str(exc)) from exc
         build_s = time.perf_counter() - start
         if session.get_providers()[:1] != [provider]:
-            raise BuildError(f"{provider} could not take the model; ONNX Runtime fell back to {session.get_providers()[0]}")
+            raise BuildError(
+                f"{provider} could not take the model; ONNX Runtime fell back to {session.get_providers()[0]}"
+            )
         return Built((session, stream), build_s)
 
     def open(self, built: Built, feeds: Feeds, outputs: Feeds) -> Runner:

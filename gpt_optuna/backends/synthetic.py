@@ -52,7 +52,7 @@ class SyntheticBackend(Backend):
             raise RuntimeError("synthetic failure in build")
         if mode == "build_error":
             raise BuildError("synthetic build error", "synthetic builder log: no engine produced")
-        return Built(candidate, 0.0, {"synthetic": True})
+        return Built(candidate, 0.0)
 
     def open(self, built: Built, feeds: Feeds, outputs: Feeds) -> Runner:
         return _SyntheticRunner(built.engine, outputs)

@@ -27,8 +27,16 @@ def small_cnn(seed: int = 0) -> onnx.ModelProto:
             numpy_helper.from_array(rng.uniform(0.5, 1.5, cout).astype(np.float32), f"bn{i}.var"),
         ]
         nodes += [
-            helper.make_node("Conv", [current, f"conv{i}.w", f"conv{i}.b"], [f"c{i}"], pads=[1, 1, 1, 1], strides=[2, 2] if i else [1, 1]),
-            helper.make_node("BatchNormalization", [f"c{i}", f"bn{i}.scale", f"bn{i}.bias", f"bn{i}.mean", f"bn{i}.var"], [f"n{i}"]),
+            helper.make_node(
+                "Conv",
+                [current, f"conv{i}.w", f"conv{i}.b"],
+                [f"c{i}"],
+                pads=[1, 1, 1, 1],
+                strides=[2, 2] if i else [1, 1],
+            ),
+            helper.make_node(
+                "BatchNormalization", [f"c{i}", f"bn{i}.scale", f"bn{i}.bias", f"bn{i}.mean", f"bn{i}.var"], [f"n{i}"]
+            ),
             helper.make_node("Relu", [f"n{i}"], [f"r{i}"]),
         ]
         current = f"r{i}"

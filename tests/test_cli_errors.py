@@ -1,0 +1,66 @@
+"""Bad input gets one clear line and a non-zero exit, never a traceback: the real command."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+
+def gpt_optuna(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "gpt_optuna.cli", *args], capture_output=True, text=True, timeout=120)
+
+
+def one_line_error(result: subprocess.CompletedProcess[str], expected: str) -> None:
+    assert result.returncode == 2, result
+    assert "Traceback" not in result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("gpt-optuna: error: ")
+    assert expected in lines[0], lines[0]
+
+
+def test_missing_model() -> None:
+    one_line_error(gpt_optuna("tune", "missing.onnx"), "model file not found: missing.onnx")
+
+
+def test_malformed_model(tmp_path: Path) -> None:
+    (tmp_path / "m.onnx").write_bytes(b"\x08\x07garbage\xff\xff")
+    one_line_error(gpt_optuna("tune", str(tmp_path / "m.onnx")), "m.onnx")
+
+
+@pytest.mark.parametrize(
+    "flags, expected",
+    [
+        (["--backend", "tensorflow"], "unknown backend 'tensorflow'"),
+        (["--accuracy", "cosine>>0.9"], "malformed --accuracy clause"),
+        (["--accuracy", "psnr>=30"], "unknown accuracy metric 'psnr'"),
+        (["--storage", "sqlite:////proc/forbidden/x.db"], "cannot open storage"),
+        (["--storage", "mysql://user@127.0.0.1:1/db"], "storage 'mysql://user@127.0.0.1:1/db'"),
+        (["--timeout", "soon"], "malformed duration 'soon'"),
+        (["--shape", "input:1x3x64"], "rank 3"),
+    ],
+)
+def test_bad_flags(cnn_path: Path, flags: list[str], expected: str) -> None:
+    one_line_error(gpt_optuna("tune", str(cnn_path), *flags), expected)
+
+
+def test_npz_that_does_not_match(cnn_path: Path, tmp_path: Path) -> None:
+    np.savez(tmp_path / "f.npz", input=np.zeros((1, 3, 32, 32), np.float32))
+    one_line_error(gpt_optuna("tune", str(cnn_path), "--inputs", str(tmp_path / "f.npz")), "size 32 on axis 2")
+
+
+def test_status_and_best_without_a_study() -> None:
+    one_line_error(gpt_optuna("status"), "no study found under studies/")
+    one_line_error(gpt_optuna("best", "--study-name", "nope"), "no study database at studies/nope.db")
+
+
+def test_help_works_without_heavy_imports() -> None:
+    code = (
+        "import sys; from gpt_optuna.cli import build_parser; build_parser(); "
+        "print(sorted(m for m in ('onnxruntime', 'optuna', 'cupy') if m in sys.modules))"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert result.stdout.strip() == "[]"
+    assert gpt_optuna("--help").returncode == 0
