@@ -21,6 +21,7 @@ from gpt_optuna.backends.onnxruntime import (
     usable_providers,
 )
 from gpt_optuna.measure import MeasureSettings, measure
+from gpt_optuna.space import Space
 
 LEVELS = ["ORT_DISABLE_ALL", "ORT_ENABLE_BASIC", "ORT_ENABLE_EXTENDED", "ORT_ENABLE_ALL"]
 
@@ -39,12 +40,15 @@ def test_cpu_space_has_threading_knobs_and_no_gpu_knobs() -> None:
     assert not any(name.startswith(("cuda.", "trt.")) for name in knobs)
 
 
-def test_gpu_space_is_conditional_on_the_provider() -> None:
-    knobs = {k.name: k for k in discover_knobs([CUDA, TENSORRT], LEVELS, 16)}
-    assert knobs["provider"].default == CUDA
+def test_gpu_space_searches_gpu_providers_and_keeps_cpu_knobs_for_overrides() -> None:
+    space = Space(discover_knobs([CUDA, TENSORRT, CPU], LEVELS, 16))
+    knobs = {k.name: k for k in space.knobs}
+    assert knobs["provider"].choices == (CUDA, TENSORRT) and knobs["provider"].default == CUDA
     assert knobs["cuda.prefer_nhwc"].condition.values == (CUDA,)
     assert knobs["trt.builder_optimization_level"].condition.values == (TENSORRT,)
-    assert "intra_op_num_threads" not in knobs
+    assert "intra_op_num_threads" not in space.default()
+    cpu_only = space.with_overrides({"provider": CPU}).default()
+    assert cpu_only["provider"] == CPU and cpu_only["intra_op_num_threads"] == 0
 
 
 def test_only_providers_that_create_a_session_are_offered() -> None:

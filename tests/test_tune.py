@@ -174,3 +174,19 @@ def test_a_candidate_already_evaluated_is_reused_not_rebuilt(
     assert all(t.user_attrs["reused_from"] == 0 and t.value == trials[0].value for t in trials[1:])
     assert len(trials) < 50  # the search stopped: the one-point space is covered
     assert "space looks covered" in capsys.readouterr().err
+
+
+@pytest.mark.gpu
+def test_gpu_search_tunes_the_cuda_provider_and_cpu_on_request(cnn_path: Path, tmp_path: Path) -> None:
+    assert tune(str(cnn_path), "--n-trials", "8", "--seed", "0", "--accuracy", "cosine>=0.999") == 0
+    trials = load("cnn-onnxruntime").get_trials()
+    assert trials[0].params["provider"] == "CUDAExecutionProvider"
+    complete = [t for t in trials if t.state is TrialState.COMPLETE]
+    assert len(complete) >= 6
+    assert {t.params["cuda.enable_cuda_graph"] for t in trials} == {False, True}
+    for t in complete:
+        assert t.value == t.user_attrs["latency"]["median_ms"] > 0
+    cpu = tmp_path / "cpu.toml"
+    cpu.write_text('[space]\nprovider = "CPUExecutionProvider"\n')
+    assert tune(str(cnn_path), "--n-trials", "3", "--config", str(cpu), "--study-name", "cnn-cpu") == 0
+    assert {t.params["provider"] for t in load("cnn-cpu").get_trials()} == {"CPUExecutionProvider"}
