@@ -134,7 +134,7 @@ def main() -> int:
             f"no-work backend, TPE, SQLite: {len(trials)} trials in {time.perf_counter() - start:.1f} s "
             f"({sum('reused_from' in t.user_attrs for t in trials)} reused)"
         )
-        show("near 10 trials (1-20):", per_trial(trials, timings, range(1, 21)))
+        show("first trials (1-20):", per_trial(trials, timings, range(1, 21)))
         last = len(trials)
         near_end = per_trial(trials, timings, range(last - 20, last))
         show(f"near {last} trials ({last - 20}-{last - 1}):", near_end)
