@@ -43,6 +43,12 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--sampler", choices=SAMPLERS, help="tpe (default), gp (needs the gp extra) or random")
     tune.add_argument("--seed", type=int, help="sampler seed")
     tune.add_argument("--config", help="tune.toml with the same keys, plus [measure] and [space] tables")
+    tune.add_argument(
+        "--dry-run",
+        action="store_true",
+        default=None,
+        help="build every candidate without running it; the value is the build time",
+    )
     tune.add_argument("--quiet", action="store_true", help="no progress bar")
 
     status = commands.add_parser("status", help="trial counts, baseline and best of a study")
@@ -68,6 +74,7 @@ def tune_config(args: argparse.Namespace) -> TuneConfig:
         "study_name": args.study_name,
         "sampler": args.sampler,
         "seed": args.seed,
+        "dry_run": args.dry_run,
     }
     values.update({k: v for k, v in flags.items() if v is not None})
     if "model" not in values:
@@ -117,9 +124,11 @@ def best_record(summary: Any) -> dict[str, Any]:
     return {
         "number": best.number,
         "params": best.params,
-        "latency_ms": best.value,
-        "baseline_latency_ms": summary.baseline_latency_ms,
+        "latency_ms": None if summary.dry_run else best.value,
+        "baseline_latency_ms": None if summary.dry_run else summary.baseline_value,
         "speedup": summary.speedup,
+        "build_s": best.user_attrs.get("build_s"),
+        "dry_run": summary.dry_run,
         "accuracy": best.user_attrs.get("accuracy", {}),
     }
 
@@ -144,11 +153,13 @@ def run(argv: list[str]) -> int:
     if args.json:
         print(json.dumps(record))
         return 0
-    print(f"best trial {record['number']}: {record['latency_ms']:.4g} ms")
-    if record["baseline_latency_ms"] is not None:
-        print(f"baseline: {record['baseline_latency_ms']:.4g} ms; speedup {record['speedup']:.3f}x")
-    print(f"params: {format_params(record['params'])}")
-    print("accuracy: " + ", ".join(f"{k}={v:.6g}" for k, v in record["accuracy"].items()))
+    best, unit = summary.best, summary.unit
+    print(f"best trial {best.number}: {best.value:.4g} {unit}")
+    if summary.baseline_value is not None and summary.speedup is not None:
+        print(f"baseline: {summary.baseline_value:.4g} {unit}; speedup {summary.speedup:.3f}x")
+    print(f"params: {format_params(best.params)}")
+    if record["accuracy"]:
+        print("accuracy: " + ", ".join(f"{k}={v:.6g}" for k, v in record["accuracy"].items()))
     return 0
 
 

@@ -60,6 +60,7 @@ class TuneConfig:
     study_name: str | None = None
     sampler: str = "tpe"
     seed: int | None = None
+    dry_run: bool = False
     measure: MeasureSettings = field(default_factory=MeasureSettings)
     space: dict[str, Value | list[Value]] = field(default_factory=dict)
 
@@ -107,6 +108,7 @@ _TOML_KEYS = {
     "study_name": "study_name",
     "sampler": "sampler",
     "seed": "seed",
+    "dry_run": "dry_run",
 }
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import enum
 import time
+import uuid
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -14,7 +15,7 @@ from typing import Any
 from gpt_optuna.accuracy import Criterion, Verdict
 from gpt_optuna.backends import Backend, BuildError, load_backend
 from gpt_optuna.measure import LatencyStats, MeasureSettings, measure
-from gpt_optuna.model import Feeds, ModelInfo, read_npz
+from gpt_optuna.model import Feeds, ModelInfo, ShapeRange, read_npz
 from gpt_optuna.space import Candidate, Space
 from gpt_optuna.worker import JobFailure, Worker
 
@@ -61,6 +62,7 @@ class TrialResult:
     build_s: float | None = None
     attrs: dict[str, Any] = field(default_factory=dict)
     log: str = ""
+    engine_path: Path | None = None
 
 
 @dataclass(frozen=True)
@@ -69,7 +71,7 @@ class SpaceJob:
 
     backend: str
     model: ModelInfo
-    shapes: dict[str, tuple[int, ...]]
+    shapes: dict[str, ShapeRange]
 
     def __call__(self) -> tuple[Space, dict[str, str]]:
         backend = _backend(self.backend)
@@ -81,17 +83,22 @@ class EvaluateJob:
     """Build one candidate, check its outputs against the reference, and time it.
 
     An infeasible candidate is not timed unless ``measure_infeasible`` (the baseline always is).
+    A ``dry_run`` only builds: no device is needed, and the build time stands in for latency.
+    An engine file the backend produces is written to ``engines/`` in the study folder, named in
+    the result, for the parent to keep as an artifact.
     """
 
     backend: str
     model: ModelInfo
     candidate: Candidate
     workdir: Path
+    shapes: dict[str, ShapeRange]
     feeds_path: Path
     reference_path: Path
     criterion: Criterion
     settings: MeasureSettings
     measure_infeasible: bool = False
+    dry_run: bool = False
 
     def __call__(self) -> TrialResult:
         start = time.perf_counter()
@@ -101,17 +108,30 @@ class EvaluateJob:
     def _evaluate(self) -> TrialResult:
         backend = _backend(self.backend)
         try:
-            built = backend.build(self.model, self.candidate, self.workdir)
+            built = backend.build(self.model, self.candidate, self.workdir, self.shapes)
         except BuildError as exc:
             return TrialResult(Outcome.BUILD_ERROR, str(exc), log=exc.log)
+        engine = self._save_engine(backend.serialize(built))
+        if self.dry_run:
+            return TrialResult(Outcome.OK, "", build_s=built.build_s, attrs=built.attrs, engine_path=engine)
         reference = _npz(self.reference_path)
         with backend.open(built, _npz(self.feeds_path), reference) as runner:
             verdict = self.criterion.evaluate(runner.infer(), reference)
             latency = None
             if verdict.feasible or self.measure_infeasible:
                 latency = measure(runner, self.settings)
+            attrs = {**built.attrs, **runner.attrs}
         outcome = Outcome.OK if verdict.feasible else Outcome.INFEASIBLE
-        return TrialResult(outcome, verdict.reason, latency, verdict, built.build_s, built.attrs)
+        return TrialResult(outcome, verdict.reason, latency, verdict, built.build_s, attrs, engine_path=engine)
+
+    def _save_engine(self, data: bytes | None) -> Path | None:
+        if data is None:
+            return None
+        folder = self.workdir / "engines"
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / f"{uuid.uuid4().hex}.engine"
+        path.write_bytes(data)
+        return path
 
 
 def run_evaluation(worker: Worker, job: EvaluateJob, timeout: float | None) -> TrialResult:

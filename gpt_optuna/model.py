@@ -94,31 +94,58 @@ def _one_line(exc: BaseException) -> str:
     return text[0] if text else type(exc).__name__
 
 
-_SHAPE_RE = re.compile(r"^(?P<name>.+):(?P<dims>\d+(x\d+)*)$")
+_DIMS = r"\d+(?:x\d+)*"
+_SHAPE_RE = re.compile(rf"^(?P<name>.+?):(?P<first>{_DIMS})(?:/(?P<opt>{_DIMS})/(?P<max>{_DIMS}))?$")
 
 
-def parse_shapes(items: list[str]) -> dict[str, tuple[int, ...]]:
-    """Parse ``NAME:1x3x224x224`` flags into a mapping."""
-    shapes: dict[str, tuple[int, ...]] = {}
+@dataclass(frozen=True)
+class ShapeRange:
+    """The shapes an engine must accept for one input; validation and timing run at ``opt``."""
+
+    min: tuple[int, ...]
+    opt: tuple[int, ...]
+    max: tuple[int, ...]
+
+    @classmethod
+    def fixed(cls, shape: tuple[int, ...]) -> ShapeRange:
+        return cls(shape, shape, shape)
+
+
+def _dims(text: str) -> tuple[int, ...]:
+    return tuple(int(d) for d in text.split("x"))
+
+
+def parse_shapes(items: list[str]) -> dict[str, ShapeRange]:
+    """Parse ``NAME:1x3x224x224`` or ``NAME:MIN/OPT/MAX`` (e.g. ``x:1x3x224x224/8x3x224x224/16x3x224x224``)."""
+    shapes: dict[str, ShapeRange] = {}
     for item in items:
         match = _SHAPE_RE.match(item.strip())
         if not match:
-            raise UserError(f"malformed --shape {item!r}: expected NAME:DIMxDIM..., e.g. x:1x3x224x224")
-        shapes[match["name"]] = tuple(int(d) for d in match["dims"].split("x"))
+            raise UserError(f"malformed --shape {item!r}: expected NAME:DIMS or NAME:MIN/OPT/MAX, e.g. x:1x3x224x224")
+        if match["opt"] is None:
+            shapes[match["name"]] = ShapeRange.fixed(_dims(match["first"]))
+            continue
+        low, opt, high = _dims(match["first"]), _dims(match["opt"]), _dims(match["max"])
+        if not len(low) == len(opt) == len(high) or not all(
+            a <= b <= c for a, b, c in zip(low, opt, high, strict=True)
+        ):
+            raise UserError(f"--shape {item!r}: MIN, OPT and MAX must have one rank and MIN <= OPT <= MAX")
+        shapes[match["name"]] = ShapeRange(low, opt, high)
     return shapes
 
 
-def resolve_shapes(info: ModelInfo, shapes: dict[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
-    """Concrete shape of every input; a dynamic dim with no ``--shape`` is a UserError."""
+def resolve_shapes(info: ModelInfo, shapes: dict[str, ShapeRange]) -> dict[str, ShapeRange]:
+    """The shape range of every input; a dynamic dim with no ``--shape`` is a UserError."""
     known = {spec.name for spec in info.inputs}
     for name in shapes:
         if name not in known:
             raise UserError(f"--shape names {name!r}, which is not a model input ({', '.join(sorted(known))})")
-    resolved: dict[str, tuple[int, ...]] = {}
+    resolved: dict[str, ShapeRange] = {}
     for spec in info.inputs:
         given = shapes.get(spec.name)
         if given is not None:
-            _check_shape(spec, given, "--shape")
+            for shape in (given.min, given.opt, given.max):
+                _check_shape(spec, shape, "--shape")
             resolved[spec.name] = given
             continue
         if not spec.is_static:
@@ -128,7 +155,7 @@ def resolve_shapes(info: ModelInfo, shapes: dict[str, tuple[int, ...]]) -> dict[
                 f"input {spec.name!r} has a dynamic dimension {spec.shape[axis]!r} (axis {axis}); "
                 f"give its shape with --shape {spec.name}:{example}"
             )
-        resolved[spec.name] = tuple(int(d) for d in spec.shape)  # type: ignore[arg-type]
+        resolved[spec.name] = ShapeRange.fixed(tuple(int(d) for d in spec.shape))  # type: ignore[arg-type]
     return resolved
 
 
@@ -142,7 +169,7 @@ def _check_shape(spec: TensorSpec, shape: tuple[int, ...], source: str) -> None:
             )
 
 
-def load_feeds(path: str | Path, info: ModelInfo, shapes: dict[str, tuple[int, ...]]) -> Feeds:
+def load_feeds(path: str | Path, info: ModelInfo, shapes: dict[str, ShapeRange]) -> Feeds:
     """Read an .npz keyed by input name and check names, dtypes and shapes against the model."""
     npz_path = Path(path)
     if not npz_path.is_file():
@@ -166,15 +193,15 @@ def load_feeds(path: str | Path, info: ModelInfo, shapes: dict[str, tuple[int, .
                 f"{npz_path}: input {spec.name!r} is {array.dtype.name}, the model expects {spec.describe()}"
             )
         _check_shape(spec, tuple(array.shape), str(npz_path))
-        if spec.name in shapes and tuple(array.shape) != shapes[spec.name]:
+        if spec.name in shapes and tuple(array.shape) != shapes[spec.name].opt:
             raise UserError(
                 f"{npz_path}: input {spec.name!r} has shape {'x'.join(map(str, array.shape))}, "
-                f"but --shape says {'x'.join(map(str, shapes[spec.name]))}"
+                f"but --shape says {'x'.join(map(str, shapes[spec.name].opt))}"
             )
     return feeds
 
 
-def synthetic_feeds(info: ModelInfo, shapes: dict[str, tuple[int, ...]], seed: int = 0) -> Feeds:
+def synthetic_feeds(info: ModelInfo, shapes: dict[str, ShapeRange], seed: int = 0) -> Feeds:
     """Deterministic inputs from the input specs: N(0,1) floats, 0/1 integers and booleans.
 
     Integers stay in {0, 1} so that index inputs (token ids, masks) are valid for any table.
@@ -182,7 +209,7 @@ def synthetic_feeds(info: ModelInfo, shapes: dict[str, tuple[int, ...]], seed: i
     rng = np.random.default_rng(seed)
     feeds: Feeds = {}
     for spec in info.inputs:
-        shape = shapes[spec.name]
+        shape = shapes[spec.name].opt
         if np.issubdtype(spec.dtype, np.floating):
             feeds[spec.name] = rng.standard_normal(shape).astype(spec.dtype)
         elif spec.dtype == np.bool_:

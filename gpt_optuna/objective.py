@@ -15,6 +15,7 @@ from dataclasses import asdict, replace
 from typing import Any
 
 import optuna
+from optuna.artifacts import FileSystemArtifactStore, upload_artifact
 from optuna.trial import FrozenTrial, TrialState
 
 from gpt_optuna.evaluate import EvaluateJob, Outcome, TrialResult, run_evaluation
@@ -24,7 +25,7 @@ from gpt_optuna.worker import Worker
 OWNER = f"{socket.gethostname()}:{os.getpid()}"
 """Which tuner process runs a trial, so a later run can tell a dead owner's trials apart."""
 
-_COPIED_ATTRS = ("outcome", "failure", "infeasible", "accuracy", "build_s", "latency")
+_COPIED_ATTRS = ("outcome", "failure", "infeasible", "accuracy", "build_s", "latency", "engine_artifact")
 _MAX_CONSECUTIVE_REUSE = 30
 
 
@@ -58,12 +59,14 @@ class Objective:
         job: EvaluateJob,
         worker: Worker,
         trial_timeout_s: float,
+        artifacts: FileSystemArtifactStore,
         on_result: Callable[[int, Candidate, TrialResult | None], None] = lambda *_: None,
     ) -> None:
         self.space = space
         self.job = job
         self.worker = worker
         self.trial_timeout_s = trial_timeout_s
+        self.artifacts = artifacts
         self.on_result = on_result
         self.consecutive_reuse = 0
         self.interrupted: int | None = None
@@ -84,13 +87,30 @@ class Objective:
             self.interrupted = trial.number
             raise
         record(trial, result_attrs(result), result.verdict.constraint if result.verdict else None)
+        self._keep_engine(trial, result)
         self.on_result(trial.number, candidate, result)
         if result.outcome is Outcome.OK:
+            if self.job.dry_run:
+                assert result.build_s is not None
+                return result.build_s
             assert result.latency is not None
             return result.latency.median_ms
         if result.outcome is Outcome.INFEASIBLE:
             raise optuna.TrialPruned(result.detail)
         raise CandidateFailed(f"{result.outcome.value}: {result.detail}")
+
+    def _keep_engine(self, trial: optuna.Trial, result: TrialResult) -> None:
+        """Store a feasible candidate's engine as an artifact of its trial; drop any other."""
+        if result.engine_path is None:
+            return
+        try:
+            if result.outcome is Outcome.OK:
+                artifact_id = upload_artifact(
+                    artifact_store=self.artifacts, file_path=str(result.engine_path), study_or_trial=trial
+                )
+                trial.set_user_attr("engine_artifact", artifact_id)
+        finally:
+            result.engine_path.unlink(missing_ok=True)
 
     def _reuse(self, trial: optuna.Trial, earlier: FrozenTrial) -> float:
         self.consecutive_reuse += 1

@@ -28,18 +28,20 @@ def format_summary(summary: StudySummary) -> str:
         f"{counts['fail']} failed, {counts['running']} running, {counts['waiting']} waiting"
         + (f" ({summary.reused} reused earlier results)" if summary.reused else "")
     ]
-    base = summary.baseline_latency_ms
-    lines.append(
-        f"baseline (trial {summary.baseline.number}): " + (f"{base:.4g} ms" if base is not None else "no latency")
-        if summary.baseline is not None
-        else "baseline: not run yet"
-    )
+    base = summary.baseline_value
+    if summary.baseline is None:
+        lines.append("baseline: not run yet")
+    else:
+        value = (
+            f"{base:.4g} {summary.unit}" if base is not None else f"no value ({summary.baseline.state.name.lower()})"
+        )
+        lines.append(f"baseline (trial {summary.baseline.number}): {value}")
     if summary.best is None:
         lines.append("best: no feasible trial yet")
     else:
         speedup = summary.speedup
         lines.append(
-            f"best (trial {summary.best.number}): {summary.best.value:.4g} ms"
+            f"best (trial {summary.best.number}): {summary.best.value:.4g} {summary.unit}"
             + (f", {speedup:.3f}x the baseline" if speedup is not None else "")
         )
         lines.append(f"  params: {format_params(summary.best.params)}")

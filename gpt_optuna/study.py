@@ -134,6 +134,7 @@ def fingerprint_differences(stored: Mapping[str, Any], current: Mapping[str, Any
         "inputs_sha256": "the input data",
         "shapes": "the input shapes",
         "space": "the search space",
+        "objective": "the objective (--dry-run)",
     }
     diffs = []
     for key, label in labels.items():
@@ -236,17 +237,25 @@ class StudySummary:
     reused: int
     baseline: FrozenTrial | None
     best: FrozenTrial | None
+    dry_run: bool = False
 
     @property
-    def baseline_latency_ms(self) -> float | None:
+    def unit(self) -> str:
+        return "s to build" if self.dry_run else "ms"
+
+    @property
+    def baseline_value(self) -> float | None:
+        """The baseline's objective: its latency (measured even when infeasible), or build time."""
         if self.baseline is None:
             return None
+        if self.dry_run:
+            return self.baseline.value
         latency = self.baseline.user_attrs.get("latency")
         return float(latency["median_ms"]) if latency else None
 
     @property
     def speedup(self) -> float | None:
-        base = self.baseline_latency_ms
+        base = self.baseline_value
         if base is None or self.best is None or not self.best.value:
             return None
         return base / self.best.value
@@ -264,6 +273,8 @@ def summarize_study(study: optuna.Study) -> StudySummary:
         name=study.study_name,
         counts=counts,
         reused=sum(1 for t in trials if "reused_from" in t.user_attrs),
-        baseline=next((t for t in baselines if "latency" in t.user_attrs), baselines[0] if baselines else None),
+        baseline=next((t for t in baselines if t.state is TrialState.COMPLETE or "latency" in t.user_attrs), None)
+        or (baselines[0] if baselines else None),
         best=best,
+        dry_run=study.user_attrs.get(FINGERPRINT_ATTR, {}).get("objective") == "build_s",
     )

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import optuna
+from optuna.artifacts import FileSystemArtifactStore
 
 from gpt_optuna import model as model_io
 from gpt_optuna.config import TuneConfig
@@ -38,7 +39,7 @@ class Prepared:
     """The checked model, the cached data paths and the discovered search space."""
 
     info: model_io.ModelInfo
-    shapes: dict[str, tuple[int, ...]]
+    shapes: dict[str, model_io.ShapeRange]
     feeds_path: Path
     reference_path: Path
     inputs_sha256: str
@@ -46,17 +47,34 @@ class Prepared:
     versions: dict[str, str]
 
 
-def prepare(config: TuneConfig, worker: Worker) -> Prepared:
-    """Check the model and inputs, cache feeds and reference outputs, discover the space."""
-    criterion = config.criterion
+def load_inputs(config: TuneConfig) -> tuple[model_io.ModelInfo, dict[str, model_io.ShapeRange], model_io.Feeds]:
+    """The checked model, every input's shape range, and the input data (given or generated)."""
     info = model_io.load_model_info(config.model)
     shapes = model_io.parse_shapes(config.shapes)
     if config.inputs is not None:
         feeds = model_io.load_feeds(config.inputs, info, shapes)
-        shapes = {name: tuple(array.shape) for name, array in feeds.items()}
+        shapes = {n: shapes.get(n, model_io.ShapeRange.fixed(tuple(a.shape))) for n, a in feeds.items()}
     else:
         shapes = model_io.resolve_shapes(info, shapes)
         feeds = model_io.synthetic_feeds(info, shapes)
+    return info, shapes, feeds
+
+
+def discover_space(
+    config: TuneConfig, worker: Worker, info: model_io.ModelInfo, shapes: dict[str, model_io.ShapeRange]
+) -> tuple[Space, dict[str, str]]:
+    """The backend's search space (found in the worker process) with the ``[space]`` overrides."""
+    try:
+        space, versions = worker.run(SpaceJob(config.backend, info, shapes), SPACE_TIMEOUT_S)
+    except JobFailure as failure:
+        raise UserError(f"backend {config.backend!r} could not describe its search space: {failure}") from None
+    return space.with_overrides(config.space), versions
+
+
+def prepare(config: TuneConfig, worker: Worker) -> Prepared:
+    """Check the model and inputs, cache feeds and reference outputs, discover the space."""
+    criterion = config.criterion
+    info, shapes, feeds = load_inputs(config)
     workdir = config.workdir
     feeds_path, reference_path = workdir / "inputs.npz", workdir / "reference.npz"
     inputs_sha256 = model_io.feeds_sha256(feeds)
@@ -68,13 +86,8 @@ def prepare(config: TuneConfig, worker: Worker) -> Prepared:
         model_io.save_npz(reference_path, reference)
         stamp.write_text(key)
     criterion.check_applicable(model_io.read_npz(reference_path))
-    try:
-        space, versions = worker.run(SpaceJob(config.backend, info, shapes), SPACE_TIMEOUT_S)
-    except JobFailure as failure:
-        raise UserError(f"backend {config.backend!r} could not describe its search space: {failure}") from None
-    return Prepared(
-        info, shapes, feeds_path, reference_path, inputs_sha256, space.with_overrides(config.space), versions
-    )
+    space, versions = discover_space(config, worker, info, shapes)
+    return Prepared(info, shapes, feeds_path, reference_path, inputs_sha256, space, versions)
 
 
 def fingerprint(config: TuneConfig, prepared: Prepared) -> dict[str, Any]:
@@ -84,8 +97,9 @@ def fingerprint(config: TuneConfig, prepared: Prepared) -> dict[str, Any]:
         "backend": config.backend,
         "accuracy": config.criterion.text,
         "inputs_sha256": prepared.inputs_sha256,
-        "shapes": {name: list(shape) for name, shape in prepared.shapes.items()},
+        "shapes": {name: [list(r.min), list(r.opt), list(r.max)] for name, r in prepared.shapes.items()},
         "space": prepared.space.describe(),
+        "objective": "build_s" if config.dry_run else "latency_ms",
         "versions": prepared.versions,
     }
 
@@ -122,11 +136,15 @@ def tune(config: TuneConfig, progress: Progress | None = None, argv: list[str] |
             model=prepared.info,
             candidate={},
             workdir=config.workdir.resolve(),
+            shapes=prepared.shapes,
             feeds_path=prepared.feeds_path.resolve(),
             reference_path=prepared.reference_path.resolve(),
             criterion=config.criterion,
             settings=config.measure,
+            dry_run=config.dry_run,
         )
+        artifacts_dir = config.workdir / "artifacts"
+        artifacts_dir.mkdir(parents=True, exist_ok=True)
 
         def on_result(number: int, candidate: Candidate, result: TrialResult | None) -> None:
             if result is not None and result.outcome.is_failure:
@@ -134,7 +152,9 @@ def tune(config: TuneConfig, progress: Progress | None = None, argv: list[str] |
             elif result is not None and result.outcome is Outcome.INFEASIBLE:
                 progress.note(f"trial {number} infeasible: {result.detail[:160]}")
 
-        objective = Objective(prepared.space, job, worker, config.trial_timeout_s, on_result)
+        objective = Objective(
+            prepared.space, job, worker, config.trial_timeout_s, FileSystemArtifactStore(artifacts_dir), on_result
+        )
         started = time.monotonic()
         try:
             study.optimize(

@@ -32,7 +32,10 @@ def test_dynamic_dimension_without_shape_names_the_flag(mlp_path: Path) -> None:
         UserError, match=r"input 'x' has a dynamic dimension 'batch' \(axis 0\); give its shape with --shape x:1x16"
     ):
         m.resolve_shapes(info, {})
-    assert m.resolve_shapes(info, m.parse_shapes(["x:4x16"])) == {"x": (4, 16)}
+    assert m.resolve_shapes(info, m.parse_shapes(["x:4x16"])) == {"x": m.ShapeRange.fixed((4, 16))}
+    ranged = m.resolve_shapes(info, m.parse_shapes(["x:1x16/4x16/8x16"]))
+    assert ranged["x"] == m.ShapeRange((1, 16), (4, 16), (8, 16))
+    assert m.synthetic_feeds(info, ranged)["x"].shape == (4, 16)
 
 
 @pytest.mark.parametrize(
@@ -42,6 +45,9 @@ def test_dynamic_dimension_without_shape_names_the_flag(mlp_path: Path) -> None:
         ("x:4", "rank 1"),
         ("y:4x16", "not a model input"),
         ("x=4x16", "malformed --shape"),
+        ("x:1x16/4x16", "malformed --shape"),
+        ("x:8x16/4x16/16x16", "MIN <= OPT <= MAX"),
+        ("x:1x16/4x16/8x17", "size 17 on axis 1"),
     ],
 )
 def test_bad_shapes(mlp_path: Path, flag: str, message: str) -> None:
@@ -67,7 +73,7 @@ def test_npz_is_checked_against_the_model(mlp_path: Path, tmp_path: Path) -> Non
         with pytest.raises(UserError, match=message):
             m.load_feeds(path, info, {})
     with pytest.raises(UserError, match="but --shape says 5x16"):
-        m.load_feeds(good, info, {"x": (5, 16)})
+        m.load_feeds(good, info, {"x": m.ShapeRange.fixed((5, 16))})
     (tmp_path / "bad.npz").write_text("not a zip")
     with pytest.raises(UserError, match="not a readable .npz"):
         m.load_feeds(tmp_path / "bad.npz", info, {})

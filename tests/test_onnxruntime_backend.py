@@ -118,21 +118,22 @@ def test_provider_options_mapping(tmp_path: Path) -> None:
     assert provider_options({"provider": CPU}, None, tmp_path) == {}
 
 
-def _prepare(path: Path, shapes: list[str]):
+def _prepare(path: Path, flags: list[str]):
     info = m.load_model_info(path)
-    feeds = m.synthetic_feeds(info, m.resolve_shapes(info, m.parse_shapes(shapes)))
-    return info, feeds, m.reference_outputs(info, feeds)
+    shapes = m.resolve_shapes(info, m.parse_shapes(flags))
+    feeds = m.synthetic_feeds(info, shapes)
+    return info, shapes, feeds, m.reference_outputs(info, feeds)
 
 
 def test_every_sampled_cpu_candidate_builds_runs_and_matches_the_reference(cnn_path: Path, tmp_path: Path) -> None:
-    info, feeds, reference = _prepare(cnn_path, [])
+    info, shapes, feeds, reference = _prepare(cnn_path, [])
     backend = OnnxRuntimeBackend()
     space = backend.space(info, {})
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
     criterion = parse_criterion("cosine>=0.99999 and max_abs<=1e-3")
     seen = set()
     for candidate in [space.default()] + [space.suggest(study.ask()) for _ in range(12)]:
-        built = backend.build(info, candidate, tmp_path)
+        built = backend.build(info, candidate, tmp_path, shapes)
         assert built.build_s > 0
         with backend.open(built, feeds, reference) as runner:
             verdict = criterion.evaluate(runner.infer(), reference)
@@ -159,14 +160,14 @@ def test_unsupported_model_is_a_build_error(tmp_path: Path) -> None:
     info = m.load_model_info(path)
     backend = OnnxRuntimeBackend()
     with pytest.raises(BuildError, match="could not create the session"):
-        backend.build(info, backend.space(info, {}).default(), tmp_path)
+        backend.build(info, backend.space(info, {}).default(), tmp_path, {})
 
 
 @pytest.mark.gpu
 def test_cuda_candidates_run_on_cupy_buffers_and_stream(cnn_path: Path, tmp_path: Path) -> None:
     import cupy
 
-    info, feeds, reference = _prepare(cnn_path, [])
+    info, shapes, feeds, reference = _prepare(cnn_path, [])
     backend = OnnxRuntimeBackend()
     space = backend.space(info, {})
     assert space.default()["provider"] == CUDA
@@ -178,7 +179,7 @@ def test_cuda_candidates_run_on_cupy_buffers_and_stream(cnn_path: Path, tmp_path
         {**base, "cuda.prefer_nhwc": True, "cuda.use_tf32": False},
     ]
     for candidate in variants:
-        built = backend.build(info, candidate, tmp_path)
+        built = backend.build(info, candidate, tmp_path, shapes)
         with backend.open(built, feeds, reference) as runner:
             assert isinstance(runner.stream, cupy.cuda.Stream) and runner.stream.ptr != 0
             verdict = criterion.evaluate(runner.infer(), reference)

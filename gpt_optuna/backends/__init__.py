@@ -9,6 +9,8 @@ from gpt_optuna.errors import UserError
 
 BACKENDS = {
     "onnxruntime": "gpt_optuna.backends.onnxruntime:OnnxRuntimeBackend",
+    "tensorrt": "gpt_optuna.backends.tensorrt:TensorRTBackend",
+    "tensorrt-rtx": "gpt_optuna.backends.tensorrt:TensorRTRTXBackend",
 }
 
 __all__ = ["BACKENDS", "Backend", "BuildError", "Built", "Runner", "load_backend"]

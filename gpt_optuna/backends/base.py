@@ -3,7 +3,7 @@
 Backends know nothing of Optuna. The worker process calls them in this order for each
 candidate::
 
-    built = backend.build(model, candidate, workdir)      # may raise BuildError
+    built = backend.build(model, candidate, workdir, shapes)  # may raise BuildError
     with backend.open(built, feeds, reference) as runner: # buffers bound to inputs and outputs
         outputs = runner.infer()                          # host copies, for the accuracy check
         runner.launch(); runner.synchronize()             # what the timer measures
@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from gpt_optuna.errors import GptOptunaError
-from gpt_optuna.model import Feeds, ModelInfo
+from gpt_optuna.model import Feeds, ModelInfo, ShapeRange
 from gpt_optuna.space import Candidate, Space
 
 
@@ -52,6 +52,8 @@ class Runner(abc.ABC):
     """
 
     stream: Any = None
+    attrs: dict[str, Any] = {}
+    """Facts learnt when the engine was opened (e.g. its device memory), recorded with the trial."""
 
     @abc.abstractmethod
     def infer(self) -> dict[str, np.ndarray]:
@@ -84,12 +86,16 @@ class Backend(abc.ABC):
     name: str = ""
 
     @abc.abstractmethod
-    def space(self, model: ModelInfo, shapes: dict[str, tuple[int, ...]]) -> Space:
+    def space(self, model: ModelInfo, shapes: dict[str, ShapeRange]) -> Space:
         """The knobs worth searching for this model with the library installed here."""
 
     @abc.abstractmethod
-    def build(self, model: ModelInfo, candidate: Candidate, workdir: Path) -> Built:
-        """Build (compile, create a session for) one candidate; raise BuildError on failure."""
+    def build(self, model: ModelInfo, candidate: Candidate, workdir: Path, shapes: dict[str, ShapeRange]) -> Built:
+        """Build (compile, create a session for) one candidate; raise BuildError on failure.
+
+        ``workdir`` is the study folder (for caches shared across trials); ``shapes`` the range
+        of input shapes the engine must accept.
+        """
 
     @abc.abstractmethod
     def open(self, built: Built, feeds: Feeds, outputs: Feeds) -> Runner:
@@ -101,3 +107,7 @@ class Backend(abc.ABC):
     def versions(self) -> dict[str, str]:
         """Library versions to record with the study."""
         return {}
+
+    def serialize(self, built: Built) -> bytes | None:
+        """The engine as a file to keep, for backends that produce one."""
+        return None

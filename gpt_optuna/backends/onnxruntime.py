@@ -17,7 +17,7 @@ import numpy as np
 
 from gpt_optuna.backends.base import Backend, BuildError, Built, Runner
 from gpt_optuna.errors import MissingDependencyError
-from gpt_optuna.model import Feeds, ModelInfo
+from gpt_optuna.model import Feeds, ModelInfo, ShapeRange
 from gpt_optuna.space import Candidate, Condition, Knob, Space, Value
 
 CPU = "CPUExecutionProvider"
@@ -203,14 +203,14 @@ class OnnxRuntimeBackend(Backend):
 
     name = "onnxruntime"
 
-    def space(self, model: ModelInfo, shapes: dict[str, tuple[int, ...]]) -> Space:
+    def space(self, model: ModelInfo, shapes: dict[str, ShapeRange]) -> Space:
         ort = _ort()
         levels = [
             lvl for lvl in (*_OPTIONAL_GRAPH_LEVELS, "ORT_ENABLE_ALL") if hasattr(ort.GraphOptimizationLevel, lvl)
         ]
         return Space(discover_knobs(usable_providers(), levels, usable_cores()))
 
-    def build(self, model: ModelInfo, candidate: Candidate, workdir: Path) -> Built:
+    def build(self, model: ModelInfo, candidate: Candidate, workdir: Path, shapes: dict[str, ShapeRange]) -> Built:
         ort = _ort()
         provider = str(candidate["provider"])
         stream = _cupy().cuda.Stream(non_blocking=True) if provider in GPU_PROVIDERS else None

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from gpt_optuna.backends.base import Backend, BuildError, Built, Runner
-from gpt_optuna.model import Feeds, ModelInfo
+from gpt_optuna.model import Feeds, ModelInfo, ShapeRange
 from gpt_optuna.space import Candidate, Knob, Space
 
 MODES = ("ok", "crash", "abort", "hang", "raise", "build_error", "nan", "noisy")
@@ -27,7 +27,7 @@ class SyntheticBackend(Backend):
 
     name = "synthetic"
 
-    def space(self, model: ModelInfo, shapes: dict[str, tuple[int, ...]]) -> Space:
+    def space(self, model: ModelInfo, shapes: dict[str, ShapeRange]) -> Space:
         return Space(
             [
                 Knob("mode", MODES, "ok", "what the candidate does"),
@@ -39,7 +39,7 @@ class SyntheticBackend(Backend):
             ]
         )
 
-    def build(self, model: ModelInfo, candidate: Candidate, workdir: Path) -> Built:
+    def build(self, model: ModelInfo, candidate: Candidate, workdir: Path, shapes: dict[str, ShapeRange]) -> Built:
         time.sleep(int(candidate["build_ms"]) / 1000)
         mode = candidate["mode"]
         if mode == "crash":
