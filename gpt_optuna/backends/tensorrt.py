@@ -8,6 +8,7 @@ checked against the API names of every version, without the library.
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import json
 import re
@@ -270,9 +271,11 @@ class TensorRTBackend(Backend):
         if cache is not None:
             self._merge_timing_cache(config, cache, cache_path)
         data = bytes(plan)
-        attrs: dict[str, Any] = {"engine_bytes": len(data)}
+        attrs: dict[str, Any] = {"engine_bytes": len(data), "engine_sha256": hashlib.sha256(data).hexdigest()}
         if routes:
             attrs["build_route"] = route_string(candidate, routes)
+        if logger.messages:
+            attrs["build_log"] = "\n".join(logger.messages)[-2000:]
         return Built(_Engine(data, routes, candidate), build_s, attrs)
 
     def serialize(self, built: Built) -> bytes | None:

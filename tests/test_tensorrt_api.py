@@ -1,0 +1,240 @@
+"""The TensorRT backend against the API names of TensorRT 10.16, 11.4 and RTX 1.7.
+
+A strict fake built from the names read off the real bindings (tests/data/tensorrt_api.json)
+runs every code path of the backend, space discovery, every knob value, build and runtime, so any
+attribute or enum member the backend touches that a version lacks fails here. The same fake
+records calls, which checks the knob -> API mapping for the 10.x and 11.x paths no library here
+can run. Nothing here shows that an engine works: tests/test_tensorrt_rtx.py builds real ones.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from fake_tensorrt import ROUTES_JSON, VERSIONS, FakeCuPy, FakeTensorRT
+
+from gpt_optuna import model as m
+from gpt_optuna.backends.base import BuildError
+from gpt_optuna.backends.tensorrt import (
+    MIB,
+    TensorRTBackend,
+    TensorRTRTXBackend,
+    parse_build_routes,
+    route_string,
+)
+from gpt_optuna.space import Space
+
+
+def backend(fake: FakeTensorRT) -> TensorRTBackend:
+    instance = TensorRTRTXBackend() if fake.version == "rtx" else TensorRTBackend()
+    instance._trt = fake  # type: ignore[assignment]
+    return instance
+
+
+@pytest.fixture(params=VERSIONS)
+def fake(request: pytest.FixtureRequest) -> FakeTensorRT:
+    return FakeTensorRT(request.param)
+
+
+@pytest.fixture
+def fake_cupy(monkeypatch: pytest.MonkeyPatch) -> FakeCuPy:
+    cupy = FakeCuPy()
+    monkeypatch.setitem(sys.modules, "cupy", cupy)  # type: ignore[arg-type]
+    return cupy
+
+
+def space_of(fake: FakeTensorRT, path: Path) -> tuple[m.ModelInfo, Space]:
+    info = m.load_model_info(path)
+    return info, backend(fake).space(info, m.resolve_shapes(info, {}))
+
+
+def test_space_follows_what_each_version_has(fake: FakeTensorRT, cnn_path: Path) -> None:
+    _, space = space_of(fake, cnn_path)
+    knobs = {k.name: k for k in space.knobs}
+    defaults = space.default()
+    assert defaults["builder_optimization_level"] == 3 and defaults["flag.TF32"] is True
+    assert knobs["tiling_optimization_level"].choices == ("NONE", "FAST", "MODERATE", "FULL")
+    assert defaults["tactic.JIT_CONVOLUTIONS"] is True
+    weak = {"flag.FP16", "flag.BF16"} & knobs.keys()
+    if fake.version == "10.x":
+        assert weak == {"flag.FP16", "flag.BF16"} and "tactic.CUBLAS" in knobs
+        assert "flag.INT8" not in knobs  # no Q/DQ in the graph: INT8 alone would be nonsense
+    else:
+        assert not weak and "tactic.CUBLAS" not in knobs
+    routes = {name: k for name, k in knobs.items() if name.startswith("route.")}
+    if fake.version == "11.x":
+        assert routes["route.kgen:tiling"].choices == ("0", "1", "2")
+        assert routes["route.conv_use_long_w"].choices == ("off", "on")
+        assert routes["route.cask_fusion:num_tactics"].choices == ("10",)  # open-ended: fixed unless listed
+    else:
+        assert not routes
+    if fake.version == "rtx":
+        assert knobs["runtime.cuda_graph_strategy"].choices == ("DISABLED", "WHOLE_GRAPH_CAPTURE")
+    else:
+        assert knobs["runtime.cuda_graph"].choices == (False, True)
+
+
+def configuration(space: Space, values: dict) -> dict:
+    """Every active knob at the given value or its default, as the sampler would propose."""
+    params: dict = {}
+    for knob in space.knobs:
+        if knob.active(params):
+            params[knob.name] = values.get(knob.name, knob.default)
+    return params
+
+
+def one_change_candidates(space: Space) -> list[dict]:
+    """The default, then every non-default value of every knob, one at a time."""
+    out = [space.default()]
+    for knob in space.knobs:
+        parent = {knob.condition.parent: knob.condition.values[0]} if knob.condition else {}
+        out += [configuration(space, {**parent, knob.name: v}) for v in knob.choices if v != knob.default]
+    return out
+
+
+def test_every_knob_value_touches_only_names_the_version_has(
+    fake: FakeTensorRT, fake_cupy: FakeCuPy, cnn_path: Path, tmp_path: Path
+) -> None:
+    info, space = space_of(fake, cnn_path)
+    shapes = m.resolve_shapes(info, {})
+    feeds = {"x": np.zeros((1, 3, 64, 64), np.float32)}  # the fake engine's I/O tensors are x and y
+    trt_backend = backend(fake)
+    candidates = one_change_candidates(space)
+    assert len(candidates) > 20
+    for candidate in candidates:
+        built = trt_backend.build(info, candidate, tmp_path, shapes)
+        assert built.attrs["engine_bytes"] == len(b"fake plan")
+        with trt_backend.open(built, feeds, {"y": np.zeros((1, 10), np.float32)}) as runner:
+            assert runner.infer()["y"].shape == (1, 10)
+            runner.launch()
+            assert runner.attrs["device_memory_bytes"] == 4096
+
+
+def build_one(fake: FakeTensorRT, path: Path, tmp_path: Path, **changes: object) -> FakeTensorRT:
+    info, space = space_of(fake, path)
+    fake.calls.clear()
+    backend(fake).build(info, configuration(space, changes), tmp_path, m.resolve_shapes(info, {}))
+    return fake
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_builder_knobs_map_onto_config_calls(version: str, cnn_path: Path, tmp_path: Path) -> None:
+    fake = build_one(
+        FakeTensorRT(version),
+        cnn_path,
+        tmp_path,
+        builder_optimization_level=5,
+        tiling_optimization_level="FULL",
+        max_aux_streams=2,
+        workspace_mib=1024,
+        **{"flag.TF32": False, "tactic.JIT_CONVOLUTIONS": False},
+    )
+    assert fake.written("IBuilderConfig.builder_optimization_level") == [5]
+    assert [v.name for v in fake.written("IBuilderConfig.tiling_optimization_level")] == ["FULL"]
+    assert fake.written("IBuilderConfig.max_aux_streams") == [2]
+    ((pool, size),) = fake.written("IBuilderConfig.set_memory_pool_limit")
+    assert pool.name == "WORKSPACE" and size == 1024 * MIB
+    assert "TF32" in [f.name for (f,) in fake.written("IBuilderConfig.clear_flag")]
+    assert fake.written("IBuilderConfig.set_flag") == []
+    ((mask,),) = fake.written("IBuilderConfig.set_tactic_sources")
+    jit = 1 << fake.api["enum_values"]["TacticSource"]["JIT_CONVOLUTIONS"]
+    edge = 1 << fake.api["enum_values"]["TacticSource"]["EDGE_MASK_CONVOLUTIONS"]
+    assert mask & jit == 0 and mask & edge  # bits from the version's own enum values
+    assert fake.written("IBuilderConfig.build_route") == []  # no route knob changed
+
+
+def test_weak_typing_flags_only_on_10x(cnn_path: Path, tmp_path: Path) -> None:
+    fake = build_one(FakeTensorRT("10.x"), cnn_path, tmp_path, **{"flag.FP16": True})
+    assert [f.name for (f,) in fake.written("IBuilderConfig.set_flag")] == ["TF32", "FP16"]
+    with pytest.raises(AttributeError, match="FP16"):
+        FakeTensorRT("11.x").BuilderFlag.FP16  # noqa: B018
+
+
+def test_route_knobs_become_the_build_route_on_11x(cnn_path: Path, tmp_path: Path) -> None:
+    fake = build_one(
+        FakeTensorRT("11.x"), cnn_path, tmp_path, **{"route.kgen:tiling": "2", "route.conv_use_long_w": "on"}
+    )
+    assert fake.written("IBuilderConfig.build_route") == ["-kgen:tiling=2 -conv_use_long_w=on"]
+
+
+def test_route_json_parsing() -> None:
+    routes = parse_build_routes(ROUTES_JSON)
+    assert [(r.option, r.values, r.default, r.open_ended) for r in routes] == [
+        ("-kgen:tiling", ("0", "1", "2"), "0", False),
+        ("-conv_use_long_w", ("on", "off"), "off", False),
+        ("-cask_fusion:num_tactics", (), "10", True),
+    ]
+    assert parse_build_routes("") == []
+    assert route_string({"route.kgen:tiling": "0", "route.cask_fusion:num_tactics": "20"}, routes) == (
+        "-cask_fusion:num_tactics=20"
+    )
+
+
+def test_dynamic_inputs_get_one_profile_from_the_shape_range(mlp_path: Path, tmp_path: Path) -> None:
+    fake = FakeTensorRT("11.x")
+    info = m.load_model_info(mlp_path)
+    shapes = m.resolve_shapes(info, m.parse_shapes(["x:1x16/4x16/8x16"]))
+    trt_backend = backend(fake)
+    trt_backend.build(info, trt_backend.space(info, shapes).default(), tmp_path, shapes)
+    assert fake.written("IOptimizationProfile.set_shape") == [("x", (1, 16), (4, 16), (8, 16))]
+    assert len(fake.written("IBuilderConfig.add_optimization_profile")) == 1
+
+
+def test_runtime_knobs_map_onto_context_calls(fake_cupy: FakeCuPy, cnn_path: Path, tmp_path: Path) -> None:
+    for version in VERSIONS:
+        fake = FakeTensorRT(version)
+        info, space = space_of(fake, cnn_path)
+        shapes = m.resolve_shapes(info, {})
+        graph = (
+            {"runtime.cuda_graph_strategy": "WHOLE_GRAPH_CAPTURE"} if version == "rtx" else {"runtime.cuda_graph": True}
+        )
+        candidate = {**space.default(), **graph, "runtime.aux_streams": True}
+        trt_backend = backend(fake)
+        built = trt_backend.build(info, candidate, tmp_path, shapes)
+        fake.calls.clear()
+        runner = trt_backend.open(built, {"x": np.zeros((1, 3, 64, 64), np.float32)}, {"y": np.zeros((1, 10))})
+        ((streams,),) = fake.written("IExecutionContext.set_aux_streams")
+        assert len(streams) == 2 and runner.stream.ptr not in streams
+        if version == "rtx":
+            assert [s.name for s in fake.written("IRuntimeConfig.cuda_graph_strategy")] == ["WHOLE_GRAPH_CAPTURE"]
+            assert runner.stream.captures == 0  # RTX captures by itself
+        else:
+            assert runner.stream.captures == 1
+        assert len(fake.written("IExecutionContext.set_tensor_address")) == 2
+
+
+def test_strict_fake_rejects_names_a_version_lacks() -> None:
+    config11 = FakeTensorRT("11.x").Builder(None).create_builder_config()
+    with pytest.raises(AttributeError, match="int8_calibrator"):
+        config11.int8_calibrator  # noqa: B018
+    config10 = FakeTensorRT("10.x").Builder(None).create_builder_config()
+    with pytest.raises(AttributeError, match="build_route"):
+        config10.build_route  # noqa: B018
+    with pytest.raises(AttributeError, match="CudaGraphStrategy"):
+        FakeTensorRT("11.x").CudaGraphStrategy  # noqa: B018
+
+
+def test_a_build_without_engine_is_a_build_error(cnn_path: Path, tmp_path: Path) -> None:
+    fake = FakeTensorRT("11.x", build_ok=False)
+    info, space = space_of(fake, cnn_path)
+    with pytest.raises(BuildError, match="TensorRT built no engine"):
+        backend(fake).build(info, space.default(), tmp_path, {})
+
+
+def test_timing_cache_is_shared_across_builds_and_a_corrupt_one_is_discarded(cnn_path: Path, tmp_path: Path) -> None:
+    fake = FakeTensorRT("11.x")
+    info, space = space_of(fake, cnn_path)
+    trt_backend = backend(fake)
+    cache = tmp_path / "timing.cache"
+    trt_backend.build(info, space.default(), tmp_path, {})
+    first = cache.read_bytes()
+    trt_backend.build(info, space.default(), tmp_path, {})
+    second = cache.read_bytes()
+    assert set(first[6:].split(b",")) < set(second[6:].split(b","))  # loaded, then merged
+    cache.write_bytes(b"\x00garbage")
+    built = trt_backend.build(info, space.default(), tmp_path, {})
+    assert "discarded the unreadable timing cache" in built.attrs["build_log"]
+    assert cache.read_bytes().startswith(b"cache:")
