@@ -18,6 +18,19 @@ def _storage_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--study-name", help="study name (default: the only study in the storage)")
 
 
+_TUNE_ONLY = (
+    "accuracy",
+    "n_trials",
+    "timeout",
+    "trial_timeout",
+    "storage",
+    "study_name",
+    "sampler",
+    "seed",
+    "dry_run",
+)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="gpt-optuna",
@@ -50,6 +63,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="build every candidate without running it; the value is the build time",
     )
     tune.add_argument("--quiet", action="store_true", help="no progress bar")
+
+    space = commands.add_parser("space", help="print the search space for a model, building nothing")
+    space.add_argument("model", nargs="?", help="ONNX model file (or `model` in --config)")
+    space.add_argument("--backend", help="onnxruntime (default), tensorrt, tensorrt-rtx, or module:Class")
+    space.add_argument("--shape", action="append", default=None, metavar="NAME:DIMS")
+    space.add_argument("--inputs", help="input data: .npz keyed by input name")
+    space.add_argument("--config", help="tune.toml; its [space] table is applied")
+    space.add_argument("--json", action="store_true", help="print the knobs as JSON")
+    space.set_defaults(**dict.fromkeys(_TUNE_ONLY))
 
     status = commands.add_parser("status", help="trial counts, baseline and best of a study")
     _storage_flags(status)
@@ -119,6 +141,23 @@ def _open_existing(args: argparse.Namespace) -> Any:
     return load_study(storage, name)
 
 
+def print_space(config: TuneConfig, as_json: bool) -> int:
+    import tempfile
+
+    from gpt_optuna.tuner import discover_space, load_inputs
+    from gpt_optuna.worker import Worker
+
+    info, shapes, _ = load_inputs(config)
+    with tempfile.TemporaryDirectory() as tmp, Worker(Path(tmp) / "worker.log") as worker:
+        space, versions = discover_space(config, worker, info, shapes)
+    if as_json:
+        print(json.dumps({"backend": config.backend, "versions": versions, "knobs": space.describe()}))
+    else:
+        print(f"{config.backend} ({', '.join(f'{k} {v}' for k, v in versions.items())}) for {info.path}:")
+        print(space.table())
+    return 0
+
+
 def best_record(summary: Any) -> dict[str, Any]:
     best = summary.best
     return {
@@ -140,6 +179,8 @@ def run(argv: list[str]) -> int:
         from gpt_optuna.tuner import tune
 
         return tune(tune_config(args), Progress(enabled=not args.quiet), argv)
+    if args.command == "space":
+        return print_space(tune_config(args), as_json=args.json)
     from gpt_optuna.progress import format_params, format_summary
     from gpt_optuna.study import summarize_study
 

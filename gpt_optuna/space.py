@@ -88,8 +88,19 @@ class Space:
     def describe(self) -> list[dict[str, Any]]:
         return [k.describe() for k in self.knobs]
 
+    def table(self) -> str:
+        """A readable listing: each knob, what is searched, its default and when it applies."""
+        rows = []
+        for knob in self.knobs:
+            values = ", ".join(map(str, knob.choices)) if len(knob.choices) > 1 else "(fixed)"
+            when = f"  when {knob.condition.parent} in {list(knob.condition.values)}" if knob.condition else ""
+            rows.append(f"{knob.name:<44} default {knob.default!s:<20} {values}{when}")
+        searched = sum(len(k.choices) > 1 for k in self.knobs)
+        return "\n".join([*rows, f"{len(self.knobs)} knobs, {searched} searched"])
+
     def with_overrides(self, overrides: Mapping[str, Value | list[Value]]) -> Space:
-        """Apply a ``[space]`` table: a list gives the values to try, a scalar fixes the knob.
+        """Apply a ``[space]`` table: a list gives the values to try, a scalar fixes the knob, and
+        ``"default"`` drops it from the search (fixed at the engine's default).
 
         A knob fixed or restricted away from its default takes the first given value as the
         default, so the baseline stays a configuration inside the space.
@@ -104,6 +115,8 @@ class Space:
                 knobs.append(knob)
                 continue
             given = overrides[knob.name]
+            if given == "default" and "default" not in knob.choices:
+                given = knob.default
             values = tuple(given) if isinstance(given, list) else (given,)
             if not values:
                 raise UserError(f"[space] gives knob {knob.name!r} no values")

@@ -1,10 +1,11 @@
 """A warm child process that runs jobs with a deadline; a crash or hang becomes data.
 
 A job is any picklable callable. The child runs it and sends back its return value, or the
-exception it raised. The parent waits up to the deadline: end-of-file on the pipe is a crash
-(with the signal or exit code), no answer in time is a hang (the child is killed). After any
-failure the child is replaced, since a crashed library can leave a process unusable. The
-child's stdout and stderr go to a log file whose new lines are attached to each failure.
+exception it raised; a UserError is raised again in the parent as it is. The parent waits up to
+the deadline: end-of-file on the pipe is a crash (with the signal or exit code), no answer in
+time is a hang (the child is killed). After any failure the child is replaced, since a crashed
+library can leave a process unusable. The child's stdout and stderr go to a log file whose new
+lines are attached to each failure.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any, TypeVar
+
+from gpt_optuna.errors import UserError
 
 T = TypeVar("T")
 
@@ -70,6 +73,8 @@ def _child_main(conn: Connection, log_path: str) -> None:
             return
         try:
             reply: tuple[str, Any] = ("ok", job())
+        except UserError as exc:  # bad input (a missing library, say): the user's to fix, not a crash
+            reply = ("user_error", str(exc))
         except BaseException as exc:  # the job's failure is data for the parent
             reply = ("raised", f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}")
         try:
@@ -109,6 +114,8 @@ class Worker:
         except BaseException:
             self._kill()  # interrupted mid-job: the child's state is unknown
             raise
+        if status == "user_error":
+            raise UserError(payload)
         if status == "raised":
             self._kill()
             first, _, rest = payload.partition("\n")

@@ -52,3 +52,8 @@ def test_invalid_spaces_are_refused() -> None:
         Space([Knob("a", (1,), 1, condition=Condition("b", (1,))), Knob("b", (1,), 1)])
     with pytest.raises(ValueError, match="duplicate"):
         Space([Knob("a", (1,), 1), Knob("a", (1,), 1)])
+
+
+def test_default_drops_a_knob_from_the_search() -> None:
+    knobs = {k.name: k for k in space().with_overrides({"threads": "default"}).knobs}
+    assert knobs["threads"].choices == (0,)

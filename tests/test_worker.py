@@ -72,3 +72,19 @@ def test_hang_is_killed_at_the_deadline(tmp_path: Path) -> None:
         assert info.value.kind is FailureKind.TIMEOUT
         assert time.monotonic() - start < 15
         assert worker.run(partial(pow, 2, 5), timeout=60) == 32
+
+
+def missing_library() -> None:
+    from gpt_optuna.errors import MissingDependencyError
+
+    raise MissingDependencyError("SomeEngine", "someextra")
+
+
+def test_a_user_error_in_the_child_is_raised_as_such_in_the_parent(tmp_path: Path) -> None:
+    from gpt_optuna.errors import UserError
+
+    with Worker(tmp_path / "w.log") as worker:
+        pid = worker.run(os.getpid, timeout=60)
+        with pytest.raises(UserError, match=r"pip install 'gpt-optuna\[someextra\]'"):
+            worker.run(missing_library, timeout=60)
+        assert worker.run(os.getpid, timeout=60) == pid  # bad input does not cost the warm child

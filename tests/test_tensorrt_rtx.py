@@ -1,0 +1,186 @@
+"""Real TensorRT-RTX engine builds on the CPU: knobs, failures, profiles, dry-run studies, artifacts."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import warnings
+from pathlib import Path
+
+import numpy as np
+import optuna
+import pytest
+from optuna.artifacts import FileSystemArtifactStore, download_artifact
+from optuna.trial import TrialState
+
+from gpt_optuna import model as m
+from gpt_optuna.backends.base import BuildError
+from gpt_optuna.backends.tensorrt import TensorRTRTXBackend
+from gpt_optuna.cli import main
+
+trt = pytest.importorskip("tensorrt_rtx", reason="the rtx extra (tensorrt-rtx-cu13) is not installed")
+
+
+def load(name: str) -> optuna.Study:
+    return optuna.load_study(study_name=name, storage=f"sqlite:///studies/{name}.db")
+
+
+def test_space_is_discovered_from_the_library(cnn_path: Path) -> None:
+    info = m.load_model_info(cnn_path)
+    space = TensorRTRTXBackend().space(info, m.resolve_shapes(info, {}))
+    knobs = {k.name: k for k in space.knobs}
+    assert knobs["builder_optimization_level"].default == 3
+    assert set(knobs["tiling_optimization_level"].choices) == set(trt.TilingOptimizationLevel.__members__)
+    assert {f"tactic.{name}" for name in trt.TacticSource.__members__} <= knobs.keys()
+    assert "runtime.cuda_graph_strategy" in knobs
+    assert not [name for name in knobs if name.startswith("route.")]  # RTX's all_build_routes is empty
+    assert not {"flag.FP16", "flag.BF16", "flag.INT8"} & knobs.keys()  # strongly typed only
+
+
+def test_many_sampled_candidates_build_real_engines(cnn_path: Path, tmp_path: Path) -> None:
+    info = m.load_model_info(cnn_path)
+    shapes = m.resolve_shapes(info, {})
+    backend = TensorRTRTXBackend()
+    space = backend.space(info, shapes)
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    sizes = set()
+    for _ in range(16):
+        trial = study.ask()
+        candidate = space.suggest(trial)
+        if candidate["workspace_mib"] != "default" and int(candidate["workspace_mib"]) < 256:
+            continue
+        built = backend.build(info, candidate, tmp_path, shapes)
+        plan = backend.serialize(built)
+        assert plan is not None and len(plan) == built.attrs["engine_bytes"] > 1000
+        assert built.attrs["engine_sha256"] == hashlib.sha256(plan).hexdigest()
+        sizes.add(len(plan))
+        study.tell(trial, built.build_s)
+    assert sizes
+
+
+def test_parse_error_names_the_node_and_op(tmp_path: Path) -> None:
+    import onnx
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [
+            helper.make_node("Relu", ["x"], ["h"], name="relu0"),
+            helper.make_node("Mystery", ["h"], ["y"], name="odd", domain="com.example"),
+        ],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.example", 1)])
+    onnx.save(model, tmp_path / "odd.onnx")
+    info = m.load_model_info(tmp_path / "odd.onnx")
+    backend = TensorRTRTXBackend()
+    with pytest.raises(BuildError, match=r"node 'odd' \(op Mystery\)"):
+        backend.build(info, backend.space(info, {}).default(), tmp_path, m.resolve_shapes(info, {}))
+
+
+def test_dynamic_batch_builds_with_one_profile(mlp_path: Path, tmp_path: Path) -> None:
+    info = m.load_model_info(mlp_path)
+    shapes = m.resolve_shapes(info, m.parse_shapes(["x:1x16/4x16/8x16"]))
+    backend = TensorRTRTXBackend()
+    space = backend.space(info, shapes)
+    assert "runtime.dynamic_shapes_kernel_specialization" in {k.name for k in space.knobs}
+    assert backend.build(info, space.default(), tmp_path, shapes).attrs["engine_bytes"] > 0
+
+
+def dry_run(cnn_path: Path, *flags: str) -> int:
+    return main(["tune", str(cnn_path), "--backend", "tensorrt-rtx", "--dry-run", "--quiet", *flags])
+
+
+def test_dry_run_study_end_to_end_with_engine_artifacts(cnn_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert dry_run(cnn_path, "--n-trials", "10", "--seed", "0") == 0
+    study = load("cnn-tensorrt-rtx")
+    trials = study.get_trials()
+    assert trials[0].user_attrs["baseline"] and trials[0].params["builder_optimization_level"] == 3
+    complete = [t for t in trials if t.state is TrialState.COMPLETE]
+    assert len(complete) >= 8
+    store = FileSystemArtifactStore("studies/cnn-tensorrt-rtx/artifacts")
+    for t in complete:
+        assert t.value == t.user_attrs["build_s"] > 0
+        if "reused_from" in t.user_attrs:
+            continue
+        path = Path(f"engine-{t.number}.plan")
+        download_artifact(artifact_store=store, artifact_id=t.user_attrs["engine_artifact"], file_path=str(path))
+        data = path.read_bytes()
+        assert len(data) == t.user_attrs["engine_bytes"]
+        assert hashlib.sha256(data).hexdigest() == t.user_attrs["engine_sha256"]
+    assert not list(Path("studies/cnn-tensorrt-rtx/engines").iterdir())  # temporary files are gone
+    capsys.readouterr()
+    assert main(["best", "--json"]) == 0
+    record = json.loads(capsys.readouterr().out)
+    assert record["dry_run"] is True and record["latency_ms"] is None and record["build_s"] > 0
+    assert dry_run(cnn_path, "--n-trials", "12", "--seed", "0") == 0  # resumes
+    assert len(load("cnn-tensorrt-rtx").get_trials()) == 12
+
+
+def test_a_build_that_returns_no_engine_fails_its_trial_and_the_study_goes_on(cnn_path: Path, tmp_path: Path) -> None:
+    config = tmp_path / "tune.toml"
+    config.write_text('[space]\nworkspace_mib = ["default", 0]\nbuilder_optimization_level = [3, 4]\n')
+    assert dry_run(cnn_path, "--n-trials", "8", "--config", str(config), "--sampler", "random", "--seed", "1") == 0
+    trials = load("cnn-tensorrt-rtx").get_trials()
+    failed = [t for t in trials if t.params["workspace_mib"] == 0]
+    assert failed and all(t.state is TrialState.FAIL for t in failed)
+    evaluated = next(t for t in failed if "reused_from" not in t.user_attrs)
+    assert evaluated.user_attrs["outcome"] == "build_error"
+    assert evaluated.user_attrs["failure"] == "TensorRT built no engine"
+    assert "workspace" in evaluated.user_attrs["log"]
+    assert any(t.state is TrialState.COMPLETE for t in trials)
+
+
+def test_rtx_timing_cache_records_nothing_so_none_is_kept(cnn_path: Path) -> None:
+    """Why a second RTX build is not faster: RTX records no timings (its timing-cache API is a no-op
+    since RTX 1.2, and loading a cache needs a GPU), so the backend keeps no cache for it."""
+    logger = trt.Logger(trt.Logger.ERROR)
+    builder = trt.Builder(logger)
+    network = builder.create_network(0)
+    assert trt.OnnxParser(network, logger).parse_from_file(str(cnn_path))
+    config = builder.create_builder_config()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        cache = config.create_timing_cache(b"")
+        empty = bytes(cache.serialize())
+        config.set_timing_cache(cache, False)
+        assert builder.build_serialized_network(network, config) is not None
+        assert bytes(cache.serialize()) == empty
+    assert dry_run(cnn_path, "--n-trials", "3") == 0
+    assert not Path("studies/cnn-tensorrt-rtx/timing.cache").exists()
+
+
+@pytest.mark.gpu
+def test_rtx_engine_runs_on_the_gpu_or_skips_where_rtx_refuses_it(cnn_path: Path, tmp_path: Path) -> None:
+    import cupy
+
+    info = m.load_model_info(cnn_path)
+    shapes = m.resolve_shapes(info, {})
+    feeds = m.synthetic_feeds(info, shapes)
+    reference = m.reference_outputs(info, feeds)
+    backend = TensorRTRTXBackend()
+    built = backend.build(info, backend.space(info, shapes).default(), tmp_path, shapes)
+    try:
+        runner = backend.open(built, feeds, reference)
+    except RuntimeError as exc:
+        if "deserialize" in str(exc) and cupy.cuda.Device().compute_capability == "90":
+            pytest.skip("TensorRT-RTX refuses compute capability 9.0 (H100/H200) at deserialization")
+        raise
+    with runner:
+        np.testing.assert_allclose(runner.infer()["logits"], reference["logits"], rtol=1e-2, atol=1e-3)
+
+
+def test_space_command_prints_the_space_with_overrides_and_builds_nothing(
+    cnn_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "tune.toml"
+    config.write_text('[space]\nbuilder_optimization_level = "default"\nmax_aux_streams = [0, 2]\n')
+    assert main(["space", str(cnn_path), "--backend", "tensorrt-rtx", "--config", str(config), "--json"]) == 0
+    knobs = {k["name"]: k for k in json.loads(capsys.readouterr().out)["knobs"]}
+    assert knobs["builder_optimization_level"]["choices"] == [3]
+    assert knobs["max_aux_streams"] == {"name": "max_aux_streams", "choices": [0, 2], "default": 0}
+    assert main(["space", str(cnn_path), "--backend", "tensorrt-rtx"]) == 0
+    text = capsys.readouterr().out
+    assert "builder_optimization_level" in text and "default 3" in text and "knobs," in text
+    assert not Path("studies").exists()
