@@ -18,6 +18,7 @@ import optuna
 from optuna.artifacts import FileSystemArtifactStore, upload_artifact
 from optuna.trial import FrozenTrial, TrialState
 
+from gpt_optuna.errors import UserError
 from gpt_optuna.evaluate import EvaluateJob, Outcome, TrialResult, run_evaluation
 from gpt_optuna.space import Candidate, Space
 from gpt_optuna.worker import Worker
@@ -82,8 +83,9 @@ class Objective:
         job = replace(self.job, candidate=candidate, measure_infeasible=baseline)
         try:
             result = run_evaluation(self.worker, job, self.trial_timeout_s)
-        except KeyboardInterrupt:
-            trial.set_user_attr("interrupted", "stopped by the user")
+        except (KeyboardInterrupt, UserError) as exc:
+            reason = "stopped by the user" if isinstance(exc, KeyboardInterrupt) else f"stopped: {exc}"
+            trial.set_user_attr("interrupted", reason)
             self.interrupted = trial.number
             raise
         record(trial, result_attrs(result), result.verdict.constraint if result.verdict else None)

@@ -164,9 +164,11 @@ def tune(config: TuneConfig, progress: Progress | None = None, argv: list[str] |
                 catch=(CandidateFailed,),
                 callbacks=[lambda s, t: progress.trial_done(s, t)],
             )
-        except KeyboardInterrupt:
-            if objective.interrupted is not None:
+        except (KeyboardInterrupt, UserError) as exc:
+            if objective.interrupted is not None:  # the next run retries the stopped candidate
                 retry_trial(study, study.get_trials(deepcopy=False)[objective.interrupted])
+            if isinstance(exc, UserError):
+                raise
             progress.finish(
                 summarize_study(study), resume, note="stopped by Ctrl-C", elapsed=time.monotonic() - started
             )

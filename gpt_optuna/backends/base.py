@@ -22,9 +22,18 @@ from typing import Any
 
 import numpy as np
 
-from gpt_optuna.errors import GptOptunaError
+from gpt_optuna.errors import GptOptunaError, MissingDependencyError
 from gpt_optuna.model import Feeds, ModelInfo, ShapeRange
 from gpt_optuna.space import Candidate, Space
+
+
+def import_cupy() -> Any:
+    """CuPy, or a UserError naming the extra that installs it."""
+    try:
+        import cupy
+    except ImportError as exc:
+        raise MissingDependencyError("CuPy (needed to run engines on the GPU)", "gpu") from exc
+    return cupy
 
 
 class BuildError(GptOptunaError):

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from gpt_optuna.backends.base import Backend, BuildError, Built, Runner
+from gpt_optuna.backends.base import Backend, BuildError, Built, Runner, import_cupy
 from gpt_optuna.errors import MissingDependencyError
 from gpt_optuna.model import Feeds, ModelInfo, ShapeRange
 from gpt_optuna.space import Candidate, Condition, Knob, Space, Value
@@ -34,14 +34,6 @@ def _ort() -> Any:
     except ImportError as exc:
         raise MissingDependencyError("ONNX Runtime", "cpu") from exc
     return onnxruntime
-
-
-def _cupy() -> Any:
-    try:
-        import cupy
-    except ImportError as exc:
-        raise MissingDependencyError("CuPy", "gpu") from exc
-    return cupy
 
 
 def thread_choices(cores: int) -> tuple[int, ...]:
@@ -213,7 +205,7 @@ class OnnxRuntimeBackend(Backend):
     def build(self, model: ModelInfo, candidate: Candidate, workdir: Path, shapes: dict[str, ShapeRange]) -> Built:
         ort = _ort()
         provider = str(candidate["provider"])
-        stream = _cupy().cuda.Stream(non_blocking=True) if provider in GPU_PROVIDERS else None
+        stream = import_cupy().cuda.Stream(non_blocking=True) if provider in GPU_PROVIDERS else None
         options = session_options(candidate)
         providers = [(provider, provider_options(candidate, stream.ptr if stream else None, workdir))]
         start = time.perf_counter()
@@ -255,7 +247,7 @@ class _DeviceRunner(Runner):
     """Inputs and outputs in CuPy buffers bound once; the session runs on the CuPy stream."""
 
     def __init__(self, session: Any, stream: Any, feeds: Feeds, outputs: Feeds) -> None:
-        cp = _cupy()
+        cp = import_cupy()
         self.stream = stream
         self._session = session
         self._binding = session.io_binding()

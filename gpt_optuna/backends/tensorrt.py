@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from gpt_optuna.backends.base import Backend, BuildError, Built, Runner
+from gpt_optuna.backends.base import Backend, BuildError, Built, Runner, import_cupy
 from gpt_optuna.errors import MissingDependencyError
 from gpt_optuna.model import Feeds, ModelInfo, ShapeRange
 from gpt_optuna.space import Candidate, Condition, Knob, Space
@@ -333,7 +333,7 @@ class TensorRTRunner(Runner):
     """An engine with CuPy buffers per I/O tensor, run with ``execute_async_v3`` on a CuPy stream."""
 
     def __init__(self, trt: ModuleType, engine: _Engine, feeds: Feeds) -> None:
-        import cupy
+        cupy = import_cupy()
 
         logger = _capturing_logger(trt)
         self._runtime = trt.Runtime(logger)
