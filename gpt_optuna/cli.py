@@ -20,6 +20,7 @@ def _storage_flags(parser: argparse.ArgumentParser) -> None:
 
 _TUNE_ONLY = (
     "accuracy",
+    "calibration",
     "n_trials",
     "timeout",
     "trial_timeout",
@@ -44,6 +45,9 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--backend", help="onnxruntime (default), or a module:Class path")
     tune.add_argument("--accuracy", help='criterion, e.g. "cosine>=0.9999 and max_abs<=1e-2" (default cosine>=0.9999)')
     tune.add_argument("--inputs", help="input data: .npz keyed by input name (default: generated)")
+    tune.add_argument(
+        "--calibration", help="int8/fp8 calibration data: .npz like --inputs, or with a sample axis first"
+    )
     tune.add_argument(
         "--shape", action="append", default=None, metavar="NAME:DIMS", help="input shape, e.g. x:1x3x224x224"
     )
@@ -88,6 +92,7 @@ def tune_config(args: argparse.Namespace) -> TuneConfig:
         "backend": args.backend,
         "accuracy": args.accuracy,
         "inputs": Path(args.inputs) if args.inputs else None,
+        "calibration": Path(args.calibration) if args.calibration else None,
         "shapes": args.shape,
         "n_trials": args.n_trials,
         "timeout_s": parse_duration(args.timeout) if args.timeout else None,

@@ -52,6 +52,7 @@ class TuneConfig:
     backend: str = "onnxruntime"
     accuracy: str = DEFAULT_CRITERION
     inputs: Path | None = None
+    calibration: Path | None = None
     shapes: list[str] = field(default_factory=list)
     n_trials: int | None = None
     timeout_s: float | None = None
@@ -99,6 +100,7 @@ _TOML_KEYS = {
     "backend": "backend",
     "accuracy": "accuracy",
     "inputs": "inputs",
+    "calibration": "calibration",
     "shape": "shapes",
     "shapes": "shapes",
     "n_trials": "n_trials",
@@ -138,7 +140,7 @@ def read_toml(path: Path) -> dict[str, Any]:
     for key in ("timeout_s", "trial_timeout_s"):
         if key in values:
             values[key] = parse_duration(values[key])
-    for key in ("model", "inputs"):
+    for key in ("model", "inputs", "calibration"):
         if key in values:
             values[key] = (path.parent / values[key]) if not Path(values[key]).is_absolute() else Path(values[key])
     if isinstance(values.get("shapes"), str):

@@ -6,6 +6,7 @@ A failed candidate is data: every way a candidate can end is an :class:`Outcome`
 from __future__ import annotations
 
 import enum
+import json
 import time
 import uuid
 from dataclasses import dataclass, field, replace
@@ -15,8 +16,9 @@ from typing import Any
 from gpt_optuna.accuracy import Criterion, Verdict
 from gpt_optuna.backends import Backend, BuildError, load_backend
 from gpt_optuna.measure import LatencyStats, MeasureSettings, measure
-from gpt_optuna.model import Feeds, ModelInfo, ShapeRange, read_npz
-from gpt_optuna.space import Candidate, Space
+from gpt_optuna.model import Feeds, ModelInfo, ShapeRange, feeds_sha256, load_model_info, read_npz
+from gpt_optuna.precision import QUANTIZED, PrecisionSetting, precision_knobs, rank_sensitive_nodes, transform
+from gpt_optuna.space import Candidate, Condition, Space
 from gpt_optuna.worker import JobFailure, Worker
 
 _backends: dict[str, Backend] = {}
@@ -41,6 +43,7 @@ class Outcome(enum.StrEnum):
 
     OK = "ok"
     INFEASIBLE = "infeasible"
+    TRANSFORM_ERROR = "transform_error"
     BUILD_ERROR = "build_error"
     CRASH = "crash"
     TIMEOUT = "timeout"
@@ -74,8 +77,16 @@ class SpaceJob:
     shapes: dict[str, ShapeRange]
 
     def __call__(self) -> tuple[Space, dict[str, str]]:
+        import onnx
+
         backend = _backend(self.backend)
-        return backend.space(self.model, self.shapes), backend.versions()
+        graph = onnx.load(str(self.model.path), load_external_data=False)
+        precision = precision_knobs(graph, backend.precisions())
+        knobs = list(backend.space(self.model, self.shapes).knobs)
+        if precision:  # weak-typing flags only where the graph itself stays fp32
+            graph_fp32 = Condition("precision", ("fp32",))
+            knobs = [replace(k, condition=graph_fp32) if k.name in backend.weak_typing_knobs else k for k in knobs]
+        return Space(precision + knobs), backend.versions()
 
 
 @dataclass(frozen=True)
@@ -99,6 +110,7 @@ class EvaluateJob:
     settings: MeasureSettings
     measure_infeasible: bool = False
     dry_run: bool = False
+    calibration_path: Path | None = None
 
     def __call__(self) -> TrialResult:
         start = time.perf_counter()
@@ -107,15 +119,24 @@ class EvaluateJob:
 
     def _evaluate(self) -> TrialResult:
         backend = _backend(self.backend)
+        setting = PrecisionSetting.from_candidate(self.candidate)
         try:
-            built = backend.build(self.model, self.candidate, self.workdir, self.shapes)
+            model = self._precision_model(setting)
+        except Exception as exc:  # an op the converter or quantizer cannot handle
+            return TrialResult(Outcome.TRANSFORM_ERROR, f"{setting.precision} transform failed: {exc}")
+        try:
+            built = backend.build(model, self.candidate, self.workdir, self.shapes)
         except BuildError as exc:
             return TrialResult(Outcome.BUILD_ERROR, str(exc), log=exc.log)
+        if model is not self.model:
+            built.attrs["precision_model"] = model.path.name
         engine = self._save_engine(backend.serialize(built))
         if self.dry_run:
             return TrialResult(Outcome.OK, "", build_s=built.build_s, attrs=built.attrs, engine_path=engine)
         reference = _npz(self.reference_path)
-        with backend.open(built, _npz(self.feeds_path), reference) as runner:
+        feeds = {spec.name: _npz(self.feeds_path)[spec.name].astype(spec.dtype) for spec in model.inputs}
+        templates = {spec.name: reference[spec.name].astype(spec.dtype, copy=False) for spec in model.outputs}
+        with backend.open(built, feeds, templates) as runner:
             verdict = self.criterion.evaluate(runner.infer(), reference)
             latency = None
             if verdict.feasible or self.measure_infeasible:
@@ -123,6 +144,36 @@ class EvaluateJob:
             attrs = {**built.attrs, **runner.attrs}
         outcome = Outcome.OK if verdict.feasible else Outcome.INFEASIBLE
         return TrialResult(outcome, verdict.reason, latency, verdict, built.build_s, attrs, engine_path=engine)
+
+    def _precision_model(self, setting: PrecisionSetting) -> ModelInfo:
+        """The model in the candidate's precision: the original, or a cached transformed copy."""
+        if setting.precision == "fp32":
+            return self.model
+        ranking = self._ranking() if setting.keep_nodes else []
+        samples: list[Feeds] = []
+        calibration_sha = ""
+        if setting.precision in QUANTIZED:
+            assert self.calibration_path is not None, "int8/fp8 candidates need calibration data"
+            stacked = _npz(self.calibration_path)
+            samples = [{n: a[i] for n, a in stacked.items()} for i in range(len(next(iter(stacked.values()))))]
+            calibration_sha = feeds_sha256(stacked)
+        path = transform(
+            self.model.path, self.model.sha256, setting, ranking, samples, calibration_sha, self.workdir / "models"
+        )
+        return load_model_info(path)
+
+    def _ranking(self) -> list[str]:
+        """Nodes by fp16 sensitivity, computed once per study and kept in the study folder."""
+        path = self.workdir / "sensitivity.json"
+        if path.is_file():
+            stored = json.loads(path.read_text())
+            if stored.get("model") == self.model.sha256:
+                return list(stored["nodes"])
+        nodes = rank_sensitive_nodes(self.model.path, _npz(self.feeds_path), _npz(self.reference_path))
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps({"model": self.model.sha256, "nodes": nodes}))
+        tmp.replace(path)
+        return nodes
 
     def _save_engine(self, data: bytes | None) -> Path | None:
         if data is None:

@@ -169,16 +169,18 @@ def _check_shape(spec: TensorSpec, shape: tuple[int, ...], source: str) -> None:
             )
 
 
-def load_feeds(path: str | Path, info: ModelInfo, shapes: dict[str, ShapeRange]) -> Feeds:
-    """Read an .npz keyed by input name and check names, dtypes and shapes against the model."""
-    npz_path = Path(path)
+def _read_npz_file(npz_path: Path, what: str) -> Feeds:
     if not npz_path.is_file():
-        raise UserError(f"inputs file not found: {npz_path}")
+        raise UserError(f"{what} file not found: {npz_path}")
     try:
         with np.load(npz_path, allow_pickle=False) as data:
-            feeds = {key: np.ascontiguousarray(data[key]) for key in data.files}
+            return {key: np.ascontiguousarray(data[key]) for key in data.files}
     except Exception as exc:
         raise UserError(f"{npz_path} is not a readable .npz file: {_one_line(exc)}") from exc
+
+
+def check_feeds(npz_path: Path, feeds: Feeds, info: ModelInfo, shapes: dict[str, ShapeRange]) -> None:
+    """Names, dtypes and shapes of one set of inputs against the model, naming the culprit."""
     expected = {spec.name for spec in info.inputs}
     missing = sorted(expected - feeds.keys())
     extra = sorted(feeds.keys() - expected)
@@ -198,7 +200,27 @@ def load_feeds(path: str | Path, info: ModelInfo, shapes: dict[str, ShapeRange])
                 f"{npz_path}: input {spec.name!r} has shape {'x'.join(map(str, array.shape))}, "
                 f"but --shape says {'x'.join(map(str, shapes[spec.name].opt))}"
             )
+
+
+def load_feeds(path: str | Path, info: ModelInfo, shapes: dict[str, ShapeRange]) -> Feeds:
+    """Read an .npz keyed by input name and check names, dtypes and shapes against the model."""
+    feeds = _read_npz_file(Path(path), "inputs")
+    check_feeds(Path(path), feeds, info, shapes)
     return feeds
+
+
+def load_calibration(path: str | Path, info: ModelInfo, shapes: dict[str, ShapeRange]) -> Feeds:
+    """Calibration samples stacked on a leading axis. The .npz is like --inputs (one sample) or
+    has one more leading axis (several samples); each sample is checked like --inputs."""
+    npz_path = Path(path)
+    arrays = _read_npz_file(npz_path, "calibration")
+    ranks = {spec.name: len(spec.shape) for spec in info.inputs}
+    stacked = {n: a[None] if n in ranks and a.ndim == ranks[n] else a for n, a in arrays.items()}
+    counts = {len(a) for a in stacked.values()}
+    if len(counts) != 1:
+        raise UserError(f"{npz_path}: its arrays hold different numbers of samples ({sorted(counts)})")
+    check_feeds(npz_path, {n: a[0] for n, a in stacked.items()}, info, shapes)
+    return stacked
 
 
 def synthetic_feeds(info: ModelInfo, shapes: dict[str, ShapeRange], seed: int = 0) -> Feeds:

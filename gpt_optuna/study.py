@@ -135,6 +135,7 @@ def fingerprint_differences(stored: Mapping[str, Any], current: Mapping[str, Any
         "shapes": "the input shapes",
         "space": "the search space",
         "objective": "the objective (--dry-run)",
+        "calibration_sha256": "the calibration data",
     }
     diffs = []
     for key, label in labels.items():

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import optuna
 from optuna.artifacts import FileSystemArtifactStore
 
@@ -18,6 +19,7 @@ from gpt_optuna.config import TuneConfig
 from gpt_optuna.errors import UserError
 from gpt_optuna.evaluate import EvaluateJob, Outcome, SpaceJob, TrialResult
 from gpt_optuna.objective import CandidateFailed, Objective
+from gpt_optuna.precision import QUANTIZED
 from gpt_optuna.progress import Progress
 from gpt_optuna.space import Candidate, Space
 from gpt_optuna.study import (
@@ -45,6 +47,8 @@ class Prepared:
     inputs_sha256: str
     space: Space
     versions: dict[str, str]
+    calibration_path: Path | None = None
+    calibration_sha256: str = ""
 
 
 def load_inputs(config: TuneConfig) -> tuple[model_io.ModelInfo, dict[str, model_io.ShapeRange], model_io.Feeds]:
@@ -71,8 +75,9 @@ def discover_space(
     return space.with_overrides(config.space), versions
 
 
-def prepare(config: TuneConfig, worker: Worker) -> Prepared:
-    """Check the model and inputs, cache feeds and reference outputs, discover the space."""
+def prepare(config: TuneConfig, worker: Worker, notes: list[str]) -> Prepared:
+    """Check the model and inputs, cache feeds and reference outputs, discover the space, and
+    cache calibration data where the space has int8 or fp8. Warnings are added to ``notes``."""
     criterion = config.criterion
     info, shapes, feeds = load_inputs(config)
     workdir = config.workdir
@@ -87,7 +92,33 @@ def prepare(config: TuneConfig, worker: Worker) -> Prepared:
         stamp.write_text(key)
     criterion.check_applicable(model_io.read_npz(reference_path))
     space, versions = discover_space(config, worker, info, shapes)
-    return Prepared(info, shapes, feeds_path, reference_path, inputs_sha256, space, versions)
+    calibration_path, calibration_sha256 = None, ""
+    precision = next((k for k in space.knobs if k.name == "precision"), None)
+    if precision is not None and set(precision.choices) & set(QUANTIZED):
+        samples = calibration_samples(config, info, shapes, notes)
+        calibration_path = workdir / "calibration.npz"
+        model_io.save_npz(calibration_path, samples)
+        calibration_sha256 = model_io.feeds_sha256(samples)
+    return Prepared(
+        info, shapes, feeds_path, reference_path, inputs_sha256, space, versions, calibration_path, calibration_sha256
+    )
+
+
+CALIBRATION_SAMPLES = 16
+
+
+def calibration_samples(
+    config: TuneConfig, info: model_io.ModelInfo, shapes: dict[str, model_io.ShapeRange], notes: list[str]
+) -> model_io.Feeds:
+    """Calibration inputs stacked on a new leading axis: from --calibration, or generated."""
+    if config.calibration is not None:
+        return model_io.load_calibration(config.calibration, info, shapes)
+    notes.append(
+        "warning: no --calibration data; int8/fp8 candidates are calibrated on generated inputs, "
+        "so their accuracy will be poor"
+    )
+    samples = [model_io.synthetic_feeds(info, shapes, seed=i) for i in range(1, CALIBRATION_SAMPLES + 1)]
+    return {name: np.stack([s[name] for s in samples]) for name in samples[0]}
 
 
 def fingerprint(config: TuneConfig, prepared: Prepared) -> dict[str, Any]:
@@ -100,6 +131,7 @@ def fingerprint(config: TuneConfig, prepared: Prepared) -> dict[str, Any]:
         "shapes": {name: [list(r.min), list(r.opt), list(r.max)] for name, r in prepared.shapes.items()},
         "space": prepared.space.describe(),
         "objective": "build_s" if config.dry_run else "latency_ms",
+        "calibration_sha256": prepared.calibration_sha256,
         "versions": prepared.versions,
     }
 
@@ -116,7 +148,8 @@ def tune(config: TuneConfig, progress: Progress | None = None, argv: list[str] |
     storage = open_storage(config.storage)
     progress = progress or Progress()
     with Worker(config.workdir / "worker.log") as worker:
-        prepared = prepare(config, worker)
+        notes: list[str] = []
+        prepared = prepare(config, worker, notes)
         study, resumed = open_study(
             storage,
             config.study_name,
@@ -128,6 +161,8 @@ def tune(config: TuneConfig, progress: Progress | None = None, argv: list[str] |
         done = finished_count(study)
         remaining = None if config.n_trials is None else max(config.n_trials - done, 0)
         progress.start(config, prepared.space, resumed, done, recovered, remaining)
+        for note in notes:
+            progress.note(note)
         if remaining == 0:
             progress.finish(summarize_study(study), resume, note="the study already has its trials")
             return 0
@@ -142,6 +177,7 @@ def tune(config: TuneConfig, progress: Progress | None = None, argv: list[str] |
             criterion=config.criterion,
             settings=config.measure,
             dry_run=config.dry_run,
+            calibration_path=prepared.calibration_path.resolve() if prepared.calibration_path else None,
         )
         artifacts_dir = config.workdir / "artifacts"
         artifacts_dir.mkdir(parents=True, exist_ok=True)

@@ -110,12 +110,20 @@ class Backend(abc.ABC):
     def open(self, built: Built, feeds: Feeds, outputs: Feeds) -> Runner:
         """Bind a built candidate to the inputs and return a runner.
 
-        ``outputs`` are the reference outputs: their shapes and dtypes size the output buffers.
+        ``outputs`` are the reference outputs in the candidate model's output dtypes: their shapes
+        and dtypes size the output buffers.
         """
 
     def versions(self) -> dict[str, str]:
         """Library versions to record with the study."""
         return {}
+
+    weak_typing_knobs: frozenset[str] = frozenset()
+    """Knobs that set precision outside the graph; offered only while the graph stays fp32."""
+
+    def precisions(self) -> tuple[str, ...]:
+        """The graph precisions (fp32, fp16, bf16, int8, fp8) this engine can run."""
+        return ("fp32",)
 
     def serialize(self, built: Built) -> bytes | None:
         """The engine as a file to keep, for backends that produce one."""

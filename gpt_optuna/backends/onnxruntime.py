@@ -229,6 +229,10 @@ class OnnxRuntimeBackend(Backend):
     def versions(self) -> dict[str, str]:
         return {"onnxruntime": _ort().__version__}
 
+    def precisions(self) -> tuple[str, ...]:
+        """fp16 and int8 Q/DQ graphs run on every provider; bf16 and fp8 kernels are missing."""
+        return ("fp32", "fp16", "int8")
+
 
 class _HostRunner(Runner):
     def __init__(self, session: Any, feeds: Feeds) -> None:

@@ -218,6 +218,7 @@ class TensorRTBackend(Backend):
     library = "TensorRT"
     extra = "tensorrt"
     timing_cache = True
+    weak_typing_knobs = frozenset({"flag.FP16", "flag.BF16", "flag.INT8"})
 
     def __init__(self) -> None:
         self._trt: ModuleType | None = None
@@ -237,6 +238,10 @@ class TensorRTBackend(Backend):
 
     def versions(self) -> dict[str, str]:
         return {self.modules[0]: str(getattr(self.trt, "__version__", "unknown"))}
+
+    def precisions(self) -> tuple[str, ...]:
+        """Graph precisions TensorRT consumes: fp16 by conversion, int8 and fp8 by Q/DQ."""
+        return ("fp32", "fp16", "int8", "fp8")
 
     def space(self, model: ModelInfo, shapes: dict[str, ShapeRange]) -> Space:
         trt = self.trt

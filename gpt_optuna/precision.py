@@ -1,0 +1,352 @@
+"""Precision as ONNX graph transforms: fp16 with parts kept in fp32, int8 and fp8 Q/DQ.
+
+TensorRT 11 networks are strongly typed, so precision is a property of the graph: fp16 comes from
+converting it (onnxconverter-common's float16 converter, with op types and nodes kept in fp32),
+int8 and fp8 from explicit QuantizeLinear/DequantizeLinear pairs (ONNX Runtime's quantization
+tool, QDQ format, symmetric, per-channel int8 weights). The same graphs run on ONNX Runtime, so
+every transform here is exercised for real on the CPU.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+from collections.abc import Iterator, Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from gpt_optuna.errors import MissingDependencyError
+from gpt_optuna.model import Feeds
+from gpt_optuna.space import Candidate, Condition, Knob
+
+PRECISIONS = ("fp32", "fp16", "bf16", "int8", "fp8")
+REDUCED_FLOAT = ("fp16", "bf16")
+QUANTIZED = ("int8", "fp8")
+KEEP_NODE_COUNTS = (0, 1, 2, 4, 8)
+
+KEEP_GROUPS: dict[str, tuple[str, ...]] = {
+    "normalization": (
+        "LayerNormalization",
+        "BatchNormalization",
+        "InstanceNormalization",
+        "GroupNormalization",
+        "LpNormalization",
+        "SimplifiedLayerNormalization",
+        "SkipLayerNormalization",
+    ),
+    "softmax": ("Softmax", "LogSoftmax"),
+    "reduction": ("ReduceMean", "ReduceSum", "ReduceSumSquare", "ReduceL2", "ReduceProd", "ReduceLogSumExp"),
+    "exp_pow": ("Exp", "Pow", "Log", "Sqrt", "Reciprocal", "Erf"),
+    "resize": ("Resize", "Upsample"),
+}
+"""Op types that matter numerically, in groups the search keeps in fp32 together."""
+
+QUANTIZE_GROUPS: dict[str, tuple[str, ...]] = {"conv": ("Conv", "ConvTranspose"), "matmul": ("MatMul", "Gemm")}
+"""Op types TensorRT runs in int8/fp8 when their inputs carry Q/DQ pairs."""
+
+
+@dataclass(frozen=True)
+class PrecisionSetting:
+    """The precision part of a candidate."""
+
+    precision: str = "fp32"
+    keep_groups: tuple[str, ...] = ()
+    keep_nodes: int = 0
+    keep_io: bool = True
+    quantize: tuple[str, ...] = ()
+
+    @classmethod
+    def from_candidate(cls, candidate: Candidate) -> PrecisionSetting:
+        precision = str(candidate.get("precision", "fp32"))
+        groups = tuple(
+            sorted(k.removeprefix("keep_fp32.") for k, v in candidate.items() if k.startswith("keep_fp32.") and v)
+        )
+        quantize = str(candidate.get("quantize_ops", ""))
+        return cls(
+            precision=precision,
+            keep_groups=groups if precision in REDUCED_FLOAT else (),
+            keep_nodes=int(candidate.get("keep_fp32_nodes", 0)) if precision in REDUCED_FLOAT else 0,
+            keep_io=bool(candidate.get("keep_io_fp32", True)),
+            quantize=tuple(quantize.split("+")) if precision in QUANTIZED and quantize else (),
+        )
+
+
+def _onnx() -> Any:
+    import onnx
+
+    return onnx
+
+
+def op_types(model: Any) -> set[str]:
+    return {node.op_type for node in model.graph.node}
+
+
+def precision_knobs(model: Any, precisions: tuple[str, ...]) -> list[Knob]:
+    """The precision dimension and what stays in fp32 or gets quantized, for this model."""
+    offered = tuple(p for p in PRECISIONS if p in precisions)
+    if offered == ("fp32",):
+        return []
+    knobs = [Knob("precision", offered, "fp32", "numeric precision of the graph")]
+    present = op_types(model)
+    reduced = tuple(p for p in offered if p in REDUCED_FLOAT)
+    if reduced:
+        on = Condition("precision", reduced)
+        for group, ops in KEEP_GROUPS.items():
+            if present & set(ops):
+                knobs.append(Knob(f"keep_fp32.{group}", (False, True), False, f"keep {group} ops in fp32", on))
+        nodes = len(candidate_nodes(model))
+        counts = tuple(c for c in KEEP_NODE_COUNTS if c <= nodes)
+        knobs.append(Knob("keep_fp32_nodes", counts, 0, "keep the N most sensitive nodes in fp32", on))
+        knobs.append(Knob("keep_io_fp32", (True, False), True, "keep model inputs/outputs fp32", on))
+    quantized = tuple(p for p in offered if p in QUANTIZED)
+    groups = [g for g, ops in QUANTIZE_GROUPS.items() if present & set(ops)]
+    if quantized and groups:
+        subsets = ["+".join(c) for n in range(len(groups), 0, -1) for c in itertools.combinations(groups, n)]
+        knobs.append(
+            Knob("quantize_ops", tuple(subsets), subsets[0], "op types with Q/DQ", Condition("precision", quantized))
+        )
+    elif quantized:
+        knobs[0] = Knob("precision", tuple(p for p in offered if p not in QUANTIZED), "fp32", knobs[0].help)
+    return knobs
+
+
+def named(model: Any) -> Any:
+    """A copy in which every node has a unique name (the converter blocks nodes by name)."""
+    onnx = _onnx()
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    seen: set[str] = set()
+    for index, node in enumerate(copy.graph.node):
+        if not node.name or node.name in seen:
+            node.name = f"{node.op_type}_{index}"
+        seen.add(node.name)
+    return copy
+
+
+def candidate_nodes(model: Any) -> list[Any]:
+    """Nodes that compute in floating point: those a reduced precision would change."""
+    float_ops = set().union(*KEEP_GROUPS.values(), *QUANTIZE_GROUPS.values()) | {
+        "Add",
+        "Mul",
+        "Sub",
+        "Div",
+        "Tanh",
+        "Sigmoid",
+        "Relu",
+        "Gelu",
+    }
+    return [node for node in model.graph.node if node.op_type in float_ops]
+
+
+def setting_key(base_sha256: str, setting: PrecisionSetting, ranking: list[str], calibration_sha256: str) -> str:
+    """A content key: the same model, setting, kept nodes and calibration give the same file."""
+    payload = {
+        "model": base_sha256,
+        "setting": asdict(setting),
+        "nodes": ranking[: setting.keep_nodes],
+        "calibration": calibration_sha256 if setting.precision in QUANTIZED else "",
+    }
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:24]
+
+
+def to_float16(model: Any, setting: PrecisionSetting, ranking: list[str]) -> Any:
+    try:
+        from onnxconverter_common import float16
+    except ImportError as exc:
+        raise MissingDependencyError("onnxconverter-common (fp16 conversion)", "cpu") from exc
+    ops = [op for group in setting.keep_groups for op in KEEP_GROUPS[group]]
+    return float16.convert_float_to_float16(
+        named(model),
+        keep_io_types=setting.keep_io,
+        op_block_list=list(float16.DEFAULT_OP_BLOCK_LIST) + ops,
+        node_block_list=ranking[: setting.keep_nodes],
+    )
+
+
+class _Reader:
+    """ONNX Runtime's calibration reader protocol over a list of feeds."""
+
+    def __init__(self, samples: list[Feeds]) -> None:
+        self._it: Iterator[Feeds] = iter(samples)
+
+    def get_next(self) -> Feeds | None:
+        return next(self._it, None)
+
+    def rewind(self) -> None:  # some calibrators read twice
+        pass
+
+
+def quantize(model_path: Path, out_path: Path, setting: PrecisionSetting, samples: list[Feeds]) -> None:
+    """Symmetric Q/DQ on the inputs of the chosen op types, placed as TensorRT fuses them."""
+    from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
+
+    int8 = setting.precision == "int8"
+    qtype = QuantType.QInt8 if int8 else QuantType.QFLOAT8E4M3FN
+    ops = [op for group in setting.quantize for op in QUANTIZE_GROUPS[group]]
+    named_path = out_path.with_name(out_path.stem + ".named.onnx")
+    _onnx().save(named(_onnx().load(str(model_path))), str(named_path))
+    try:
+        quantize_static(
+            str(named_path),
+            str(out_path),
+            _Reader(samples),
+            quant_format=QuantFormat.QDQ,
+            op_types_to_quantize=ops,
+            per_channel=int8,
+            activation_type=qtype,
+            weight_type=qtype,
+            calibrate_method=CalibrationMethod.MinMax if int8 else CalibrationMethod.Distribution,
+            extra_options={
+                "ActivationSymmetric": True,
+                "WeightSymmetric": True,
+                "QDQOpTypePerChannelSupportToAxis": {"MatMul": 1},
+            },
+        )
+    finally:
+        named_path.unlink(missing_ok=True)
+
+
+def transform(
+    base_path: Path,
+    base_sha256: str,
+    setting: PrecisionSetting,
+    ranking: list[str],
+    samples: list[Feeds],
+    calibration_sha256: str,
+    cache_dir: Path,
+) -> Path:
+    """The transformed model's path, produced once per distinct setting and cached by content key."""
+    if setting.precision == "fp32":
+        return base_path
+    out = cache_dir / f"{setting.precision}-{setting_key(base_sha256, setting, ranking, calibration_sha256)}.onnx"
+    if out.is_file():
+        return out
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.stem + ".tmp.onnx")
+    onnx = _onnx()
+    if setting.precision == "fp16":
+        onnx.save(to_float16(onnx.load(str(base_path)), setting, ranking), str(tmp))
+    elif setting.precision in QUANTIZED:
+        quantize(base_path, tmp, setting, samples)
+    else:
+        raise ValueError(f"no transform for precision {setting.precision}")
+    onnx.checker.check_model(str(tmp))
+    tmp.replace(out)
+    return out
+
+
+def float_tensors(model: Any) -> set[str]:
+    """Names of every fp32 tensor in the graph (activations, inputs, outputs, initializers)."""
+    from onnx import TensorProto, shape_inference
+
+    inferred = shape_inference.infer_shapes(model)
+    infos = [*inferred.graph.value_info, *inferred.graph.input, *inferred.graph.output]
+    names = {v.name for v in infos if v.type.tensor_type.elem_type == TensorProto.FLOAT}
+    return names | {i.name for i in model.graph.initializer if i.data_type == TensorProto.FLOAT}
+
+
+def with_fp16_rounding(model: Any, node_name: str, floats: set[str]) -> Any:
+    """The model with one node's float inputs and outputs rounded through fp16."""
+    onnx = _onnx()
+    from onnx import TensorProto, helper
+
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    graph = copy.graph
+    index = next(i for i, n in enumerate(graph.node) if n.name == node_name)
+    node = graph.node[index]
+
+    def round_trip(source: str, target: str) -> list[Any]:
+        return [
+            helper.make_node("Cast", [source], [target + "_h"], to=TensorProto.FLOAT16),
+            helper.make_node("Cast", [target + "_h"], [target], to=TensorProto.FLOAT),
+        ]
+
+    before, after = [], []
+    for position, name in enumerate(node.input):
+        if name in floats:
+            rounded = f"{name}__fp16_{node_name}"
+            before += round_trip(name, rounded)
+            node.input[position] = rounded
+    for position, name in enumerate(node.output):
+        if name in floats:
+            node.output[position] = f"{name}__raw"
+            after += round_trip(f"{name}__raw", name)
+    nodes = list(graph.node)
+    graph.ClearField("node")
+    graph.node.extend(nodes[:index] + before + [nodes[index]] + after + nodes[index + 1 :])
+    return copy
+
+
+def _session(model: Any) -> Any:
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+
+
+def _relative_error(outputs: list[np.ndarray], reference: Mapping[str, np.ndarray]) -> float:
+    worst = 0.0
+    for out, ref in zip(outputs, reference.values(), strict=True):
+        out64, ref64 = np.asarray(out, np.float64), np.asarray(ref, np.float64)
+        if not np.all(np.isfinite(out64)):
+            return float("inf")
+        denom = float(np.linalg.norm(ref64)) or 1.0
+        worst = max(worst, float(np.linalg.norm(out64 - ref64)) / denom)
+    return worst
+
+
+def _fp16_rounding_error(value: np.ndarray) -> float:
+    """How much storing a tensor in fp16 changes it (Inf when it overflows)."""
+    value = np.asarray(value, np.float64)
+    rounded = value.astype(np.float16).astype(np.float64)
+    if not np.all(np.isfinite(rounded)):
+        return float("inf")
+    return float(np.linalg.norm(rounded - value) / (np.linalg.norm(value) or 1.0))
+
+
+def _local_errors(model: Any, nodes: list[Any], floats: set[str], feeds: Feeds) -> dict[str, float]:
+    """Per node, the worst fp16 rounding error of its own tensors, from one run exposing them all."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    probe = _onnx().ModelProto()
+    probe.CopyFrom(model)
+    initializers = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    wanted = sorted({t for n in nodes for t in [*n.input, *n.output] if t in floats and t not in initializers})
+    existing = {o.name for o in probe.graph.output}
+    probe.graph.output.extend(
+        helper.make_tensor_value_info(t, TensorProto.FLOAT, None) for t in wanted if t not in existing
+    )
+    values = dict(zip(wanted, _session(probe).run(wanted, feeds), strict=True)) | initializers
+    return {
+        n.name: max((_fp16_rounding_error(values[t]) for t in [*n.input, *n.output] if t in values), default=0.0)
+        for n in nodes
+    }
+
+
+def rank_sensitive_nodes(
+    model_path: Path, feeds: Feeds, reference: Mapping[str, np.ndarray], limit: int = 48
+) -> list[str]:
+    """Node names, most sensitive first: the model's output error when that node alone runs in fp16.
+
+    "Alone in fp16" is simulated by rounding the node's float inputs and outputs through fp16
+    (overflow becomes Inf), which is what a fp16 kernel reads and writes. At most ``limit`` nodes
+    are measured that way: those whose own tensors fp16 rounding changes most, from one run.
+    """
+    model = named(_onnx().load(str(model_path)))
+    floats = float_tensors(model)
+    nodes = candidate_nodes(model)
+    if len(nodes) > limit:
+        local = _local_errors(model, nodes, floats, feeds)
+        nodes = sorted(nodes, key=lambda n: -local[n.name])[:limit]
+    scores = []
+    for node in nodes:
+        session = _session(with_fp16_rounding(model, node.name, floats))
+        scores.append((_relative_error(session.run(list(reference), feeds), reference), node.name))
+    scores.sort(key=lambda s: -s[0])
+    return [name for _, name in scores]
