@@ -127,19 +127,20 @@ def named(model: Any) -> Any:
     return copy
 
 
-def candidate_nodes(model: Any) -> list[Any]:
-    """Nodes that compute in floating point: those a reduced precision would change."""
-    float_ops = set().union(*KEEP_GROUPS.values(), *QUANTIZE_GROUPS.values()) | {
-        "Add",
-        "Mul",
-        "Sub",
-        "Div",
-        "Tanh",
-        "Sigmoid",
-        "Relu",
-        "Gelu",
-    }
-    return [node for node in model.graph.node if node.op_type in float_ops]
+DATA_MOVEMENT = frozenset(
+    {"Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Concat", "Slice", "Split", "Gather", "GatherND"}
+    | {"Identity", "Cast", "Shape", "Expand", "Tile", "Pad", "Constant", "ConstantOfShape"}
+)
+
+
+def candidate_nodes(model: Any, floats: set[str] | None = None) -> list[Any]:
+    """Nodes that compute on floating-point values: those a reduced precision would change."""
+    floats = float_tensors(model) if floats is None else floats
+    return [
+        node
+        for node in model.graph.node
+        if node.op_type not in DATA_MOVEMENT and any(name in floats for name in node.output)
+    ]
 
 
 def setting_key(base_sha256: str, setting: PrecisionSetting, ranking: list[str], calibration_sha256: str) -> str:
@@ -159,11 +160,16 @@ def to_float16(model: Any, setting: PrecisionSetting, ranking: list[str]) -> Any
     except ImportError as exc:
         raise MissingDependencyError("onnxconverter-common (fp16 conversion)", "cpu") from exc
     ops = [op for group in setting.keep_groups for op in KEEP_GROUPS[group]]
+    model = named(model)
+    # The model's own Cast nodes stay as they are (a converted Cast keeps its `to` attribute and
+    # leaves the graph ill-typed). They are blocked by name: blocking the Cast op type would also
+    # block the casts the converter inserts, which never terminates.
+    casts = [node.name for node in model.graph.node if node.op_type == "Cast"]
     return float16.convert_float_to_float16(
-        named(model),
+        model,
         keep_io_types=setting.keep_io,
-        op_block_list=list(float16.DEFAULT_OP_BLOCK_LIST) + ops,
-        node_block_list=ranking[: setting.keep_nodes],
+        op_block_list=[*float16.DEFAULT_OP_BLOCK_LIST, *ops],
+        node_block_list=[*ranking[: setting.keep_nodes], *casts],
     )
 
 
@@ -183,15 +189,20 @@ class _Reader:
 def quantize(model_path: Path, out_path: Path, setting: PrecisionSetting, samples: list[Feeds]) -> None:
     """Symmetric Q/DQ on the inputs of the chosen op types, placed as TensorRT fuses them."""
     from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
+    from onnxruntime.quantization.shape_inference import quant_pre_process
 
     int8 = setting.precision == "int8"
     qtype = QuantType.QInt8 if int8 else QuantType.QFLOAT8E4M3FN
     ops = [op for group in setting.quantize for op in QUANTIZE_GROUPS[group]]
     named_path = out_path.with_name(out_path.stem + ".named.onnx")
+    prepared_path = out_path.with_name(out_path.stem + ".prepared.onnx")
     _onnx().save(named(_onnx().load(str(model_path))), str(named_path))
     try:
+        # constant-fold weights (e.g. stored int8 and dequantized in the graph) into initializers,
+        # so that they get per-channel Q/DQ as weights
+        quant_pre_process(str(named_path), str(prepared_path), skip_symbolic_shape=True)
         quantize_static(
-            str(named_path),
+            str(prepared_path),
             str(out_path),
             _Reader(samples),
             quant_format=QuantFormat.QDQ,
@@ -200,14 +211,11 @@ def quantize(model_path: Path, out_path: Path, setting: PrecisionSetting, sample
             activation_type=qtype,
             weight_type=qtype,
             calibrate_method=CalibrationMethod.MinMax if int8 else CalibrationMethod.Distribution,
-            extra_options={
-                "ActivationSymmetric": True,
-                "WeightSymmetric": True,
-                "QDQOpTypePerChannelSupportToAxis": {"MatMul": 1},
-            },
+            extra_options={"ActivationSymmetric": True, "WeightSymmetric": True},
         )
     finally:
         named_path.unlink(missing_ok=True)
+        prepared_path.unlink(missing_ok=True)
 
 
 def transform(
@@ -304,7 +312,8 @@ def _relative_error(outputs: list[np.ndarray], reference: Mapping[str, np.ndarra
 def _fp16_rounding_error(value: np.ndarray) -> float:
     """How much storing a tensor in fp16 changes it (Inf when it overflows)."""
     value = np.asarray(value, np.float64)
-    rounded = value.astype(np.float16).astype(np.float64)
+    with np.errstate(over="ignore"):
+        rounded = value.astype(np.float16).astype(np.float64)
     if not np.all(np.isfinite(rounded)):
         return float("inf")
     return float(np.linalg.norm(rounded - value) / (np.linalg.norm(value) or 1.0))
@@ -340,7 +349,7 @@ def rank_sensitive_nodes(
     """
     model = named(_onnx().load(str(model_path)))
     floats = float_tensors(model)
-    nodes = candidate_nodes(model)
+    nodes = candidate_nodes(model, floats)
     if len(nodes) > limit:
         local = _local_errors(model, nodes, floats, feeds)
         nodes = sorted(nodes, key=lambda n: -local[n.name])[:limit]

