@@ -238,3 +238,26 @@ def test_timing_cache_is_shared_across_builds_and_a_corrupt_one_is_discarded(cnn
     built = trt_backend.build(info, space.default(), tmp_path, {})
     assert "discarded the unreadable timing cache" in built.attrs["build_log"]
     assert cache.read_bytes().startswith(b"cache:")
+
+
+class TensorRT10Backend(TensorRTBackend):
+    """The 10.x path on the strict stand-in, loadable by import path like any backend."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._trt = FakeTensorRT("10.x")  # type: ignore[assignment]
+
+
+def test_weak_typing_flags_only_apply_while_the_graph_stays_fp32(cnn_path: Path) -> None:
+    from gpt_optuna.evaluate import SpaceJob
+
+    info = m.load_model_info(cnn_path)
+    space, _ = SpaceJob("test_tensorrt_api:TensorRT10Backend", info, m.resolve_shapes(info, {}))()
+    knobs = {k.name: k for k in space.knobs}
+    assert knobs["precision"].choices == ("fp32", "fp16", "int8", "fp8")
+    for flag in ("flag.FP16", "flag.BF16"):
+        assert knobs[flag].condition.parent == "precision" and knobs[flag].condition.values == ("fp32",)
+    fp16_graph = configuration(space, {"precision": "fp16"})
+    assert "flag.FP16" not in fp16_graph and fp16_graph["keep_io_fp32"] is True
+    assert "flag.FP16" in configuration(space, {"precision": "fp32"})
+    assert knobs["flag.TF32"].condition is None

