@@ -29,6 +29,7 @@ _TUNE_ONLY = (
     "sampler",
     "seed",
     "dry_run",
+    "confirm_top",
 )
 
 
@@ -66,6 +67,9 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="build every candidate without running it; the value is the build time",
     )
+    tune.add_argument(
+        "--confirm-top", type=int, help="finalists re-measured with the baseline after the search (default 5, 0: off)"
+    )
     tune.add_argument("--quiet", action="store_true", help="no progress bar")
 
     space = commands.add_parser("space", help="print the search space for a model, building nothing")
@@ -79,6 +83,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     status = commands.add_parser("status", help="trial counts, baseline and best of a study")
     _storage_flags(status)
+    confirm = commands.add_parser("confirm", help="re-measure the best candidates and the baseline, interleaved")
+    _storage_flags(confirm)
+    confirm.add_argument("--top", type=int, default=5, help="how many of the best feasible candidates (default 5)")
+
     best = commands.add_parser("best", help="the best feasible trial")
     _storage_flags(best)
     best.add_argument("--json", action="store_true", help="print one JSON object")
@@ -102,6 +110,7 @@ def tune_config(args: argparse.Namespace) -> TuneConfig:
         "sampler": args.sampler,
         "seed": args.seed,
         "dry_run": args.dry_run,
+        "confirm_top": args.confirm_top,
     }
     values.update({k: v for k, v in flags.items() if v is not None})
     if "model" not in values:
@@ -173,6 +182,7 @@ def best_record(summary: Any) -> dict[str, Any]:
         "speedup": summary.speedup,
         "build_s": best.user_attrs.get("build_s"),
         "dry_run": summary.dry_run,
+        "confirmed": summary.confirmed,
         "accuracy": best.user_attrs.get("accuracy", {}),
     }
 
@@ -189,8 +199,17 @@ def run(argv: list[str]) -> int:
     from gpt_optuna.progress import format_params, format_summary
     from gpt_optuna.study import summarize_study
 
-    summary = summarize_study(_open_existing(args))
-    if args.command == "status":
+    study = _open_existing(args)
+    if args.command == "confirm":
+        from gpt_optuna.confirm import confirm, template_from_study
+
+        if (
+            confirm(study, template_from_study(study), Path("studies") / study.study_name / "confirm.log", args.top)
+            is None
+        ):
+            raise UserError(f"study {study.study_name} has no measured baseline and feasible candidate to confirm")
+    summary = summarize_study(study)
+    if args.command in ("status", "confirm"):
         print(format_summary(summary))
         return 0
     if summary.best is None:

@@ -62,6 +62,7 @@ class TuneConfig:
     sampler: str = "tpe"
     seed: int | None = None
     dry_run: bool = False
+    confirm_top: int = 5
     measure: MeasureSettings = field(default_factory=MeasureSettings)
     space: dict[str, Value | list[Value]] = field(default_factory=dict)
 
@@ -73,6 +74,8 @@ class TuneConfig:
             raise UserError(f"unknown sampler {self.sampler!r}; choose one of: {', '.join(SAMPLERS)}")
         if self.n_trials is not None and self.n_trials < 1:
             raise UserError(f"--n-trials must be at least 1, got {self.n_trials}")
+        if self.confirm_top < 0:
+            raise UserError(f"--confirm-top must be 0 (off) or more, got {self.confirm_top}")
         if self.n_trials is None and self.timeout_s is None:
             self.n_trials = DEFAULT_N_TRIALS
         if self.study_name is None:
@@ -111,6 +114,7 @@ _TOML_KEYS = {
     "sampler": "sampler",
     "seed": "seed",
     "dry_run": "dry_run",
+    "confirm_top": "confirm_top",
 }
 
 

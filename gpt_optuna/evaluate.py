@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from gpt_optuna.accuracy import Criterion, Verdict
-from gpt_optuna.backends import Backend, BuildError, load_backend
+from gpt_optuna.backends import Backend, BuildError, Runner, load_backend
 from gpt_optuna.measure import LatencyStats, MeasureSettings, measure
 from gpt_optuna.model import Feeds, ModelInfo, ShapeRange, feeds_sha256, load_model_info, read_npz
 from gpt_optuna.precision import QUANTIZED, PrecisionSetting, precision_knobs, rank_sensitive_nodes, transform
@@ -134,9 +134,7 @@ class EvaluateJob:
         if self.dry_run:
             return TrialResult(Outcome.OK, "", build_s=built.build_s, attrs=built.attrs, engine_path=engine)
         reference = _npz(self.reference_path)
-        feeds = {spec.name: _npz(self.feeds_path)[spec.name].astype(spec.dtype) for spec in model.inputs}
-        templates = {spec.name: reference[spec.name].astype(spec.dtype, copy=False) for spec in model.outputs}
-        with backend.open(built, feeds, templates) as runner:
+        with backend.open(built, *self.io(model)) as runner:
             verdict = self.criterion.evaluate(runner.infer(), reference)
             latency = None
             if verdict.feasible or self.measure_infeasible:
@@ -144,6 +142,19 @@ class EvaluateJob:
             attrs = {**built.attrs, **runner.attrs}
         outcome = Outcome.OK if verdict.feasible else Outcome.INFEASIBLE
         return TrialResult(outcome, verdict.reason, latency, verdict, built.build_s, attrs, engine_path=engine)
+
+    def io(self, model: ModelInfo) -> tuple[Feeds, Feeds]:
+        """Inputs and output templates in the dtypes of the (possibly transformed) model."""
+        reference = _npz(self.reference_path)
+        feeds = {spec.name: _npz(self.feeds_path)[spec.name].astype(spec.dtype) for spec in model.inputs}
+        templates = {spec.name: reference[spec.name].astype(spec.dtype, copy=False) for spec in model.outputs}
+        return feeds, templates
+
+    def open_candidate(self) -> Runner:
+        """Build the candidate and open it, raising on any failure (for re-measuring finalists)."""
+        backend = _backend(self.backend)
+        model = self._precision_model(PrecisionSetting.from_candidate(self.candidate))
+        return backend.open(backend.build(model, self.candidate, self.workdir, self.shapes), *self.io(model))
 
     def _precision_model(self, setting: PrecisionSetting) -> ModelInfo:
         """The model in the candidate's precision: the original, or a cached transformed copy."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -128,3 +128,37 @@ def measure_with(timed_launch: Callable[[], float], settings: MeasureSettings) -
         ):
             break
     return summarize(np.asarray(samples), warmup, settings.target_rel_ci)
+
+
+def interleaved_rounds(
+    timers: Sequence[Callable[[], float]], rounds: int, block: int, deadline: float | None = None
+) -> np.ndarray:
+    """Per round and candidate, the median of ``block`` launches, the candidates taken in turn.
+
+    Each round visits every candidate once (A B C, then B C A, ...: the order rotates so that no
+    candidate always follows the same one), so drift over time hits all of them alike. Stops
+    early, after at least three rounds, when ``deadline`` (monotonic seconds) has passed.
+    """
+    count = len(timers)
+    medians = []
+    for r in range(rounds):
+        row = np.empty(count)
+        for i in ((r + k) % count for k in range(count)):
+            row[i] = np.median([timers[i]() for _ in range(block)])
+        medians.append(row)
+        if deadline is not None and len(medians) >= 3 and time.monotonic() >= deadline:
+            break
+    return np.asarray(medians)
+
+
+def bootstrap_ratio(
+    baseline: np.ndarray, candidate: np.ndarray, resamples: int = 4000, seed: int = 0
+) -> tuple[float, float, float]:
+    """Speedup of ``candidate`` over ``baseline`` from paired per-round medians: the median ratio and
+    its bootstrap 95 % confidence interval (rounds resampled with replacement)."""
+    ratios = np.asarray(baseline, np.float64) / np.asarray(candidate, np.float64)
+    rng = np.random.default_rng(seed)
+    picks = rng.integers(0, len(ratios), size=(resamples, len(ratios)))
+    boot = np.median(ratios[picks], axis=1)
+    low, high = np.percentile(boot, [2.5, 97.5])
+    return float(np.median(ratios)), float(low), float(high)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from typing import TYPE_CHECKING, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from tqdm import tqdm
 
@@ -45,7 +45,29 @@ def format_summary(summary: StudySummary) -> str:
             + (f", {speedup:.3f}x the baseline" if speedup is not None else "")
         )
         lines.append(f"  params: {format_params(summary.best.params)}")
+    if summary.confirmed:
+        lines.extend(format_confirmed(summary.confirmed))
     return "\n".join(lines)
+
+
+def format_confirmed(confirmed: dict[str, Any]) -> list[str]:
+    """The finalists' interleaved re-measurement, and whether the winner is a real improvement."""
+    base = confirmed["baseline"]
+    lines = [
+        f"confirmed in {confirmed['rounds']} interleaved rounds in a fresh process "
+        f"(baseline trial {base['number']}: {base['median_ms']:.4g} ms):"
+    ]
+    for row in confirmed["ranking"]:
+        lines.append(
+            f"  trial {row['number']}: {row['median_ms']:.4g} ms, speedup {row['speedup']:.3f}x "
+            f"[95% CI {row['ci_low']:.3f}-{row['ci_high']:.3f}]"
+        )
+    top = confirmed["ranking"][0]
+    if top["ci_high"] < 1.0:
+        lines.append("  the baseline is significantly faster than every finalist: keep the default configuration")
+    elif not top["significant"]:
+        lines.append("  no significant improvement over the baseline: the interval includes 1.0")
+    return lines
 
 
 class Progress:

@@ -239,6 +239,7 @@ class StudySummary:
     baseline: FrozenTrial | None
     best: FrozenTrial | None
     dry_run: bool = False
+    confirmed: dict[str, Any] | None = None
 
     @property
     def unit(self) -> str:
@@ -256,6 +257,8 @@ class StudySummary:
 
     @property
     def speedup(self) -> float | None:
+        if self.confirmed and self.best is not None and self.confirmed["ranking"][0]["number"] == self.best.number:
+            return float(self.confirmed["ranking"][0]["speedup"])
         base = self.baseline_value
         if base is None or self.best is None or not self.best.value:
             return None
@@ -270,6 +273,9 @@ def summarize_study(study: optuna.Study) -> StudySummary:
     baselines = [t for t in trials if t.user_attrs.get("baseline") and t.state.is_finished()]
     complete = [t for t in trials if t.state is TrialState.COMPLETE and t.value is not None]
     best = min(complete, key=lambda t: (t.value, t.number)) if complete else None
+    confirmed = study.user_attrs.get("confirmed")
+    if confirmed and confirmed.get("ranking"):  # the interleaved re-measurement decides the winner
+        best = trials[confirmed["ranking"][0]["number"]]
     return StudySummary(
         name=study.study_name,
         counts=counts,
@@ -278,4 +284,5 @@ def summarize_study(study: optuna.Study) -> StudySummary:
         or (baselines[0] if baselines else None),
         best=best,
         dry_run=study.user_attrs.get(FINGERPRINT_ATTR, {}).get("objective") == "build_s",
+        confirmed=confirmed,
     )

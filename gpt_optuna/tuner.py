@@ -16,6 +16,7 @@ from optuna.artifacts import FileSystemArtifactStore
 
 from gpt_optuna import model as model_io
 from gpt_optuna.config import TuneConfig
+from gpt_optuna.confirm import confirm
 from gpt_optuna.errors import UserError
 from gpt_optuna.evaluate import EvaluateJob, Outcome, SpaceJob, TrialResult
 from gpt_optuna.objective import CandidateFailed, Objective
@@ -209,6 +210,12 @@ def tune(config: TuneConfig, progress: Progress | None = None, argv: list[str] |
                 summarize_study(study), resume, note="stopped by Ctrl-C", elapsed=time.monotonic() - started
             )
             return 130
+        if not config.dry_run and config.confirm_top > 0:
+            progress.note(f"re-measuring the {config.confirm_top} best candidates and the baseline, interleaved ...")
+            try:
+                confirm(study, job, config.workdir / "confirm.log", config.confirm_top)
+            except JobFailure as failure:
+                progress.note(f"the finalists could not be re-measured: {failure}")
         note = (
             "the sampler kept proposing evaluated candidates: the space looks covered"
             if objective.space_exhausted

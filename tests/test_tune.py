@@ -29,7 +29,7 @@ def synthetic_config(tmp_path: Path, space: str, name: str = "tune.toml") -> Pat
 def test_search_starts_with_the_baseline_and_reports_the_best(
     cnn_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert tune(str(cnn_path), "--n-trials", "6", "--seed", "0") == 0
+    assert tune(str(cnn_path), "--n-trials", "6", "--seed", "0", "--confirm-top", "0") == 0
     out = capsys.readouterr().out
     assert "baseline (trial 0)" in out and "resume or extend with: gpt-optuna tune" in out
     study = load("cnn-onnxruntime")

@@ -1,0 +1,136 @@
+"""Finalists: the best feasible candidates and the baseline re-measured together, interleaved.
+
+Trial latencies come from separate moments of a long search, and a shared machine drifts. Before
+a winner is declared, the best K feasible candidates and the baseline are built again in one
+fresh process and timed in rounds (A B C ..., then B C A ...), so drift hits all of them alike.
+The ranking and each speedup over the baseline, with a bootstrap 95 % interval over rounds, are
+stored in the study (user attr ``confirmed``); ``best`` and the report use them.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import ExitStack
+from dataclasses import dataclass, replace
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from gpt_optuna.evaluate import EvaluateJob
+from gpt_optuna.measure import bootstrap_ratio, interleaved_rounds, launch_timer, measure
+from gpt_optuna.space import Candidate
+from gpt_optuna.worker import Worker
+
+CONFIRMED_ATTR = "confirmed"
+
+
+@dataclass(frozen=True)
+class ConfirmJob:
+    """Open every candidate in this process, warm each up, then time them in interleaved rounds."""
+
+    template: EvaluateJob
+    candidates: tuple[Candidate, ...]
+    rounds: int = 30
+    block: int = 10
+    budget_s: float = 120.0
+
+    def __call__(self) -> list[list[float]]:
+        with ExitStack() as stack:
+            runners = [
+                stack.enter_context(replace(self.template, candidate=c).open_candidate()) for c in self.candidates
+            ]
+            for runner in runners:
+                measure(runner, replace(self.template.settings, budget_s=min(1.0, self.template.settings.budget_s)))
+            deadline = time.monotonic() + self.budget_s
+            timers = [launch_timer(runner) for runner in runners]
+            return interleaved_rounds(timers, self.rounds, self.block, deadline).tolist()
+
+
+def finalists(study: optuna.Study, top: int) -> tuple[FrozenTrial | None, list[FrozenTrial]]:
+    """The baseline trial and the ``top`` best distinct feasible candidates (reused trials skipped)."""
+    trials = study.get_trials(deepcopy=False)
+    baseline = next((t for t in trials if t.user_attrs.get("baseline") and "latency" in t.user_attrs), None)
+    complete = [
+        t
+        for t in trials
+        if t.state is TrialState.COMPLETE and t.value is not None and "reused_from" not in t.user_attrs
+    ]
+    complete.sort(key=lambda t: t.value)  # type: ignore[arg-type, return-value]
+    best = [t for t in complete if baseline is None or t.number != baseline.number][:top]
+    return baseline, best
+
+
+def summarize_rounds(numbers: list[int], medians: list[list[float]]) -> dict[str, Any]:
+    """Ranking and speedups (column 0 is the baseline) from the per-round medians."""
+    import numpy as np
+
+    table = np.asarray(medians)
+    rows = []
+    for column, number in enumerate(numbers):
+        speedup, low, high = bootstrap_ratio(table[:, 0], table[:, column])
+        rows.append(
+            {
+                "number": number,
+                "median_ms": float(np.median(table[:, column])),
+                "speedup": speedup,
+                "ci_low": low,
+                "ci_high": high,
+                "significant": low > 1.0,
+            }
+        )
+    ranking = sorted(rows[1:], key=lambda row: row["median_ms"])
+    return {"baseline": rows[0], "ranking": ranking, "rounds": len(table)}
+
+
+def confirm(
+    study: optuna.Study, template: EvaluateJob, worker_log: Any, top: int = 5, timeout_s: float = 1800.0
+) -> dict[str, Any] | None:
+    """Re-measure the finalists in a fresh worker process and store the result in the study."""
+    baseline, best = finalists(study, top)
+    if baseline is None or not best:
+        return None
+    trials = [baseline, *best]
+    job = ConfirmJob(template, tuple(dict(t.params) for t in trials))
+    with Worker(worker_log) as worker:
+        medians = worker.run(job, timeout_s)
+    result = summarize_rounds([t.number for t in trials], medians)
+    study.set_user_attr(CONFIRMED_ATTR, result)
+    return result
+
+
+def template_from_study(study: optuna.Study) -> EvaluateJob:
+    """Rebuild the evaluation settings of a study from what it recorded (for ``gpt-optuna confirm``)."""
+    from pathlib import Path
+
+    from gpt_optuna.accuracy import parse_criterion
+    from gpt_optuna.errors import UserError
+    from gpt_optuna.measure import MeasureSettings
+    from gpt_optuna.model import ShapeRange, load_model_info
+    from gpt_optuna.study import FINGERPRINT_ATTR
+
+    recorded = study.user_attrs.get(FINGERPRINT_ATTR)
+    if recorded is None:
+        raise UserError(f"study {study.study_name!r} was not made by gpt-optuna")
+    if recorded.get("objective") == "build_s":
+        raise UserError(f"study {study.study_name!r} is a dry run: there is no latency to confirm")
+    info = load_model_info(recorded["model"])
+    if info.sha256 != recorded["model_sha256"]:
+        raise UserError(f"{info.path} has changed since the study was made")
+    workdir = (Path("studies") / study.study_name).resolve()
+    for name in ("inputs.npz", "reference.npz"):
+        if not (workdir / name).is_file():
+            raise UserError(f"the study folder {workdir} lacks {name}; run the search from its own directory")
+    calibration = workdir / "calibration.npz"
+    return EvaluateJob(
+        backend=recorded["backend"],
+        model=info,
+        candidate={},
+        workdir=workdir,
+        shapes={n: ShapeRange(*(tuple(s) for s in r)) for n, r in recorded["shapes"].items()},
+        feeds_path=workdir / "inputs.npz",
+        reference_path=workdir / "reference.npz",
+        criterion=parse_criterion(recorded["accuracy"]),
+        settings=MeasureSettings(),
+        calibration_path=calibration if calibration.is_file() else None,
+    )

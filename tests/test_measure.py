@@ -1,0 +1,103 @@
+"""The latency statistics on real timed workloads: stopping rule, flagging, interleaving, bootstrap."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import optuna
+import pytest
+from conftest import SYNTHETIC
+
+from gpt_optuna.cli import main
+from gpt_optuna.measure import MeasureSettings, bootstrap_ratio, interleaved_rounds, measure_with, median_rel_ci
+
+
+def busy(ms: float) -> float:
+    start = time.perf_counter()
+    end = start + ms / 1000
+    while time.perf_counter() < end:
+        pass
+    return (time.perf_counter() - start) * 1000
+
+
+def test_a_steady_workload_stops_as_soon_as_the_median_is_known() -> None:
+    stats = measure_with(lambda: busy(0.2), MeasureSettings(target_rel_ci=0.05, budget_s=5.0))
+    assert stats.stable and stats.rel_ci <= 0.05
+    assert stats.samples <= 200  # far from what 5 s would allow
+    assert 0.18 < stats.median_ms < 0.4
+    assert stats.p10_ms <= stats.median_ms <= stats.p90_ms
+
+
+def test_a_noisy_workload_is_flagged_when_the_budget_runs_out() -> None:
+    rng = np.random.default_rng(0)
+    stats = measure_with(
+        lambda: busy(float(rng.lognormal(-2.0, 1.2))), MeasureSettings(target_rel_ci=0.001, budget_s=0.3)
+    )
+    assert not stats.stable and stats.rel_ci > 0.001
+    assert stats.cv > 0.3
+
+
+def test_median_confidence_interval_shrinks_with_samples() -> None:
+    rng = np.random.default_rng(0)
+    assert median_rel_ci(1 + 0.1 * rng.standard_normal(1000)) < median_rel_ci(1 + 0.1 * rng.standard_normal(50))
+
+
+def drifting(base_ms: float, start: float, slope: float):  # noqa: ANN201 - a timer
+    """A workload that slows down as time passes (a machine heating up, a neighbour starting)."""
+    return lambda: busy(base_ms * (1 + slope * (time.monotonic() - start)))
+
+
+def test_interleaving_keeps_the_ranking_where_sequential_measurement_gets_it_wrong() -> None:
+    start = time.monotonic()
+    slow, fast = drifting(1.0, start, 1.0), drifting(0.9, start, 1.0)  # fast is 10 % faster, always
+    sequential_slow = np.median([slow() for _ in range(150)])
+    sequential_fast = np.median([fast() for _ in range(150)])
+    assert sequential_fast > sequential_slow  # measured later, under more drift: the ranking flips
+
+    start = time.monotonic()
+    slow, fast = drifting(1.0, start, 1.0), drifting(0.9, start, 1.0)
+    rounds = interleaved_rounds([slow, fast], rounds=30, block=5)
+    speedup, low, high = bootstrap_ratio(rounds[:, 0], rounds[:, 1])
+    assert 1.0 < low <= speedup <= high
+    assert 1.03 < speedup < 1.25
+
+
+def test_bootstrap_interval_covers_the_truth_and_includes_one_for_equal_candidates() -> None:
+    rng = np.random.default_rng(1)
+    base = 2.0 * (1 + 0.02 * rng.standard_normal(40))
+    faster = 1.6 * (1 + 0.02 * rng.standard_normal(40))
+    speedup, low, high = bootstrap_ratio(base, faster)
+    assert low < 1.25 < high and low > 1.0
+    same = 2.0 * (1 + 0.02 * rng.standard_normal(40))
+    _, low, high = bootstrap_ratio(base, same)
+    assert low < 1.0 < high
+
+
+def test_finalists_are_confirmed_interleaved_and_best_follows_the_confirmed_ranking(
+    tmp_path: Path, cnn_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "tune.toml"
+    config.write_text(
+        '[measure]\nbudget_s = 0.1\n[space]\nmode = "ok"\ndelay_us = [200, 100, 50]\nbuild_ms = [0]\n'
+        'a = [0]\nb = [0]\nc = ["x"]\n'
+    )
+    argv = ["tune", str(cnn_path), "--backend", SYNTHETIC, "--config", str(config), "--quiet", "--n-trials", "8"]
+    assert main([*argv, "--confirm-top", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "interleaved rounds in a fresh process" in out
+    study = optuna.load_study(study_name="cnn-syntheticbackend", storage="sqlite:///studies/cnn-syntheticbackend.db")
+    confirmed = study.user_attrs["confirmed"]
+    delays = {t.number: t.params["delay_us"] for t in study.get_trials()}
+    assert delays[confirmed["baseline"]["number"]] == 200
+    assert [delays[row["number"]] for row in confirmed["ranking"]] == [50, 100]
+    for row in confirmed["ranking"]:
+        assert row["significant"] and 1.0 < row["ci_low"] <= row["speedup"] <= row["ci_high"]
+    assert main(["best", "--json"]) == 0
+    record = json.loads(capsys.readouterr().out)
+    assert delays[record["number"]] == 50 and record["speedup"] == confirmed["ranking"][0]["speedup"]
+    assert main(["confirm", "--top", "1"]) == 0  # on demand, from the study alone
+    reloaded = optuna.load_study(study_name="cnn-syntheticbackend", storage="sqlite:///studies/cnn-syntheticbackend.db")
+    assert len(reloaded.user_attrs["confirmed"]["ranking"]) == 1
