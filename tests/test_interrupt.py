@@ -32,6 +32,8 @@ def command(cnn_path: Path, config: Path, n_trials: int) -> list[str]:
         "random",
         "--seed",
         "5",
+        "--confirm-top",
+        "0",
     ]
 
 
