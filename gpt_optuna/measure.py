@@ -28,6 +28,8 @@ class MeasureSettings:
     block: int = 10
     warmup_min: int = 3
     warmup_tolerance: float = 0.05
+    flush_l2: bool = False
+    """GPU only: overwrite a buffer larger than the L2 cache before each launch (cold-cache latency)."""
 
 
 @dataclass(frozen=True)
@@ -77,8 +79,12 @@ def summarize(samples: np.ndarray, warmup: int, target_rel_ci: float) -> Latency
     )
 
 
-def launch_timer(runner: Runner) -> Callable[[], float]:
-    """A function that launches once and returns that launch's latency in milliseconds."""
+def launch_timer(runner: Runner, flush_l2: bool = False) -> Callable[[], float]:
+    """A function that launches once and returns that launch's latency in milliseconds.
+
+    On a GPU runner, CUDA events bracket the launch on the runner's stream; with ``flush_l2`` a
+    buffer twice the L2 size is written on that stream first, outside the events.
+    """
     if runner.stream is None:
 
         def host() -> float:
@@ -91,8 +97,15 @@ def launch_timer(runner: Runner) -> Callable[[], float]:
     import cupy
 
     start_event, end_event = cupy.cuda.Event(), cupy.cuda.Event()
+    scratch = None
+    if flush_l2:
+        with runner.stream:
+            scratch = cupy.empty(2 * int(cupy.cuda.Device().attributes["L2CacheSize"]), cupy.uint8)
 
     def device() -> float:
+        if scratch is not None:
+            with runner.stream:
+                scratch.fill(1)
         start_event.record(runner.stream)
         runner.launch()
         end_event.record(runner.stream)
@@ -104,7 +117,7 @@ def launch_timer(runner: Runner) -> Callable[[], float]:
 
 def measure(runner: Runner, settings: MeasureSettings) -> LatencyStats:
     """Warm up, then time launches until the median is known well enough or the budget is spent."""
-    return measure_with(launch_timer(runner), settings)
+    return measure_with(launch_timer(runner, settings.flush_l2), settings)
 
 
 def measure_with(timed_launch: Callable[[], float], settings: MeasureSettings) -> LatencyStats:
