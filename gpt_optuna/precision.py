@@ -173,6 +173,44 @@ def to_float16(model: Any, setting: PrecisionSetting, ranking: list[str]) -> Any
     )
 
 
+def to_bfloat16(model: Any, setting: PrecisionSetting, ranking: list[str]) -> Any:
+    """The fp16 conversion (same casts, same nodes kept fp32) retyped to bf16.
+
+    Weights are rounded to bf16 from their original fp32 values, not from fp16, so nothing the
+    fp16 converter clamped to fp16's range is lost.
+    """
+    from onnx import TensorProto, numpy_helper
+
+    original = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    converted = to_float16(model, setting, ranking)
+    graph = converted.graph
+    for index, init in enumerate(graph.initializer):
+        if init.data_type == TensorProto.FLOAT16:
+            values = original.get(init.name, numpy_helper.to_array(init)).astype(np.float32)
+            graph.initializer[index].CopyFrom(_bf16_tensor(values, init.name))
+    for node in graph.node:
+        for attribute in node.attribute:
+            if node.op_type == "Cast" and attribute.name == "to" and attribute.i == TensorProto.FLOAT16:
+                attribute.i = TensorProto.BFLOAT16
+            elif attribute.t.data_type == TensorProto.FLOAT16:
+                attribute.t.CopyFrom(
+                    _bf16_tensor(numpy_helper.to_array(attribute.t).astype(np.float32), attribute.t.name)
+                )
+    for value in [*graph.input, *graph.output, *graph.value_info]:
+        if value.type.tensor_type.elem_type == TensorProto.FLOAT16:
+            value.type.tensor_type.elem_type = TensorProto.BFLOAT16
+    return converted
+
+
+def _bf16_tensor(values: np.ndarray, name: str) -> Any:
+    """A BFLOAT16 TensorProto, rounded to nearest even from fp32."""
+    from onnx import TensorProto, helper
+
+    bits = np.ascontiguousarray(values, np.float32).view(np.uint32).astype(np.uint64)
+    rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+    return helper.make_tensor(name, TensorProto.BFLOAT16, values.shape, rounded.tobytes(), raw=True)
+
+
 class _Reader:
     """ONNX Runtime's calibration reader protocol over a list of feeds."""
 
@@ -187,7 +225,13 @@ class _Reader:
 
 
 def quantize(model_path: Path, out_path: Path, setting: PrecisionSetting, samples: list[Feeds]) -> None:
-    """Symmetric Q/DQ on the inputs of the chosen op types, placed as TensorRT fuses them."""
+    """Symmetric Q/DQ on the inputs of the chosen op types, placed as TensorRT fuses them.
+
+    TensorRT's explicit-quantization guidance: Q/DQ on the inputs of weighted operations
+    (convolution, matrix product), none on their outputs; zero points of 0 (symmetric); signed
+    int8; weights per channel; biases unquantized. ONNX Runtime's QDQ format with these options
+    produces that.
+    """
     from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
@@ -211,7 +255,8 @@ def quantize(model_path: Path, out_path: Path, setting: PrecisionSetting, sample
             activation_type=qtype,
             weight_type=qtype,
             calibrate_method=CalibrationMethod.MinMax if int8 else CalibrationMethod.Distribution,
-            extra_options={"ActivationSymmetric": True, "WeightSymmetric": True},
+            # biases stay in float: TensorRT fuses them into the quantized kernel itself
+            extra_options={"ActivationSymmetric": True, "WeightSymmetric": True, "QuantizeBias": False},
         )
     finally:
         named_path.unlink(missing_ok=True)
@@ -236,12 +281,11 @@ def transform(
     cache_dir.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.stem + ".tmp.onnx")
     onnx = _onnx()
-    if setting.precision == "fp16":
-        onnx.save(to_float16(onnx.load(str(base_path)), setting, ranking), str(tmp))
+    if setting.precision in REDUCED_FLOAT:
+        convert = to_float16 if setting.precision == "fp16" else to_bfloat16
+        onnx.save(convert(onnx.load(str(base_path)), setting, ranking), str(tmp))
     elif setting.precision in QUANTIZED:
         quantize(base_path, tmp, setting, samples)
-    else:
-        raise ValueError(f"no transform for precision {setting.precision}")
     onnx.checker.check_model(str(tmp))
     tmp.replace(out)
     return out

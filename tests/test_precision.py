@@ -222,3 +222,21 @@ def test_real_encoder_fp16_and_int8_are_built_validated_and_ranked(minilm_path: 
         assert by_precision["int8"].state is int8_state
         assert 0.3 < by_precision["int8"].user_attrs["accuracy"]["cosine"] < 0.9999
         assert by_precision["int8"].user_attrs["precision_model"].startswith("int8-")
+
+
+def test_bf16_keeps_the_fp16_structure_with_weights_rounded_from_fp32(tmp_path: Path) -> None:
+    path = save(small_cnn(), tmp_path / "cnn.onnx")
+    info = m.load_model_info(path)
+    out = transform(path, info.sha256, PrecisionSetting("bf16", keep_io=False), [], [], "", tmp_path)
+    model = onnx.load(str(out))
+    onnx.checker.check_model(model)
+    assert m.load_model_info(out).inputs[0].describe().startswith("input: ")
+    assert model.graph.input[0].type.tensor_type.elem_type == TensorProto.BFLOAT16
+    assert not [i for i in model.graph.initializer if i.data_type == TensorProto.FLOAT16]
+    assert not [n for n in model.graph.node for a in n.attribute if a.name == "to" and a.i == TensorProto.FLOAT16]
+    original = {i.name: numpy_helper.to_array(i) for i in small_cnn().graph.initializer}
+    for init in model.graph.initializer:
+        if init.data_type == TensorProto.BFLOAT16:
+            bits = np.frombuffer(init.raw_data, np.uint16).astype(np.uint32) << 16
+            values = bits.view(np.float32).reshape(tuple(init.dims))
+            np.testing.assert_allclose(values, original[init.name], rtol=2**-8, atol=1e-30)

@@ -254,7 +254,7 @@ def test_weak_typing_flags_only_apply_while_the_graph_stays_fp32(cnn_path: Path)
     info = m.load_model_info(cnn_path)
     space, _ = SpaceJob("test_tensorrt_api:TensorRT10Backend", info, m.resolve_shapes(info, {}))()
     knobs = {k.name: k for k in space.knobs}
-    assert knobs["precision"].choices == ("fp32", "fp16", "int8", "fp8")
+    assert knobs["precision"].choices == ("fp32", "fp16", "bf16", "int8", "fp8")
     for flag in ("flag.FP16", "flag.BF16"):
         assert knobs[flag].condition.parent == "precision" and knobs[flag].condition.values == ("fp32",)
     fp16_graph = configuration(space, {"precision": "fp16"})

@@ -119,7 +119,9 @@ def test_dry_run_study_end_to_end_with_engine_artifacts(cnn_path: Path, capsys: 
 
 def test_a_build_that_returns_no_engine_fails_its_trial_and_the_study_goes_on(cnn_path: Path, tmp_path: Path) -> None:
     config = tmp_path / "tune.toml"
-    config.write_text('[space]\nworkspace_mib = ["default", 0]\nbuilder_optimization_level = [3, 4]\n')
+    config.write_text(
+        '[space]\nprecision = "fp32"\nworkspace_mib = ["default", 0]\nbuilder_optimization_level = [3, 4]\n'
+    )
     assert dry_run(cnn_path, "--n-trials", "8", "--config", str(config), "--sampler", "random", "--seed", "1") == 0
     trials = load("cnn-tensorrt-rtx").get_trials()
     failed = [t for t in trials if t.params["workspace_mib"] == 0]
@@ -179,3 +181,23 @@ def test_running_engines_without_cupy_stops_with_one_line_and_keeps_the_candidat
     trials = load("cnn-tensorrt-rtx").get_trials()
     assert trials[0].state is TrialState.FAIL and trials[0].user_attrs["interrupted"].startswith("stopped: CuPy")
     assert trials[1].state is TrialState.WAITING and trials[1].user_attrs["baseline"] is True
+
+
+def test_every_graph_precision_builds_a_real_engine_in_a_dry_run(cnn_path: Path, tmp_path: Path) -> None:
+    config = tmp_path / "tune.toml"
+    config.write_text(
+        '[space]\nprecision = ["fp16", "bf16", "int8", "fp8"]\nkeep_io_fp32 = [true]\nkeep_fp32_nodes = [0]\n'
+    )
+    flags = ["--n-trials", "12", "--config", str(config), "--sampler", "random", "--seed", "0"]
+    assert dry_run(cnn_path, *flags) == 0
+    trials = load("cnn-tensorrt-rtx").get_trials()
+    outcomes = {}
+    for t in trials:
+        if "reused_from" not in t.user_attrs:
+            outcomes[t.params["precision"]] = (t.state, t.user_attrs.get("failure", ""))
+    assert {p: state for p, (state, _) in outcomes.items()} == dict.fromkeys(
+        ("fp16", "bf16", "int8", "fp8"), TrialState.COMPLETE
+    ), outcomes
+    for t in trials:
+        if t.state is TrialState.COMPLETE:
+            assert t.user_attrs["precision_model"].startswith(t.params["precision"] + "-")

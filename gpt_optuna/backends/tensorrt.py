@@ -240,8 +240,8 @@ class TensorRTBackend(Backend):
         return {self.modules[0]: str(getattr(self.trt, "__version__", "unknown"))}
 
     def precisions(self) -> tuple[str, ...]:
-        """Graph precisions TensorRT consumes: fp16 by conversion, int8 and fp8 by Q/DQ."""
-        return ("fp32", "fp16", "int8", "fp8")
+        """Graph precisions TensorRT consumes: fp16 and bf16 by conversion, int8 and fp8 by Q/DQ."""
+        return ("fp32", "fp16", "bf16", "int8", "fp8")
 
     def space(self, model: ModelInfo, shapes: dict[str, ShapeRange]) -> Space:
         trt = self.trt
