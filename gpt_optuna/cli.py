@@ -142,7 +142,7 @@ def _open_existing(args: argparse.Namespace) -> Any:
     url, name = _resolve_storage(args)
     if url.startswith("sqlite:///") and not Path(url.removeprefix("sqlite:///")).is_file():
         raise UserError(f"no study database at {url.removeprefix('sqlite:///')}")
-    storage = open_storage(url)
+    storage = open_storage(url, create=False)
     if name is None:
         import optuna
 

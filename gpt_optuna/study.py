@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import socket
 import sqlite3
+import time
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -45,11 +46,12 @@ def retry_trial(study: optuna.Study, trial: FrozenTrial) -> None:
     )
 
 
-def open_storage(url: str) -> optuna.storages.BaseStorage:
+def open_storage(url: str, create: bool = True) -> optuna.storages.BaseStorage:
     """An Optuna storage for a URL; ``journal:PATH`` is a journal file for several local workers.
 
     RDB and journal storages get a heartbeat, so trials of a tuner that died on another host
-    are failed and retried after a grace period.
+    are failed and retried after a grace period. Readers (``status``, ``best``) pass
+    ``create=False``: they never create tables, so they cannot race a tuner that is creating them.
     """
     try:
         if url.startswith("journal:"):
@@ -61,14 +63,7 @@ def open_storage(url: str) -> optuna.storages.BaseStorage:
         sqlite = url.startswith("sqlite:///") and url != "sqlite:///:memory:"
         if sqlite:
             _use_write_ahead_log(Path(url.removeprefix("sqlite:///")))
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            storage = optuna.storages.RDBStorage(
-                url,
-                heartbeat_interval=_HEARTBEAT_S,
-                grace_period=_GRACE_S,
-                heartbeat_stale_trial_callback=retry_trial,
-            )
+        storage = _rdb_storage(url, create)
         if sqlite:
             _sync_normally(storage)
         return storage
@@ -77,6 +72,28 @@ def open_storage(url: str) -> optuna.storages.BaseStorage:
     except Exception as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise UserError(f"cannot open storage {url!r}: {first}") from exc
+
+
+def _rdb_storage(url: str, create: bool) -> optuna.storages.RDBStorage:
+    """RDBStorage, retried when another process created the same new database's tables first."""
+    import sqlalchemy.exc
+
+    for attempt in range(3):
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                return optuna.storages.RDBStorage(
+                    url,
+                    heartbeat_interval=_HEARTBEAT_S,
+                    grace_period=_GRACE_S,
+                    heartbeat_stale_trial_callback=retry_trial,
+                    skip_table_creation=not create,
+                )
+        except sqlalchemy.exc.IntegrityError:
+            if attempt == 2:
+                raise
+            time.sleep(0.5)
+    raise AssertionError("unreachable")
 
 
 def _use_write_ahead_log(path: Path) -> None:

@@ -11,6 +11,9 @@ import pytest
 from conftest import SYNTHETIC
 from optuna.trial import TrialState
 
+from gpt_optuna.errors import UserError
+from gpt_optuna.study import open_storage
+
 STUDY = "cnn-syntheticbackend"
 
 
@@ -45,7 +48,7 @@ def slow_config(tmp_path: Path) -> Path:
 
 
 def trials() -> list[optuna.trial.FrozenTrial]:
-    storage = optuna.storages.RDBStorage(f"sqlite:///studies/{STUDY}.db")
+    storage = open_storage(f"sqlite:///studies/{STUDY}.db", create=False)  # a reader never creates tables
     return optuna.load_study(study_name=STUDY, storage=storage).get_trials()
 
 
@@ -56,7 +59,7 @@ def wait_for_running_after(proc: subprocess.Popen, complete: int, limit_s: float
         if Path(f"studies/{STUDY}.db").exists():
             try:
                 current = trials()
-            except (KeyError, Exception):
+            except (UserError, KeyError):  # the tuner has not made the study yet
                 current = []
             done = sum(t.state is TrialState.COMPLETE for t in current)
             running = [t for t in current if t.state is TrialState.RUNNING and "owner" in t.user_attrs]
