@@ -87,6 +87,15 @@ def build_parser() -> argparse.ArgumentParser:
     _storage_flags(confirm)
     confirm.add_argument("--top", type=int, default=5, help="how many of the best feasible candidates (default 5)")
 
+    report = commands.add_parser("report", help="write the study as one self-contained HTML page")
+    _storage_flags(report)
+    report.add_argument("-o", "--output", default="report.html", help="HTML file to write (default report.html)")
+
+    export = commands.add_parser("export", help="write a trial's engine (default: the best) with a JSON side file")
+    _storage_flags(export)
+    export.add_argument("--trial", type=int, help="trial number (default: the best)")
+    export.add_argument("-o", "--output", required=True, help="file to write; its .json side file goes beside it")
+
     best = commands.add_parser("best", help="the best feasible trial")
     _storage_flags(best)
     best.add_argument("--json", action="store_true", help="print one JSON object")
@@ -200,6 +209,18 @@ def run(argv: list[str]) -> int:
     from gpt_optuna.study import summarize_study
 
     study = _open_existing(args)
+    if args.command == "report":
+        from gpt_optuna.report import render
+
+        Path(args.output).write_text(render(study))
+        print(f"wrote {args.output}")
+        return 0
+    if args.command == "export":
+        from gpt_optuna.export import export_trial
+
+        written, side = export_trial(study, args.trial, Path(args.output))
+        print(f"wrote {written} and {side}")
+        return 0
     if args.command == "confirm":
         from gpt_optuna.confirm import confirm, template_from_study
 

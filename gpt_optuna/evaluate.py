@@ -38,6 +38,16 @@ def _npz(path: Path) -> Feeds:
     return _arrays[key]
 
 
+def _gpu_name() -> str:
+    try:
+        import cupy
+
+        name = cupy.cuda.runtime.getDeviceProperties(0)["name"]
+        return name.decode() if isinstance(name, bytes) else str(name)
+    except Exception:  # no CuPy, no driver or no device
+        return "none"
+
+
 class Outcome(enum.StrEnum):
     """How a candidate ended."""
 
@@ -86,7 +96,7 @@ class SpaceJob:
         if precision:  # weak-typing flags only where the graph itself stays fp32
             graph_fp32 = Condition("precision", ("fp32",))
             knobs = [replace(k, condition=graph_fp32) if k.name in backend.weak_typing_knobs else k for k in knobs]
-        return Space(precision + knobs), backend.versions()
+        return Space(precision + knobs), {**backend.versions(), "gpu": _gpu_name()}
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,65 @@
+"""Write a trial's engine (or, for ONNX Runtime, its model) with a JSON side file."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import optuna
+
+from gpt_optuna.errors import UserError
+from gpt_optuna.study import FINGERPRINT_ATTR, summarize_study
+
+
+def export_trial(study: optuna.Study, number: int | None, out: Path) -> tuple[Path, Path]:
+    """The chosen trial (default: the best, confirmed ranking first) to ``out`` and ``out``.json."""
+    summary = summarize_study(study)
+    trials = study.get_trials(deepcopy=False)
+    if number is None:
+        if summary.best is None:
+            raise UserError(f"study {study.study_name} has no feasible trial to export")
+        trial = summary.best
+    elif 0 <= number < len(trials):
+        trial = trials[number]
+    else:
+        raise UserError(f"study {study.study_name} has no trial {number}")
+    if trial.state is not optuna.trial.TrialState.COMPLETE:
+        raise UserError(f"trial {trial.number} is {trial.state.name.lower()}: only feasible trials are exported")
+    recorded = study.user_attrs.get(FINGERPRINT_ATTR, {})
+    workdir = Path("studies") / study.study_name
+    out.parent.mkdir(parents=True, exist_ok=True)
+    artifact = trial.user_attrs.get("engine_artifact")
+    if artifact is not None:
+        from optuna.artifacts import FileSystemArtifactStore, download_artifact
+
+        if out.exists():
+            out.unlink()
+        download_artifact(
+            artifact_store=FileSystemArtifactStore(workdir / "artifacts"), artifact_id=artifact, file_path=str(out)
+        )
+    else:  # ONNX Runtime builds no engine file: the model it ran, with the options in the side file
+        model = trial.user_attrs.get("precision_model")
+        source = workdir / "models" / model if model else Path(recorded["model"])
+        if not source.is_file():
+            raise UserError(f"the model of trial {trial.number} is gone: {source}")
+        shutil.copyfile(source, out)
+    confirmed = next((r for r in (summary.confirmed or {}).get("ranking", []) if r["number"] == trial.number), None)
+    side: dict[str, Any] = {
+        "study": study.study_name,
+        "trial": trial.number,
+        "backend": recorded.get("backend"),
+        "params": trial.params,
+        "latency_ms": trial.value,
+        "latency": trial.user_attrs.get("latency"),
+        "accuracy": trial.user_attrs.get("accuracy"),
+        "accuracy_criterion": recorded.get("accuracy"),
+        "baseline_latency_ms": summary.baseline_value,
+        "confirmed": confirmed,
+        "versions": recorded.get("versions", {}),
+        "file": "engine" if artifact is not None else "onnx model",
+    }
+    side_path = out.with_name(out.name + ".json")
+    side_path.write_text(json.dumps(side, indent=2))
+    return out, side_path

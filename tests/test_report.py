@@ -1,0 +1,70 @@
+"""The report and export, on real studies made by the tuner."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import onnx
+import optuna
+import pytest
+from conftest import SYNTHETIC
+
+from gpt_optuna.cli import main
+from gpt_optuna.report import TrialRow, collect, pareto_front, render
+
+
+def row(number: int, latency: float, error: float, status: str = "feasible") -> TrialRow:
+    return TrialRow(number, status, latency, error, None, {}, False)
+
+
+def test_pareto_front_keeps_only_undominated_feasible_trials() -> None:
+    rows = [row(0, 2.0, 0.0), row(1, 1.0, 0.5), row(2, 1.5, 0.1), row(3, 1.6, 0.2), row(4, 0.5, 0.0, "infeasible")]
+    assert [r.number for r in pareto_front(rows)] == [1, 2, 0]
+
+
+@pytest.fixture
+def study_with_everything(tmp_path: Path, cnn_path: Path) -> optuna.Study:
+    config = tmp_path / "tune.toml"
+    config.write_text('[measure]\nbudget_s = 0.05\n[space]\nmode = ["ok", "noisy", "crash"]\ndelay_us = [100, 0]\n')
+    argv = ["tune", str(cnn_path), "--backend", SYNTHETIC, "--config", str(config), "--quiet", "--n-trials", "14"]
+    assert main([*argv, "--sampler", "random", "--seed", "2", "--confirm-top", "2"]) == 0
+    return optuna.load_study(study_name="cnn-syntheticbackend", storage="sqlite:///studies/cnn-syntheticbackend.db")
+
+
+def test_rows_carry_latency_error_and_status(study_with_everything: optuna.Study) -> None:
+    rows = collect(study_with_everything)
+    statuses = {r.status for r in rows}
+    assert {"feasible", "infeasible", "failed"} <= statuses
+    for r in rows:
+        if r.status == "feasible":
+            assert r.latency_ms is not None and r.error is not None and r.error < 1e-4  # cosine error
+        if r.status == "infeasible":
+            assert r.error is not None and r.error > 1e-4 and "fails cosine" in r.reason
+        if r.status == "failed":
+            assert "SIGSEGV" in r.reason
+    assert rows[0].baseline
+
+
+def test_report_is_one_self_contained_page_with_every_figure(study_with_everything: optuna.Study) -> None:
+    page = render(study_with_everything)
+    assert page.count("<script") >= 4 and not re.search(r"<script[^>]*\ssrc=", page)  # plotly.js inline
+    assert len(re.findall(r'id="figure-\d"', page)) >= 3
+    assert "Latency against error" in page and "Optimization history" in page
+    assert "gpt-optuna export --study-name cnn-syntheticbackend --trial" in page
+    assert "confirmed" in page
+    assert main(["report", "-o", "report.html"]) == 0
+    assert Path("report.html").read_text().startswith("<!DOCTYPE html>")
+
+
+def test_export_writes_the_model_and_a_side_file(study_with_everything: optuna.Study, cnn_path: Path) -> None:
+    assert main(["export", "-o", "out/best.onnx"]) == 0
+    side = json.loads(Path("out/best.onnx.json").read_text())
+    best = study_with_everything.user_attrs["confirmed"]["ranking"][0]["number"]
+    assert side["trial"] == best and side["confirmed"]["number"] == best
+    assert side["params"] == study_with_everything.trials[best].params
+    assert side["accuracy"]["cosine"] > 0.9999 and "gpu" in side["versions"]
+    onnx.checker.check_model("out/best.onnx")
+    failed = next(t.number for t in study_with_everything.trials if t.state is optuna.trial.TrialState.FAIL)
+    assert main(["export", "--trial", str(failed), "-o", "x.onnx"]) == 2
