@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
+import subprocess
+import tempfile
 from pathlib import Path
 
 import onnx
@@ -68,3 +71,39 @@ def test_export_writes_the_model_and_a_side_file(study_with_everything: optuna.S
     onnx.checker.check_model("out/best.onnx")
     failed = next(t.number for t in study_with_everything.trials if t.state is optuna.trial.TrialState.FAIL)
     assert main(["export", "--trial", str(failed), "-o", "x.onnx"]) == 2
+
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
+
+
+def chromium(*args: str) -> subprocess.CompletedProcess[str]:
+    flags = [
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        f"--user-data-dir={tempfile.mkdtemp()}",
+        "--virtual-time-budget=10000",
+    ]
+    return subprocess.run([CHROMIUM, *flags, *args], capture_output=True, text=True, timeout=120)  # type: ignore[list-item]
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium package (.ci/run installs it)")
+def test_every_figure_draws_its_traces_in_a_real_browser(study_with_everything: optuna.Study) -> None:
+    page = Path("report.html").resolve()
+    page.write_text(render(study_with_everything))
+    dom = chromium("--dump-dom", page.as_uri()).stdout
+    figures = re.split(r'<div id="figure-\d"', dom)[1:]
+    assert len(figures) >= 4, "a figure did not render"
+    for figure in figures:
+        assert "js-plotly-plot" in figure[:200]  # plotly.js ran and took the div over
+        assert re.search(r'class="trace (scatter|bars)', figure), "a figure drew no trace"
+    ARTIFACTS.mkdir(exist_ok=True)
+    shot = ARTIFACTS / "report.png"
+    chromium("--window-size=1200,2400", f"--screenshot={shot}", page.as_uri())
+    assert shot.stat().st_size > 20_000
