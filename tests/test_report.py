@@ -107,3 +107,32 @@ def test_every_figure_draws_its_traces_in_a_real_browser(study_with_everything: 
     shot = ARTIFACTS / "report.png"
     chromium("--window-size=1200,2400", f"--screenshot={shot}", page.as_uri())
     assert shot.stat().st_size > 20_000
+
+
+def wsgi_get(app, path: str) -> tuple[str, bytes]:  # noqa: ANN001
+    from wsgiref.util import setup_testing_defaults
+
+    environ: dict = {"PATH_INFO": path.split("?")[0], "QUERY_STRING": path.partition("?")[2], "REQUEST_METHOD": "GET"}
+    setup_testing_defaults(environ)
+    status = []
+    body = b"".join(app(environ, lambda s, headers, exc_info=None: status.append(s)))
+    return status[0], body
+
+
+def test_the_study_opens_in_optuna_dashboard(study_with_everything: optuna.Study) -> None:
+    optuna_dashboard = pytest.importorskip("optuna_dashboard")
+    from optuna.artifacts import FileSystemArtifactStore
+
+    from gpt_optuna.study import open_storage
+
+    storage = open_storage("sqlite:///studies/cnn-syntheticbackend.db", create=False)
+    app = optuna_dashboard.wsgi(storage, FileSystemArtifactStore("studies/cnn-syntheticbackend/artifacts"))
+    status, body = wsgi_get(app, "/api/studies")
+    assert status.startswith("200"), body[:300]
+    studies = json.loads(body)["study_summaries"]
+    assert [s["study_name"] for s in studies] == ["cnn-syntheticbackend"]
+    status, body = wsgi_get(app, f"/api/studies/{studies[0]['study_id']}?after=0")
+    assert status.startswith("200"), body[:300]
+    detail = json.loads(body)
+    assert len(detail["trials"]) == len(study_with_everything.trials)
+    assert {t["state"] for t in detail["trials"]} >= {"Complete", "Pruned", "Fail"}
