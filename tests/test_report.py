@@ -3,18 +3,21 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
 import onnx
 import optuna
 import pytest
-from conftest import SYNTHETIC
+from conftest import SYNTHETIC, save
 
 from gpt_optuna.cli import main
+from gpt_optuna.data.make_small_cnn import small_cnn
 from gpt_optuna.report import TrialRow, collect, pareto_front, render
 
 
@@ -27,12 +30,26 @@ def test_pareto_front_keeps_only_undominated_feasible_trials() -> None:
     assert [r.number for r in pareto_front(rows)] == [1, 2, 0]
 
 
-@pytest.fixture
-def study_with_everything(tmp_path: Path, cnn_path: Path) -> optuna.Study:
-    config = tmp_path / "tune.toml"
+@pytest.fixture(scope="module")
+def made_study(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One study with feasible, infeasible and failed trials and confirmed finalists, made once."""
+    folder = tmp_path_factory.mktemp("made")
+    model = save(small_cnn(), folder / "cnn.onnx")
+    config = folder / "tune.toml"
     config.write_text('[measure]\nbudget_s = 0.05\n[space]\nmode = ["ok", "noisy", "crash"]\ndelay_us = [100, 0]\n')
-    argv = ["tune", str(cnn_path), "--backend", SYNTHETIC, "--config", str(config), "--quiet", "--n-trials", "14"]
-    assert main([*argv, "--sampler", "random", "--seed", "2", "--confirm-top", "2"]) == 0
+    argv = ["tune", str(model), "--backend", SYNTHETIC, "--config", str(config), "--quiet", "--n-trials", "14"]
+    here = Path.cwd()
+    os.chdir(folder)
+    try:
+        assert main([*argv, "--sampler", "random", "--seed", "2", "--confirm-top", "2"]) == 0
+    finally:
+        os.chdir(here)
+    return folder / "studies"
+
+
+@pytest.fixture
+def study_with_everything(made_study: Path) -> optuna.Study:
+    shutil.copytree(made_study, "studies")
     return optuna.load_study(study_name="cnn-syntheticbackend", storage="sqlite:///studies/cnn-syntheticbackend.db")
 
 
@@ -136,3 +153,29 @@ def test_the_study_opens_in_optuna_dashboard(study_with_everything: optuna.Study
     detail = json.loads(body)
     assert len(detail["trials"]) == len(study_with_everything.trials)
     assert {t["state"] for t in detail["trials"]} >= {"Complete", "Pruned", "Fail"}
+
+
+def test_the_notebook_runs_top_to_bottom_on_a_study(
+    study_with_everything: optuna.Study, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    nbformat = pytest.importorskip("nbformat")
+    nbclient = pytest.importorskip("nbclient")
+    pytest.importorskip("ipykernel")
+    spec = tmp_path / "jupyter" / "kernels" / "python3"  # a real kernel on this very interpreter
+    spec.mkdir(parents=True)
+    argv = [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"]
+    (spec / "kernel.json").write_text(json.dumps({"argv": argv, "display_name": "Python 3", "language": "python"}))
+    monkeypatch.setenv("JUPYTER_PATH", str(tmp_path / "jupyter"))
+    notebook = nbformat.read(Path(__file__).resolve().parent.parent / "notebooks" / "pareto.ipynb", as_version=4)
+    notebook.cells[1].source = 'STUDY_DB = "studies/cnn-syntheticbackend.db"\nSTUDY_NAME = None'
+    nbclient.NotebookClient(
+        notebook, timeout=300, kernel_name="python3", resources={"metadata": {"path": "."}}
+    ).execute()
+    outputs = [o for cell in notebook.cells if cell.cell_type == "code" for o in cell.outputs]
+    assert not [o for o in outputs if o.output_type == "error"]
+    text = "".join(o.get("text", "") for o in outputs)
+    assert "study cnn-syntheticbackend" in text and "Pareto front: [(" in text
+    figures = [
+        o for o in outputs if "application/vnd.plotly.v1+json" in o.get("data", {}) or "text/html" in o.get("data", {})
+    ]
+    assert len(figures) >= 3
