@@ -30,6 +30,7 @@ _TUNE_ONLY = (
     "seed",
     "dry_run",
     "confirm_top",
+    "objectives",
 )
 
 
@@ -58,7 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--timeout", help="stop after this long, e.g. 8h, 30m, 90s")
     tune.add_argument("--trial-timeout", help="deadline for one candidate (default 600 s)")
     _storage_flags(tune)
-    tune.add_argument("--sampler", choices=SAMPLERS, help="tpe (default), gp (needs the gp extra) or random")
+    tune.add_argument("--sampler", choices=SAMPLERS, help="tpe (default), gp (needs the gp extra), random or nsga2")
     tune.add_argument("--seed", type=int, help="sampler seed")
     tune.add_argument("--config", help="tune.toml with the same keys, plus [measure] and [space] tables")
     tune.add_argument(
@@ -69,6 +70,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     tune.add_argument(
         "--confirm-top", type=int, help="finalists re-measured with the baseline after the search (default 5, 0: off)"
+    )
+    tune.add_argument(
+        "--objectives", help="latency (default), or latency with error and/or build_s: a multi-objective search"
     )
     tune.add_argument("--quiet", action="store_true", help="no progress bar")
 
@@ -120,6 +124,7 @@ def tune_config(args: argparse.Namespace) -> TuneConfig:
         "seed": args.seed,
         "dry_run": args.dry_run,
         "confirm_top": args.confirm_top,
+        "objectives": args.objectives,
     }
     values.update({k: v for k, v in flags.items() if v is not None})
     if "model" not in values:
@@ -182,11 +187,13 @@ def print_space(config: TuneConfig, as_json: bool) -> int:
 
 
 def best_record(summary: Any) -> dict[str, Any]:
+    from gpt_optuna.study import first_value
+
     best = summary.best
     return {
         "number": best.number,
         "params": best.params,
-        "latency_ms": None if summary.dry_run else best.value,
+        "latency_ms": None if summary.dry_run else first_value(best),
         "baseline_latency_ms": None if summary.dry_run else summary.baseline_value,
         "speedup": summary.speedup,
         "build_s": best.user_attrs.get("build_s"),
@@ -206,7 +213,7 @@ def run(argv: list[str]) -> int:
     if args.command == "space":
         return print_space(tune_config(args), as_json=args.json)
     from gpt_optuna.progress import format_params, format_summary
-    from gpt_optuna.study import summarize_study
+    from gpt_optuna.study import first_value, summarize_study
 
     study = _open_existing(args)
     if args.command == "report":
@@ -240,7 +247,7 @@ def run(argv: list[str]) -> int:
         print(json.dumps(record))
         return 0
     best, unit = summary.best, summary.unit
-    print(f"best trial {best.number}: {best.value:.4g} {unit}")
+    print(f"best trial {best.number}: {first_value(best):.4g} {unit}")
     if summary.baseline_value is not None and summary.speedup is not None:
         print(f"baseline: {summary.baseline_value:.4g} {unit}; speedup {summary.speedup:.3f}x")
     print(f"params: {format_params(best.params)}")

@@ -14,7 +14,8 @@ from gpt_optuna.errors import UserError
 from gpt_optuna.measure import MeasureSettings
 from gpt_optuna.space import Value
 
-SAMPLERS = ("tpe", "gp", "random")
+SAMPLERS = ("tpe", "gp", "random", "nsga2")
+OBJECTIVES = ("latency", "error", "build_s")
 DEFAULT_N_TRIALS = 100
 DEFAULT_TRIAL_TIMEOUT_S = 600.0
 _DURATION_RE = re.compile(r"^(?:(?P<h>\d+(?:\.\d+)?)h)?(?:(?P<m>\d+(?:\.\d+)?)m)?(?:(?P<s>\d+(?:\.\d+)?)s?)?$")
@@ -63,6 +64,7 @@ class TuneConfig:
     seed: int | None = None
     dry_run: bool = False
     confirm_top: int = 5
+    objectives: tuple[str, ...] = ("latency",)
     measure: MeasureSettings = field(default_factory=MeasureSettings)
     space: dict[str, Value | list[Value]] = field(default_factory=dict)
 
@@ -74,6 +76,17 @@ class TuneConfig:
             raise UserError(f"unknown sampler {self.sampler!r}; choose one of: {', '.join(SAMPLERS)}")
         if self.n_trials is not None and self.n_trials < 1:
             raise UserError(f"--n-trials must be at least 1, got {self.n_trials}")
+        if isinstance(self.objectives, str):
+            self.objectives = tuple(o.strip() for o in self.objectives.split(",") if o.strip())
+        self.objectives = tuple(self.objectives)
+        unknown = [o for o in self.objectives if o not in OBJECTIVES]
+        if unknown or "latency" not in self.objectives or len(set(self.objectives)) != len(self.objectives):
+            raise UserError(
+                f"--objectives {','.join(self.objectives)!r}: give latency and any of error, build_s, once each"
+            )
+        self.objectives = ("latency", *[o for o in self.objectives if o != "latency"])
+        if self.dry_run and len(self.objectives) > 1:
+            raise UserError("--dry-run has one objective, the build time; drop --objectives")
         if self.confirm_top < 0:
             raise UserError(f"--confirm-top must be 0 (off) or more, got {self.confirm_top}")
         if self.n_trials is None and self.timeout_s is None:
@@ -115,6 +128,7 @@ _TOML_KEYS = {
     "seed": "seed",
     "dry_run": "dry_run",
     "confirm_top": "confirm_top",
+    "objectives": "objectives",
 }
 
 

@@ -51,12 +51,8 @@ def finalists(study: optuna.Study, top: int) -> tuple[FrozenTrial | None, list[F
     """The baseline trial and the ``top`` best distinct feasible candidates (reused trials skipped)."""
     trials = study.get_trials(deepcopy=False)
     baseline = next((t for t in trials if t.user_attrs.get("baseline") and "latency" in t.user_attrs), None)
-    complete = [
-        t
-        for t in trials
-        if t.state is TrialState.COMPLETE and t.value is not None and "reused_from" not in t.user_attrs
-    ]
-    complete.sort(key=lambda t: t.value)  # type: ignore[arg-type, return-value]
+    complete = [t for t in trials if t.state is TrialState.COMPLETE and t.values and "reused_from" not in t.user_attrs]
+    complete.sort(key=lambda t: t.values[0])
     best = [t for t in complete if baseline is None or t.number != baseline.number][:top]
     return baseline, best
 

@@ -10,7 +10,7 @@ from typing import Any
 import optuna
 
 from gpt_optuna.errors import UserError
-from gpt_optuna.study import FINGERPRINT_ATTR, summarize_study
+from gpt_optuna.study import FINGERPRINT_ATTR, first_value, summarize_study
 
 
 def export_trial(study: optuna.Study, number: int | None, out: Path) -> tuple[Path, Path]:
@@ -51,7 +51,7 @@ def export_trial(study: optuna.Study, number: int | None, out: Path) -> tuple[Pa
         "trial": trial.number,
         "backend": recorded.get("backend"),
         "params": trial.params,
-        "latency_ms": trial.value,
+        "latency_ms": first_value(trial),
         "latency": trial.user_attrs.get("latency"),
         "accuracy": trial.user_attrs.get("accuracy"),
         "accuracy_criterion": recorded.get("accuracy"),

@@ -62,7 +62,9 @@ class Objective:
         trial_timeout_s: float,
         artifacts: FileSystemArtifactStore,
         on_result: Callable[[int, Candidate, TrialResult | None], None] = lambda *_: None,
+        objectives: tuple[str, ...] = ("latency",),
     ) -> None:
+        self.objectives = objectives
         self.space = space
         self.job = job
         self.worker = worker
@@ -72,7 +74,7 @@ class Objective:
         self.consecutive_reuse = 0
         self.interrupted: int | None = None
 
-    def __call__(self, trial: optuna.Trial) -> float:
+    def __call__(self, trial: optuna.Trial) -> Any:
         trial.set_user_attr("owner", OWNER)
         candidate = self.space.suggest(trial)
         earlier = find_evaluated(trial.study, candidate, trial.number)
@@ -95,11 +97,22 @@ class Objective:
             if self.job.dry_run:
                 assert result.build_s is not None
                 return result.build_s
-            assert result.latency is not None
-            return result.latency.median_ms
+            return self._values(result)
         if result.outcome is Outcome.INFEASIBLE:
             raise optuna.TrialPruned(result.detail)
         raise CandidateFailed(f"{result.outcome.value}: {result.detail}")
+
+    def _values(self, result: TrialResult) -> Any:
+        """Median latency, or (latency, error, build time, ...) in the order of ``objectives``."""
+        assert result.latency is not None and result.verdict is not None
+        figures = {
+            "latency": result.latency.median_ms,
+            "error": self.job.criterion.error(result.verdict.metrics),
+            "build_s": result.build_s or 0.0,
+        }
+        if len(self.objectives) == 1:
+            return figures["latency"]
+        return tuple(figures[name] for name in self.objectives)
 
     def _keep_engine(self, trial: optuna.Trial, result: TrialResult) -> None:
         """Store a feasible candidate's engine as an artifact of its trial; drop any other."""
@@ -114,7 +127,7 @@ class Objective:
         finally:
             result.engine_path.unlink(missing_ok=True)
 
-    def _reuse(self, trial: optuna.Trial, earlier: FrozenTrial) -> float:
+    def _reuse(self, trial: optuna.Trial, earlier: FrozenTrial) -> Any:
         self.consecutive_reuse += 1
         if self.consecutive_reuse >= _MAX_CONSECUTIVE_REUSE:
             trial.study.stop()  # the sampler keeps proposing what was tried: the space is covered
@@ -123,8 +136,7 @@ class Objective:
         record(trial, copied, earlier.constraints.get("accuracy"))
         self.on_result(trial.number, dict(trial.params), None)
         if earlier.state is TrialState.COMPLETE:
-            assert earlier.value is not None
-            return earlier.value
+            return earlier.values[0] if len(earlier.values) == 1 else tuple(earlier.values)
         if earlier.state is TrialState.PRUNED:
             raise optuna.TrialPruned(earlier.user_attrs.get("infeasible", "infeasible"))
         raise CandidateFailed(f"same candidate failed in trial {earlier.number}: {earlier.user_attrs.get('failure')}")

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import contextlib
 import sys
 from typing import TYPE_CHECKING, Any, TextIO
 
+from optuna.trial import TrialState
 from tqdm import tqdm
 
 if TYPE_CHECKING:
@@ -41,7 +41,7 @@ def format_summary(summary: StudySummary) -> str:
     else:
         speedup = summary.speedup
         lines.append(
-            f"best (trial {summary.best.number}): {summary.best.value:.4g} {summary.unit}"
+            f"best (trial {summary.best.number}): {summary.best.values[0]:.4g} {summary.unit}"
             + (f", {speedup:.3f}x the baseline" if speedup is not None else "")
         )
         lines.append(f"  params: {format_params(summary.best.params)}")
@@ -104,10 +104,12 @@ class Progress:
             return
         self._bar.update(1)
         if self._best is None:  # once per run, so that a resumed study shows its earlier best
-            with contextlib.suppress(ValueError):  # no complete trial yet
-                self._best = (study.best_trial.value, study.best_trial.number)  # type: ignore[assignment]
-        if trial.value is not None and (self._best is None or trial.value < self._best[0]):
-            self._best = (trial.value, trial.number)
+            complete = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+            if complete:
+                first = min(complete, key=lambda t: t.values[0])
+                self._best = (first.values[0], first.number)
+        if trial.values and (self._best is None or trial.values[0] < self._best[0]):
+            self._best = (trial.values[0], trial.number)
         if self._best is not None:
             self._bar.set_postfix_str(f"best {self._best[0]:.4g} ms (trial {self._best[1]})")
 

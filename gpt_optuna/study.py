@@ -118,6 +118,9 @@ def _sync_normally(storage: optuna.storages.RDBStorage) -> None:
 
 
 def make_sampler(name: str, seed: int | None) -> optuna.samplers.BaseSampler:
+    """TPE (multivariate, few start-up trials) by default; it handles several objectives too."""
+    if name == "nsga2":
+        return optuna.samplers.NSGAIISampler(seed=seed)
     if name == "random":
         return optuna.samplers.RandomSampler(seed=seed)
     if name == "gp":
@@ -152,6 +155,7 @@ def fingerprint_differences(stored: Mapping[str, Any], current: Mapping[str, Any
         "shapes": "the input shapes",
         "space": "the search space",
         "objective": "the objective (--dry-run)",
+        "objectives": "the objectives (--objectives)",
         "calibration_sha256": "the calibration data",
     }
     diffs = []
@@ -183,11 +187,16 @@ def open_study(
     sampler: optuna.samplers.BaseSampler,
     fingerprint: dict[str, Any],
     baseline: dict[str, Any],
+    objectives: int = 1,
 ) -> tuple[optuna.Study, bool]:
     """Create the study with its baseline trial enqueued, or resume it if its configuration matches."""
-    study = optuna.create_study(
-        storage=storage, study_name=name, sampler=sampler, direction="minimize", load_if_exists=True
-    )
+    directions = ["minimize"] * objectives
+    try:
+        study = optuna.create_study(
+            storage=storage, study_name=name, sampler=sampler, directions=directions, load_if_exists=True
+        )
+    except ValueError as exc:  # an existing study with another number of objectives
+        raise UserError(f"study {name!r} exists with other objectives ({exc}); choose another --study-name") from exc
     stored = study.user_attrs.get(FINGERPRINT_ATTR)
     if stored is None:
         if study.trials:
@@ -246,6 +255,11 @@ def finished_count(study: optuna.Study) -> int:
     )
 
 
+def first_value(trial: FrozenTrial) -> float | None:
+    """The trial's first objective: latency (or build time in a dry run), in any number of objectives."""
+    return trial.values[0] if trial.values else None
+
+
 @dataclass(frozen=True)
 class StudySummary:
     """What status, best and the end of tune report."""
@@ -268,7 +282,7 @@ class StudySummary:
         if self.baseline is None:
             return None
         if self.dry_run:
-            return self.baseline.value
+            return first_value(self.baseline)
         latency = self.baseline.user_attrs.get("latency")
         return float(latency["median_ms"]) if latency else None
 
@@ -277,9 +291,10 @@ class StudySummary:
         if self.confirmed and self.best is not None and self.confirmed["ranking"][0]["number"] == self.best.number:
             return float(self.confirmed["ranking"][0]["speedup"])
         base = self.baseline_value
-        if base is None or self.best is None or not self.best.value:
+        best = first_value(self.best) if self.best is not None else None
+        if base is None or not best:
             return None
-        return base / self.best.value
+        return base / best
 
 
 def summarize_study(study: optuna.Study) -> StudySummary:
@@ -288,8 +303,8 @@ def summarize_study(study: optuna.Study) -> StudySummary:
     for t in trials:
         counts[t.state.name.lower()] += 1
     baselines = [t for t in trials if t.user_attrs.get("baseline") and t.state.is_finished()]
-    complete = [t for t in trials if t.state is TrialState.COMPLETE and t.value is not None]
-    best = min(complete, key=lambda t: (t.value, t.number)) if complete else None
+    complete = [t for t in trials if t.state is TrialState.COMPLETE and t.values]
+    best = min(complete, key=lambda t: (t.values[0], t.number)) if complete else None
     confirmed = study.user_attrs.get("confirmed")
     if confirmed and confirmed.get("ranking"):  # the interleaved re-measurement decides the winner
         best = trials[confirmed["ranking"][0]["number"]]

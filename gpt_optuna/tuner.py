@@ -132,6 +132,7 @@ def fingerprint(config: TuneConfig, prepared: Prepared) -> dict[str, Any]:
         "shapes": {name: [list(r.min), list(r.opt), list(r.max)] for name, r in prepared.shapes.items()},
         "space": prepared.space.describe(),
         "objective": "build_s" if config.dry_run else "latency_ms",
+        "objectives": list(config.objectives),
         "calibration_sha256": prepared.calibration_sha256,
         "versions": prepared.versions,
     }
@@ -157,6 +158,7 @@ def tune(config: TuneConfig, progress: Progress | None = None, argv: list[str] |
             make_sampler(config.sampler, config.seed),
             fingerprint(config, prepared),
             prepared.space.default(),
+            len(config.objectives),
         )
         recovered = recover_interrupted(study)
         done = finished_count(study)
@@ -190,7 +192,13 @@ def tune(config: TuneConfig, progress: Progress | None = None, argv: list[str] |
                 progress.note(f"trial {number} infeasible: {result.detail[:160]}")
 
         objective = Objective(
-            prepared.space, job, worker, config.trial_timeout_s, FileSystemArtifactStore(artifacts_dir), on_result
+            prepared.space,
+            job,
+            worker,
+            config.trial_timeout_s,
+            FileSystemArtifactStore(artifacts_dir),
+            on_result,
+            config.objectives,
         )
         started = time.monotonic()
         try:

@@ -179,3 +179,23 @@ def test_the_notebook_runs_top_to_bottom_on_a_study(
         o for o in outputs if "application/vnd.plotly.v1+json" in o.get("data", {}) or "text/html" in o.get("data", {})
     ]
     assert len(figures) >= 3
+
+
+def test_multi_objective_search_over_latency_and_error(cnn_path: Path, tmp_path: Path) -> None:
+    config = tmp_path / "tune.toml"
+    config.write_text('[measure]\nbudget_s = 0.05\n[space]\nprecision = ["fp32", "fp16", "int8"]\n')
+    argv = ["tune", str(cnn_path), "--config", str(config), "--quiet", "--n-trials", "10", "--confirm-top", "2"]
+    assert main([*argv, "--objectives", "error,latency", "--accuracy", "cosine>=0.99", "--seed", "1"]) == 0
+    study = optuna.load_study(study_name="cnn-onnxruntime", storage="sqlite:///studies/cnn-onnxruntime.db")
+    assert len(study.directions) == 2
+    assert study.user_attrs["gpt_optuna"]["objectives"] == ["latency", "error"]
+    complete = [t for t in study.trials if t.state is optuna.trial.TrialState.COMPLETE]
+    for t in complete:
+        latency, error = t.values
+        assert latency == t.user_attrs["latency"]["median_ms"]
+        assert error == pytest.approx(1 - t.user_attrs["accuracy"]["cosine"])
+    assert {t.params["precision"] for t in complete} > {"fp32"}
+    assert study.best_trials and "confirmed" in study.user_attrs
+    page = render(study)
+    assert "Latency against error" in page and len(re.findall(r'id="figure-\d"', page)) >= 3
+    assert main(["tune", str(cnn_path), "--quiet", "--n-trials", "10", "--objectives", "latency,memory"]) == 2
