@@ -15,7 +15,7 @@ from gpt_optuna.measure import MeasureSettings
 from gpt_optuna.space import Value
 
 SAMPLERS = ("tpe", "gp", "random", "nsga2")
-OBJECTIVES = ("latency", "error", "build_s")
+OBJECTIVES = ("latency", "error", "memory", "build_s")
 DEFAULT_N_TRIALS = 100
 DEFAULT_TRIAL_TIMEOUT_S = 600.0
 _DURATION_RE = re.compile(r"^(?:(?P<h>\d+(?:\.\d+)?)h)?(?:(?P<m>\d+(?:\.\d+)?)m)?(?:(?P<s>\d+(?:\.\d+)?)s?)?$")
@@ -82,7 +82,7 @@ class TuneConfig:
         unknown = [o for o in self.objectives if o not in OBJECTIVES]
         if unknown or "latency" not in self.objectives or len(set(self.objectives)) != len(self.objectives):
             raise UserError(
-                f"--objectives {','.join(self.objectives)!r}: give latency and any of error, build_s, once each"
+                f"--objectives {','.join(self.objectives)!r}: give latency and any of error, memory, build_s, once each"
             )
         self.objectives = ("latency", *[o for o in self.objectives if o != "latency"])
         if self.dry_run and len(self.objectives) > 1:

@@ -90,6 +90,12 @@ class Objective:
             trial.set_user_attr("interrupted", reason)
             self.interrupted = trial.number
             raise
+        if result.outcome is Outcome.OK and "memory" in self.objectives and "device_memory_bytes" not in result.attrs:
+            trial.set_user_attr("interrupted", "stopped: no device memory figure")
+            self.interrupted = trial.number
+            raise UserError(
+                f"backend {self.job.backend!r} does not report engine device memory; drop memory from --objectives"
+            )
         record(trial, result_attrs(result), result.verdict.constraint if result.verdict else None)
         self._keep_engine(trial, result)
         self.on_result(trial.number, candidate, result)
@@ -103,15 +109,16 @@ class Objective:
         raise CandidateFailed(f"{result.outcome.value}: {result.detail}")
 
     def _values(self, result: TrialResult) -> Any:
-        """Median latency, or (latency, error, build time, ...) in the order of ``objectives``."""
+        """Median latency, or (latency, error, memory MiB, build time, ...) in the order of ``objectives``."""
         assert result.latency is not None and result.verdict is not None
+        if len(self.objectives) == 1:
+            return result.latency.median_ms
         figures = {
             "latency": result.latency.median_ms,
             "error": self.job.criterion.error(result.verdict.metrics),
+            "memory": result.attrs.get("device_memory_bytes", 0) / (1 << 20),
             "build_s": result.build_s or 0.0,
         }
-        if len(self.objectives) == 1:
-            return figures["latency"]
         return tuple(figures[name] for name in self.objectives)
 
     def _keep_engine(self, trial: optuna.Trial, result: TrialResult) -> None:

@@ -198,4 +198,21 @@ def test_multi_objective_search_over_latency_and_error(cnn_path: Path, tmp_path:
     assert study.best_trials and "confirmed" in study.user_attrs
     page = render(study)
     assert "Latency against error" in page and len(re.findall(r'id="figure-\d"', page)) >= 3
-    assert main(["tune", str(cnn_path), "--quiet", "--n-trials", "10", "--objectives", "latency,memory"]) == 2
+    assert main(["tune", str(cnn_path), "--quiet", "--n-trials", "10", "--objectives", "latency,size"]) == 2
+    memory = [
+        "tune",
+        str(cnn_path),
+        "--quiet",
+        "--n-trials",
+        "3",
+        "--objectives",
+        "latency,memory",
+        "--study-name",
+        "m",
+    ]
+    assert main(memory) == 2  # ONNX Runtime reports no engine memory: one line, and the candidate is kept
+    trials = optuna.load_study(study_name="m", storage="sqlite:///studies/m.db").get_trials()
+    assert (
+        trials[0].user_attrs["interrupted"].startswith("stopped")
+        and trials[-1].state is optuna.trial.TrialState.WAITING
+    )
