@@ -49,8 +49,8 @@ def retry_trial(study: optuna.Study, trial: FrozenTrial) -> None:
 def open_storage(url: str, create: bool = True) -> optuna.storages.BaseStorage:
     """An Optuna storage for a URL; ``journal:PATH`` is a journal file for several local workers.
 
-    RDB and journal storages get a heartbeat, so trials of a tuner that died on another host
-    are failed and retried after a grace period. Readers (``status``, ``best``) pass
+    Database servers get a heartbeat, so trials of a tuner that died on another host are failed
+    and retried after a grace period. Readers (``status``, ``best``) pass
     ``create=False``: they never create tables, so they cannot race a tuner that is creating them.
     """
     try:
@@ -63,7 +63,7 @@ def open_storage(url: str, create: bool = True) -> optuna.storages.BaseStorage:
         sqlite = url.startswith("sqlite:///") and url != "sqlite:///:memory:"
         if sqlite:
             _use_write_ahead_log(Path(url.removeprefix("sqlite:///")))
-        storage = _rdb_storage(url, create)
+        storage = _rdb_storage(url, create, heartbeat=not sqlite)
         if sqlite:
             _sync_normally(storage)
         return storage
@@ -74,21 +74,25 @@ def open_storage(url: str, create: bool = True) -> optuna.storages.BaseStorage:
         raise UserError(f"cannot open storage {url!r}: {first}") from exc
 
 
-def _rdb_storage(url: str, create: bool) -> optuna.storages.RDBStorage:
-    """RDBStorage, retried when another process created the same new database's tables first."""
+def _rdb_storage(url: str, create: bool, heartbeat: bool) -> optuna.storages.RDBStorage:
+    """RDBStorage, retried when another process created the same new database's tables first.
+
+    A SQLite file serves tuners on one host, whose dead trials are found by process id
+    (``recover_interrupted``); the heartbeat, a write and a query per trial, is for servers
+    shared by several hosts.
+    """
+    beat: dict[str, Any] = (
+        {"heartbeat_interval": _HEARTBEAT_S, "grace_period": _GRACE_S, "heartbeat_stale_trial_callback": retry_trial}
+        if heartbeat
+        else {}
+    )
     import sqlalchemy.exc
 
     for attempt in range(3):
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-                return optuna.storages.RDBStorage(
-                    url,
-                    heartbeat_interval=_HEARTBEAT_S,
-                    grace_period=_GRACE_S,
-                    heartbeat_stale_trial_callback=retry_trial,
-                    skip_table_creation=not create,
-                )
+                return optuna.storages.RDBStorage(url, skip_table_creation=not create, **beat)
         except sqlalchemy.exc.IntegrityError:
             if attempt == 2:
                 raise
