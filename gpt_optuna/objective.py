@@ -86,13 +86,10 @@ class Objective:
         try:
             result = run_evaluation(self.worker, job, self.trial_timeout_s)
         except (KeyboardInterrupt, UserError) as exc:
-            reason = "stopped by the user" if isinstance(exc, KeyboardInterrupt) else f"stopped: {exc}"
-            trial.set_user_attr("interrupted", reason)
-            self.interrupted = trial.number
+            self._stop(trial, "stopped by the user" if isinstance(exc, KeyboardInterrupt) else f"stopped: {exc}")
             raise
         if result.outcome is Outcome.OK and "memory" in self.objectives and "device_memory_bytes" not in result.attrs:
-            trial.set_user_attr("interrupted", "stopped: no device memory figure")
-            self.interrupted = trial.number
+            self._stop(trial, "stopped: no device memory figure")
             raise UserError(
                 f"backend {self.job.backend!r} does not report engine device memory; drop memory from --objectives"
             )
@@ -107,6 +104,11 @@ class Objective:
         if result.outcome is Outcome.INFEASIBLE:
             raise optuna.TrialPruned(result.detail)
         raise CandidateFailed(f"{result.outcome.value}: {result.detail}")
+
+    def _stop(self, trial: optuna.Trial, reason: str) -> None:
+        """Mark a trial whose candidate was not evaluated, so that the tuner queues it again."""
+        trial.set_user_attr("interrupted", reason)
+        self.interrupted = trial.number
 
     def _values(self, result: TrialResult) -> Any:
         """Median latency, or (latency, error, memory MiB, build time, ...) in the order of ``objectives``."""
