@@ -156,7 +156,8 @@ class EvaluateJob:
     def io(self, model: ModelInfo) -> tuple[Feeds, Feeds]:
         """Inputs and output templates in the dtypes of the (possibly transformed) model."""
         reference = _npz(self.reference_path)
-        feeds = {spec.name: _npz(self.feeds_path)[spec.name].astype(spec.dtype) for spec in model.inputs}
+        given = _npz(self.feeds_path)
+        feeds = {spec.name: given[spec.name].astype(spec.dtype, copy=False) for spec in model.inputs}
         templates = {spec.name: reference[spec.name].astype(spec.dtype, copy=False) for spec in model.outputs}
         return feeds, templates
 

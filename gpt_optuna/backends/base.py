@@ -15,9 +15,10 @@ backend returns must be picklable plain data.
 from __future__ import annotations
 
 import abc
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import TracebackType
+from types import MappingProxyType, TracebackType
 from typing import Any
 
 import numpy as np
@@ -61,8 +62,9 @@ class Runner(abc.ABC):
     """
 
     stream: Any = None
-    attrs: dict[str, Any] = {}
-    """Facts learnt when the engine was opened (e.g. its device memory), recorded with the trial."""
+    attrs: Mapping[str, Any] = MappingProxyType({})
+    """Facts learnt when the engine was opened (e.g. its device memory), recorded with the trial.
+    A runner with facts of its own assigns its own dict; the shared default cannot be written to."""
 
     @abc.abstractmethod
     def infer(self) -> dict[str, np.ndarray]:

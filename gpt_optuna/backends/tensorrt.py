@@ -381,7 +381,7 @@ class TensorRTRunner(Runner):
             self._aux_streams = [cupy.cuda.Stream(non_blocking=True) for _ in range(self._engine.num_aux_streams)]
             self._context.set_aux_streams([s.ptr for s in self._aux_streams])
         self.stream.synchronize()
-        self.attrs = {"device_memory_bytes": int(self._engine.device_memory_size_v2)}
+        self.attrs: dict[str, Any] = {"device_memory_bytes": int(self._engine.device_memory_size_v2)}
         self._graph = self._capture() if candidate.get("runtime.cuda_graph") else None
 
     def _enqueue(self) -> None:
