@@ -15,6 +15,7 @@ from typing import Any
 
 from gpt_optuna.accuracy import Criterion, Verdict
 from gpt_optuna.backends import Backend, BuildError, Runner, load_backend
+from gpt_optuna.fusion import fused_path, fusion_knobs, fusion_of
 from gpt_optuna.measure import LatencyStats, MeasureSettings, measure
 from gpt_optuna.model import Feeds, ModelInfo, ShapeRange, feeds_sha256, load_model_info, read_npz
 from gpt_optuna.precision import QUANTIZED, PrecisionSetting, precision_knobs, rank_sensitive_nodes, transform
@@ -92,11 +93,12 @@ class SpaceJob:
         backend = _backend(self.backend)
         graph = onnx.load(str(self.model.path), load_external_data=False)
         precision = precision_knobs(graph, backend.precisions())
+        fusion = fusion_knobs(self.model.path, backend.fusions())
         knobs = list(backend.space(self.model, self.shapes).knobs)
         if precision:  # weak-typing flags only where the graph itself stays fp32
             graph_fp32 = Condition("precision", ("fp32",))
             knobs = [replace(k, condition=graph_fp32) if k.name in backend.weak_typing_knobs else k for k in knobs]
-        return Space(precision + knobs), {**backend.versions(), "gpu": _gpu_name()}
+        return Space(fusion + precision + knobs), {**backend.versions(), "gpu": _gpu_name()}
 
 
 @dataclass(frozen=True)
@@ -129,17 +131,16 @@ class EvaluateJob:
 
     def _evaluate(self) -> TrialResult:
         backend = _backend(self.backend)
-        setting = PrecisionSetting.from_candidate(self.candidate)
         try:
-            model = self._precision_model(setting)
-        except Exception as exc:  # an op the converter or quantizer cannot handle
-            return TrialResult(Outcome.TRANSFORM_ERROR, f"{setting.precision} transform failed: {exc}")
+            model = self.transformed_model()
+        except Exception as exc:  # a graph the optimizer, an op the converter or quantizer cannot handle
+            return TrialResult(Outcome.TRANSFORM_ERROR, f"{self._transforms()} transform failed: {exc}")
         try:
             built = backend.build(model, self.candidate, self.workdir, self.shapes)
         except BuildError as exc:
             return TrialResult(Outcome.BUILD_ERROR, str(exc), log=exc.log)
         if model is not self.model:
-            built.attrs["precision_model"] = model.path.name
+            built.attrs["transformed_model"] = model.path.name
         engine = self._save_engine(backend.serialize(built))
         if self.dry_run:
             return TrialResult(Outcome.OK, "", build_s=built.build_s, attrs=built.attrs, engine_path=engine)
@@ -164,14 +165,18 @@ class EvaluateJob:
     def open_candidate(self) -> Runner:
         """Build the candidate and open it, raising on any failure (for re-measuring finalists)."""
         backend = _backend(self.backend)
-        model = self._precision_model(PrecisionSetting.from_candidate(self.candidate))
+        model = self.transformed_model()
         return backend.open(backend.build(model, self.candidate, self.workdir, self.shapes), *self.io(model))
 
-    def _precision_model(self, setting: PrecisionSetting) -> ModelInfo:
-        """The model in the candidate's precision: the original, or a cached transformed copy."""
+    def transformed_model(self) -> ModelInfo:
+        """The model the candidate runs: the original, or a cached copy fused and/or in another precision."""
+        cache = self.workdir / "models"
+        fused = fused_path(self.model.path, self.model.sha256, fusion_of(self.candidate), cache)
+        base = self.model if fused == self.model.path else load_model_info(fused)
+        setting = PrecisionSetting.from_candidate(self.candidate)
         if setting.precision == "fp32":
-            return self.model
-        ranking = self._ranking() if setting.keep_nodes else []
+            return base
+        ranking = self._ranking(base) if setting.keep_nodes else []
         samples: list[Feeds] = []
         calibration_sha = ""
         if setting.precision in QUANTIZED:
@@ -179,21 +184,22 @@ class EvaluateJob:
             stacked = _npz(self.calibration_path)
             samples = [{n: a[i] for n, a in stacked.items()} for i in range(len(next(iter(stacked.values()))))]
             calibration_sha = feeds_sha256(stacked)
-        path = transform(
-            self.model.path, self.model.sha256, setting, ranking, samples, calibration_sha, self.workdir / "models"
-        )
+        path = transform(base.path, base.sha256, setting, ranking, samples, calibration_sha, cache)
         return load_model_info(path)
 
-    def _ranking(self) -> list[str]:
-        """Nodes by fp16 sensitivity, computed once per study and kept in the study folder."""
-        path = self.workdir / "sensitivity.json"
+    def _transforms(self) -> str:
+        """The candidate's graph transforms, e.g. ``transformer+fp16``."""
+        steps = [fusion_of(self.candidate), PrecisionSetting.from_candidate(self.candidate).precision]
+        return "+".join(s for s in steps if s not in ("none", "fp32"))
+
+    def _ranking(self, model: ModelInfo) -> list[str]:
+        """The model's nodes by fp16 sensitivity, computed once per graph and kept in the study folder."""
+        path = self.workdir / f"sensitivity-{model.sha256[:16]}.json"
         if path.is_file():
-            stored = json.loads(path.read_text())
-            if stored.get("model") == self.model.sha256:
-                return list(stored["nodes"])
-        nodes = rank_sensitive_nodes(self.model.path, _npz(self.feeds_path), _npz(self.reference_path))
+            return list(json.loads(path.read_text())["nodes"])
+        nodes = rank_sensitive_nodes(model.path, _npz(self.feeds_path), _npz(self.reference_path))
         tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps({"model": self.model.sha256, "nodes": nodes}))
+        tmp.write_text(json.dumps({"model": model.sha256, "nodes": nodes}))
         tmp.replace(path)
         return nodes
 

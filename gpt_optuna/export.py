@@ -40,7 +40,7 @@ def export_trial(study: optuna.Study, number: int | None, out: Path) -> tuple[Pa
             artifact_store=FileSystemArtifactStore(workdir / "artifacts"), artifact_id=artifact, file_path=str(out)
         )
     else:  # ONNX Runtime builds no engine file: the model it ran, with the options in the side file
-        model = trial.user_attrs.get("precision_model")
+        model = trial.user_attrs.get("transformed_model")
         source = workdir / "models" / model if model else Path(recorded["model"])
         if not source.is_file():
             raise UserError(f"the model of trial {trial.number} is gone: {source}")

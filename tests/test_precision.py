@@ -207,6 +207,7 @@ def test_real_encoder_fp16_and_int8_are_built_validated_and_ranked(minilm_path: 
         'keep_io_fp32 = [true]\nquantize_ops = "matmul"\nprovider = "default"\ngraph_optimization_level = "default"\n'
         'mem_pattern = "default"\nexecution_mode = "default"\nintra_op_num_threads = "default"\n'
         'intra_op_spinning = "default"\ncpu_mem_arena = "default"\ndenormal_as_zero = "default"\n'
+        'graph_fusion = "default"\n'
         + "".join(f'"keep_fp32.{g}" = "default"\n' for g in ("normalization", "softmax", "exp_pow"))
     )
     shapes = ["--shape", "input_ids:1x64", "--shape", "attention_mask:1x64", "--shape", "token_type_ids:1x64"]
@@ -221,7 +222,7 @@ def test_real_encoder_fp16_and_int8_are_built_validated_and_ranked(minilm_path: 
         assert by_precision["fp16"].user_attrs["accuracy"]["cosine"] > 0.9999
         assert by_precision["int8"].state is int8_state
         assert 0.3 < by_precision["int8"].user_attrs["accuracy"]["cosine"] < 0.9999
-        assert by_precision["int8"].user_attrs["precision_model"].startswith("int8-")
+        assert by_precision["int8"].user_attrs["transformed_model"].startswith("int8-")
 
 
 def test_bf16_keeps_the_fp16_structure_with_weights_rounded_from_fp32(tmp_path: Path) -> None:

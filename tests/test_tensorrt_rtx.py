@@ -200,4 +200,4 @@ def test_every_graph_precision_builds_a_real_engine_in_a_dry_run(cnn_path: Path,
     ), outcomes
     for t in trials:
         if t.state is TrialState.COMPLETE:
-            assert t.user_attrs["precision_model"].startswith(t.params["precision"] + "-")
+            assert t.user_attrs["transformed_model"].startswith(t.params["precision"] + "-")

@@ -127,6 +127,10 @@ class Backend(abc.ABC):
         """The graph precisions (fp32, fp16, bf16, int8, fp8) this engine can run."""
         return ("fp32",)
 
+    def fusions(self) -> tuple[str, ...]:
+        """Graph fusions (see :mod:`gpt_optuna.fusion`) whose operators this engine runs."""
+        return ()
+
     def serialize(self, built: Built) -> bytes | None:
         """The engine as a file to keep, for backends that produce one."""
         return None

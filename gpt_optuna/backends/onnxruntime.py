@@ -233,6 +233,10 @@ class OnnxRuntimeBackend(Backend):
         """fp16 and int8 Q/DQ graphs run on every provider; bf16 and fp8 kernels are missing."""
         return ("fp32", "fp16", "int8")
 
+    def fusions(self) -> tuple[str, ...]:
+        """The transformer fusions emit ONNX Runtime's own contrib operators."""
+        return ("transformer",)
+
 
 class _HostRunner(Runner):
     def __init__(self, session: Any, feeds: Feeds) -> None:

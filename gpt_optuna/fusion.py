@@ -1,0 +1,97 @@
+"""ONNX Runtime's transformer fusions as an ONNX graph transform.
+
+ONNX Runtime's own graph optimizer leaves most of a transformer as small kernels; its transformer
+optimizer rewrites the decomposed patterns into fused contrib operators (SkipLayerNormalization,
+BiasGelu, Attention, ...), which cut the kernel count and run well in fp16. The fused graph uses
+``com.microsoft`` operators, so only ONNX Runtime can run it. Constants are folded first (ONNX
+Runtime's basic level, on the CPU), so weights stored compressed and expanded in the graph become
+plain initializers the fusion patterns recognise. Auto-detects head count and hidden size.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import logging
+import tempfile
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from gpt_optuna.errors import MissingDependencyError
+from gpt_optuna.space import Knob
+
+FUSIONS = ("none", "transformer")
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """The optimizer logs and warns per pattern it tries; keep that out of the tuner's output."""
+    logger = logging.getLogger("onnxruntime.transformers")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        logger.setLevel(level)
+
+
+def fold_constants(source: Path, out: Path) -> None:
+    """Save the model after ONNX Runtime's basic, provider-independent rewrites (constant folding)."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    options.optimized_model_filepath = str(out)
+    ort.InferenceSession(str(source), options, providers=["CPUExecutionProvider"])
+
+
+def fuse_transformer(source: Path, out: Path) -> dict[str, int]:
+    """Write the transformer-fused model to ``out``; return how many of each fused op it has."""
+    if importlib.util.find_spec("sympy") is None:  # the optimizer's shape inference needs it
+        raise MissingDependencyError("sympy (ONNX Runtime's transformer optimizer)", "cpu")
+    from onnxruntime.transformers import optimizer
+
+    folded = out.with_name(out.stem + ".folded.onnx")
+    try:
+        fold_constants(source, folded)
+        with _quiet():
+            fused = optimizer.optimize_model(str(folded), model_type="bert", opt_level=0, use_gpu=True)
+        fused.save_model_to_file(str(out))
+    finally:
+        folded.unlink(missing_ok=True)
+    return {op: n for op, n in fused.get_fused_operator_statistics().items() if n}
+
+
+def fused_path(base_path: Path, base_sha256: str, fusion: str, cache_dir: Path) -> Path:
+    """The model with ``fusion`` applied, produced once per model and cached by its content."""
+    if fusion == "none":
+        return base_path
+    if fusion not in FUSIONS:
+        raise ValueError(f"unknown graph fusion {fusion!r}; known: {', '.join(FUSIONS)}")
+    out = cache_dir / f"{fusion}-{base_sha256[:24]}.onnx"
+    if out.is_file():
+        return out
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.stem + ".tmp.onnx")
+    fuse_transformer(base_path, tmp)
+    tmp.replace(out)
+    return out
+
+
+def fusion_knobs(model_path: Path, fusions: tuple[str, ...]) -> list[Knob]:
+    """A ``graph_fusion`` knob where the backend runs fused graphs and the fusion changes this model."""
+    if "transformer" not in fusions:
+        return []
+    with tempfile.TemporaryDirectory(prefix="gpt_optuna_fusion_") as tmp:
+        if not fuse_transformer(model_path, Path(tmp) / "fused.onnx"):
+            return []
+    return [Knob("graph_fusion", FUSIONS, "none", "ONNX Runtime transformer fusions (SkipLayerNorm, Gelu, Attention)")]
+
+
+def fusion_of(candidate: dict[str, Any]) -> str:
+    return str(candidate.get("graph_fusion", "none"))

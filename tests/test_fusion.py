@@ -1,0 +1,131 @@
+"""ONNX Runtime's transformer fusions as a search dimension, on a real encoder and real ONNX Runtime."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from gpt_optuna import model as m
+from gpt_optuna.accuracy import parse_criterion
+from gpt_optuna.cli import main
+from gpt_optuna.evaluate import EvaluateJob, Outcome, SpaceJob
+from gpt_optuna.fusion import fused_path, fusion_knobs
+from gpt_optuna.measure import MeasureSettings
+from gpt_optuna.precision import PrecisionSetting, transform
+
+SHAPES = {name: m.ShapeRange((1, 32), (1, 32), (1, 32)) for name in ("input_ids", "attention_mask", "token_type_ids")}
+
+
+def encoder_feeds(seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    mask = np.ones((1, 32), np.int64)
+    mask[0, 24:] = 0  # padding, so that the mask path is exercised
+    return {
+        "input_ids": rng.integers(1000, 20000, (1, 32)),
+        "attention_mask": mask,
+        "token_type_ids": np.zeros((1, 32), np.int64),
+    }
+
+
+def run(path: Path, feeds: dict[str, np.ndarray]) -> np.ndarray:
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    return np.asarray(session.run(None, feeds)[0], np.float64)
+
+
+def cosine(a: np.ndarray, b: np.ndarray) -> float:
+    return float(a.ravel() @ b.ravel() / np.linalg.norm(a) / np.linalg.norm(b))
+
+
+def test_transformer_fusion_rewrites_a_real_encoder_and_keeps_its_outputs(minilm_path: Path, tmp_path: Path) -> None:
+    info = m.load_model_info(minilm_path)
+    fused = fused_path(minilm_path, info.sha256, "transformer", tmp_path / "models")
+    graph = onnx.load(str(fused))
+    ops = Counter(node.op_type for node in graph.graph.node)
+    assert ops["SkipLayerNormalization"] == 12  # 6 layers x (attention, feed-forward) residual + LayerNorm
+    assert ops["BiasGelu"] == 6
+    assert len(graph.graph.node) < len(onnx.load(str(minilm_path)).graph.node)
+    assert {node.domain for node in graph.graph.node if node.op_type == "BiasGelu"} == {"com.microsoft"}
+    feeds = encoder_feeds()
+    original = run(minilm_path, feeds)
+    assert np.abs(run(fused, feeds) - original).max() < 1e-4
+    mtime = fused.stat().st_mtime_ns
+    assert fused_path(minilm_path, info.sha256, "transformer", tmp_path / "models") == fused
+    assert fused.stat().st_mtime_ns == mtime  # made once, then read from the cache
+    assert fused_path(minilm_path, info.sha256, "none", tmp_path / "models") == minilm_path
+    # the fused graph is a base for the precision transforms: fp16 of its contrib ops runs and agrees
+    fp16 = transform(fused, m.load_model_info(fused).sha256, PrecisionSetting("fp16"), [], [], "", tmp_path / "models")
+    fp16_ops = {n.op_type for n in onnx.load(str(fp16)).graph.node}
+    assert {"SkipLayerNormalization", "BiasGelu"} <= fp16_ops
+    assert cosine(run(fp16, feeds), original) > 0.9999
+
+
+def test_fusion_is_offered_only_where_it_changes_the_model_and_the_backend_runs_it(
+    minilm_path: Path, cnn_path: Path
+) -> None:
+    (knob,) = fusion_knobs(minilm_path, ("transformer",))
+    assert (knob.name, knob.choices, knob.default) == ("graph_fusion", ("none", "transformer"), "none")
+    assert fusion_knobs(cnn_path, ("transformer",)) == []  # nothing to fuse in a CNN
+    assert fusion_knobs(minilm_path, ()) == []  # a backend that cannot run com.microsoft operators
+    space, _ = SpaceJob("onnxruntime", m.load_model_info(minilm_path), SHAPES)()
+    assert "graph_fusion" in [k.name for k in space.knobs]
+    cnn_space, _ = SpaceJob("onnxruntime", m.load_model_info(cnn_path), {})()
+    assert "graph_fusion" not in [k.name for k in cnn_space.knobs]
+
+
+def test_a_search_runs_fused_fp16_candidates_with_nodes_ranked_on_the_fused_graph(
+    minilm_path: Path, tmp_path: Path
+) -> None:
+    config = tmp_path / "tune.toml"
+    config.write_text(
+        '[measure]\nbudget_s = 0.1\n[space]\ngraph_fusion = "transformer"\nprecision = "fp16"\n'
+        'keep_fp32_nodes = [0, 2]\nprovider = "default"\n'
+    )
+    shapes = [f"--shape={name}:1x32" for name in SHAPES]
+    argv = ["tune", str(minilm_path), *shapes, "--config", str(config), "--n-trials", "4", "--quiet"]
+    assert main([*argv, "--accuracy", "cosine>=0.9999", "--sampler", "random", "--seed", "3"]) == 0
+    study = optuna.load_study(study_name="model-onnxruntime", storage="sqlite:///studies/model-onnxruntime.db")
+    tuned = [t for t in study.get_trials() if t.number > 0 and "reused_from" not in t.user_attrs]
+    assert tuned and all(t.state is TrialState.COMPLETE for t in tuned), [t.user_attrs for t in tuned]
+    assert all(t.user_attrs["transformed_model"].startswith("fp16-") for t in tuned)
+    assert all(t.user_attrs["accuracy"]["cosine"] > 0.9999 for t in tuned)
+    folder = Path("studies/model-onnxruntime")
+    (fused,) = folder.glob("models/transformer-*.onnx")
+    assert "SkipLayerNormalization" in {n.op_type for n in onnx.load(str(fused)).graph.node}
+    if any(t.params["keep_fp32_nodes"] for t in tuned):  # ranked on the graph the candidate converts
+        assert (folder / f"sensitivity-{m.load_model_info(fused).sha256[:16]}.json").is_file()
+
+
+@pytest.mark.gpu
+def test_fused_fp16_encoder_runs_on_the_cuda_provider_through_a_cuda_graph(minilm_path: Path, tmp_path: Path) -> None:
+    info = m.load_model_info(minilm_path)
+    m.save_npz(tmp_path / "inputs.npz", encoder_feeds())
+    m.save_npz(tmp_path / "reference.npz", m.reference_outputs(info, encoder_feeds()))
+    space, _ = SpaceJob("onnxruntime", info, SHAPES)()
+    base = space.default()
+    assert base["provider"] == "CUDAExecutionProvider"
+    results = {}
+    for fusion in ("none", "transformer"):
+        candidate = {**base, "graph_fusion": fusion, "precision": "fp16", "cuda.enable_cuda_graph": True}
+        job = EvaluateJob(
+            backend="onnxruntime",
+            model=info,
+            candidate=candidate,
+            workdir=tmp_path,
+            shapes=SHAPES,
+            feeds_path=tmp_path / "inputs.npz",
+            reference_path=tmp_path / "reference.npz",
+            criterion=parse_criterion("cosine>=0.999"),
+            settings=MeasureSettings(budget_s=1.0),
+        )
+        results[fusion] = job()
+        assert results[fusion].outcome is Outcome.OK, results[fusion].detail
+    fused = results["transformer"]
+    assert fused.attrs["transformed_model"].startswith("fp16-")
+    print({f: (r.latency.median_ms, r.verdict.metrics["cosine"]) for f, r in results.items()})
