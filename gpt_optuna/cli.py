@@ -30,6 +30,7 @@ _TUNE_ONLY = (
     "seed",
     "dry_run",
     "confirm_top",
+    "confirm_processes",
     "objectives",
 )
 
@@ -72,6 +73,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--confirm-top", type=int, help="finalists re-measured with the baseline after the search (default 5, 0: off)"
     )
     tune.add_argument(
+        "--confirm-processes", type=int, help="fresh processes the finalists are re-measured in (default 3)"
+    )
+    tune.add_argument(
         "--objectives", help="latency (default), or latency with error and/or build_s: a multi-objective search"
     )
     tune.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -90,6 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
     confirm = commands.add_parser("confirm", help="re-measure the best candidates and the baseline, interleaved")
     _storage_flags(confirm)
     confirm.add_argument("--top", type=int, default=5, help="how many of the best feasible candidates (default 5)")
+    confirm.add_argument("--processes", type=int, default=3, help="fresh processes to measure in (default 3)")
 
     report = commands.add_parser("report", help="write the study as one self-contained HTML page")
     _storage_flags(report)
@@ -124,6 +129,7 @@ def tune_config(args: argparse.Namespace) -> TuneConfig:
         "seed": args.seed,
         "dry_run": args.dry_run,
         "confirm_top": args.confirm_top,
+        "confirm_processes": args.confirm_processes,
         "objectives": args.objectives,
     }
     values.update({k: v for k, v in flags.items() if v is not None})
@@ -231,10 +237,10 @@ def run(argv: list[str]) -> int:
     if args.command == "confirm":
         from gpt_optuna.confirm import confirm, template_from_study
 
-        if (
-            confirm(study, template_from_study(study), Path("studies") / study.study_name / "confirm.log", args.top)
-            is None
-        ):
+        if args.top < 1 or args.processes < 1:
+            raise UserError("--top and --processes must be at least 1")
+        log = Path("studies") / study.study_name / "confirm.log"
+        if confirm(study, template_from_study(study), log, args.top, args.processes) is None:
             raise UserError(f"study {study.study_name} has no measured baseline and feasible candidate to confirm")
     summary = summarize_study(study)
     if args.command in ("status", "confirm"):

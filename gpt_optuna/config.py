@@ -64,6 +64,7 @@ class TuneConfig:
     seed: int | None = None
     dry_run: bool = False
     confirm_top: int = 5
+    confirm_processes: int = 3
     objectives: tuple[str, ...] = ("latency",)
     measure: MeasureSettings = field(default_factory=MeasureSettings)
     space: dict[str, Value | list[Value]] = field(default_factory=dict)
@@ -89,6 +90,8 @@ class TuneConfig:
             raise UserError("--dry-run has one objective, the build time; drop --objectives")
         if self.confirm_top < 0:
             raise UserError(f"--confirm-top must be 0 (off) or more, got {self.confirm_top}")
+        if self.confirm_processes < 1:
+            raise UserError(f"--confirm-processes must be at least 1, got {self.confirm_processes}")
         if self.n_trials is None and self.timeout_s is None:
             self.n_trials = DEFAULT_N_TRIALS
         if self.study_name is None:
@@ -128,6 +131,7 @@ _TOML_KEYS = {
     "seed": "seed",
     "dry_run": "dry_run",
     "confirm_top": "confirm_top",
+    "confirm_processes": "confirm_processes",
     "objectives": "objectives",
 }
 

@@ -53,14 +53,21 @@ def format_summary(summary: StudySummary) -> str:
 def format_confirmed(confirmed: dict[str, Any]) -> list[str]:
     """The finalists' interleaved re-measurement, and whether the winner is a real improvement."""
     base = confirmed["baseline"]
+    processes = confirmed["processes"]
     lines = [
-        f"confirmed in {confirmed['rounds']} interleaved rounds in a fresh process "
-        f"(baseline trial {base['number']}: {base['median_ms']:.4g} ms):"
+        f"confirmed in {confirmed['rounds']} interleaved rounds in {processes} fresh process"
+        f"{'es' if processes > 1 else ''} (baseline trial {base['number']}: {_ms(base)}):"
     ]
     for row in confirmed["ranking"]:
         lines.append(
-            f"  trial {row['number']}: {row['median_ms']:.4g} ms, speedup {row['speedup']:.3f}x "
+            f"  trial {row['number']}: {_ms(row)}, speedup {row['speedup']:.3f}x "
             f"[95% CI {row['ci_low']:.3f}-{row['ci_high']:.3f}]"
+        )
+    spread = max(max(r["process_ms"]) / min(r["process_ms"]) for r in [base, *confirmed["ranking"]])
+    if spread > 1.05:
+        lines.append(
+            f"  latency differed by up to {100 * (spread - 1):.0f} % between processes (CPU-side launch work"
+            " runs as fast as its process's CPU): the intervals include that"
         )
     top = confirmed["ranking"][0]
     if top["ci_high"] < 1.0:
@@ -68,6 +75,12 @@ def format_confirmed(confirmed: dict[str, Any]) -> list[str]:
     elif not top["significant"]:
         lines.append("  no significant improvement over the baseline: the interval includes 1.0")
     return lines
+
+
+def _ms(row: dict[str, Any]) -> str:
+    """A median, with the per-process medians where there are several."""
+    each = row["process_ms"]
+    return f"{row['median_ms']:.4g} ms" + (f" ({' / '.join(f'{v:.4g}' for v in each)})" if len(each) > 1 else "")
 
 
 class Progress:

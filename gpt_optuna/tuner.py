@@ -219,9 +219,12 @@ def tune(config: TuneConfig, progress: Progress | None = None, argv: list[str] |
             )
             return 130
         if not config.dry_run and config.confirm_top > 0:
-            progress.note(f"re-measuring the {config.confirm_top} best candidates and the baseline, interleaved ...")
+            progress.note(
+                f"re-measuring the {config.confirm_top} best candidates and the baseline, interleaved,"
+                f" in {config.confirm_processes} fresh processes ..."
+            )
             try:
-                confirm(study, job, config.workdir / "confirm.log", config.confirm_top)
+                confirm(study, job, config.workdir / "confirm.log", config.confirm_top, config.confirm_processes)
             except JobFailure as failure:
                 progress.note(f"the finalists could not be re-measured: {failure}")
         note = (

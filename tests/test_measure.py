@@ -76,6 +76,24 @@ def test_bootstrap_interval_covers_the_truth_and_includes_one_for_equal_candidat
     assert low < 1.0 < high
 
 
+def test_a_difference_between_processes_widens_the_interval_instead_of_hiding_in_it() -> None:
+    """Three processes, each consistent with itself, in which the launch-bound baseline ran at a
+    different speed. One process alone gives a tight interval that misses what the others saw;
+    resampling processes gives one that reaches both the slowest and the fastest process."""
+    rng = np.random.default_rng(2)
+    baseline = np.concatenate([m * (1 + 0.01 * rng.standard_normal(10)) for m in (1.2, 1.25, 1.8)])
+    candidate = 0.8 * (1 + 0.01 * rng.standard_normal(30))
+    processes = np.repeat([0, 1, 2], 10)
+    _, alone_low, alone_high = bootstrap_ratio(baseline[20:], candidate[20:])
+    assert 2.2 < alone_low < alone_high < 2.3  # the third process by itself: sure, and wrong for the others
+    _, pooled_low, pooled_high = bootstrap_ratio(baseline, candidate)
+    speedup, low, high = bootstrap_ratio(baseline, candidate, processes)
+    assert low < 1.5 < speedup < 2.2 < high  # 1.5x (1.2 / 0.8) and ~2.25x (1.8 / 0.8) both in reach
+    assert high - low > pooled_high - pooled_low
+    one = np.zeros(30, np.int64)  # a single process is the plain bootstrap over rounds
+    assert bootstrap_ratio(baseline, candidate, one) == (speedup, pooled_low, pooled_high)
+
+
 def test_finalists_are_confirmed_interleaved_and_best_follows_the_confirmed_ranking(
     tmp_path: Path, cnn_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -85,19 +103,21 @@ def test_finalists_are_confirmed_interleaved_and_best_follows_the_confirmed_rank
         'a = [0]\nb = [0]\nc = ["x"]\n'
     )
     argv = ["tune", str(cnn_path), "--backend", SYNTHETIC, "--config", str(config), "--quiet", "--n-trials", "8"]
-    assert main([*argv, "--confirm-top", "2"]) == 0
+    assert main([*argv, "--confirm-top", "2", "--confirm-processes", "2"]) == 0
     out = capsys.readouterr().out
-    assert "interleaved rounds in a fresh process" in out
+    assert "interleaved rounds in 2 fresh processes" in out
     study = optuna.load_study(study_name="cnn-syntheticbackend", storage="sqlite:///studies/cnn-syntheticbackend.db")
     confirmed = study.user_attrs["confirmed"]
     delays = {t.number: t.params["delay_us"] for t in study.get_trials()}
     assert delays[confirmed["baseline"]["number"]] == 200
+    assert confirmed["processes"] == 2 and len(confirmed["baseline"]["process_ms"]) == 2
     assert [delays[row["number"]] for row in confirmed["ranking"]] == [50, 100]
     for row in confirmed["ranking"]:
         assert row["significant"] and 1.0 < row["ci_low"] <= row["speedup"] <= row["ci_high"]
     assert main(["best", "--json"]) == 0
     record = json.loads(capsys.readouterr().out)
     assert delays[record["number"]] == 50 and record["speedup"] == confirmed["ranking"][0]["speedup"]
-    assert main(["confirm", "--top", "1"]) == 0  # on demand, from the study alone
+    assert main(["confirm", "--top", "1", "--processes", "1"]) == 0  # on demand, from the study alone
     reloaded = optuna.load_study(study_name="cnn-syntheticbackend", storage="sqlite:///studies/cnn-syntheticbackend.db")
     assert len(reloaded.user_attrs["confirmed"]["ranking"]) == 1
+    assert "in 1 fresh process " in capsys.readouterr().out
