@@ -183,7 +183,7 @@ def print_space(config: TuneConfig, as_json: bool) -> int:
 
     info, shapes, _ = load_inputs(config)
     with tempfile.TemporaryDirectory() as tmp, Worker(Path(tmp) / "worker.log") as worker:
-        space, versions = discover_space(config, worker, info, shapes)
+        space, versions = discover_space(config, worker, info, shapes, Path(tmp) / "models")
     if as_json:
         print(json.dumps({"backend": config.backend, "versions": versions, "knobs": space.describe()}))
     else:

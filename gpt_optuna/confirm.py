@@ -120,7 +120,7 @@ def template_from_study(study: optuna.Study) -> EvaluateJob:
     from gpt_optuna.errors import UserError
     from gpt_optuna.measure import MeasureSettings
     from gpt_optuna.model import ShapeRange, load_model_info
-    from gpt_optuna.study import FINGERPRINT_ATTR
+    from gpt_optuna.study import FINGERPRINT_ATTR, MEASURE_ATTR
 
     recorded = study.user_attrs.get(FINGERPRINT_ATTR)
     if recorded is None:
@@ -134,16 +134,11 @@ def template_from_study(study: optuna.Study) -> EvaluateJob:
     for name in ("inputs.npz", "reference.npz"):
         if not (workdir / name).is_file():
             raise UserError(f"the study folder {workdir} lacks {name}; run the search from its own directory")
-    calibration = workdir / "calibration.npz"
-    return EvaluateJob(
-        backend=recorded["backend"],
-        model=info,
-        candidate={},
-        workdir=workdir,
-        shapes={n: ShapeRange(*(tuple(s) for s in r)) for n, r in recorded["shapes"].items()},
-        feeds_path=workdir / "inputs.npz",
-        reference_path=workdir / "reference.npz",
-        criterion=parse_criterion(recorded["accuracy"]),
-        settings=MeasureSettings(),
-        calibration_path=calibration if calibration.is_file() else None,
+    return EvaluateJob.in_study(
+        workdir,
+        recorded["backend"],
+        info,
+        {n: ShapeRange(*(tuple(s) for s in r)) for n, r in recorded["shapes"].items()},
+        parse_criterion(recorded["accuracy"]),
+        MeasureSettings(**study.user_attrs.get(MEASURE_ATTR, {})),
     )

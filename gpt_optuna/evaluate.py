@@ -81,11 +81,15 @@ class TrialResult:
 
 @dataclass(frozen=True)
 class SpaceJob:
-    """Discover the backend's search space for a model, with the library versions."""
+    """Discover the backend's search space for a model, with the library versions.
+
+    ``cache_dir`` keeps the transformed models made while looking (see :func:`fusion_knobs`).
+    """
 
     backend: str
     model: ModelInfo
     shapes: dict[str, ShapeRange]
+    cache_dir: Path
 
     def __call__(self) -> tuple[Space, dict[str, str]]:
         import onnx
@@ -93,7 +97,7 @@ class SpaceJob:
         backend = _backend(self.backend)
         graph = onnx.load(str(self.model.path), load_external_data=False)
         precision = precision_knobs(graph, backend.precisions())
-        fusion = fusion_knobs(self.model.path, backend.fusions())
+        fusion = fusion_knobs(self.model, backend.fusions(), self.cache_dir)
         knobs = list(backend.space(self.model, self.shapes).knobs)
         if precision:  # weak-typing flags only where the graph itself stays fp32
             graph_fp32 = Condition("precision", ("fp32",))
@@ -123,6 +127,35 @@ class EvaluateJob:
     measure_infeasible: bool = False
     dry_run: bool = False
     calibration_path: Path | None = None
+
+    @classmethod
+    def in_study(
+        cls,
+        workdir: Path,
+        backend: str,
+        model: ModelInfo,
+        shapes: dict[str, ShapeRange],
+        criterion: Criterion,
+        settings: MeasureSettings,
+        dry_run: bool = False,
+    ) -> EvaluateJob:
+        """The template job of a study folder, reading the inputs, reference outputs and calibration
+        data cached there; the tuner and the finalists' re-measurement fill in ``candidate``."""
+        workdir = workdir.resolve()
+        calibration = workdir / "calibration.npz"
+        return cls(
+            backend=backend,
+            model=model,
+            candidate={},
+            workdir=workdir,
+            shapes=shapes,
+            feeds_path=workdir / "inputs.npz",
+            reference_path=workdir / "reference.npz",
+            criterion=criterion,
+            settings=settings,
+            dry_run=dry_run,
+            calibration_path=calibration if calibration.is_file() else None,
+        )
 
     def __call__(self) -> TrialResult:
         start = time.perf_counter()

@@ -12,14 +12,15 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import json
 import logging
-import tempfile
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from gpt_optuna.errors import MissingDependencyError
+from gpt_optuna.model import ModelInfo
 from gpt_optuna.space import Knob
 
 FUSIONS = ("none", "transformer")
@@ -68,28 +69,39 @@ def fuse_transformer(source: Path, out: Path) -> dict[str, int]:
 
 
 def fused_path(base_path: Path, base_sha256: str, fusion: str, cache_dir: Path) -> Path:
-    """The model with ``fusion`` applied, produced once per model and cached by its content."""
+    """The model with ``fusion`` applied, produced once per model and cached by its content, with
+    the fused-op counts beside it (``.json``)."""
     if fusion == "none":
         return base_path
     if fusion not in FUSIONS:
         raise ValueError(f"unknown graph fusion {fusion!r}; known: {', '.join(FUSIONS)}")
     out = cache_dir / f"{fusion}-{base_sha256[:24]}.onnx"
-    if out.is_file():
+    if out.is_file() and out.with_suffix(".json").is_file():
         return out
     cache_dir.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.stem + ".tmp.onnx")
-    fuse_transformer(base_path, tmp)
+    out.with_suffix(".json").write_text(json.dumps(fuse_transformer(base_path, tmp)))
     tmp.replace(out)
     return out
 
 
-def fusion_knobs(model_path: Path, fusions: tuple[str, ...]) -> list[Knob]:
-    """A ``graph_fusion`` knob where the backend runs fused graphs and the fusion changes this model."""
+def fusion_knobs(model: ModelInfo, fusions: tuple[str, ...], cache_dir: Path) -> list[Knob]:
+    """A ``graph_fusion`` knob where the backend runs fused graphs and the fusion changes this model.
+
+    The fused model is made here, once, in ``cache_dir``: the candidates that use it find it there.
+    A graph the optimizer fails on is searched without the knob (the reason goes to the log).
+    """
     if "transformer" not in fusions:
         return []
-    with tempfile.TemporaryDirectory(prefix="gpt_optuna_fusion_") as tmp:
-        if not fuse_transformer(model_path, Path(tmp) / "fused.onnx"):
-            return []
+    try:
+        fused = fused_path(model.path, model.sha256, "transformer", cache_dir)
+    except MissingDependencyError:
+        raise
+    except Exception as exc:
+        logging.getLogger(__name__).warning("transformer fusion not searched: it failed on %s: %s", model.path, exc)
+        return []
+    if not json.loads(fused.with_suffix(".json").read_text()):
+        return []
     return [Knob("graph_fusion", FUSIONS, "none", "ONNX Runtime transformer fusions (SkipLayerNorm, Gelu, Attention)")]
 
 

@@ -18,6 +18,8 @@ from optuna.trial import FrozenTrial, TrialState
 from gpt_optuna.errors import MissingDependencyError, UserError
 
 FINGERPRINT_ATTR = "gpt_optuna"
+MEASURE_ATTR = "measure_settings"
+"""The latency protocol of the latest search (it may change between resumes, so it is not in the fingerprint)."""
 _HEARTBEAT_S = 30
 _GRACE_S = 120
 _MAX_RETRY = 3

@@ -6,7 +6,7 @@ import logging
 import shlex
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +24,7 @@ from gpt_optuna.precision import QUANTIZED
 from gpt_optuna.progress import Progress
 from gpt_optuna.space import Candidate, Space
 from gpt_optuna.study import (
+    MEASURE_ATTR,
     finished_count,
     make_sampler,
     open_storage,
@@ -39,16 +40,14 @@ SPACE_TIMEOUT_S = 300.0
 
 @dataclass(frozen=True)
 class Prepared:
-    """The checked model, the cached data paths and the discovered search space."""
+    """The checked model and the discovered search space; inputs, reference outputs and calibration
+    data are cached in the study folder."""
 
     info: model_io.ModelInfo
     shapes: dict[str, model_io.ShapeRange]
-    feeds_path: Path
-    reference_path: Path
     inputs_sha256: str
     space: Space
     versions: dict[str, str]
-    calibration_path: Path | None = None
     calibration_sha256: str = ""
 
 
@@ -66,11 +65,16 @@ def load_inputs(config: TuneConfig) -> tuple[model_io.ModelInfo, dict[str, model
 
 
 def discover_space(
-    config: TuneConfig, worker: Worker, info: model_io.ModelInfo, shapes: dict[str, model_io.ShapeRange]
+    config: TuneConfig,
+    worker: Worker,
+    info: model_io.ModelInfo,
+    shapes: dict[str, model_io.ShapeRange],
+    models_dir: Path,
 ) -> tuple[Space, dict[str, str]]:
-    """The backend's search space (found in the worker process) with the ``[space]`` overrides."""
+    """The backend's search space (found in the worker process) with the ``[space]`` overrides;
+    transformed models made on the way are kept in ``models_dir``."""
     try:
-        space, versions = worker.run(SpaceJob(config.backend, info, shapes), SPACE_TIMEOUT_S)
+        space, versions = worker.run(SpaceJob(config.backend, info, shapes, models_dir), SPACE_TIMEOUT_S)
     except JobFailure as failure:
         raise UserError(f"backend {config.backend!r} could not describe its search space: {failure}") from None
     return space.with_overrides(config.space), versions
@@ -92,17 +96,14 @@ def prepare(config: TuneConfig, worker: Worker, notes: list[str]) -> Prepared:
         model_io.save_npz(reference_path, reference)
         stamp.write_text(key)
     criterion.check_applicable(model_io.read_npz(reference_path))
-    space, versions = discover_space(config, worker, info, shapes)
-    calibration_path, calibration_sha256 = None, ""
+    space, versions = discover_space(config, worker, info, shapes, workdir / "models")
+    calibration_sha256 = ""
     precision = next((k for k in space.knobs if k.name == "precision"), None)
     if precision is not None and set(precision.choices) & set(QUANTIZED):
         samples = calibration_samples(config, info, shapes, notes)
-        calibration_path = workdir / "calibration.npz"
-        model_io.save_npz(calibration_path, samples)
+        model_io.save_npz(workdir / "calibration.npz", samples)
         calibration_sha256 = model_io.feeds_sha256(samples)
-    return Prepared(
-        info, shapes, feeds_path, reference_path, inputs_sha256, space, versions, calibration_path, calibration_sha256
-    )
+    return Prepared(info, shapes, inputs_sha256, space, versions, calibration_sha256)
 
 
 CALIBRATION_SAMPLES = 16
@@ -169,18 +170,15 @@ def tune(config: TuneConfig, progress: Progress | None = None, argv: list[str] |
         if remaining == 0:
             progress.finish(summarize_study(study), resume, note="the study already has its trials")
             return 0
-        job = EvaluateJob(
-            backend=config.backend,
-            model=prepared.info,
-            candidate={},
-            workdir=config.workdir.resolve(),
-            shapes=prepared.shapes,
-            feeds_path=prepared.feeds_path.resolve(),
-            reference_path=prepared.reference_path.resolve(),
-            criterion=config.criterion,
-            settings=config.measure,
-            dry_run=config.dry_run,
-            calibration_path=prepared.calibration_path.resolve() if prepared.calibration_path else None,
+        study.set_user_attr(MEASURE_ATTR, asdict(config.measure))  # for re-measuring later, as searched
+        job = EvaluateJob.in_study(
+            config.workdir,
+            config.backend,
+            prepared.info,
+            prepared.shapes,
+            config.criterion,
+            config.measure,
+            config.dry_run,
         )
         artifacts_dir = config.workdir / "artifacts"
         artifacts_dir.mkdir(parents=True, exist_ok=True)

@@ -10,6 +10,7 @@ import onnx
 import onnxruntime as ort
 import optuna
 import pytest
+from onnx import TensorProto, helper
 from optuna.trial import TrialState
 
 from gpt_optuna import model as m
@@ -67,15 +68,21 @@ def test_transformer_fusion_rewrites_a_real_encoder_and_keeps_its_outputs(minilm
 
 
 def test_fusion_is_offered_only_where_it_changes_the_model_and_the_backend_runs_it(
-    minilm_path: Path, cnn_path: Path
+    minilm_path: Path, cnn_path: Path, tmp_path: Path
 ) -> None:
-    (knob,) = fusion_knobs(minilm_path, ("transformer",))
+    minilm, cnn = m.load_model_info(minilm_path), m.load_model_info(cnn_path)
+    assert fusion_knobs(minilm, (), tmp_path / "none") == []  # a backend that cannot run com.microsoft operators
+    assert not (tmp_path / "none").exists()
+    (knob,) = fusion_knobs(minilm, ("transformer",), tmp_path / "models")
     assert (knob.name, knob.choices, knob.default) == ("graph_fusion", ("none", "transformer"), "none")
-    assert fusion_knobs(cnn_path, ("transformer",)) == []  # nothing to fuse in a CNN
-    assert fusion_knobs(minilm_path, ()) == []  # a backend that cannot run com.microsoft operators
-    space, _ = SpaceJob("onnxruntime", m.load_model_info(minilm_path), SHAPES)()
+    # the fused model made while looking is the one candidates use: not made again
+    fused = fused_path(minilm_path, minilm.sha256, "transformer", tmp_path / "models")
+    mtime = fused.stat().st_mtime_ns
+    assert fusion_knobs(cnn, ("transformer",), tmp_path / "models") == []  # nothing to fuse in a CNN
+    space, _ = SpaceJob("onnxruntime", minilm, SHAPES, tmp_path / "models")()
     assert "graph_fusion" in [k.name for k in space.knobs]
-    cnn_space, _ = SpaceJob("onnxruntime", m.load_model_info(cnn_path), {})()
+    assert fused.stat().st_mtime_ns == mtime
+    cnn_space, _ = SpaceJob("onnxruntime", cnn, {}, tmp_path / "models")()
     assert "graph_fusion" not in [k.name for k in cnn_space.knobs]
 
 
@@ -107,7 +114,7 @@ def test_fused_fp16_encoder_runs_on_the_cuda_provider_through_a_cuda_graph(minil
     info = m.load_model_info(minilm_path)
     m.save_npz(tmp_path / "inputs.npz", encoder_feeds())
     m.save_npz(tmp_path / "reference.npz", m.reference_outputs(info, encoder_feeds()))
-    space, _ = SpaceJob("onnxruntime", info, SHAPES)()
+    space, _ = SpaceJob("onnxruntime", info, SHAPES, tmp_path / "models")()
     base = space.default()
     assert base["provider"] == "CUDAExecutionProvider"
     results = {}
@@ -129,3 +136,17 @@ def test_fused_fp16_encoder_runs_on_the_cuda_provider_through_a_cuda_graph(minil
     fused = results["transformer"]
     assert fused.attrs["transformed_model"].startswith("fp16-")
     print({f: (r.latency.median_ms, r.verdict.metrics["cosine"]) for f, r in results.items()})
+
+
+def test_a_graph_the_optimizer_fails_on_is_searched_without_the_knob(tmp_path: Path) -> None:
+    graph = helper.make_graph(
+        [helper.make_node("Mystery", ["x"], ["y"], domain="example.custom")],
+        "unknown_op",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])],
+    )
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("example.custom", 1)]
+    model = helper.make_model(graph, opset_imports=opsets)
+    path = tmp_path / "mystery.onnx"
+    onnx.save(model, path)
+    assert fusion_knobs(m.load_model_info(path), ("transformer",), tmp_path / "models") == []

@@ -12,6 +12,7 @@ import pytest
 from conftest import SYNTHETIC
 
 from gpt_optuna.cli import main
+from gpt_optuna.confirm import template_from_study
 from gpt_optuna.measure import MeasureSettings, bootstrap_ratio, interleaved_rounds, measure_with, median_rel_ci
 
 
@@ -117,6 +118,8 @@ def test_finalists_are_confirmed_interleaved_and_best_follows_the_confirmed_rank
     assert main(["best", "--json"]) == 0
     record = json.loads(capsys.readouterr().out)
     assert delays[record["number"]] == 50 and record["speedup"] == confirmed["ranking"][0]["speedup"]
+    template = template_from_study(study)  # on demand, the protocol the search used
+    assert template.settings == MeasureSettings(budget_s=0.1) and template.workdir.name == study.study_name
     assert main(["confirm", "--top", "1", "--processes", "1"]) == 0  # on demand, from the study alone
     reloaded = optuna.load_study(study_name="cnn-syntheticbackend", storage="sqlite:///studies/cnn-syntheticbackend.db")
     assert len(reloaded.user_attrs["confirmed"]["ranking"]) == 1
