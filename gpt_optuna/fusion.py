@@ -106,4 +106,5 @@ def fusion_knobs(model: ModelInfo, fusions: tuple[str, ...], cache_dir: Path) ->
 
 
 def fusion_of(candidate: dict[str, Any]) -> str:
+    """The candidate's graph fusion ("none" where the space has no such knob)."""
     return str(candidate.get("graph_fusion", "none"))
