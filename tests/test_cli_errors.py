@@ -40,6 +40,7 @@ def test_malformed_model(tmp_path: Path) -> None:
         (["--storage", "mysql://user@127.0.0.1:1/db"], "storage 'mysql://user@127.0.0.1:1/db'"),
         (["--timeout", "soon"], "malformed duration 'soon'"),
         (["--shape", "input:1x3x64"], "rank 3"),
+        (["--confirm-processes", "0"], "--confirm-processes must be at least 1, got 0"),
     ],
 )
 def test_bad_flags(cnn_path: Path, flags: list[str], expected: str) -> None:
