@@ -53,7 +53,7 @@ def format_summary(summary: StudySummary) -> str:
 def format_confirmed(confirmed: dict[str, Any]) -> list[str]:
     """The finalists' interleaved re-measurement, and whether the winner is a real improvement."""
     base = confirmed["baseline"]
-    processes = confirmed["processes"]
+    processes = confirmed.get("processes", 1)  # studies confirmed before there were several
     lines = [
         f"confirmed in {confirmed['rounds']} interleaved rounds in {processes} fresh process"
         f"{'es' if processes > 1 else ''} (baseline trial {base['number']}: {_ms(base)}):"
@@ -63,7 +63,7 @@ def format_confirmed(confirmed: dict[str, Any]) -> list[str]:
             f"  trial {row['number']}: {_ms(row)}, speedup {row['speedup']:.3f}x "
             f"[95% CI {row['ci_low']:.3f}-{row['ci_high']:.3f}]"
         )
-    spread = max(max(r["process_ms"]) / min(r["process_ms"]) for r in [base, *confirmed["ranking"]])
+    spread = max(max(_per_process(r)) / min(_per_process(r)) for r in [base, *confirmed["ranking"]])
     if spread > 1.05:
         lines.append(
             f"  latency differed by up to {100 * (spread - 1):.0f} % between processes (CPU-side launch work"
@@ -77,9 +77,13 @@ def format_confirmed(confirmed: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _per_process(row: dict[str, Any]) -> list[float]:
+    return row.get("process_ms", [row["median_ms"]])
+
+
 def _ms(row: dict[str, Any]) -> str:
     """A median, with the per-process medians where there are several."""
-    each = row["process_ms"]
+    each = _per_process(row)
     return f"{row['median_ms']:.4g} ms" + (f" ({' / '.join(f'{v:.4g}' for v in each)})" if len(each) > 1 else "")
 
 

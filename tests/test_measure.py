@@ -14,6 +14,7 @@ from conftest import SYNTHETIC
 from gpt_optuna.cli import main
 from gpt_optuna.confirm import template_from_study
 from gpt_optuna.measure import MeasureSettings, bootstrap_ratio, interleaved_rounds, measure_with, median_rel_ci
+from gpt_optuna.progress import format_confirmed
 
 
 def busy(ms: float) -> float:
@@ -124,3 +125,11 @@ def test_finalists_are_confirmed_interleaved_and_best_follows_the_confirmed_rank
     reloaded = optuna.load_study(study_name="cnn-syntheticbackend", storage="sqlite:///studies/cnn-syntheticbackend.db")
     assert len(reloaded.user_attrs["confirmed"]["ranking"]) == 1
     assert "in 1 fresh process " in capsys.readouterr().out
+
+
+def test_a_confirmation_recorded_without_per_process_figures_still_prints() -> None:
+    row = {"median_ms": 1.0, "speedup": 2.0, "ci_low": 1.9, "ci_high": 2.1, "significant": True}
+    recorded = {"baseline": {**row, "number": 0, "median_ms": 2.0}, "ranking": [{**row, "number": 3}], "rounds": 30}
+    lines = format_confirmed(recorded)
+    assert lines[0] == "confirmed in 30 interleaved rounds in 1 fresh process (baseline trial 0: 2 ms):"
+    assert lines[1] == "  trial 3: 1 ms, speedup 2.000x [95% CI 1.900-2.100]"
