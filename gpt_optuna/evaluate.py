@@ -24,6 +24,7 @@ from gpt_optuna.worker import JobFailure, Worker
 
 _backends: dict[str, Backend] = {}
 _arrays: dict[tuple[Path, float], Feeds] = {}
+_infos: dict[tuple[Path, float], ModelInfo] = {}
 
 
 def _backend(spec: str) -> Backend:
@@ -37,6 +38,14 @@ def _npz(path: Path) -> Feeds:
     if key not in _arrays:
         _arrays[key] = read_npz(path)
     return _arrays[key]
+
+
+def _model_info(path: Path) -> ModelInfo:
+    """A transformed model's info (parsed, checked, hashed), read once per file in this worker."""
+    key = (path, path.stat().st_mtime)
+    if key not in _infos:
+        _infos[key] = load_model_info(path)
+    return _infos[key]
 
 
 def _gpu_name() -> str:
@@ -205,7 +214,7 @@ class EvaluateJob:
         """The model the candidate runs: the original, or a cached copy fused and/or in another precision."""
         cache = self.workdir / "models"
         fused = fused_path(self.model.path, self.model.sha256, fusion_of(self.candidate), cache)
-        base = self.model if fused == self.model.path else load_model_info(fused)
+        base = self.model if fused == self.model.path else _model_info(fused)
         setting = PrecisionSetting.from_candidate(self.candidate)
         if setting.precision == "fp32":
             return base
@@ -218,7 +227,7 @@ class EvaluateJob:
             samples = [{n: a[i] for n, a in stacked.items()} for i in range(len(next(iter(stacked.values()))))]
             calibration_sha = feeds_sha256(stacked)
         path = transform(base.path, base.sha256, setting, ranking, samples, calibration_sha, cache)
-        return load_model_info(path)
+        return _model_info(path)
 
     def _transforms(self) -> str:
         """The candidate's graph transforms, e.g. ``transformer+fp16``."""
