@@ -21,7 +21,7 @@ import numpy as np
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from gpt_optuna.evaluate import EvaluateJob
+from gpt_optuna.evaluate import INPUTS_FILE, REFERENCE_FILE, EvaluateJob
 from gpt_optuna.measure import bootstrap_ratio, interleaved_rounds, launch_timer, measure
 from gpt_optuna.space import Candidate
 from gpt_optuna.worker import Worker
@@ -131,7 +131,7 @@ def template_from_study(study: optuna.Study) -> EvaluateJob:
     if info.sha256 != recorded["model_sha256"]:
         raise UserError(f"{info.path} has changed since the study was made")
     workdir = (Path("studies") / study.study_name).resolve()
-    for name in ("inputs.npz", "reference.npz"):
+    for name in (INPUTS_FILE, REFERENCE_FILE):
         if not (workdir / name).is_file():
             raise UserError(f"the study folder {workdir} lacks {name}; run the search from its own directory")
     return EvaluateJob.in_study(

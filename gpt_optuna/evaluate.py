@@ -22,6 +22,9 @@ from gpt_optuna.precision import QUANTIZED, PrecisionSetting, precision_knobs, r
 from gpt_optuna.space import Candidate, Condition, Space
 from gpt_optuna.worker import JobFailure, Worker
 
+INPUTS_FILE, REFERENCE_FILE, CALIBRATION_FILE = "inputs.npz", "reference.npz", "calibration.npz"
+"""What a study folder caches: the inputs, the fp32 reference outputs, the calibration samples."""
+
 _backends: dict[str, Backend] = {}
 _arrays: dict[tuple[Path, float], Feeds] = {}
 _infos: dict[tuple[Path, float], ModelInfo] = {}
@@ -151,15 +154,15 @@ class EvaluateJob:
         """The template job of a study folder, reading the inputs, reference outputs and calibration
         data cached there; the tuner and the finalists' re-measurement fill in ``candidate``."""
         workdir = workdir.resolve()
-        calibration = workdir / "calibration.npz"
+        calibration = workdir / CALIBRATION_FILE
         return cls(
             backend=backend,
             model=model,
             candidate={},
             workdir=workdir,
             shapes=shapes,
-            feeds_path=workdir / "inputs.npz",
-            reference_path=workdir / "reference.npz",
+            feeds_path=workdir / INPUTS_FILE,
+            reference_path=workdir / REFERENCE_FILE,
             criterion=criterion,
             settings=settings,
             dry_run=dry_run,

@@ -18,7 +18,15 @@ from gpt_optuna import model as model_io
 from gpt_optuna.config import TuneConfig
 from gpt_optuna.confirm import confirm
 from gpt_optuna.errors import UserError
-from gpt_optuna.evaluate import EvaluateJob, Outcome, SpaceJob, TrialResult
+from gpt_optuna.evaluate import (
+    CALIBRATION_FILE,
+    INPUTS_FILE,
+    REFERENCE_FILE,
+    EvaluateJob,
+    Outcome,
+    SpaceJob,
+    TrialResult,
+)
 from gpt_optuna.objective import CandidateFailed, Objective
 from gpt_optuna.precision import QUANTIZED
 from gpt_optuna.progress import Progress
@@ -86,7 +94,7 @@ def prepare(config: TuneConfig, worker: Worker, notes: list[str]) -> Prepared:
     criterion = config.criterion
     info, shapes, feeds = load_inputs(config)
     workdir = config.workdir
-    feeds_path, reference_path = workdir / "inputs.npz", workdir / "reference.npz"
+    feeds_path, reference_path = workdir / INPUTS_FILE, workdir / REFERENCE_FILE
     inputs_sha256 = model_io.feeds_sha256(feeds)
     stamp = workdir / "reference.key"
     key = f"{info.sha256}:{inputs_sha256}"
@@ -101,7 +109,7 @@ def prepare(config: TuneConfig, worker: Worker, notes: list[str]) -> Prepared:
     precision = next((k for k in space.knobs if k.name == "precision"), None)
     if precision is not None and set(precision.choices) & set(QUANTIZED):
         samples = calibration_samples(config, info, shapes, notes)
-        model_io.save_npz(workdir / "calibration.npz", samples)
+        model_io.save_npz(workdir / CALIBRATION_FILE, samples)
         calibration_sha256 = model_io.feeds_sha256(samples)
     return Prepared(info, shapes, inputs_sha256, space, versions, calibration_sha256)
 
