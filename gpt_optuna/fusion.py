@@ -15,6 +15,7 @@ import importlib.util
 import json
 import logging
 import warnings
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -52,9 +53,11 @@ def fold_constants(source: Path, out: Path) -> None:
 
 
 def fuse_transformer(source: Path, out: Path) -> dict[str, int]:
-    """Write the transformer-fused model to ``out``; return how many of each fused op it has."""
+    """Write the transformer-fused model to ``out``; return how many of each fused op it gained
+    (the optimizer's statistics also count those the model had already, e.g. LayerNormalization)."""
     if importlib.util.find_spec("sympy") is None:  # the optimizer's shape inference needs it
         raise MissingDependencyError("sympy (ONNX Runtime's transformer optimizer)", "cpu")
+    import onnx
     from onnxruntime.transformers import optimizer
 
     folded = out.with_name(out.stem + ".folded.onnx")
@@ -65,7 +68,8 @@ def fuse_transformer(source: Path, out: Path) -> dict[str, int]:
         fused.save_model_to_file(str(out))
     finally:
         folded.unlink(missing_ok=True)
-    return {op: n for op, n in fused.get_fused_operator_statistics().items() if n}
+    had = Counter(node.op_type for node in onnx.load(str(source), load_external_data=False).graph.node)
+    return {op: n - had[op] for op, n in fused.get_fused_operator_statistics().items() if n > had[op]}
 
 
 def fused_path(base_path: Path, base_sha256: str, fusion: str, cache_dir: Path) -> Path:

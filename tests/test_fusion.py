@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from pathlib import Path
 
@@ -10,7 +11,7 @@ import onnx
 import onnxruntime as ort
 import optuna
 import pytest
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, numpy_helper
 from optuna.trial import TrialState
 
 from gpt_optuna import model as m
@@ -78,7 +79,21 @@ def test_fusion_is_offered_only_where_it_changes_the_model_and_the_backend_runs_
     # the fused model made while looking is the one candidates use: not made again
     fused = fused_path(minilm_path, minilm.sha256, "transformer", tmp_path / "models")
     mtime = fused.stat().st_mtime_ns
+    assert json.loads(fused.with_suffix(".json").read_text()) == {"SkipLayerNormalization": 12, "BiasGelu": 6}
     assert fusion_knobs(cnn, ("transformer",), tmp_path / "models") == []  # nothing to fuse in a CNN
+    # a LayerNormalization the model already has is not something the fusion did
+    norm = helper.make_graph(
+        [helper.make_node("LayerNormalization", ["x", "gamma", "beta"], ["y"])],
+        "norm",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 8])],
+        [
+            numpy_helper.from_array(np.ones(8, np.float32), "gamma"),
+            numpy_helper.from_array(np.zeros(8, np.float32), "beta"),
+        ],
+    )
+    onnx.save(helper.make_model(norm, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "norm.onnx")
+    assert fusion_knobs(m.load_model_info(tmp_path / "norm.onnx"), ("transformer",), tmp_path / "models") == []
     space, _ = SpaceJob("onnxruntime", minilm, SHAPES, tmp_path / "models")()
     assert "graph_fusion" in [k.name for k in space.knobs]
     assert fused.stat().st_mtime_ns == mtime
