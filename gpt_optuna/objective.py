@@ -26,7 +26,16 @@ from gpt_optuna.worker import Worker
 OWNER = f"{socket.gethostname()}:{os.getpid()}"
 """Which tuner process runs a trial, so a later run can tell a dead owner's trials apart."""
 
-_COPIED_ATTRS = ("outcome", "failure", "infeasible", "accuracy", "build_s", "latency", "engine_artifact")
+_COPIED_ATTRS = (
+    "outcome",
+    "failure",
+    "infeasible",
+    "accuracy",
+    "build_s",
+    "latency",
+    "engine_artifact",
+    "transformed_model",
+)
 _MAX_CONSECUTIVE_REUSE = 30
 
 

@@ -120,6 +120,27 @@ def test_the_search_finds_the_sensitive_nodes_by_itself(overflow_path: Path, tmp
         assert np.isfinite(run(path, {"x": np.load(feeds)["x"].astype(dtype)})).all() or path.name.startswith("fp16")
 
 
+def test_a_repeated_candidate_names_the_transformed_model_it_ran(overflow_path: Path, tmp_path: Path) -> None:
+    """Every trial after the baseline repeats it: they copy its result, the model it ran included,
+    so that exporting any of them writes the fp16 graph, not the fp32 original."""
+    fixed = ["provider", "graph_optimization_level", "mem_pattern", "execution_mode", "intra_op_num_threads"]
+    fixed += ["intra_op_spinning", "cpu_mem_arena", "denormal_as_zero", "keep_io_fp32", '"keep_fp32.normalization"']
+    config = tmp_path / "tune.toml"
+    config.write_text(
+        '[measure]\nbudget_s = 0.05\n[space]\nprecision = "fp16"\nkeep_fp32_nodes = 4\n'
+        + "".join(f'{k} = "default"\n' for k in fixed)
+    )
+    argv = ["tune", str(overflow_path), "--config", str(config), "--quiet", "--n-trials", "3", "--confirm-top", "0"]
+    assert main([*argv, "--accuracy", "cosine>=0.999"]) == 0
+    study = optuna.load_study(study_name="overflow-onnxruntime", storage="sqlite:///studies/overflow-onnxruntime.db")
+    trials = study.trials
+    assert [t.user_attrs.get("reused_from") for t in trials] == [None, 0, 0]
+    ran = trials[0].user_attrs["transformed_model"]
+    assert ran.startswith("fp16-") and all(t.user_attrs["transformed_model"] == ran for t in trials)
+    assert main(["export", "--trial", "2", "-o", str(tmp_path / "out.onnx")]) == 0
+    assert (tmp_path / "out.onnx").read_bytes() == (Path("studies/overflow-onnxruntime/models") / ran).read_bytes()
+
+
 def test_transforms_are_cached_by_content_key(tmp_path: Path) -> None:
     path = save(small_cnn(), tmp_path / "cnn.onnx")
     info = m.load_model_info(path)
