@@ -47,7 +47,7 @@ class ConfirmJob:
             for runner in runners:
                 measure(runner, replace(self.template.settings, budget_s=min(1.0, self.template.settings.budget_s)))
             deadline = time.monotonic() + self.budget_s
-            timers = [launch_timer(runner) for runner in runners]
+            timers = [launch_timer(runner, self.template.settings.flush_l2) for runner in runners]
             return interleaved_rounds(timers, self.rounds, self.block, deadline).tolist()
 
 
