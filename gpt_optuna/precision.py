@@ -1,10 +1,10 @@
 """Precision as ONNX graph transforms: fp16 with parts kept in fp32, int8 and fp8 Q/DQ.
 
 TensorRT 11 networks are strongly typed, so precision is a property of the graph: fp16 comes from
-converting it (onnxconverter-common's float16 converter, with op types and nodes kept in fp32),
-int8 and fp8 from explicit QuantizeLinear/DequantizeLinear pairs (ONNX Runtime's quantization
-tool, QDQ format, symmetric, per-channel int8 weights). The same graphs run on ONNX Runtime, so
-every transform here is exercised for real on the CPU.
+converting it (:mod:`gpt_optuna.reduced_float`, with op types and nodes kept in fp32), int8 and
+fp8 from explicit QuantizeLinear/DequantizeLinear pairs (ONNX Runtime's quantization tool, QDQ
+format, symmetric, per-channel int8 weights), each on a graph raised to the opset it needs. The
+same graphs run on ONNX Runtime, so every transform here is exercised for real on the CPU.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from gpt_optuna.errors import MissingDependencyError
+from gpt_optuna import opset, reduced_float
 from gpt_optuna.model import Feeds
 from gpt_optuna.space import Candidate, Condition, Knob
 
@@ -154,61 +154,18 @@ def setting_key(base_sha256: str, setting: PrecisionSetting, ranking: list[str],
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:24]
 
 
-def to_float16(model: Any, setting: PrecisionSetting, ranking: list[str]) -> Any:
-    try:
-        from onnxconverter_common import float16
-    except ImportError as exc:
-        raise MissingDependencyError("onnxconverter-common (fp16 conversion)", "cpu") from exc
+def reduced(model: Any, setting: PrecisionSetting, ranking: list[str]) -> Any:
+    """The fp16 or bf16 graph of a setting: the kept op groups and most sensitive nodes stay fp32.
+
+    bf16 first raises the graph to the opset at which Conv and most compute operators admit it;
+    the weights are rounded to bf16 from their fp32 values.
+    """
     ops = [op for group in setting.keep_groups for op in KEEP_GROUPS[group]]
     model = named(model)
-    # The model's own Cast nodes stay as they are (a converted Cast keeps its `to` attribute and
-    # leaves the graph ill-typed). They are blocked by name: blocking the Cast op type would also
-    # block the casts the converter inserts, which never terminates.
-    casts = [node.name for node in model.graph.node if node.op_type == "Cast"]
-    return float16.convert_float_to_float16(
-        model,
-        keep_io_types=setting.keep_io,
-        op_block_list=[*float16.DEFAULT_OP_BLOCK_LIST, *ops],
-        node_block_list=[*ranking[: setting.keep_nodes], *casts],
-    )
-
-
-def to_bfloat16(model: Any, setting: PrecisionSetting, ranking: list[str]) -> Any:
-    """The fp16 conversion (same casts, same nodes kept fp32) retyped to bf16.
-
-    Weights are rounded to bf16 from their original fp32 values, not from fp16, so nothing the
-    fp16 converter clamped to fp16's range is lost.
-    """
-    from onnx import TensorProto, numpy_helper
-
-    original = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
-    converted = to_float16(model, setting, ranking)
-    graph = converted.graph
-    for index, init in enumerate(graph.initializer):
-        if init.data_type == TensorProto.FLOAT16:
-            values = original.get(init.name, numpy_helper.to_array(init)).astype(np.float32)
-            graph.initializer[index].CopyFrom(_bf16_tensor(values, init.name))
-    for node in graph.node:
-        for attribute in node.attribute:
-            if node.op_type == "Cast" and attribute.name == "to" and attribute.i == TensorProto.FLOAT16:
-                attribute.i = TensorProto.BFLOAT16
-            elif attribute.t.data_type == TensorProto.FLOAT16:
-                attribute.t.CopyFrom(
-                    _bf16_tensor(numpy_helper.to_array(attribute.t).astype(np.float32), attribute.t.name)
-                )
-    for value in [*graph.input, *graph.output, *graph.value_info]:
-        if value.type.tensor_type.elem_type == TensorProto.FLOAT16:
-            value.type.tensor_type.elem_type = TensorProto.BFLOAT16
-    return converted
-
-
-def _bf16_tensor(values: np.ndarray, name: str) -> Any:
-    """A BFLOAT16 TensorProto, rounded to nearest even from fp32."""
-    from onnx import TensorProto, helper
-
-    bits = np.ascontiguousarray(values, np.float32).view(np.uint32).astype(np.uint64)
-    rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
-    return helper.make_tensor(name, TensorProto.BFLOAT16, values.shape, rounded.tobytes(), raw=True)
+    target = reduced_float.FLOAT16
+    if setting.precision == "bf16":
+        model, target = opset.at_least(model, opset.BFLOAT16_CONV), reduced_float.BFLOAT16
+    return reduced_float.convert(model, target, ops, ranking[: setting.keep_nodes], setting.keep_io)
 
 
 class _Reader:
@@ -240,7 +197,8 @@ def quantize(model_path: Path, out_path: Path, setting: PrecisionSetting, sample
     ops = [op for group in setting.quantize for op in QUANTIZE_GROUPS[group]]
     named_path = out_path.with_name(out_path.stem + ".named.onnx")
     prepared_path = out_path.with_name(out_path.stem + ".prepared.onnx")
-    _onnx().save(named(_onnx().load(str(model_path))), str(named_path))
+    needed = opset.PER_CHANNEL_QDQ if int8 else opset.FLOAT8_QDQ
+    _onnx().save(opset.at_least(named(_onnx().load(str(model_path))), needed), str(named_path))
     try:
         # constant-fold weights (e.g. stored int8 and dequantized in the graph) into initializers,
         # so that they get per-channel Q/DQ as weights
@@ -256,7 +214,13 @@ def quantize(model_path: Path, out_path: Path, setting: PrecisionSetting, sample
             weight_type=qtype,
             calibrate_method=CalibrationMethod.MinMax if int8 else CalibrationMethod.Distribution,
             # biases stay in float: TensorRT fuses them into the quantized kernel itself
-            extra_options={"ActivationSymmetric": True, "WeightSymmetric": True, "QuantizeBias": False},
+            # (the int32-bias scale adjustment is skipped too: it fails on biases of rank > 1)
+            extra_options={
+                "ActivationSymmetric": True,
+                "WeightSymmetric": True,
+                "QuantizeBias": False,
+                "QDQDisableWeightAdjustForInt32Bias": True,
+            },
         )
     finally:
         named_path.unlink(missing_ok=True)
@@ -281,24 +245,21 @@ def transform(
     cache_dir.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.stem + ".tmp.onnx")
     onnx = _onnx()
-    if setting.precision in REDUCED_FLOAT:
-        convert = to_float16 if setting.precision == "fp16" else to_bfloat16
-        onnx.save(convert(onnx.load(str(base_path)), setting, ranking), str(tmp))
-    elif setting.precision in QUANTIZED:
-        quantize(base_path, tmp, setting, samples)
-    onnx.checker.check_model(str(tmp))
-    tmp.replace(out)
+    try:
+        if setting.precision in REDUCED_FLOAT:
+            onnx.save(reduced(onnx.load(str(base_path)), setting, ranking), str(tmp))
+        elif setting.precision in QUANTIZED:
+            quantize(base_path, tmp, setting, samples)
+        onnx.checker.check_model(str(tmp), full_check=True)
+        tmp.replace(out)
+    finally:
+        tmp.unlink(missing_ok=True)
     return out
 
 
 def float_tensors(model: Any) -> set[str]:
     """Names of every fp32 tensor in the graph (activations, inputs, outputs, initializers)."""
-    from onnx import TensorProto, shape_inference
-
-    inferred = shape_inference.infer_shapes(model)
-    infos = [*inferred.graph.value_info, *inferred.graph.input, *inferred.graph.output]
-    names = {v.name for v in infos if v.type.tensor_type.elem_type == TensorProto.FLOAT}
-    return names | {i.name for i in model.graph.initializer if i.data_type == TensorProto.FLOAT}
+    return {name for name, kind in reduced_float.tensor_types(model).items() if kind == reduced_float.FLOAT}
 
 
 def with_fp16_rounding(model: Any, node_name: str, floats: set[str]) -> Any:
@@ -322,7 +283,8 @@ def with_fp16_rounding(model: Any, node_name: str, floats: set[str]) -> Any:
     for position, name in enumerate(node.input):
         if name in floats:
             rounded = f"{name}__fp16_{node_name}"
-            before += round_trip(name, rounded)
+            if rounded not in node.input:  # an input read twice (Mul(x, x)) is rounded once
+                before += round_trip(name, rounded)
             node.input[position] = rounded
     for position, name in enumerate(node.output):
         if name in floats:

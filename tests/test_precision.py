@@ -89,8 +89,10 @@ def test_plain_fp16_overflows_and_keeping_the_ranked_nodes_fixes_it(overflow_pat
     assert not criterion.evaluate({"y": run(plain, feeds)}, reference).feasible
     kept = transform(overflow_path, info.sha256, PrecisionSetting("fp16", keep_nodes=4), ranking, [], "", tmp_path)
     assert criterion.evaluate({"y": run(kept, feeds)}, reference).feasible
-    types = {n.name: n.op_type for n in onnx.load(str(kept)).graph.node}
-    assert "blowup" in types and any(t == "Cast" for t in types.values())
+    weights = {i.name: i.data_type for i in onnx.load(str(kept)).graph.initializer}
+    assert weights["big"] == TensorProto.FLOAT  # the overflowing product reads fp32 weights
+    plain_weights = {i.name: i.data_type for i in onnx.load(str(plain)).graph.initializer}
+    assert plain_weights["big"] == TensorProto.FLOAT16
 
 
 def test_the_search_finds_the_sensitive_nodes_by_itself(overflow_path: Path, tmp_path: Path) -> None:
