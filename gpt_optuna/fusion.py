@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from gpt_optuna import opset
 from gpt_optuna.errors import MissingDependencyError
 from gpt_optuna.model import ModelInfo
 from gpt_optuna.space import Knob
@@ -60,15 +61,20 @@ def fuse_transformer(source: Path, out: Path) -> dict[str, int]:
     import onnx
     from onnxruntime.transformers import optimizer
 
-    folded = out.with_name(out.stem + ".folded.onnx")
+    raised, folded = (out.with_name(f"{out.stem}.{step}.onnx") for step in ("raised", "folded"))
+    original = onnx.load(str(source))
     try:
-        fold_constants(source, folded)
+        # the optimizer writes ONNX's LayerNormalization, an operator of opset 17
+        onnx.save(opset.at_least(original, opset.LAYER_NORMALIZATION), str(raised))
+        fold_constants(raised, folded)
         with _quiet():
             fused = optimizer.optimize_model(str(folded), model_type="bert", opt_level=0, use_gpu=True)
         fused.save_model_to_file(str(out))
     finally:
+        raised.unlink(missing_ok=True)
         folded.unlink(missing_ok=True)
-    had = Counter(node.op_type for node in onnx.load(str(source), load_external_data=False).graph.node)
+    onnx.checker.check_model(str(out), full_check=True)
+    had = Counter(node.op_type for node in original.graph.node)
     return {op: n - had[op] for op, n in fused.get_fused_operator_statistics().items() if n > had[op]}
 
 
@@ -84,8 +90,11 @@ def fused_path(base_path: Path, base_sha256: str, fusion: str, cache_dir: Path) 
         return out
     cache_dir.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.stem + ".tmp.onnx")
-    out.with_suffix(".json").write_text(json.dumps(fuse_transformer(base_path, tmp)))
-    tmp.replace(out)
+    try:
+        out.with_suffix(".json").write_text(json.dumps(fuse_transformer(base_path, tmp)))
+        tmp.replace(out)
+    finally:
+        tmp.unlink(missing_ok=True)
     return out
 
 
