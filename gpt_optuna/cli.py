@@ -182,8 +182,11 @@ def print_space(config: TuneConfig, as_json: bool) -> int:
     from gpt_optuna.worker import Worker
 
     info, shapes, _ = load_inputs(config)
+    notes: list[str] = []
     with tempfile.TemporaryDirectory() as tmp, Worker(Path(tmp) / "worker.log") as worker:
-        space, versions = discover_space(config, worker, info, shapes, Path(tmp) / "models")
+        space, versions, _ = discover_space(config, worker, info, shapes, Path(tmp), notes)
+    for note in notes:
+        print(note, file=sys.stderr)
     if as_json:
         print(json.dumps({"backend": config.backend, "versions": versions, "knobs": space.describe()}))
     else:

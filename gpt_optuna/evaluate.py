@@ -7,18 +7,30 @@ from __future__ import annotations
 
 import enum
 import json
+import sys
 import time
+import traceback
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from gpt_optuna.accuracy import Criterion, Verdict
 from gpt_optuna.backends import Backend, BuildError, Runner, load_backend
-from gpt_optuna.fusion import fused_path, fusion_knobs, fusion_of
+from gpt_optuna.errors import UserError
+from gpt_optuna.fusion import FUSION_KNOB, fused_path, fusion_knobs, fusion_of
 from gpt_optuna.measure import LatencyStats, MeasureSettings, measure
 from gpt_optuna.model import Feeds, ModelInfo, ShapeRange, feeds_sha256, load_model_info, read_npz
-from gpt_optuna.precision import QUANTIZED, PrecisionSetting, precision_knobs, rank_sensitive_nodes, transform
+from gpt_optuna.model_cache import TransformFailed
+from gpt_optuna.precision import (
+    QUANTIZED,
+    PrecisionSetting,
+    is_precision_knob,
+    precision_knobs,
+    rank_sensitive_nodes,
+    transform,
+)
 from gpt_optuna.space import Candidate, Condition, Space
 from gpt_optuna.worker import JobFailure, Worker
 
@@ -75,6 +87,17 @@ class Outcome(enum.StrEnum):
     @property
     def is_failure(self) -> bool:
         return self not in (Outcome.OK, Outcome.INFEASIBLE)
+
+    @property
+    def is_deterministic(self) -> bool:
+        """A failure of the candidate itself (its graph cannot be made or built), which happens
+        again on every try; a crash, a hang or an exception may be the machine's or ours."""
+        return self in (Outcome.TRANSFORM_ERROR, Outcome.BUILD_ERROR)
+
+
+def is_transform_knob(name: str) -> bool:
+    """Whether a knob decides the candidate's transformed graph (fusion, precision)."""
+    return name == FUSION_KNOB or is_precision_knob(name)
 
 
 @dataclass(frozen=True)
@@ -176,14 +199,13 @@ class EvaluateJob:
 
     def _evaluate(self) -> TrialResult:
         backend = _backend(self.backend)
-        try:
-            model = self.transformed_model()
-        except Exception as exc:  # a graph the optimizer, an op the converter or quantizer cannot handle
-            return TrialResult(Outcome.TRANSFORM_ERROR, f"{self._transforms()} transform failed: {exc}")
+        model = self._made_model()
+        if isinstance(model, TrialResult):
+            return model
         try:
             built = backend.build(model, self.candidate, self.workdir, self.shapes)
         except BuildError as exc:
-            return TrialResult(Outcome.BUILD_ERROR, str(exc), log=exc.log)
+            return _build_failure(exc)
         if model is not self.model:
             built.attrs["transformed_model"] = model.path.name
         engine = self._save_engine(backend.serialize(built))
@@ -198,6 +220,30 @@ class EvaluateJob:
             attrs = {**built.attrs, **runner.attrs}
         outcome = Outcome.OK if verdict.feasible else Outcome.INFEASIBLE
         return TrialResult(outcome, verdict.reason, latency, verdict, built.build_s, attrs, engine_path=engine)
+
+    def check(self, space: Space) -> TrialResult:
+        """Make the candidate's graph and have the engine load it, without building or running
+        it (see :meth:`Backend.check_model`): OK with the knob limits in ``attrs["limits"]``, or the
+        transform or build error."""
+        model = self._made_model()
+        if isinstance(model, TrialResult):
+            return model
+        try:
+            limits = _backend(self.backend).check_model(model, space, self.candidate, self.workdir, self.shapes)
+        except BuildError as exc:
+            return _build_failure(exc)
+        return TrialResult(Outcome.OK, attrs={"limits": limits})
+
+    def _made_model(self) -> ModelInfo | TrialResult:
+        """The candidate's graph, or the transform error that making it raised."""
+        try:
+            return self.transformed_model()
+        except UserError:  # a missing library: the user's to fix
+            raise
+        except Exception as exc:  # a graph the optimizer, an op the converter or quantizer cannot handle
+            log = exc.log if isinstance(exc, TransformFailed) else traceback.format_exc()
+            detail = str(exc) if isinstance(exc, TransformFailed) else f"{type(exc).__name__}: {exc}"
+            return _failure(Outcome.TRANSFORM_ERROR, f"{self._transforms()} transform failed: {detail}", log)
 
     def io(self, model: ModelInfo) -> tuple[Feeds, Feeds]:
         """Inputs and output templates in the dtypes of the (possibly transformed) model."""
@@ -258,7 +304,29 @@ class EvaluateJob:
         return path
 
 
-def run_evaluation(worker: Worker, job: EvaluateJob, timeout: float | None) -> TrialResult:
+@dataclass(frozen=True)
+class CheckJob:
+    """Run :meth:`EvaluateJob.check` in the worker (a library that crashes on a graph takes the
+    worker with it, not the tuner)."""
+
+    job: EvaluateJob
+    space: Space
+
+    def __call__(self) -> TrialResult:
+        return self.job.check(self.space)
+
+
+def _build_failure(exc: BuildError) -> TrialResult:
+    return _failure(Outcome.BUILD_ERROR, str(exc), f"{exc.log}\n{traceback.format_exc()}".lstrip())
+
+
+def _failure(outcome: Outcome, detail: str, log: str) -> TrialResult:
+    """A failed candidate's result; its whole log goes to the worker log too."""
+    print(f"{outcome.value}: {detail}\n{log}", file=sys.stderr, flush=True)
+    return TrialResult(outcome, detail, log=log)
+
+
+def run_evaluation(worker: Worker, job: Callable[[], TrialResult], timeout: float | None) -> TrialResult:
     """Run a job in the worker; a crash, hang or exception becomes a failed TrialResult."""
     try:
         return worker.run(job, timeout)

@@ -23,9 +23,11 @@ from typing import Any
 from gpt_optuna import opset
 from gpt_optuna.errors import MissingDependencyError
 from gpt_optuna.model import ModelInfo
+from gpt_optuna.model_cache import TransformFailed, produce
 from gpt_optuna.space import Knob
 
 FUSIONS = ("none", "transformer")
+FUSION_KNOB = "graph_fusion"
 
 
 @contextlib.contextmanager
@@ -79,45 +81,32 @@ def fuse_transformer(source: Path, out: Path) -> dict[str, int]:
 
 
 def fused_path(base_path: Path, base_sha256: str, fusion: str, cache_dir: Path) -> Path:
-    """The model with ``fusion`` applied, produced once per model and cached by its content, with
-    the fused-op counts beside it (``.json``)."""
+    """The model with ``fusion`` applied, produced once per model and cached by its content (a
+    failure too), with the fused-op counts beside it (``.json``)."""
     if fusion == "none":
         return base_path
     if fusion not in FUSIONS:
         raise ValueError(f"unknown graph fusion {fusion!r}; known: {', '.join(FUSIONS)}")
     out = cache_dir / f"{fusion}-{base_sha256[:24]}.onnx"
-    if out.is_file() and out.with_suffix(".json").is_file():
-        return out
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.stem + ".tmp.onnx")
-    try:
-        out.with_suffix(".json").write_text(json.dumps(fuse_transformer(base_path, tmp)))
-        tmp.replace(out)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return out
+    return produce(out, lambda tmp: out.with_suffix(".json").write_text(json.dumps(fuse_transformer(base_path, tmp))))
 
 
 def fusion_knobs(model: ModelInfo, fusions: tuple[str, ...], cache_dir: Path) -> list[Knob]:
     """A ``graph_fusion`` knob where the backend runs fused graphs and the fusion changes this model.
 
     The fused model is made here, once, in ``cache_dir``: the candidates that use it find it there.
-    A graph the optimizer fails on is searched without the knob (the reason goes to the log).
+    A graph the optimizer fails on gets the knob too: checking the space drops the value and says why.
     """
     if "transformer" not in fusions:
         return []
+    knob = Knob(FUSION_KNOB, FUSIONS, "none", "ONNX Runtime transformer fusions (SkipLayerNorm, Gelu, Attention)")
     try:
         fused = fused_path(model.path, model.sha256, "transformer", cache_dir)
-    except MissingDependencyError:
-        raise
-    except Exception as exc:
-        logging.getLogger(__name__).warning("transformer fusion not searched: it failed on %s: %s", model.path, exc)
-        return []
-    if not json.loads(fused.with_suffix(".json").read_text()):
-        return []
-    return [Knob("graph_fusion", FUSIONS, "none", "ONNX Runtime transformer fusions (SkipLayerNorm, Gelu, Attention)")]
+    except TransformFailed:
+        return [knob]
+    return [knob] if json.loads(fused.with_suffix(".json").read_text()) else []
 
 
 def fusion_of(candidate: dict[str, Any]) -> str:
     """The candidate's graph fusion ("none" where the space has no such knob)."""
-    return str(candidate.get("graph_fusion", "none"))
+    return str(candidate.get(FUSION_KNOB, "none"))

@@ -1,8 +1,10 @@
 """Trial -> candidate -> worker -> objective value, constraint and user attrs.
 
 Outcomes map onto Optuna in one place: a feasible candidate COMPLETEs with its median latency;
-an infeasible one is PRUNED with its error metrics and a positive constraint; a build error,
-crash, hang or exception FAILs with its kind and detail. A candidate already evaluated in the
+an infeasible one is PRUNED with its error metrics and a positive ``accuracy`` constraint; one
+that cannot be made or built (a transform or build error: it would fail again) is PRUNED with a
+larger ``failure`` constraint, so that the samplers steer away from it as from infeasible ones;
+a crash, hang or exception FAILs with its kind and detail. A candidate already evaluated in the
 study is not built again: the trial copies the earlier result and names it in ``reused_from``.
 """
 
@@ -35,8 +37,13 @@ _COPIED_ATTRS = (
     "latency",
     "engine_artifact",
     "transformed_model",
+    "log",
 )
 _MAX_CONSECUTIVE_REUSE = 30
+_LOG_CHARS = 20000
+FAILURE_VIOLATION = 1e9
+"""The ``failure`` constraint of a candidate that cannot be made or built: worse than any
+accuracy violation (those are at most 1e6, for outputs that are not finite)."""
 
 
 class CandidateFailed(Exception):
@@ -56,7 +63,7 @@ def result_attrs(result: TrialResult) -> dict[str, Any]:
     elif result.outcome.is_failure:
         attrs["failure"] = result.detail
         if result.log:
-            attrs["log"] = result.log[-2000:]
+            attrs["log"] = result.log[-_LOG_CHARS:]
     return attrs
 
 
@@ -102,7 +109,7 @@ class Objective:
             raise UserError(
                 f"backend {self.job.backend!r} does not report engine device memory; drop memory from --objectives"
             )
-        record(trial, result_attrs(result), result.verdict.constraint if result.verdict else None)
+        record(trial, result_attrs(result), constraints(result))
         self._keep_engine(trial, result)
         self.on_result(trial.number, candidate, result)
         if result.outcome is Outcome.OK:
@@ -110,8 +117,8 @@ class Objective:
                 assert result.build_s is not None
                 return result.build_s
             return self._values(result)
-        if result.outcome is Outcome.INFEASIBLE:
-            raise optuna.TrialPruned(result.detail)
+        if result.outcome is Outcome.INFEASIBLE or result.outcome.is_deterministic:
+            raise optuna.TrialPruned(reason(trial.user_attrs))
         raise CandidateFailed(f"{result.outcome.value}: {result.detail}")
 
     def _stop(self, trial: optuna.Trial, reason: str) -> None:
@@ -151,12 +158,12 @@ class Objective:
             trial.study.stop()  # the sampler keeps proposing what was tried: the space is covered
         trial.set_user_attr("reused_from", earlier.number)
         copied = {k: v for k, v in earlier.user_attrs.items() if k in _COPIED_ATTRS}
-        record(trial, copied, earlier.constraints.get("accuracy"))
+        record(trial, copied, earlier.constraints)
         self.on_result(trial.number, dict(trial.params), None)
         if earlier.state is TrialState.COMPLETE:
             return earlier.values[0] if len(earlier.values) == 1 else tuple(earlier.values)
         if earlier.state is TrialState.PRUNED:
-            raise optuna.TrialPruned(earlier.user_attrs.get("infeasible", "infeasible"))
+            raise optuna.TrialPruned(reason(earlier.user_attrs))
         raise CandidateFailed(f"same candidate failed in trial {earlier.number}: {earlier.user_attrs.get('failure')}")
 
     @property
@@ -164,12 +171,27 @@ class Objective:
         return self.consecutive_reuse >= _MAX_CONSECUTIVE_REUSE
 
 
-def record(trial: optuna.Trial, attrs: dict[str, Any], constraint: float | None) -> None:
-    """Store a result's attrs, and its accuracy constraint (> 0: infeasible) for the sampler."""
+def constraints(result: TrialResult) -> dict[str, float]:
+    """What the samplers learn besides the objective: the accuracy constraint (> 0: infeasible),
+    or the failure constraint of a candidate that cannot be made or built."""
+    if result.outcome.is_deterministic:
+        return {"failure": FAILURE_VIOLATION}
+    return {"accuracy": result.verdict.constraint} if result.verdict is not None else {}
+
+
+def reason(attrs: dict[str, Any]) -> str:
+    """Why a trial was pruned: its accuracy verdict, or its failure with the outcome."""
+    if "failure" in attrs:
+        return f"{attrs.get('outcome', 'failed')}: {attrs['failure']}"
+    return str(attrs.get("infeasible", "infeasible"))
+
+
+def record(trial: optuna.Trial, attrs: dict[str, Any], limits: dict[str, float]) -> None:
+    """Store a result's attrs, and its constraints (> 0: infeasible) for the sampler."""
     for key, value in attrs.items():
         trial.set_user_attr(key, value)
-    if constraint is not None:
-        trial.set_constraint("accuracy", constraint)
+    for key, value in limits.items():
+        trial.set_constraint(key, value)
 
 
 def find_evaluated(study: optuna.Study, candidate: Candidate, exclude: int) -> FrozenTrial | None:

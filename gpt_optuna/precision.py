@@ -21,6 +21,7 @@ import numpy as np
 
 from gpt_optuna import opset, reduced_float
 from gpt_optuna.model import Feeds
+from gpt_optuna.model_cache import produce
 from gpt_optuna.space import Candidate, Condition, Knob
 
 PRECISIONS = ("fp32", "fp16", "bf16", "int8", "fp8")
@@ -73,6 +74,11 @@ class PrecisionSetting:
             keep_io=bool(candidate.get("keep_io_fp32", True)),
             quantize=tuple(quantize.split("+")) if precision in QUANTIZED and quantize else (),
         )
+
+
+def is_precision_knob(name: str) -> bool:
+    """Whether a knob of :func:`precision_knobs` (they decide the transformed graph)."""
+    return name in ("precision", "keep_fp32_nodes", "keep_io_fp32", "quantize_ops") or name.startswith("keep_fp32.")
 
 
 def _onnx() -> Any:
@@ -236,25 +242,21 @@ def transform(
     calibration_sha256: str,
     cache_dir: Path,
 ) -> Path:
-    """The transformed model's path, produced once per distinct setting and cached by content key."""
+    """The transformed model's path, produced once per distinct setting and cached by content key
+    (a failure too: it is raised again as TransformFailed)."""
     if setting.precision == "fp32":
         return base_path
     out = cache_dir / f"{setting.precision}-{setting_key(base_sha256, setting, ranking, calibration_sha256)}.onnx"
-    if out.is_file():
-        return out
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.stem + ".tmp.onnx")
     onnx = _onnx()
-    try:
+
+    def make(tmp: Path) -> None:
         if setting.precision in REDUCED_FLOAT:
             onnx.save(reduced(onnx.load(str(base_path)), setting, ranking), str(tmp))
-        elif setting.precision in QUANTIZED:
+        else:
             quantize(base_path, tmp, setting, samples)
         onnx.checker.check_model(str(tmp), full_check=True)
-        tmp.replace(out)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return out
+
+    return produce(out, make)
 
 
 def float_tensors(model: Any) -> set[str]:

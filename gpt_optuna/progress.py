@@ -24,10 +24,15 @@ def format_summary(summary: StudySummary) -> str:
     """The lines status, best and tune print about a study."""
     counts = summary.counts
     lines = [
-        f"study {summary.name}: {counts['complete']} complete, {counts['pruned']} infeasible, "
-        f"{counts['fail']} failed, {counts['running']} running, {counts['waiting']} waiting"
+        f"study {summary.name}: {counts['feasible']} complete, {counts['infeasible']} infeasible, "
+        f"{counts['failed']} failed, "
+        + (f"{counts['interrupted']} interrupted, " if counts["interrupted"] else "")
+        + f"{counts['running']} running, {counts['waiting']} waiting"
         + (f" ({summary.reused} reused earlier results)" if summary.reused else "")
     ]
+    if summary.failures:
+        lines.append("failures by cause:")
+        lines += [f"  {count} x {cause}" for count, cause in summary.failures]
     base = summary.baseline_value
     if summary.baseline is None:
         lines.append("baseline: not run yet")

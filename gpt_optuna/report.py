@@ -14,18 +14,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import optuna
-from optuna.trial import TrialState
 
 from gpt_optuna.accuracy import parse_criterion
-from gpt_optuna.study import FINGERPRINT_ATTR, StudySummary, summarize_study
-
-STATE_LABELS = {
-    TrialState.COMPLETE: "feasible",
-    TrialState.PRUNED: "infeasible",
-    TrialState.FAIL: "failed",
-    TrialState.RUNNING: "running",
-    TrialState.WAITING: "waiting",
-}
+from gpt_optuna.study import FINGERPRINT_ATTR, StudySummary, summarize_study, trial_status
 
 
 @dataclass(frozen=True)
@@ -69,7 +60,7 @@ def collect(study: optuna.Study) -> list[TrialRow]:
         rows.append(
             TrialRow(
                 number=trial.number,
-                status=STATE_LABELS.get(trial.state, trial.state.name.lower()),
+                status=trial_status(trial),
                 latency_ms=float(latency) if latency is not None else None,
                 error=float(error) if error is not None else None,
                 build_s=attrs.get("build_s"),

@@ -30,13 +30,18 @@ class Condition:
 
 @dataclass(frozen=True)
 class Knob:
-    """One searchable option: its choices, the engine's default, and when it applies."""
+    """One searchable option: its choices, the engine's default, and when it applies.
+
+    ``condition`` and every one of ``requires`` must hold for the knob to be active; an inactive
+    knob is absent from the candidate, and the engine uses its default.
+    """
 
     name: str
     choices: tuple[Value, ...]
     default: Value
     help: str = ""
     condition: Condition | None = None
+    requires: tuple[Condition, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.choices:
@@ -44,13 +49,17 @@ class Knob:
         if self.default not in self.choices:
             raise ValueError(f"knob {self.name}: default {self.default!r} is not among its choices")
 
+    @property
+    def conditions(self) -> tuple[Condition, ...]:
+        return ((self.condition,) if self.condition is not None else ()) + self.requires
+
     def active(self, params: Mapping[str, Value]) -> bool:
-        return self.condition is None or params.get(self.condition.parent) in self.condition.values
+        return all(params.get(c.parent) in c.values for c in self.conditions)
 
     def describe(self) -> dict[str, Any]:
         data: dict[str, Any] = {"name": self.name, "choices": list(self.choices), "default": self.default}
-        if self.condition is not None:
-            data["when"] = {self.condition.parent: list(self.condition.values)}
+        if self.conditions:
+            data["when"] = {c.parent: list(c.values) for c in self.conditions}
         return data
 
 
@@ -62,21 +71,45 @@ class Space:
         for knob in knobs:
             if knob.name in seen:
                 raise ValueError(f"duplicate knob {knob.name}")
-            if knob.condition is not None and knob.condition.parent not in seen:
-                raise ValueError(f"knob {knob.name} depends on {knob.condition.parent}, not defined before it")
+            for condition in knob.conditions:
+                if condition.parent not in seen:
+                    raise ValueError(f"knob {knob.name} depends on {condition.parent}, not defined before it")
             seen.add(knob.name)
         self.knobs = tuple(knobs)
 
     def __len__(self) -> int:
         return len(self.knobs)
 
-    def default(self) -> Candidate:
-        """The engine's default configuration: every active knob at its default."""
+    def default(self, fixed: Mapping[str, Value] | None = None) -> Candidate:
+        """The engine's default configuration: every active knob at its default, or at its value
+        in ``fixed``."""
+        fixed = fixed or {}
         params: Candidate = {}
         for knob in self.knobs:
             if knob.active(params):
-                params[knob.name] = knob.default
+                params[knob.name] = fixed.get(knob.name, knob.default)
         return params
+
+    def choices(self, name: str) -> tuple[Value, ...]:
+        """The values of knob ``name``; none where the space has no such knob."""
+        return next((k.choices for k in self.knobs if k.name == name), ())
+
+    def restricted(self, name: str, choices: tuple[Value, ...]) -> Space:
+        """The space with knob ``name`` offering only ``choices`` (its default among them), and
+        without the knobs that can then never be active."""
+        knobs: list[Knob] = []
+        offered: dict[str, tuple[Value, ...]] = {}
+        for knob in self.knobs:
+            if knob.name == name:
+                knob = replace(knob, choices=tuple(c for c in knob.choices if c in choices))
+            if all(set(c.values) & set(offered.get(c.parent, ())) for c in knob.conditions):
+                knobs.append(knob)
+                offered[knob.name] = knob.choices
+        return Space(knobs)
+
+    def with_requirement(self, name: str, condition: Condition) -> Space:
+        """The space with knob ``name`` active only where ``condition`` also holds."""
+        return Space([replace(k, requires=(*k.requires, condition)) if k.name == name else k for k in self.knobs])
 
     def suggest(self, trial: optuna.Trial) -> Candidate:
         params: Candidate = {}
@@ -93,7 +126,7 @@ class Space:
         rows = []
         for knob in self.knobs:
             values = ", ".join(map(str, knob.choices)) if len(knob.choices) > 1 else "(fixed)"
-            when = f"  when {knob.condition.parent} in {list(knob.condition.values)}" if knob.condition else ""
+            when = "".join(f"  when {c.parent} in {list(c.values)}" for c in knob.conditions)
             rows.append(f"{knob.name:<44} default {knob.default!s:<20} {values}{when}")
         searched = sum(len(k.choices) > 1 for k in self.knobs)
         return "\n".join([*rows, f"{len(self.knobs)} knobs, {searched} searched"])

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import os
+import re
 import socket
 import sqlite3
 import time
 import warnings
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +18,9 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from gpt_optuna.errors import MissingDependencyError, UserError
+from gpt_optuna.evaluate import is_transform_knob
+from gpt_optuna.sampling import FreshSampler
+from gpt_optuna.space import Space
 
 FINGERPRINT_ATTR = "gpt_optuna"
 MEASURE_ATTR = "measure_settings"
@@ -123,8 +128,15 @@ def _sync_normally(storage: optuna.storages.RDBStorage) -> None:
     storage.engine.dispose()
 
 
-def make_sampler(name: str, seed: int | None) -> optuna.samplers.BaseSampler:
-    """TPE (multivariate, few start-up trials) by default; it handles several objectives too."""
+def make_sampler(name: str, seed: int | None, space: Space) -> optuna.samplers.BaseSampler:
+    """TPE (multivariate, few start-up trials) by default; it handles several objectives too.
+
+    Whichever it is, it proposes only candidates the study does not hold yet (:class:`FreshSampler`).
+    """
+    return FreshSampler(_base_sampler(name, seed), space, is_transform_knob, seed)
+
+
+def _base_sampler(name: str, seed: int | None) -> optuna.samplers.BaseSampler:
     if name == "nsga2":
         return optuna.samplers.NSGAIISampler(seed=seed)
     if name == "random":
@@ -261,6 +273,37 @@ def finished_count(study: optuna.Study) -> int:
     )
 
 
+STATUSES = ("feasible", "infeasible", "failed", "interrupted", "running", "waiting")
+
+
+def trial_status(trial: FrozenTrial) -> str:
+    """One taxonomy for every reader: feasible, infeasible (accuracy), failed (the candidate could
+    not be made, built or run: pruned or failed), interrupted, running, waiting."""
+    if trial.state is TrialState.COMPLETE:
+        return "feasible"
+    if trial.state is TrialState.PRUNED:
+        return "failed" if "failure" in trial.user_attrs else "infeasible"
+    if trial.state is TrialState.FAIL:
+        return "failed" if "outcome" in trial.user_attrs else "interrupted"
+    return trial.state.name.lower()
+
+
+def failure_causes(trials: list[FrozenTrial]) -> list[tuple[int, str]]:
+    """Failed candidates grouped by cause (outcome and first line, paths elided), most common first;
+    a trial that reused an earlier failure is not counted again."""
+    causes = Counter(
+        f"{t.user_attrs.get('outcome', 'failed')}: {_first_line(str(t.user_attrs.get('failure', '')))}"
+        for t in trials
+        if trial_status(t) == "failed" and "reused_from" not in t.user_attrs
+    )
+    return [(count, cause) for cause, count in causes.most_common()]
+
+
+def _first_line(text: str) -> str:
+    line = text.strip().splitlines()[0] if text.strip() else ""
+    return re.sub(r"(?:[A-Za-z]:)?(?:/[^\s:'\"]+)+", "<path>", line)[:160]
+
+
 def first_value(trial: FrozenTrial) -> float | None:
     """The trial's first objective: latency (or build time in a dry run), in any number of objectives."""
     return trial.values[0] if trial.values else None
@@ -272,11 +315,14 @@ class StudySummary:
 
     name: str
     counts: dict[str, int]
+    """Trials per status of :func:`trial_status`."""
     reused: int
     baseline: FrozenTrial | None
     best: FrozenTrial | None
     dry_run: bool = False
     confirmed: dict[str, Any] | None = None
+    failures: tuple[tuple[int, str], ...] = ()
+    """(count, cause) of the failed candidates."""
 
     @property
     def unit(self) -> str:
@@ -305,9 +351,7 @@ class StudySummary:
 
 def summarize_study(study: optuna.Study) -> StudySummary:
     trials = study.get_trials(deepcopy=False)
-    counts = {state.name.lower(): 0 for state in TrialState}
-    for t in trials:
-        counts[t.state.name.lower()] += 1
+    counts = dict.fromkeys(STATUSES, 0) | Counter(trial_status(t) for t in trials)
     baselines = [t for t in trials if t.user_attrs.get("baseline") and t.state.is_finished()]
     complete = [t for t in trials if t.state is TrialState.COMPLETE and t.values]
     best = min(complete, key=lambda t: (t.values[0], t.number)) if complete else None
@@ -323,4 +367,5 @@ def summarize_study(study: optuna.Study) -> StudySummary:
         best=best,
         dry_run=study.user_attrs.get(FINGERPRINT_ATTR, {}).get("objective") == "build_s",
         confirmed=confirmed,
+        failures=tuple(failure_causes(trials)),
     )

@@ -31,6 +31,7 @@ from gpt_optuna.objective import CandidateFailed, Objective
 from gpt_optuna.precision import QUANTIZED
 from gpt_optuna.progress import Progress
 from gpt_optuna.space import Candidate, Space
+from gpt_optuna.space_check import check_space
 from gpt_optuna.study import (
     MEASURE_ATTR,
     finished_count,
@@ -77,20 +78,33 @@ def discover_space(
     worker: Worker,
     info: model_io.ModelInfo,
     shapes: dict[str, model_io.ShapeRange],
-    models_dir: Path,
-) -> tuple[Space, dict[str, str]]:
-    """The backend's search space (found in the worker process) with the ``[space]`` overrides;
-    transformed models made on the way are kept in ``models_dir``."""
+    workdir: Path,
+    notes: list[str],
+) -> tuple[Space, dict[str, str], str]:
+    """The backend's search space (found in the worker process) with the ``[space]`` overrides,
+    each graph transform it offers made and loaded once (:func:`check_space`); the space, the
+    library versions and the calibration data's hash (empty without int8/fp8). Transformed
+    models and the calibration data are kept in ``workdir``; what was dropped goes to ``notes``."""
     try:
-        space, versions = worker.run(SpaceJob(config.backend, info, shapes, models_dir), SPACE_TIMEOUT_S)
+        space, versions = worker.run(SpaceJob(config.backend, info, shapes, workdir / "models"), SPACE_TIMEOUT_S)
     except JobFailure as failure:
         raise UserError(f"backend {config.backend!r} could not describe its search space: {failure}") from None
-    return space.with_overrides(config.space), versions
+    space = space.with_overrides(config.space)
+    calibration_sha256 = ""
+    if set(space.choices("precision")) & set(QUANTIZED):
+        samples = calibration_samples(config, info, shapes, notes)
+        model_io.save_npz(workdir / CALIBRATION_FILE, samples)
+        calibration_sha256 = model_io.feeds_sha256(samples)
+    template = EvaluateJob.in_study(
+        workdir, config.backend, info, shapes, config.criterion, config.measure, config.dry_run
+    )
+    space = check_space(space, template, worker, config.trial_timeout_s, notes.append)
+    return space, versions, calibration_sha256
 
 
 def prepare(config: TuneConfig, worker: Worker, notes: list[str]) -> Prepared:
-    """Check the model and inputs, cache feeds and reference outputs, discover the space, and
-    cache calibration data where the space has int8 or fp8. Warnings are added to ``notes``."""
+    """Check the model and inputs, cache feeds and reference outputs, discover and check the
+    space (caching calibration data where it has int8 or fp8). Warnings are added to ``notes``."""
     criterion = config.criterion
     info, shapes, feeds = load_inputs(config)
     workdir = config.workdir
@@ -104,13 +118,7 @@ def prepare(config: TuneConfig, worker: Worker, notes: list[str]) -> Prepared:
         model_io.save_npz(reference_path, reference)
         stamp.write_text(key)
     criterion.check_applicable(model_io.read_npz(reference_path))
-    space, versions = discover_space(config, worker, info, shapes, workdir / "models")
-    calibration_sha256 = ""
-    precision = next((k for k in space.knobs if k.name == "precision"), None)
-    if precision is not None and set(precision.choices) & set(QUANTIZED):
-        samples = calibration_samples(config, info, shapes, notes)
-        model_io.save_npz(workdir / CALIBRATION_FILE, samples)
-        calibration_sha256 = model_io.feeds_sha256(samples)
+    space, versions, calibration_sha256 = discover_space(config, worker, info, shapes, workdir, notes)
     return Prepared(info, shapes, inputs_sha256, space, versions, calibration_sha256)
 
 
@@ -164,7 +172,7 @@ def tune(config: TuneConfig, progress: Progress | None = None, argv: list[str] |
         study, resumed = open_study(
             storage,
             config.study_name,
-            make_sampler(config.sampler, config.seed),
+            make_sampler(config.sampler, config.seed, prepared.space),
             fingerprint(config, prepared),
             prepared.space.default(),
             len(config.objectives),

@@ -20,6 +20,7 @@ from gpt_optuna.cli import main
 from gpt_optuna.evaluate import EvaluateJob, Outcome, SpaceJob
 from gpt_optuna.fusion import fused_path, fusion_knobs
 from gpt_optuna.measure import MeasureSettings
+from gpt_optuna.model_cache import TransformFailed
 from gpt_optuna.precision import PrecisionSetting, transform
 
 SHAPES = {name: m.ShapeRange((1, 32), (1, 32), (1, 32)) for name in ("input_ids", "attention_mask", "token_type_ids")}
@@ -153,7 +154,9 @@ def test_fused_fp16_encoder_runs_on_the_cuda_provider_through_a_cuda_graph(minil
     print({f: (r.latency.median_ms, r.verdict.metrics["cosine"]) for f, r in results.items()})
 
 
-def test_a_graph_the_optimizer_fails_on_is_searched_without_the_knob(tmp_path: Path) -> None:
+def test_a_graph_the_optimizer_fails_on_keeps_its_failure_for_the_space_check(tmp_path: Path) -> None:
+    """The knob is offered so that checking the space drops it with the reason; the failure is kept
+    beside the would-be model, with its traceback, and raised again without redoing the work."""
     graph = helper.make_graph(
         [helper.make_node("Mystery", ["x"], ["y"], domain="example.custom")],
         "unknown_op",
@@ -164,4 +167,14 @@ def test_a_graph_the_optimizer_fails_on_is_searched_without_the_knob(tmp_path: P
     model = helper.make_model(graph, opset_imports=opsets)
     path = tmp_path / "mystery.onnx"
     onnx.save(model, path)
-    assert fusion_knobs(m.load_model_info(path), ("transformer",), tmp_path / "models") == []
+    info = m.load_model_info(path)
+    assert [k.name for k in fusion_knobs(info, ("transformer",), tmp_path / "models")] == ["graph_fusion"]
+    with pytest.raises(TransformFailed) as first:
+        fused_path(path, info.sha256, "transformer", tmp_path / "models")
+    assert "Traceback" in first.value.log and "Mystery" in str(first.value)
+    kept = list((tmp_path / "models").glob("*.failed.json"))
+    assert len(kept) == 1 and not list((tmp_path / "models").glob("*.tmp*"))
+    stamp = kept[0].stat().st_mtime_ns
+    with pytest.raises(TransformFailed) as again:
+        fused_path(path, info.sha256, "transformer", tmp_path / "models")
+    assert str(again.value) == str(first.value) and kept[0].stat().st_mtime_ns == stamp

@@ -117,20 +117,26 @@ def test_dry_run_study_end_to_end_with_engine_artifacts(cnn_path: Path, capsys: 
     assert len(load("cnn-tensorrt-rtx").get_trials()) == 12
 
 
-def test_a_build_that_returns_no_engine_fails_its_trial_and_the_study_goes_on(cnn_path: Path, tmp_path: Path) -> None:
+def test_a_build_that_returns_no_engine_is_pruned_as_a_failure_and_the_study_goes_on(
+    cnn_path: Path, tmp_path: Path
+) -> None:
+    """A build error would fail again: the trial is PRUNED with a failure constraint, so samplers
+    steer away from it, and no candidate is evaluated twice in a space of four."""
     config = tmp_path / "tune.toml"
     config.write_text(
         '[space]\nprecision = "fp32"\nworkspace_mib = ["default", 0]\nbuilder_optimization_level = [3, 4]\n'
     )
-    assert dry_run(cnn_path, "--n-trials", "8", "--config", str(config), "--sampler", "random", "--seed", "1") == 0
+    assert dry_run(cnn_path, "--n-trials", "4", "--config", str(config), "--sampler", "random", "--seed", "1") == 0
     trials = load("cnn-tensorrt-rtx").get_trials()
+    assert len({tuple(sorted(t.params.items())) for t in trials}) == 4
     failed = [t for t in trials if t.params["workspace_mib"] == 0]
-    assert failed and all(t.state is TrialState.FAIL for t in failed)
-    evaluated = next(t for t in failed if "reused_from" not in t.user_attrs)
-    assert evaluated.user_attrs["outcome"] == "build_error"
-    assert evaluated.user_attrs["failure"] == "TensorRT built no engine"
-    assert "workspace" in evaluated.user_attrs["log"]
-    assert any(t.state is TrialState.COMPLETE for t in trials)
+    assert len(failed) == 2 and all(t.state is TrialState.PRUNED for t in failed)
+    for trial in failed:
+        assert trial.user_attrs["outcome"] == "build_error"
+        assert trial.user_attrs["failure"] == "TensorRT built no engine"
+        assert "workspace" in trial.user_attrs["log"] and "Traceback" in trial.user_attrs["log"]
+        assert trial.constraints["failure"] > 0
+    assert all(t.state is TrialState.COMPLETE for t in trials if t not in failed)
 
 
 def test_rtx_timing_cache_records_nothing_so_none_is_kept(cnn_path: Path) -> None:

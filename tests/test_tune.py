@@ -100,7 +100,7 @@ def test_dynamic_shapes_and_given_inputs(mlp_path: Path, tmp_path: Path, capsys:
     assert np.load("studies/mlp5/inputs.npz")["x"].shape == (5, 16)
 
 
-def test_crash_hang_raise_and_build_errors_fail_their_trials_and_the_study_goes_on(
+def test_crash_hang_raise_fail_their_trials_build_errors_are_pruned_and_the_study_goes_on(
     tmp_path: Path, cnn_path: Path
 ) -> None:
     config = synthetic_config(
@@ -122,10 +122,11 @@ def test_crash_hang_raise_and_build_errors_fail_their_trials_and_the_study_goes_
         "build_error": ("build_error", "synthetic build error"),
     }
     for mode, (outcome, detail) in expected.items():
-        for t in by_mode[mode]:
-            assert t.state is TrialState.FAIL
+        for t in by_mode[mode]:  # a build error would fail again: pruned, with a constraint to learn from
+            assert t.state is (TrialState.PRUNED if mode == "build_error" else TrialState.FAIL)
             assert t.user_attrs["outcome"] == outcome
             assert detail in t.user_attrs["failure"]
+            assert (t.constraints.get("failure", 0) > 0) is (mode == "build_error")
     assert all(t.state is TrialState.COMPLETE for t in by_mode["ok"])
     evaluated_crash = [t for t in by_mode["crash"] if "reused_from" not in t.user_attrs]
     assert "Segmentation fault" in evaluated_crash[0].user_attrs["log"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import importlib
 
-from gpt_optuna.backends.base import Backend, BuildError, Built, Runner
+from gpt_optuna.backends.base import Backend, BuildError, Built, KnobLimit, Runner
 from gpt_optuna.errors import UserError
 
 BACKENDS = {
@@ -13,7 +13,7 @@ BACKENDS = {
     "tensorrt-rtx": "gpt_optuna.backends.tensorrt:TensorRTRTXBackend",
 }
 
-__all__ = ["BACKENDS", "Backend", "BuildError", "Built", "Runner", "load_backend"]
+__all__ = ["BACKENDS", "Backend", "BuildError", "Built", "KnobLimit", "Runner", "load_backend"]
 
 
 def load_backend(spec: str) -> Backend:

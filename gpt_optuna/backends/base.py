@@ -25,7 +25,7 @@ import numpy as np
 
 from gpt_optuna.errors import GptOptunaError, MissingDependencyError
 from gpt_optuna.model import Feeds, ModelInfo, ShapeRange
-from gpt_optuna.space import Candidate, Space
+from gpt_optuna.space import Candidate, Condition, Space
 
 
 def import_cupy() -> Any:
@@ -52,6 +52,16 @@ class Built:
     engine: Any
     build_s: float
     attrs: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class KnobLimit:
+    """A knob a graph cannot use everywhere: ``allowed`` says where it can (None: nowhere), and
+    ``reason`` why not elsewhere."""
+
+    knob: str
+    allowed: Condition | None
+    reason: str
 
 
 class Runner(abc.ABC):
@@ -115,6 +125,18 @@ class Backend(abc.ABC):
         ``outputs`` are the reference outputs in the candidate model's output dtypes: their shapes
         and dtypes size the output buffers.
         """
+
+    def check_model(
+        self, model: ModelInfo, space: Space, candidate: Candidate, workdir: Path, shapes: dict[str, ShapeRange]
+    ) -> list[KnobLimit]:
+        """Load a graph (the original or a transformed one) as ``candidate``, the space's default
+        for it, would, cheaply; raise BuildError if the engine cannot take it at all. Return the
+        knobs of ``space`` this graph cannot use everywhere.
+
+        This default builds the candidate; backends with a cheaper check override it.
+        """
+        self.build(model, candidate, workdir, shapes)
+        return []
 
     def versions(self) -> dict[str, str]:
         """Library versions to record with the study."""

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from gpt_optuna.backends.base import Backend, BuildError, Built, Runner, import_cupy
+from gpt_optuna.backends.base import Backend, BuildError, Built, KnobLimit, Runner, import_cupy
 from gpt_optuna.errors import MissingDependencyError
 from gpt_optuna.model import Feeds, ModelInfo, ShapeRange
 from gpt_optuna.space import Candidate, Condition, Knob, Space, Value
@@ -24,6 +24,8 @@ CPU = "CPUExecutionProvider"
 CUDA = "CUDAExecutionProvider"
 TENSORRT = "TensorrtExecutionProvider"
 GPU_PROVIDERS = (CUDA, TENSORRT)
+CUDA_GRAPH = "cuda.enable_cuda_graph"
+GRAPH_LEVEL = "graph_optimization_level"
 
 _OPTIONAL_GRAPH_LEVELS = ("ORT_DISABLE_ALL", "ORT_ENABLE_BASIC", "ORT_ENABLE_EXTENDED", "ORT_ENABLE_LAYOUT")
 
@@ -97,7 +99,7 @@ def discover_knobs(providers: list[str], graph_levels: list[str], cores: int) ->
     searched = tuple(p for p in providers if p in GPU_PROVIDERS) or (CPU,)
     knobs = [
         Knob("provider", searched, searched[0], "execution provider"),
-        Knob("graph_optimization_level", tuple(graph_levels), "ORT_ENABLE_ALL", "graph rewrites before running"),
+        Knob(GRAPH_LEVEL, tuple(graph_levels), "ORT_ENABLE_ALL", "graph rewrites before running"),
         Knob("mem_pattern", (True, False), True, "plan memory from the first run's allocation pattern"),
     ]
     on = {p: Condition("provider", (p,)) for p in providers}
@@ -124,7 +126,7 @@ def discover_knobs(providers: list[str], graph_levels: list[str], cores: int) ->
             ),
             Knob("cuda.use_tf32", (True, False), True, "TF32 math in convolutions and GEMMs", on[CUDA]),
             Knob("cuda.prefer_nhwc", (False, True), False, "NHWC layout for convolutions", on[CUDA]),
-            Knob("cuda.enable_cuda_graph", (False, True), False, "replay the run as one CUDA graph", on[CUDA]),
+            Knob(CUDA_GRAPH, (False, True), False, "replay the run as one CUDA graph", on[CUDA]),
             Knob("cuda.cudnn_conv_use_max_workspace", (True, False), True, "largest cuDNN workspace", on[CUDA]),
         ]
     if TENSORRT in providers:
@@ -142,7 +144,7 @@ def session_options(candidate: Candidate) -> Any:
     ort = _ort()
     options = ort.SessionOptions()
     options.log_severity_level = 3
-    options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, str(candidate["graph_optimization_level"]))
+    options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, str(candidate[GRAPH_LEVEL]))
     options.enable_mem_pattern = bool(candidate["mem_pattern"])
     if candidate["provider"] == CPU:
         options.execution_mode = getattr(ort.ExecutionMode, str(candidate["execution_mode"]))
@@ -169,7 +171,7 @@ def provider_options(candidate: Candidate, stream_ptr: int | None, workdir: Path
             "cudnn_conv_algo_search": str(candidate["cuda.cudnn_conv_algo_search"]),
             "use_tf32": flag(candidate["cuda.use_tf32"]),
             "prefer_nhwc": flag(candidate["cuda.prefer_nhwc"]),
-            "enable_cuda_graph": flag(candidate["cuda.enable_cuda_graph"]),
+            "enable_cuda_graph": flag(candidate.get(CUDA_GRAPH, False)),
             "cudnn_conv_use_max_workspace": flag(candidate["cuda.cudnn_conv_use_max_workspace"]),
         }
     elif provider == TENSORRT:
@@ -219,6 +221,29 @@ class OnnxRuntimeBackend(Backend):
                 f"{provider} could not take the model; ONNX Runtime fell back to {session.get_providers()[0]}"
             )
         return Built((session, stream), build_s)
+
+    def check_model(
+        self, model: ModelInfo, space: Space, candidate: Candidate, workdir: Path, shapes: dict[str, ShapeRange]
+    ) -> list[KnobLimit]:
+        """Create the default session; where the space offers CUDA graphs, find the graph levels at
+        which a session can capture one (every node on the CUDA provider)."""
+        self.build(model, candidate, workdir, shapes)
+        knobs = {k.name: k for k in space.knobs}
+        if candidate.get("provider") != CUDA or CUDA_GRAPH not in knobs or len(knobs[CUDA_GRAPH].choices) < 2:
+            return []
+        levels = knobs[GRAPH_LEVEL].choices
+        refused: dict[str, str] = {}
+        for level in levels:
+            try:
+                self.build(model, {**candidate, GRAPH_LEVEL: level, CUDA_GRAPH: True}, workdir, shapes)
+            except BuildError as exc:
+                refused[str(level)] = str(exc).splitlines()[0]
+        if not refused:
+            return []
+        capturing = tuple(level for level in levels if level not in refused)
+        reason = next(iter(refused.values()))
+        allowed = Condition(GRAPH_LEVEL, capturing) if capturing else None
+        return [KnobLimit(CUDA_GRAPH, allowed, f"{', '.join(refused)}: {reason}")]
 
     def open(self, built: Built, feeds: Feeds, outputs: Feeds) -> Runner:
         session, stream = built.engine

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from gpt_optuna.backends.base import Backend, BuildError, Built, Runner, import_cupy
+from gpt_optuna.backends.base import Backend, BuildError, Built, KnobLimit, Runner, import_cupy
 from gpt_optuna.errors import MissingDependencyError
 from gpt_optuna.model import Feeds, ModelInfo, ShapeRange
 from gpt_optuna.space import Candidate, Condition, Knob, Space
@@ -250,7 +250,9 @@ class TensorRTBackend(Backend):
         dynamic = any(not spec.is_static for spec in model.inputs)
         return Space(discover_knobs(trt, config, has_qdq=_has_qdq(model), dynamic=dynamic, l2_bytes=_device_l2_bytes()))
 
-    def build(self, model: ModelInfo, candidate: Candidate, workdir: Path, shapes: dict[str, ShapeRange]) -> Built:
+    def _parse(self, model: ModelInfo) -> tuple[Any, Any, Any, Any]:
+        """Builder, network, parser and logger with the model parsed; BuildError naming the nodes
+        TensorRT refused."""
         trt = self.trt
         logger = _capturing_logger(trt)
         builder = trt.Builder(logger)
@@ -260,6 +262,18 @@ class TensorRTBackend(Backend):
             errors = [parser.get_error(i) for i in range(parser.num_errors)]
             text = "; ".join(f"node {e.node_name()!r} (op {e.node_operator()}): {e.desc()}" for e in errors)
             raise BuildError(f"TensorRT could not parse {model.path.name}: {text}", "\n".join(logger.messages))
+        return builder, network, parser, logger
+
+    def check_model(
+        self, model: ModelInfo, space: Space, candidate: Candidate, workdir: Path, shapes: dict[str, ShapeRange]
+    ) -> list[KnobLimit]:
+        """Parse the graph (building an engine takes minutes; parsing tells what the parser refuses)."""
+        self._parse(model)
+        return []
+
+    def build(self, model: ModelInfo, candidate: Candidate, workdir: Path, shapes: dict[str, ShapeRange]) -> Built:
+        trt = self.trt
+        builder, network, _parser, logger = self._parse(model)
         config = builder.create_builder_config()
         routes = parse_build_routes(config.all_build_routes) if hasattr(config, "all_build_routes") else []
         configure(trt, config, candidate, routes)

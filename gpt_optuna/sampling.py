@@ -1,0 +1,142 @@
+"""A sampler that never proposes a candidate the study already holds, nor a known failing one.
+
+Optuna's samplers propose configurations already tried, often, in small categorical spaces, and
+a failed trial teaches them little. :class:`FreshSampler` wraps any Optuna sampler: it lets the
+wrapped sampler propose a whole candidate (its relative proposal, completed knob by knob in the
+order of the space, as Optuna itself would), and when that candidate was evaluated, is being
+evaluated or waits in the queue, or shares the graph transform of a candidate whose transform
+failed, it asks again; then tries the proposal's neighbours (one knob changed), then random
+candidates. Only when none is fresh (a covered space) does the wrapped proposal stand, and the
+objective reuses the earlier result.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import optuna
+from optuna.distributions import BaseDistribution, CategoricalDistribution
+from optuna.samplers import BaseSampler
+from optuna.trial import FrozenTrial, TrialState
+
+from gpt_optuna.space import Candidate, Space
+
+ASKS = 4
+"""Proposals asked of the wrapped sampler before looking elsewhere."""
+RANDOM_TRIES = 200
+"""Random candidates tried before accepting a repeat."""
+
+
+def _key(candidate: Candidate) -> frozenset[tuple[str, Any]]:
+    return frozenset(candidate.items())
+
+
+class FreshSampler(BaseSampler):
+    """Wraps ``base`` so that each trial gets a candidate not seen in the study.
+
+    ``transform_knobs`` names the knobs that decide a candidate's graph transform: a trial whose
+    transform failed rules out every candidate with the same values of those knobs.
+    """
+
+    def __init__(self, base: BaseSampler, space: Space, transform_knobs: Callable[[str], bool], seed: int | None):
+        self.base = base
+        self.space = space
+        self._transform_knob = transform_knobs
+        self._rng = random.Random(seed)
+
+    def reseed_rng(self) -> None:
+        self.base.reseed_rng()
+        self._rng.seed()
+
+    def infer_relative_search_space(self, study: optuna.Study, trial: FrozenTrial) -> dict[str, BaseDistribution]:
+        return {k.name: CategoricalDistribution(k.choices) for k in self.space.knobs}
+
+    def sample_relative(
+        self, study: optuna.Study, trial: FrozenTrial, search_space: dict[str, BaseDistribution]
+    ) -> dict[str, Any]:
+        if "fixed_params" in trial.system_attrs or trial.params:  # enqueued or retried: it is what it is
+            return {}
+        taken, failed_transforms = self._seen(study, trial.number)
+
+        def fresh(candidate: Candidate) -> bool:
+            return _key(candidate) not in taken and self._transform_of(candidate) not in failed_transforms
+
+        first = proposal = self._ask(study, trial)
+        for _ in range(ASKS - 1):
+            if fresh(proposal):
+                return proposal
+            proposal = self._ask(study, trial)
+        if fresh(proposal):
+            return proposal
+        for candidate in [*self._neighbours(first), *(self._random() for _ in range(RANDOM_TRIES))]:
+            if fresh(candidate):
+                return candidate
+        return first
+
+    def sample_independent(
+        self, study: optuna.Study, trial: FrozenTrial, param_name: str, param_distribution: BaseDistribution
+    ) -> Any:
+        return self.base.sample_independent(study, trial, param_name, param_distribution)
+
+    def before_trial(self, study: optuna.Study, trial: FrozenTrial) -> None:
+        self.base.before_trial(study, trial)
+
+    def after_trial(
+        self, study: optuna.Study, trial: FrozenTrial, state: TrialState, values: Sequence[float] | None
+    ) -> None:
+        self.base.after_trial(study, trial, state, values)
+
+    def _ask(self, study: optuna.Study, trial: FrozenTrial) -> Candidate:
+        """One whole proposal of the wrapped sampler, as Optuna would assemble it."""
+        relative_space = self.base.infer_relative_search_space(study, trial)
+        relative = self.base.sample_relative(study, trial, relative_space)
+        candidate: Candidate = {}
+        for knob in self.space.knobs:
+            if not knob.active(candidate):
+                continue
+            distribution = CategoricalDistribution(knob.choices)
+            if knob.name in relative and knob.name in relative_space:
+                candidate[knob.name] = relative[knob.name]
+            else:
+                candidate[knob.name] = self.base.sample_independent(study, trial, knob.name, distribution)
+        return candidate
+
+    def _seen(self, study: optuna.Study, number: int) -> tuple[set[frozenset[tuple[str, Any]]], set[Any]]:
+        """Candidates the study holds (any state but interrupted), and the failed transforms."""
+        taken, failed = set(), set()
+        for other in study.get_trials(deepcopy=False):
+            if other.number == number:
+                continue
+            if other.state is TrialState.FAIL and "outcome" not in other.user_attrs:
+                continue  # interrupted: its retry is queued with the same parameters
+            params = other.params or other.system_attrs.get("fixed_params", {})  # queued: not started yet
+            taken.add(_key(params))
+            if other.user_attrs.get("outcome") == "transform_error":
+                failed.add(self._transform_of(params))
+        return taken, failed
+
+    def _transform_of(self, candidate: Candidate) -> frozenset[tuple[str, Any]]:
+        return frozenset((k, v) for k, v in candidate.items() if self._transform_knob(k))
+
+    def _neighbours(self, candidate: Candidate) -> list[Candidate]:
+        """Candidates that differ from ``candidate`` in one knob (dependent knobs re-defaulted)."""
+        found = []
+        for knob in self.space.knobs:
+            for value in knob.choices:
+                if knob.name in candidate and value != candidate[knob.name]:
+                    found.append(self._complete({**candidate, knob.name: value}))
+        self._rng.shuffle(found)
+        return found
+
+    def _complete(self, partial: Candidate) -> Candidate:
+        """The active knobs of ``partial``'s values, a newly active knob at a random value."""
+        candidate: Candidate = {}
+        for knob in self.space.knobs:
+            if knob.active(candidate):
+                candidate[knob.name] = partial[knob.name] if knob.name in partial else self._rng.choice(knob.choices)
+        return candidate
+
+    def _random(self) -> Candidate:
+        return self._complete({})

@@ -1,0 +1,95 @@
+"""A space is a promise: each graph transform it offers is made and loaded before the search.
+
+For every value of the graph-fusion and precision knobs (with the default keep-set), the graph is
+made and the engine loads it as the space's default candidate would (:meth:`Backend.check_model`),
+in the worker, so that a library crashing on a graph takes only the worker with it. A value that
+cannot be made or loaded is dropped with one line saying why; a knob that a graph cannot use
+(CUDA graphs over nodes placed on the CPU, say) is offered only where it can be, or not at all.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+
+from gpt_optuna.backends import KnobLimit
+from gpt_optuna.errors import UserError
+from gpt_optuna.evaluate import CheckJob, EvaluateJob, Outcome, TrialResult, run_evaluation
+from gpt_optuna.fusion import FUSION_KNOB
+from gpt_optuna.space import Condition, Space, Value
+from gpt_optuna.worker import Worker
+
+PRECISION = "precision"
+Combo = tuple[Value, Value]
+"""(graph fusion, precision)."""
+
+
+def check_space(
+    space: Space, template: EvaluateJob, worker: Worker, timeout: float, note: Callable[[str], None]
+) -> Space:
+    """``space`` without the transform values that cannot be made or loaded, and with the knob
+    limits the engine reported; each change is told to ``note`` in one line."""
+    fusions = space.choices(FUSION_KNOB) or ("none",)
+    precisions = space.choices(PRECISION) or ("fp32",)
+    loaded: dict[Combo, list[KnobLimit]] = {}
+    failed: dict[Combo, str] = {}
+    for fusion in fusions:
+        for precision in precisions:
+            if (fusion, precisions[0]) in failed:
+                continue  # the fused graph itself cannot be loaded
+            fixed = {FUSION_KNOB: fusion, PRECISION: precision}
+            job = replace(template, candidate=space.default(fixed))
+            result = run_evaluation(worker, CheckJob(job, space), timeout)
+            if result.outcome is Outcome.OK:
+                loaded[(fusion, precision)] = result.attrs["limits"]
+            else:
+                failed[(fusion, precision)] = _why(result)
+    original = (fusions[0], precisions[0])
+    if original in failed:
+        raise UserError(f"the backend cannot load the model: {failed[original]}")
+    for fusion in fusions:
+        if (fusion, precisions[0]) in failed:
+            note(f"graph_fusion {fusion} not searched: {failed[(fusion, precisions[0])]}")
+    kept_fusions = tuple(f for f in fusions if (f, precisions[0]) not in failed)
+    if len(kept_fusions) < len(fusions):
+        space = space.restricted(FUSION_KNOB, kept_fusions)
+    kept_precisions = tuple(p for p in precisions if any((f, p) in loaded for f in kept_fusions))
+    for precision in precisions:
+        if precision not in kept_precisions:
+            note(f"precision {precision} not searched: {failed[(kept_fusions[0], precision)]}")
+    if len(kept_precisions) < len(precisions):
+        space = space.restricted(PRECISION, kept_precisions)
+    return _apply_limits(space, loaded, note)
+
+
+def _why(result: TrialResult) -> str:
+    first = result.detail.strip().splitlines()[0] if result.detail.strip() else result.outcome.value
+    return first[:300]
+
+
+def _apply_limits(space: Space, loaded: dict[Combo, list[KnobLimit]], note: Callable[[str], None]) -> Space:
+    """Offer each limited knob only with the fusions, precisions and settings where it works."""
+    limited = {limit.knob for limits in loaded.values() for limit in limits}
+    for knob in sorted(limited):
+        by_combo = {combo: next((x for x in limits if x.knob == knob), None) for combo, limits in loaded.items()}
+        usable = {combo: limit for combo, limit in by_combo.items() if limit is None or limit.allowed is not None}
+        reason = next(x.reason for x in by_combo.values() if x is not None)
+        if not usable:
+            note(f"{knob} not searched: {reason}")
+            space = space.restricted(knob, (next(k.default for k in space.knobs if k.name == knob),))
+            continue
+        requirements = []
+        for parent, position in ((FUSION_KNOB, 0), (PRECISION, 1)):
+            values = tuple(v for v in space.choices(parent) if any(combo[position] == v for combo in usable))
+            if space.choices(parent) and values != space.choices(parent):
+                requirements.append(Condition(parent, values))
+        if all(limit is not None for limit in usable.values()):
+            allowed = [limit.allowed for limit in usable.values() if limit is not None and limit.allowed is not None]
+            parent = allowed[0].parent
+            values = tuple(v for v in space.choices(parent) if any(v in a.values for a in allowed))
+            requirements.append(Condition(parent, values))
+        for condition in requirements:
+            space = space.with_requirement(knob, condition)
+        where = "; ".join(f"{c.parent} in {list(c.values)}" for c in requirements)
+        note(f"{knob} offered only where {where}: elsewhere {reason}")
+    return space
