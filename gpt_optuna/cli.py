@@ -181,16 +181,16 @@ def print_space(config: TuneConfig, as_json: bool) -> int:
     from gpt_optuna.tuner import discover_space, load_inputs
     from gpt_optuna.worker import Worker
 
-    info, shapes, _ = load_inputs(config)
     notes: list[str] = []
     with tempfile.TemporaryDirectory() as tmp, Worker(Path(tmp) / "worker.log") as worker:
+        info, shapes, _ = load_inputs(config, Path(tmp) / "models")
         space, versions, _ = discover_space(config, worker, info, shapes, Path(tmp), notes)
     for note in notes:
         print(note, file=sys.stderr)
     if as_json:
         print(json.dumps({"backend": config.backend, "versions": versions, "knobs": space.describe()}))
     else:
-        print(f"{config.backend} ({', '.join(f'{k} {v}' for k, v in versions.items())}) for {info.path}:")
+        print(f"{config.backend} ({', '.join(f'{k} {v}' for k, v in versions.items())}) for {config.model}:")
         print(space.table())
     return 0
 

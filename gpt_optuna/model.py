@@ -89,6 +89,57 @@ def load_model_info(path: str | Path) -> ModelInfo:
     return ModelInfo(model_path, file_sha256(model_path), opset, inputs, outputs)
 
 
+def _is_anonymous(dim: object) -> bool:
+    """A dynamic dimension with no usable name: unnamed, ``?``, or a non-positive size."""
+    if dim.HasField("dim_value"):  # type: ignore[attr-defined]
+        return dim.dim_value <= 0  # type: ignore[attr-defined, no-any-return]
+    return dim.dim_param in ("", "?")  # type: ignore[attr-defined]
+
+
+def distinct_dims(model: object) -> bool:
+    """Give each dynamic input dimension a name of its own where the graph leaves it unnamed
+    (``?``, empty, -1) or repeats a name within one input (``[N, 3, ?, ?]``): TensorRT reads one
+    name as one size, so H and W could not differ. A name shared by several inputs (a batch, a
+    sequence) means one size and stays. Returns whether anything was renamed (in place)."""
+    graph = model.graph  # type: ignore[attr-defined]
+    initializers = {i.name for i in graph.initializer}
+    taken = {d.dim_param for v in graph.input for d in v.type.tensor_type.shape.dim}
+    renamed = False
+    for value in graph.input:
+        if value.name in initializers:
+            continue
+        seen: set[str] = set()
+        for axis, dim in enumerate(value.type.tensor_type.shape.dim):
+            if dim.HasField("dim_value") and dim.dim_value > 0:
+                continue
+            if _is_anonymous(dim) or dim.dim_param in seen:
+                name, index = f"{value.name}_dim{axis}", 1
+                while name in taken:
+                    index += 1
+                    name = f"{value.name}_dim{axis}_{index}"
+                taken.add(name)
+                dim.dim_param = name
+                renamed = True
+            seen.add(dim.dim_param)
+    return renamed
+
+
+def with_distinct_dims(info: ModelInfo, cache_dir: Path) -> ModelInfo:
+    """The model, or where :func:`distinct_dims` renames something, a copy in ``cache_dir`` (by content)."""
+    import onnx
+
+    model = onnx.load(str(info.path))
+    if not distinct_dims(model):
+        return info
+    out = cache_dir / f"dims-{info.sha256[:24]}.onnx"
+    if not out.is_file():
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_name(out.name + ".tmp")
+        onnx.save(model, str(tmp))
+        tmp.replace(out)
+    return load_model_info(out)
+
+
 def _one_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return text[0] if text else type(exc).__name__
@@ -135,28 +186,56 @@ def parse_shapes(items: list[str]) -> dict[str, ShapeRange]:
 
 
 def resolve_shapes(info: ModelInfo, shapes: dict[str, ShapeRange]) -> dict[str, ShapeRange]:
-    """The shape range of every input; a dynamic dim with no ``--shape`` is a UserError."""
+    """The shape range of every input. An input without ``--shape`` whose dynamic dimensions are
+    all named by inputs that have one (``batch``, ``sequence``) takes their sizes; any other
+    dynamic dimension without ``--shape`` is a UserError asking for it."""
     known = {spec.name for spec in info.inputs}
     for name in shapes:
         if name not in known:
             raise UserError(f"--shape names {name!r}, which is not a model input ({', '.join(sorted(known))})")
+    named = _named_sizes(info, shapes)
     resolved: dict[str, ShapeRange] = {}
     for spec in info.inputs:
         given = shapes.get(spec.name)
+        if given is None and not spec.is_static:
+            if not all(isinstance(d, int) and d > 0 or d in named for d in spec.shape):
+                raise UserError(_shape_request(spec, named))
+            given = ShapeRange(
+                *(tuple(d if isinstance(d, int) else named[d][i] for d in spec.shape) for i in range(3))  # type: ignore[index]
+            )
         if given is not None:
             for shape in (given.min, given.opt, given.max):
                 _check_shape(spec, shape, "--shape")
             resolved[spec.name] = given
             continue
-        if not spec.is_static:
-            axis = next(i for i, d in enumerate(spec.shape) if not (isinstance(d, int) and d > 0))
-            example = "x".join(str(d) if isinstance(d, int) and d > 0 else "1" for d in spec.shape)
-            raise UserError(
-                f"input {spec.name!r} has a dynamic dimension {spec.shape[axis]!r} (axis {axis}); "
-                f"give its shape with --shape {spec.name}:{example}"
-            )
         resolved[spec.name] = ShapeRange.fixed(tuple(int(d) for d in spec.shape))  # type: ignore[arg-type]
     return resolved
+
+
+def _named_sizes(info: ModelInfo, shapes: dict[str, ShapeRange]) -> dict[str, tuple[int, int, int]]:
+    """(min, opt, max) of each named dynamic dimension of the inputs given with --shape."""
+    sizes: dict[str, tuple[int, int, int]] = {}
+    for spec in info.inputs:
+        if spec.name in shapes:
+            given = shapes[spec.name]
+            for axis, dim in enumerate(spec.shape):
+                if isinstance(dim, str) and dim and axis < len(given.opt):
+                    sizes.setdefault(dim, (given.min[axis], given.opt[axis], given.max[axis]))
+    return sizes
+
+
+def _shape_request(spec: TensorSpec, named: dict[str, tuple[int, int, int]]) -> str:
+    """Ask plainly for the sizes of an input's dynamic dimensions (never guessing one)."""
+    dynamic = [(axis, d) for axis, d in enumerate(spec.shape) if not (isinstance(d, int) and d > 0)]
+    parts = [
+        str(d) if isinstance(d, int) and d > 0 else str(named[d][1]) if d in named else f"<{d or f'dim{axis}'}>"
+        for axis, d in enumerate(spec.shape)
+    ]
+    axes = ", ".join(f"{d!r} (axis {axis})" for axis, d in dynamic)
+    return (
+        f"input {spec.name!r} has dynamic dimensions {axes}: give the sizes you will run it with, "
+        f"--shape {spec.name}:{'x'.join(parts)} with each <...> replaced by a size (or MIN/OPT/MAX for a range)"
+    )
 
 
 def _check_shape(spec: TensorSpec, shape: tuple[int, ...], source: str) -> None:

@@ -60,9 +60,12 @@ class Prepared:
     calibration_sha256: str = ""
 
 
-def load_inputs(config: TuneConfig) -> tuple[model_io.ModelInfo, dict[str, model_io.ShapeRange], model_io.Feeds]:
-    """The checked model, every input's shape range, and the input data (given or generated)."""
-    info = model_io.load_model_info(config.model)
+def load_inputs(
+    config: TuneConfig, models_dir: Path
+) -> tuple[model_io.ModelInfo, dict[str, model_io.ShapeRange], model_io.Feeds]:
+    """The checked model (with distinct names for its dynamic dimensions, a copy in ``models_dir``
+    where it needed them), every input's shape range, and the input data (given or generated)."""
+    info = model_io.with_distinct_dims(model_io.load_model_info(config.model), models_dir)
     shapes = model_io.parse_shapes(config.shapes)
     if config.inputs is not None:
         feeds = model_io.load_feeds(config.inputs, info, shapes)
@@ -106,8 +109,8 @@ def prepare(config: TuneConfig, worker: Worker, notes: list[str]) -> Prepared:
     """Check the model and inputs, cache feeds and reference outputs, discover and check the
     space (caching calibration data where it has int8 or fp8). Warnings are added to ``notes``."""
     criterion = config.criterion
-    info, shapes, feeds = load_inputs(config)
     workdir = config.workdir
+    info, shapes, feeds = load_inputs(config, workdir / "models")
     feeds_path, reference_path = workdir / INPUTS_FILE, workdir / REFERENCE_FILE
     inputs_sha256 = model_io.feeds_sha256(feeds)
     stamp = workdir / "reference.key"

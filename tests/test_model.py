@@ -1,8 +1,10 @@
 from pathlib import Path
 
 import numpy as np
+import onnx
 import pytest
 from conftest import save, token_model
+from onnx import TensorProto, helper
 
 from gpt_optuna import model as m
 from gpt_optuna.errors import UserError
@@ -26,10 +28,10 @@ def test_missing_and_corrupt_files_are_user_errors(tmp_path: Path) -> None:
         m.load_model_info(junk)
 
 
-def test_dynamic_dimension_without_shape_names_the_flag(mlp_path: Path) -> None:
+def test_dynamic_dimension_without_shape_asks_for_it_plainly(mlp_path: Path) -> None:
     info = m.load_model_info(mlp_path)
     with pytest.raises(
-        UserError, match=r"input 'x' has a dynamic dimension 'batch' \(axis 0\); give its shape with --shape x:1x16"
+        UserError, match=r"input 'x' has dynamic dimensions 'batch' \(axis 0\).* --shape x:<batch>x16 with each <"
     ):
         m.resolve_shapes(info, {})
     assert m.resolve_shapes(info, m.parse_shapes(["x:4x16"])) == {"x": m.ShapeRange.fixed((4, 16))}
@@ -95,3 +97,50 @@ def test_npz_round_trip_is_atomic(tmp_path: Path) -> None:
     assert not list(path.parent.glob("*.tmp"))
     np.testing.assert_array_equal(m.read_npz(path)["x"], np.arange(3))
     assert m.feeds_sha256({"x": np.arange(3)}) != m.feeds_sha256({"x": np.arange(4)})
+
+
+def paddle_style_model() -> onnx.ModelProto:
+    """Input [-1, 3, ?, ?] as PaddlePaddle exports it (H and W share the name ``?``), and a second
+    input that shares a named dimension with nothing."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [-1, 3, "?", "?"])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [-1, 3, "?", "?"])
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "paddle_style", [x], [y])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 11)])
+    model.ir_version = 7
+    return model
+
+
+def test_unnamed_and_repeated_dimensions_get_names_of_their_own(tmp_path: Path) -> None:
+    path = save(paddle_style_model(), tmp_path / "cls.onnx")
+    info = m.with_distinct_dims(m.load_model_info(path), tmp_path / "models")
+    assert info.path.parent == tmp_path / "models"
+    assert info.inputs[0].shape == ("x_dim0", 3, "x_dim2", "x_dim3")
+    with pytest.raises(UserError) as asked:
+        m.resolve_shapes(info, {})
+    assert "--shape x:<x_dim0>x3x<x_dim2>x<x_dim3>" in str(asked.value) and "x1" not in str(asked.value)
+    shapes = m.resolve_shapes(info, m.parse_shapes(["x:8x3x48x192"]))  # H and W may differ now
+    assert shapes["x"].opt == (8, 3, 48, 192)
+    again = m.with_distinct_dims(m.load_model_info(path), tmp_path / "models")
+    assert again.path == info.path and again.sha256 == info.sha256
+    named = save(token_model(), tmp_path / "tokens.onnx")  # static: nothing to rename, no copy
+    assert m.with_distinct_dims(m.load_model_info(named), tmp_path / "models").path == named
+
+
+def test_a_dimension_named_by_a_given_input_sizes_the_others(minimal_pair: Path) -> None:
+    info = m.load_model_info(minimal_pair)
+    shapes = m.resolve_shapes(info, m.parse_shapes(["ids:2x8/4x16/8x32"]))
+    assert shapes["mask"] == m.ShapeRange((2, 8), (4, 16), (8, 32))
+    with pytest.raises(UserError, match=r"--shape ids:<batch>x<sequence>"):
+        m.resolve_shapes(info, {})
+
+
+@pytest.fixture
+def minimal_pair(tmp_path: Path) -> Path:
+    """Two int64 inputs [batch, sequence] sharing both dimension names, as a torch encoder has."""
+    ids = helper.make_tensor_value_info("ids", TensorProto.INT64, ["batch", "sequence"])
+    mask = helper.make_tensor_value_info("mask", TensorProto.INT64, ["batch", "sequence"])
+    out = helper.make_tensor_value_info("out", TensorProto.INT64, ["batch", "sequence"])
+    graph = helper.make_graph([helper.make_node("Mul", ["ids", "mask"], ["out"])], "pair", [ids, mask], [out])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return save(model, tmp_path / "pair.onnx")
