@@ -141,4 +141,5 @@ def template_from_study(study: optuna.Study) -> EvaluateJob:
         {n: ShapeRange(*(tuple(s) for s in r)) for n, r in recorded["shapes"].items()},
         parse_criterion(recorded["accuracy"]),
         MeasureSettings(**study.user_attrs.get(MEASURE_ATTR, {})),
+        {knob["name"]: knob["default"] for knob in recorded["space"]},
     )

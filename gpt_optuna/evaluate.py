@@ -162,6 +162,8 @@ class EvaluateJob:
     measure_infeasible: bool = False
     dry_run: bool = False
     calibration_path: Path | None = None
+    defaults: Candidate = field(default_factory=dict)
+    """Every knob's default: a knob inactive in ``candidate`` is at its default for the engine."""
 
     @classmethod
     def in_study(
@@ -172,6 +174,7 @@ class EvaluateJob:
         shapes: dict[str, ShapeRange],
         criterion: Criterion,
         settings: MeasureSettings,
+        defaults: Candidate,
         dry_run: bool = False,
     ) -> EvaluateJob:
         """The template job of a study folder, reading the inputs, reference outputs and calibration
@@ -190,7 +193,13 @@ class EvaluateJob:
             settings=settings,
             dry_run=dry_run,
             calibration_path=calibration if calibration.is_file() else None,
+            defaults=defaults,
         )
+
+    @property
+    def engine_candidate(self) -> Candidate:
+        """The candidate as the engine takes it: every knob set, inactive ones at their defaults."""
+        return {**self.defaults, **self.candidate}
 
     def __call__(self) -> TrialResult:
         start = time.perf_counter()
@@ -203,7 +212,7 @@ class EvaluateJob:
         if isinstance(model, TrialResult):
             return model
         try:
-            built = backend.build(model, self.candidate, self.workdir, self.shapes)
+            built = backend.build(model, self.engine_candidate, self.workdir, self.shapes)
         except BuildError as exc:
             return _build_failure(exc)
         if model is not self.model:
@@ -229,7 +238,8 @@ class EvaluateJob:
         if isinstance(model, TrialResult):
             return model
         try:
-            limits = _backend(self.backend).check_model(model, space, self.candidate, self.workdir, self.shapes)
+            candidate = self.engine_candidate
+            limits = _backend(self.backend).check_model(model, space, candidate, self.workdir, self.shapes)
         except BuildError as exc:
             return _build_failure(exc)
         return TrialResult(Outcome.OK, attrs={"limits": limits})
@@ -257,7 +267,7 @@ class EvaluateJob:
         """Build the candidate and open it, raising on any failure (for re-measuring finalists)."""
         backend = _backend(self.backend)
         model = self.transformed_model()
-        return backend.open(backend.build(model, self.candidate, self.workdir, self.shapes), *self.io(model))
+        return backend.open(backend.build(model, self.engine_candidate, self.workdir, self.shapes), *self.io(model))
 
     def transformed_model(self) -> ModelInfo:
         """The model the candidate runs: the original, or a cached copy fused and/or in another precision."""

@@ -56,24 +56,23 @@ class FreshSampler(BaseSampler):
     def sample_relative(
         self, study: optuna.Study, trial: FrozenTrial, search_space: dict[str, BaseDistribution]
     ) -> dict[str, Any]:
-        if "fixed_params" in trial.system_attrs or trial.params:  # enqueued or retried: it is what it is
+        if "fixed_params" in trial.system_attrs:  # an enqueued candidate: it is what it is
             return {}
         taken, failed_transforms = self._seen(study, trial.number)
+        suggested = dict(trial.params)  # single-valued knobs, or a retried trial's whole candidate
 
         def fresh(candidate: Candidate) -> bool:
             return _key(candidate) not in taken and self._transform_of(candidate) not in failed_transforms
 
-        first = proposal = self._ask(study, trial)
+        first = proposal = self._ask(study, trial, suggested)
         for _ in range(ASKS - 1):
             if fresh(proposal):
                 return proposal
-            proposal = self._ask(study, trial)
+            proposal = self._ask(study, trial, suggested)
         if fresh(proposal):
             return proposal
-        for candidate in [*self._neighbours(first), *(self._random() for _ in range(RANDOM_TRIES))]:
-            if fresh(candidate):
-                return candidate
-        return first
+        others = [*self._neighbours(first, suggested), *(self._complete(suggested) for _ in range(RANDOM_TRIES))]
+        return next((candidate for candidate in others if fresh(candidate)), first)
 
     def sample_independent(
         self, study: optuna.Study, trial: FrozenTrial, param_name: str, param_distribution: BaseDistribution
@@ -88,18 +87,21 @@ class FreshSampler(BaseSampler):
     ) -> None:
         self.base.after_trial(study, trial, state, values)
 
-    def _ask(self, study: optuna.Study, trial: FrozenTrial) -> Candidate:
-        """One whole proposal of the wrapped sampler, as Optuna would assemble it."""
+    def _ask(self, study: optuna.Study, trial: FrozenTrial, suggested: Candidate) -> Candidate:
+        """One whole proposal of the wrapped sampler, as Optuna would assemble it around the
+        values the trial already holds."""
         relative_space = self.base.infer_relative_search_space(study, trial)
         relative = self.base.sample_relative(study, trial, relative_space)
         candidate: Candidate = {}
         for knob in self.space.knobs:
             if not knob.active(candidate):
                 continue
-            distribution = CategoricalDistribution(knob.choices)
-            if knob.name in relative and knob.name in relative_space:
+            if knob.name in suggested:
+                candidate[knob.name] = suggested[knob.name]
+            elif knob.name in relative and knob.name in relative_space:
                 candidate[knob.name] = relative[knob.name]
             else:
+                distribution = CategoricalDistribution(knob.choices)
                 candidate[knob.name] = self.base.sample_independent(study, trial, knob.name, distribution)
         return candidate
 
@@ -120,23 +122,22 @@ class FreshSampler(BaseSampler):
     def _transform_of(self, candidate: Candidate) -> frozenset[tuple[str, Any]]:
         return frozenset((k, v) for k, v in candidate.items() if self._transform_knob(k))
 
-    def _neighbours(self, candidate: Candidate) -> list[Candidate]:
-        """Candidates that differ from ``candidate`` in one knob (dependent knobs re-defaulted)."""
+    def _neighbours(self, candidate: Candidate, suggested: Candidate) -> list[Candidate]:
+        """Candidates that differ from ``candidate`` in one knob not yet suggested (knobs that
+        this makes active take random values)."""
         found = []
         for knob in self.space.knobs:
-            for value in knob.choices:
-                if knob.name in candidate and value != candidate[knob.name]:
-                    found.append(self._complete({**candidate, knob.name: value}))
+            if knob.name in candidate and knob.name not in suggested:
+                found += [
+                    self._complete({**candidate, knob.name: v}) for v in knob.choices if v != candidate[knob.name]
+                ]
         self._rng.shuffle(found)
         return found
 
     def _complete(self, partial: Candidate) -> Candidate:
-        """The active knobs of ``partial``'s values, a newly active knob at a random value."""
+        """The active knobs at ``partial``'s values, the others at random values."""
         candidate: Candidate = {}
         for knob in self.space.knobs:
             if knob.active(candidate):
                 candidate[knob.name] = partial[knob.name] if knob.name in partial else self._rng.choice(knob.choices)
         return candidate
-
-    def _random(self) -> Candidate:
-        return self._complete({})

@@ -90,6 +90,10 @@ class Space:
                 params[knob.name] = fixed.get(knob.name, knob.default)
         return params
 
+    def defaults(self) -> Candidate:
+        """Every knob at its default, active or not (what the engine uses for an inactive knob)."""
+        return {k.name: k.default for k in self.knobs}
+
     def choices(self, name: str) -> tuple[Value, ...]:
         """The values of knob ``name``; none where the space has no such knob."""
         return next((k.choices for k in self.knobs if k.name == name), ())

@@ -99,7 +99,7 @@ def discover_space(
         model_io.save_npz(workdir / CALIBRATION_FILE, samples)
         calibration_sha256 = model_io.feeds_sha256(samples)
     template = EvaluateJob.in_study(
-        workdir, config.backend, info, shapes, config.criterion, config.measure, config.dry_run
+        workdir, config.backend, info, shapes, config.criterion, config.measure, space.defaults(), config.dry_run
     )
     space = check_space(space, template, worker, config.trial_timeout_s, notes.append)
     return space, versions, calibration_sha256
@@ -197,6 +197,7 @@ def tune(config: TuneConfig, progress: Progress | None = None, argv: list[str] |
             prepared.shapes,
             config.criterion,
             config.measure,
+            prepared.space.defaults(),
             config.dry_run,
         )
         artifacts_dir = config.workdir / "artifacts"

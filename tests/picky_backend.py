@@ -1,0 +1,33 @@
+"""ONNX Runtime on the CPU, made picky, to test how checking a space reacts to what an engine refuses.
+
+Its ``check_model`` crashes the process (SIGSEGV) on fp16 graphs, refuses graphs with Q/DQ nodes
+(as an engine without int8 kernels would), and reports that ``mem_pattern`` works only at
+``ORT_ENABLE_ALL``; everything else is ONNX Runtime's own. Used as
+``--backend picky_backend:PickyBackend`` (the tests folder is on the path).
+"""
+
+from __future__ import annotations
+
+import ctypes
+from pathlib import Path
+
+import onnx
+
+from gpt_optuna.backends import BuildError, KnobLimit
+from gpt_optuna.backends.onnxruntime import OnnxRuntimeBackend
+from gpt_optuna.model import ModelInfo, ShapeRange
+from gpt_optuna.space import Candidate, Condition, Space
+
+
+class PickyBackend(OnnxRuntimeBackend):
+    def check_model(
+        self, model: ModelInfo, space: Space, candidate: Candidate, workdir: Path, shapes: dict[str, ShapeRange]
+    ) -> list[KnobLimit]:
+        graph = onnx.load(str(model.path)).graph
+        ops = {node.op_type for node in graph.node}
+        if any(init.data_type == onnx.TensorProto.FLOAT16 for init in graph.initializer):
+            ctypes.string_at(0)
+        if "QuantizeLinear" in ops:
+            raise BuildError("no int8 kernels here")
+        super().check_model(model, space, candidate, workdir, shapes)
+        return [KnobLimit("mem_pattern", Condition("graph_optimization_level", ("ORT_ENABLE_ALL",)), "picky")]

@@ -1,0 +1,193 @@
+"""A space valid by construction: every transform it can offer, on graphs with the patterns other
+projects' exporters write; the space checked before the search; failures the sampler learns from."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import optuna
+import pytest
+from conftest import SYNTHETIC, save
+from optuna.trial import TrialState
+from pattern_graphs import PATTERNS
+
+from gpt_optuna import model as m
+from gpt_optuna.backends.tensorrt import TensorRTRTXBackend
+from gpt_optuna.cli import main
+from gpt_optuna.data.make_small_cnn import small_cnn
+from gpt_optuna.evaluate import is_transform_knob
+from gpt_optuna.precision import KEEP_GROUPS, PrecisionSetting, precision_knobs, rank_sensitive_nodes, transform
+from gpt_optuna.sampling import FreshSampler
+from gpt_optuna.space import Knob, Space
+
+ALL = ("fp32", "fp16", "bf16", "int8", "fp8")
+
+
+def prepared(name: str, tmp_path: Path) -> tuple[m.ModelInfo, m.Feeds, m.Feeds]:
+    builder, flags = PATTERNS[name]
+    info = m.with_distinct_dims(m.load_model_info(save(builder(), tmp_path / f"{name}.onnx")), tmp_path / "dims")
+    feeds = m.synthetic_feeds(info, m.resolve_shapes(info, m.parse_shapes(flags)))
+    return info, feeds, m.reference_outputs(info, feeds)
+
+
+def settings(model: onnx.ModelProto, ranking: list[str]) -> list[PrecisionSetting]:
+    """Every precision setting the space can offer for this model: each keep-set of fp16 and bf16,
+    each quantized op set of int8 and fp8."""
+    knobs = {k.name: k for k in precision_knobs(model, ALL)}
+    groups = [name.removeprefix("keep_fp32.") for name in knobs if name.startswith("keep_fp32.")]
+    subsets = [c for n in range(len(groups) + 1) for c in itertools.combinations(groups, n)]
+    found = [
+        PrecisionSetting(precision, tuple(sorted(subset)), nodes, io)
+        for precision in ("fp16", "bf16")
+        for subset in subsets
+        for nodes in knobs["keep_fp32_nodes"].choices
+        for io in (True, False)
+        if nodes <= len(ranking)
+    ]
+    quantize = knobs["quantize_ops"].choices if "quantize_ops" in knobs else ()
+    return found + [PrecisionSetting(p, quantize=tuple(q.split("+"))) for p in ("int8", "fp8") for q in quantize]
+
+
+@pytest.mark.parametrize("name", sorted(PATTERNS))
+def test_every_transform_the_space_can_offer_passes_the_checker_and_loads(name: str, tmp_path: Path) -> None:
+    """fp16 and int8 graphs load and run in ONNX Runtime on the CPU; bf16 and fp8 ones (TensorRT's)
+    are parsed by TensorRT-RTX; all pass the full ONNX checker (transform() runs it)."""
+    info, feeds, reference = prepared(name, tmp_path)
+    ranking = rank_sensitive_nodes(info.path, feeds, reference)
+    samples = [feeds]
+    rtx = TensorRTRTXBackend()
+    fused_ops = name == "fused_contrib"  # TensorRT cannot read ONNX Runtime's contrib operators
+    made = 0
+    for setting in settings(onnx.load(str(info.path)), ranking):
+        out = transform(info.path, info.sha256, setting, ranking, samples, "c", tmp_path / "models")
+        made += 1
+        if setting.precision in ("fp16", "int8"):
+            session = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+            inputs = {
+                i.name: feeds[i.name].astype(np.float16 if "16" in i.type else feeds[i.name].dtype)
+                for i in session.get_inputs()
+            }
+            assert all(np.isfinite(o.astype(np.float64)).all() for o in session.run(None, inputs)), setting
+        elif not fused_ops:
+            rtx._parse(m.load_model_info(out))
+    assert made >= 8
+    assert not list((tmp_path / "models").glob("*.tmp*"))
+
+
+def test_fp16_keeps_readers_of_out_of_range_weights_in_fp32(tmp_path: Path) -> None:
+    """The Paddle graph's batch-norm variance (1e5) is beyond fp16: clipping it to 65504 would change
+    the output, so the batch norm stays fp32 and the fp16 graph still agrees with fp32."""
+    info, feeds, reference = prepared("paddle_cnn", tmp_path)
+    out = transform(info.path, info.sha256, PrecisionSetting("fp16"), [], [], "", tmp_path / "models")
+    graph = onnx.load(str(out)).graph
+    variance = next(n for n in graph.node if n.op_type == "Constant" and n.output[0] == "var")
+    assert variance.attribute[0].t.data_type == onnx.TensorProto.FLOAT
+    conv = next(i for i in graph.node if i.op_type == "Constant" and i.output[0] == "w1")
+    assert conv.attribute[0].t.data_type == onnx.TensorProto.FLOAT16  # the rest is fp16
+    got = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    np.testing.assert_allclose(got, reference["probs"], atol=2e-3)
+
+
+def test_opset_11_graphs_are_raised_for_per_channel_int8(tmp_path: Path) -> None:
+    info, feeds, _ = prepared("paddle_cnn", tmp_path)
+    out = transform(info.path, info.sha256, PrecisionSetting("int8", quantize=("conv",)), [], [feeds], "c", tmp_path)
+    model = onnx.load(str(out))
+    assert max(o.version for o in model.opset_import if o.domain in ("", "ai.onnx")) >= 13
+    dq = [n for n in model.graph.node if n.op_type == "DequantizeLinear" and any(a.name == "axis" for a in n.attribute)]
+    assert dq  # per-channel weights
+
+
+def test_the_space_check_drops_what_cannot_be_made_or_loaded_and_says_why(
+    cnn_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The engine crashes on fp16 graphs and refuses int8 ones: both are dropped before the search,
+    each with one line; mem_pattern is offered only where the engine said it works."""
+    config = tmp_path / "tune.toml"
+    config.write_text('[measure]\nbudget_s = 0.05\n[space]\nintra_op_num_threads = "default"\n')
+    argv = ["tune", str(cnn_path), "--backend", "picky_backend:PickyBackend", "--config", str(config)]
+    assert main([*argv, "--n-trials", "6", "--quiet", "--confirm-top", "0"]) == 0
+    err = capsys.readouterr().err
+    assert "precision fp16 not searched: worker killed by SIGSEGV" in err
+    assert "precision int8 not searched: no int8 kernels here" in err
+    assert "mem_pattern offered only where graph_optimization_level in ['ORT_ENABLE_ALL']: elsewhere picky" in err
+    study = optuna.load_study(study_name="cnn-pickybackend", storage="sqlite:///studies/cnn-pickybackend.db")
+    space = {k["name"]: k for k in study.user_attrs["gpt_optuna"]["space"]}
+    assert space["precision"]["choices"] == ["fp32"] and "keep_fp32_nodes" not in space
+    assert space["mem_pattern"]["when"] == {"graph_optimization_level": ["ORT_ENABLE_ALL"]}
+    for trial in study.get_trials():
+        assert ("mem_pattern" in trial.params) is (trial.params["graph_optimization_level"] == "ORT_ENABLE_ALL")
+        assert trial.state is TrialState.COMPLETE
+
+
+def test_failures_are_pruned_with_their_traceback_and_grouped_by_cause(
+    cnn_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "tune.toml"
+    config.write_text(
+        '[measure]\nbudget_s = 0.05\n[space]\nmode = ["ok", "build_error"]\ndelay_us = [0]\nbuild_ms = [0]\n'
+    )
+    argv = ["tune", str(cnn_path), "--backend", SYNTHETIC, "--config", str(config), "--quiet", "--confirm-top", "0"]
+    assert main([*argv, "--n-trials", "12", "--seed", "2"]) == 0
+    study = optuna.load_study(study_name="cnn-syntheticbackend", storage="sqlite:///studies/cnn-syntheticbackend.db")
+    failed = [t for t in study.get_trials() if t.params["mode"] == "build_error"]
+    assert failed and all(t.state is TrialState.PRUNED and t.constraints["failure"] > 0 for t in failed)
+    assert all("Traceback" in t.user_attrs["log"] and "synthetic builder log" in t.user_attrs["log"] for t in failed)
+    worker_log = Path("studies/cnn-syntheticbackend/worker.log").read_text()
+    assert "Traceback" in worker_log and "synthetic build error" in worker_log
+    capsys.readouterr()
+    assert main(["status"]) == 0
+    out = capsys.readouterr().out
+    assert (
+        f"{len(failed)} failed" in out
+        and f"failures by cause:\n  {len(failed)} x build_error: synthetic build error" in out
+    )
+
+
+def test_no_candidate_is_proposed_twice_until_the_space_is_covered(cnn_path: Path, tmp_path: Path) -> None:
+    """A space of 24 candidates: TPE repeats itself in spaces this small, FreshSampler does not."""
+    config = tmp_path / "tune.toml"
+    config.write_text(
+        '[measure]\nbudget_s = 0.02\n[space]\nmode = ["ok"]\ndelay_us = [0, 50]\nbuild_ms = [0]\nb = [0]\n'
+    )
+    argv = ["tune", str(cnn_path), "--backend", SYNTHETIC, "--config", str(config), "--quiet", "--confirm-top", "0"]
+    assert main([*argv, "--n-trials", "24", "--seed", "0"]) == 0
+    study = optuna.load_study(study_name="cnn-syntheticbackend", storage="sqlite:///studies/cnn-syntheticbackend.db")
+    params = [json.dumps(t.params, sort_keys=True) for t in study.get_trials()]
+    assert len(params) == 24 and len(set(params)) == 24
+    assert not [t for t in study.get_trials() if "reused_from" in t.user_attrs]
+
+
+def test_a_failed_transform_rules_out_every_candidate_that_shares_it() -> None:
+    space = Space(
+        [
+            Knob("precision", ("fp32", "fp16", "int8"), "fp32"),
+            Knob("keep_io_fp32", (True, False), True),
+            Knob("threads", tuple(range(6)), 0),
+        ]
+    )
+    sampler = FreshSampler(optuna.samplers.TPESampler(seed=0, n_startup_trials=2), space, is_transform_knob, 0)
+    study = optuna.create_study(sampler=sampler)
+    dists = {k.name: optuna.distributions.CategoricalDistribution(k.choices) for k in space.knobs}
+    failed = {"precision": "int8", "keep_io_fp32": True, "threads": 0}
+    study.add_trial(
+        optuna.trial.create_trial(
+            state=TrialState.PRUNED,
+            params=failed,
+            distributions=dists,
+            user_attrs={"outcome": "transform_error", "failure": "int8 transform failed"},
+        )
+    )
+    study.optimize(lambda t: float(space.suggest(t)["threads"]), n_trials=30)
+    proposed = [t.params for t in study.get_trials()[1:]]
+    assert not [p for p in proposed if p["precision"] == "int8" and p["keep_io_fp32"]]
+    assert len({json.dumps(p, sort_keys=True) for p in proposed}) == 30
+
+
+def test_keep_groups_name_real_operators() -> None:
+    knobs = precision_knobs(small_cnn(), ALL)
+    assert all(k.name.removeprefix("keep_fp32.") in KEEP_GROUPS for k in knobs if k.name.startswith("keep_fp32."))
