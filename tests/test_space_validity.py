@@ -17,6 +17,7 @@ from optuna.trial import TrialState
 from pattern_graphs import PATTERNS
 
 from gpt_optuna import model as m
+from gpt_optuna.backends import BuildError
 from gpt_optuna.backends.tensorrt import TensorRTRTXBackend
 from gpt_optuna.cli import main
 from gpt_optuna.data.make_small_cnn import small_cnn
@@ -191,3 +192,33 @@ def test_a_failed_transform_rules_out_every_candidate_that_shares_it() -> None:
 def test_keep_groups_name_real_operators() -> None:
     knobs = precision_knobs(small_cnn(), ALL)
     assert all(k.name.removeprefix("keep_fp32.") in KEEP_GROUPS for k in knobs if k.name.startswith("keep_fp32."))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["torch_encoder_block", "resize_head", "paddle_cnn"])
+def test_cuda_graphs_are_offered_exactly_where_a_session_captures_one(name: str, tmp_path: Path) -> None:
+    """The check's verdict per graph level against what ONNX Runtime does: a refused level fails
+    to create a capturing session; an offered one captures, replays and gives the fp32 outputs."""
+    from gpt_optuna.backends.onnxruntime import CUDA, CUDA_GRAPH, GRAPH_LEVEL, OnnxRuntimeBackend
+
+    info, feeds, reference = prepared(name, tmp_path)
+    shapes = m.resolve_shapes(info, m.parse_shapes(PATTERNS[name][1]))
+    backend = OnnxRuntimeBackend()
+    space = backend.space(info, shapes)
+    base = space.default()
+    assert base["provider"] == CUDA
+    limits = backend.check_model(info, space, base, tmp_path, shapes)
+    limit = next((x for x in limits if x.knob == CUDA_GRAPH), None)
+    offered = space.choices(GRAPH_LEVEL) if limit is None else (limit.allowed.values if limit.allowed else ())
+    print(name, "CUDA graphs at", offered, "" if limit is None else limit.reason)
+    for level in space.choices(GRAPH_LEVEL):
+        candidate = {**base, GRAPH_LEVEL: level, CUDA_GRAPH: True}
+        if level not in offered:
+            with pytest.raises(BuildError):
+                backend.build(info, candidate, tmp_path, shapes)
+            continue
+        with backend.open(backend.build(info, candidate, tmp_path, shapes), feeds, reference) as runner:
+            for _ in range(3):  # the first run captures, the next ones replay
+                outputs = runner.infer()
+            for key, value in reference.items():
+                np.testing.assert_allclose(outputs[key], value, rtol=1e-2, atol=1e-3)
