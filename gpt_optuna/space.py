@@ -22,10 +22,32 @@ Candidate = dict[str, Value]
 
 @dataclass(frozen=True)
 class Condition:
-    """A knob is active only when knob ``parent`` takes one of ``values``."""
+    """A knob is active only when knob ``parent`` takes one of ``values``; with several parents
+    (a tuple of names), only when their values together are one of ``values`` (tuples)."""
 
-    parent: str
-    values: tuple[Value, ...]
+    parent: str | tuple[str, ...]
+    values: tuple[Any, ...]
+
+    @property
+    def parents(self) -> tuple[str, ...]:
+        return (self.parent,) if isinstance(self.parent, str) else self.parent
+
+    @property
+    def key(self) -> str:
+        return "+".join(self.parents)
+
+    def holds(self, params: Mapping[str, Value]) -> bool:
+        if isinstance(self.parent, str):
+            return params.get(self.parent) in self.values
+        return tuple(params.get(p) for p in self.parent) in self.values
+
+    def satisfiable(self, offered: Mapping[str, tuple[Value, ...]]) -> bool:
+        """Whether some values the parents offer make it hold."""
+        combos = [(v,) for v in self.values] if isinstance(self.parent, str) else self.values
+        return any(all(v in offered.get(p, ()) for p, v in zip(self.parents, c, strict=True)) for c in combos)
+
+    def describe(self) -> list[Any]:
+        return [list(v) if isinstance(v, tuple) else v for v in self.values]
 
 
 @dataclass(frozen=True)
@@ -54,12 +76,12 @@ class Knob:
         return ((self.condition,) if self.condition is not None else ()) + self.requires
 
     def active(self, params: Mapping[str, Value]) -> bool:
-        return all(params.get(c.parent) in c.values for c in self.conditions)
+        return all(c.holds(params) for c in self.conditions)
 
     def describe(self) -> dict[str, Any]:
         data: dict[str, Any] = {"name": self.name, "choices": list(self.choices), "default": self.default}
         if self.conditions:
-            data["when"] = {c.parent: list(c.values) for c in self.conditions}
+            data["when"] = {c.key: c.describe() for c in self.conditions}
         return data
 
 
@@ -71,9 +93,9 @@ class Space:
         for knob in knobs:
             if knob.name in seen:
                 raise ValueError(f"duplicate knob {knob.name}")
-            for condition in knob.conditions:
-                if condition.parent not in seen:
-                    raise ValueError(f"knob {knob.name} depends on {condition.parent}, not defined before it")
+            for parent in (p for c in knob.conditions for p in c.parents):
+                if parent not in seen:
+                    raise ValueError(f"knob {knob.name} depends on {parent}, not defined before it")
             seen.add(knob.name)
         self.knobs = tuple(knobs)
 
@@ -106,7 +128,7 @@ class Space:
         for knob in self.knobs:
             if knob.name == name:
                 knob = replace(knob, choices=tuple(c for c in knob.choices if c in choices))
-            if all(set(c.values) & set(offered.get(c.parent, ())) for c in knob.conditions):
+            if all(c.satisfiable(offered) for c in knob.conditions):
                 knobs.append(knob)
                 offered[knob.name] = knob.choices
         return Space(knobs)
@@ -130,7 +152,7 @@ class Space:
         rows = []
         for knob in self.knobs:
             values = ", ".join(map(str, knob.choices)) if len(knob.choices) > 1 else "(fixed)"
-            when = "".join(f"  when {c.parent} in {list(c.values)}" for c in knob.conditions)
+            when = "".join(f"  when {c.key} in {c.describe()}" for c in knob.conditions)
             rows.append(f"{knob.name:<44} default {knob.default!s:<20} {values}{when}")
         searched = sum(len(k.choices) > 1 for k in self.knobs)
         return "\n".join([*rows, f"{len(self.knobs)} knobs, {searched} searched"])

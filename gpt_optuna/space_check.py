@@ -9,6 +9,7 @@ cannot be made or loaded is dropped with one line saying why; a knob that a grap
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from dataclasses import replace
 
@@ -68,28 +69,46 @@ def _why(result: TrialResult) -> str:
 
 
 def _apply_limits(space: Space, loaded: dict[Combo, list[KnobLimit]], note: Callable[[str], None]) -> Space:
-    """Offer each limited knob only with the fusions, precisions and settings where it works."""
+    """Offer each limited knob only with the fusion, precision and setting values where it works:
+    one condition on them together, since a graph level can suit one precision and not another."""
     limited = {limit.knob for limits in loaded.values() for limit in limits}
     for knob in sorted(limited):
         by_combo = {combo: next((x for x in limits if x.knob == knob), None) for combo, limits in loaded.items()}
-        usable = {combo: limit for combo, limit in by_combo.items() if limit is None or limit.allowed is not None}
         reason = next(x.reason for x in by_combo.values() if x is not None)
-        if not usable:
+        setting = next((x.allowed.parent for x in by_combo.values() if x is not None and x.allowed), None)
+        parents = [p for p in (FUSION_KNOB, PRECISION) if len(space.choices(p)) > 1] + (
+            [str(setting)] if setting else []
+        )
+        allowed: set[tuple[Value, ...]] = set()
+        for (fusion, precision), limit in by_combo.items():
+            if limit is not None and limit.allowed is None:
+                continue
+            levels = space.choices(str(setting)) if limit is None or limit.allowed is None else limit.allowed.values
+            for level in levels if setting else (None,):
+                values = {FUSION_KNOB: fusion, PRECISION: precision, setting: level}
+                allowed.add(tuple(values[p] for p in parents))
+        if not allowed:
             note(f"{knob} not searched: {reason}")
             space = space.restricted(knob, (next(k.default for k in space.knobs if k.name == knob),))
             continue
-        requirements = []
-        for parent, position in ((FUSION_KNOB, 0), (PRECISION, 1)):
-            values = tuple(v for v in space.choices(parent) if any(combo[position] == v for combo in usable))
-            if space.choices(parent) and values != space.choices(parent):
-                requirements.append(Condition(parent, values))
-        if all(limit is not None for limit in usable.values()):
-            allowed = [limit.allowed for limit in usable.values() if limit is not None and limit.allowed is not None]
-            parent = allowed[0].parent
-            values = tuple(v for v in space.choices(parent) if any(v in a.values for a in allowed))
-            requirements.append(Condition(parent, values))
-        for condition in requirements:
-            space = space.with_requirement(knob, condition)
-        where = "; ".join(f"{c.parent} in {list(c.values)}" for c in requirements)
-        note(f"{knob} offered only where {where}: elsewhere {reason}")
+        if not parents:
+            continue  # it works wherever the space goes
+        combos = tuple(c for c in itertools.product(*(space.choices(p) for p in parents)) if c in allowed)
+        joint = (
+            Condition(tuple(parents), combos)
+            if len(parents) > 1
+            else Condition(parents[0], tuple(c[0] for c in combos))
+        )
+        space = space.with_requirement(knob, joint)
+        note(f"{knob} offered only with {_where(parents, combos)}; elsewhere {reason}")
     return space
+
+
+def _where(parents: list[str], combos: tuple[tuple[Value, ...], ...]) -> str:
+    """``precision+graph_optimization_level: fp32 at A, B; int8 at A``: the last parent's values per
+    combination of the others."""
+    grouped: dict[tuple[Value, ...], list[Value]] = {}
+    for combo in combos:
+        grouped.setdefault(combo[:-1], []).append(combo[-1])
+    parts = [f"{'/'.join(map(str, head)) or 'any'} at {', '.join(map(str, tail))}" for head, tail in grouped.items()]
+    return f"{'+'.join(parents)}: {'; '.join(parts)}"
