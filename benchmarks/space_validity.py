@@ -210,6 +210,8 @@ class Row:
     seconds: float
     causes: list[tuple[int, str]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    failed_trials: list[dict] = field(default_factory=list)
+    """Each failed trial's parameters and failure (in the JSON only)."""
 
 
 def search(name: str, model: Path, shapes: list[str], backend: str, trials: int, workdir: Path) -> Row:
@@ -240,7 +242,8 @@ def search(name: str, model: Path, shapes: list[str], backend: str, trials: int,
     repeats = sum(proposals.count(p) - 1 for p in failing)
     notes = [line for line in errors.getvalue().splitlines() if "not searched" in line or "offered only" in line]
     seconds = time.monotonic() - started
-    return Row(name, backend, len(trials_), len(failed), repeats, seconds, failure_causes(trials_), notes)
+    details = [{"params": t.params, "failure": t.user_attrs.get("failure", "")} for t in failed]
+    return Row(name, backend, len(trials_), len(failed), repeats, seconds, failure_causes(trials_), notes, details)
 
 
 def main_(argv: list[str] | None = None) -> int:

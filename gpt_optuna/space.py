@@ -41,10 +41,13 @@ class Condition:
             return params.get(self.parent) in self.values
         return tuple(params.get(p) for p in self.parent) in self.values
 
+    def combos(self) -> tuple[tuple[Value, ...], ...]:
+        """The parents' values for which it holds, as tuples (one value each for a single parent)."""
+        return tuple((v,) for v in self.values) if isinstance(self.parent, str) else self.values
+
     def satisfiable(self, offered: Mapping[str, tuple[Value, ...]]) -> bool:
         """Whether some values the parents offer make it hold."""
-        combos = [(v,) for v in self.values] if isinstance(self.parent, str) else self.values
-        return any(all(v in offered.get(p, ()) for p, v in zip(self.parents, c, strict=True)) for c in combos)
+        return any(all(v in offered.get(p, ()) for p, v in zip(self.parents, c, strict=True)) for c in self.combos())
 
     def describe(self) -> list[Any]:
         return [list(v) if isinstance(v, tuple) else v for v in self.values]

@@ -69,24 +69,21 @@ def _why(result: TrialResult) -> str:
 
 
 def _apply_limits(space: Space, loaded: dict[Combo, list[KnobLimit]], note: Callable[[str], None]) -> Space:
-    """Offer each limited knob only with the fusion, precision and setting values where it works:
-    one condition on them together, since a graph level can suit one precision and not another."""
+    """Offer each limited knob only with the fusion, precision and settings where it works: one
+    condition on them together, since a setting can suit one precision and not another."""
     limited = {limit.knob for limits in loaded.values() for limit in limits}
     for knob in sorted(limited):
         by_combo = {combo: next((x for x in limits if x.knob == knob), None) for combo, limits in loaded.items()}
         reason = next(x.reason for x in by_combo.values() if x is not None)
-        setting = next((x.allowed.parent for x in by_combo.values() if x is not None and x.allowed), None)
-        parents = [p for p in (FUSION_KNOB, PRECISION) if len(space.choices(p)) > 1] + (
-            [str(setting)] if setting else []
-        )
+        settings = next((x.allowed.parents for x in by_combo.values() if x is not None and x.allowed), ())
+        every_setting = tuple(itertools.product(*(space.choices(p) for p in settings)))
+        parents = [p for p in (FUSION_KNOB, PRECISION) if len(space.choices(p)) > 1] + list(settings)
         allowed: set[tuple[Value, ...]] = set()
         for (fusion, precision), limit in by_combo.items():
             if limit is not None and limit.allowed is None:
                 continue
-            levels = space.choices(str(setting)) if limit is None or limit.allowed is None else limit.allowed.values
-            for level in levels if setting else (None,):
-                values = {FUSION_KNOB: fusion, PRECISION: precision, setting: level}
-                allowed.add(tuple(values[p] for p in parents))
+            head = tuple(v for p, v in ((FUSION_KNOB, fusion), (PRECISION, precision)) if p in parents)
+            allowed |= {head + tail for tail in (every_setting if limit is None else limit.allowed.combos())}
         if not allowed:
             note(f"{knob} not searched: {reason}")
             space = space.restricted(knob, (next(k.default for k in space.knobs if k.name == knob),))
@@ -94,12 +91,10 @@ def _apply_limits(space: Space, loaded: dict[Combo, list[KnobLimit]], note: Call
         if not parents:
             continue  # it works wherever the space goes
         combos = tuple(c for c in itertools.product(*(space.choices(p) for p in parents)) if c in allowed)
-        joint = (
-            Condition(tuple(parents), combos)
-            if len(parents) > 1
-            else Condition(parents[0], tuple(c[0] for c in combos))
-        )
-        space = space.with_requirement(knob, joint)
+        if len(parents) == 1:
+            space = space.with_requirement(knob, Condition(parents[0], tuple(c[0] for c in combos)))
+        else:
+            space = space.with_requirement(knob, Condition(tuple(parents), combos))
         note(f"{knob} offered only with {_where(parents, combos)}; elsewhere {reason}")
     return space
 

@@ -197,9 +197,10 @@ def test_keep_groups_name_real_operators() -> None:
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", ["torch_encoder_block", "resize_head", "paddle_cnn"])
 def test_cuda_graphs_are_offered_exactly_where_a_session_captures_one(name: str, tmp_path: Path) -> None:
-    """The check's verdict per graph level against what ONNX Runtime does: a refused level fails
-    to create a capturing session; an offered one captures, replays and gives the fp32 outputs."""
-    from gpt_optuna.backends.onnxruntime import CUDA, CUDA_GRAPH, GRAPH_LEVEL, OnnxRuntimeBackend
+    """The check's verdict per graph level and layout against what ONNX Runtime does: a refused
+    setting fails to create a capturing session; an offered one captures, replays and gives the
+    fp32 outputs."""
+    from gpt_optuna.backends.onnxruntime import CUDA, CUDA_GRAPH, GRAPH_LEVEL, NHWC, OnnxRuntimeBackend
 
     info, feeds, reference = prepared(name, tmp_path)
     shapes = m.resolve_shapes(info, m.parse_shapes(PATTERNS[name][1]))
@@ -209,11 +210,12 @@ def test_cuda_graphs_are_offered_exactly_where_a_session_captures_one(name: str,
     assert base["provider"] == CUDA
     limits = backend.check_model(info, space, base, tmp_path, shapes)
     limit = next((x for x in limits if x.knob == CUDA_GRAPH), None)
-    offered = space.choices(GRAPH_LEVEL) if limit is None else (limit.allowed.values if limit.allowed else ())
-    print(name, "CUDA graphs at", offered, "" if limit is None else limit.reason)
-    for level in space.choices(GRAPH_LEVEL):
-        candidate = {**base, GRAPH_LEVEL: level, CUDA_GRAPH: True}
-        if level not in offered:
+    settings = list(itertools.product(space.choices(GRAPH_LEVEL), space.choices(NHWC)))
+    offered = settings if limit is None else list(limit.allowed.combos() if limit.allowed else ())
+    print(name, "CUDA graphs refused at", [s for s in settings if s not in offered])
+    for level, nhwc in settings:
+        candidate = {**base, GRAPH_LEVEL: level, NHWC: nhwc, CUDA_GRAPH: True}
+        if (level, nhwc) not in offered:
             with pytest.raises(BuildError):
                 backend.build(info, candidate, tmp_path, shapes)
             continue

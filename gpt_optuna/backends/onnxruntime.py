@@ -8,6 +8,7 @@ one is probed with a real session on a one-node model.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import time
 from pathlib import Path
@@ -25,6 +26,7 @@ CUDA = "CUDAExecutionProvider"
 TENSORRT = "TensorrtExecutionProvider"
 GPU_PROVIDERS = (CUDA, TENSORRT)
 CUDA_GRAPH = "cuda.enable_cuda_graph"
+NHWC = "cuda.prefer_nhwc"
 GRAPH_LEVEL = "graph_optimization_level"
 
 _OPTIONAL_GRAPH_LEVELS = ("ORT_DISABLE_ALL", "ORT_ENABLE_BASIC", "ORT_ENABLE_EXTENDED", "ORT_ENABLE_LAYOUT")
@@ -125,7 +127,7 @@ def discover_knobs(providers: list[str], graph_levels: list[str], cores: int) ->
                 "cuda.cudnn_conv_algo_search", ("EXHAUSTIVE", "HEURISTIC", "DEFAULT"), "EXHAUSTIVE", condition=on[CUDA]
             ),
             Knob("cuda.use_tf32", (True, False), True, "TF32 math in convolutions and GEMMs", on[CUDA]),
-            Knob("cuda.prefer_nhwc", (False, True), False, "NHWC layout for convolutions", on[CUDA]),
+            Knob(NHWC, (False, True), False, "NHWC layout for convolutions", on[CUDA]),
             Knob(CUDA_GRAPH, (False, True), False, "replay the run as one CUDA graph", on[CUDA]),
             Knob("cuda.cudnn_conv_use_max_workspace", (True, False), True, "largest cuDNN workspace", on[CUDA]),
         ]
@@ -170,7 +172,7 @@ def provider_options(candidate: Candidate, stream_ptr: int | None, workdir: Path
             "device_id": "0",
             "cudnn_conv_algo_search": str(candidate["cuda.cudnn_conv_algo_search"]),
             "use_tf32": flag(candidate["cuda.use_tf32"]),
-            "prefer_nhwc": flag(candidate["cuda.prefer_nhwc"]),
+            "prefer_nhwc": flag(candidate[NHWC]),
             "enable_cuda_graph": flag(candidate.get(CUDA_GRAPH, False)),
             "cudnn_conv_use_max_workspace": flag(candidate["cuda.cudnn_conv_use_max_workspace"]),
         }
@@ -225,25 +227,29 @@ class OnnxRuntimeBackend(Backend):
     def check_model(
         self, model: ModelInfo, space: Space, candidate: Candidate, workdir: Path, shapes: dict[str, ShapeRange]
     ) -> list[KnobLimit]:
-        """Create the default session; where the space offers CUDA graphs, find the graph levels at
-        which a session can capture one (every node on the CUDA provider)."""
+        """Create the default session; where the space offers CUDA graphs, find the graph levels and
+        layouts (NHWC places some nodes on the CPU) at which a session can capture one: every
+        node on the CUDA provider."""
         self.build(model, candidate, workdir, shapes)
         knobs = {k.name: k for k in space.knobs}
         if candidate.get("provider") != CUDA or CUDA_GRAPH not in knobs or len(knobs[CUDA_GRAPH].choices) < 2:
             return []
-        levels = knobs[GRAPH_LEVEL].choices
-        refused: dict[str, str] = {}
-        for level in levels:
+        axes = tuple(name for name in (GRAPH_LEVEL, NHWC) if name in knobs)
+        settings = tuple(itertools.product(*(knobs[name].choices for name in axes)))
+        refused: dict[tuple[Value, ...], str] = {}
+        for setting in settings:
             try:
-                self.build(model, {**candidate, GRAPH_LEVEL: level, CUDA_GRAPH: True}, workdir, shapes)
+                self.build(
+                    model, {**candidate, **dict(zip(axes, setting, strict=True)), CUDA_GRAPH: True}, workdir, shapes
+                )
             except BuildError as exc:
-                refused[str(level)] = str(exc).splitlines()[0]
+                refused[setting] = str(exc).splitlines()[0]
         if not refused:
             return []
-        capturing = tuple(level for level in levels if level not in refused)
-        reason = next(iter(refused.values()))
-        allowed = Condition(GRAPH_LEVEL, capturing) if capturing else None
-        return [KnobLimit(CUDA_GRAPH, allowed, f"{', '.join(refused)}: {reason}")]
+        capturing = tuple(s for s in settings if s not in refused)
+        where = "; ".join(", ".join(f"{a}={v}" for a, v in zip(axes, s, strict=True)) for s in refused)
+        allowed = Condition(axes, capturing) if capturing else None
+        return [KnobLimit(CUDA_GRAPH, allowed, f"{where}: {next(iter(refused.values()))}")]
 
     def open(self, built: Built, feeds: Feeds, outputs: Feeds) -> Runner:
         session, stream = built.engine
