@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from gpt_optuna.backends.base import Backend, BuildError, Built, KnobLimit, Runner, import_cupy
+from gpt_optuna.constant_folding import folded
 from gpt_optuna.errors import MissingDependencyError
 from gpt_optuna.model import Feeds, ModelInfo, ShapeRange
 from gpt_optuna.space import Candidate, Condition, Knob, Space
@@ -250,10 +251,11 @@ class TensorRTBackend(Backend):
         dynamic = any(not spec.is_static for spec in model.inputs)
         return Space(discover_knobs(trt, config, has_qdq=_has_qdq(model), dynamic=dynamic, l2_bytes=_device_l2_bytes()))
 
-    def _parse(self, model: ModelInfo) -> tuple[Any, Any, Any, Any]:
-        """Builder, network, parser and logger with the model parsed; BuildError naming the nodes
-        TensorRT refused."""
+    def _parse(self, model: ModelInfo, workdir: Path) -> tuple[Any, Any, Any, Any]:
+        """Builder, network, parser and logger with the model parsed (its constant subgraphs folded
+        first, a copy kept in ``workdir/models``); BuildError naming the nodes TensorRT refused."""
         trt = self.trt
+        model = folded(model, workdir / "models")
         logger = _capturing_logger(trt)
         builder = trt.Builder(logger)
         network = builder.create_network(0)
@@ -267,13 +269,17 @@ class TensorRTBackend(Backend):
     def check_model(
         self, model: ModelInfo, space: Space, candidate: Candidate, workdir: Path, shapes: dict[str, ShapeRange]
     ) -> list[KnobLimit]:
-        """Parse the graph (building an engine takes minutes; parsing tells what the parser refuses)."""
-        self._parse(model)
+        """Build the candidate at the lowest optimization level: parsing alone misses what the
+        builder refuses (a type it has no kernel for, say), and the lowest level builds quickly."""
+        quick = (
+            {**candidate, "builder_optimization_level": 0} if "builder_optimization_level" in candidate else candidate
+        )
+        self.build(model, quick, workdir, shapes)
         return []
 
     def build(self, model: ModelInfo, candidate: Candidate, workdir: Path, shapes: dict[str, ShapeRange]) -> Built:
         trt = self.trt
-        builder, network, _parser, logger = self._parse(model)
+        builder, network, _parser, logger = self._parse(model, workdir)
         config = builder.create_builder_config()
         routes = parse_build_routes(config.all_build_routes) if hasattr(config, "all_build_routes") else []
         configure(trt, config, candidate, routes)
@@ -286,7 +292,9 @@ class TensorRTBackend(Backend):
         plan = builder.build_serialized_network(network, config)
         build_s = time.perf_counter() - start
         if plan is None:
-            raise BuildError("TensorRT built no engine", "\n".join(logger.messages))
+            errors = [m for m in logger.messages if m.startswith(("[ERROR]", "[INTERNAL_ERROR]"))]
+            reason = f": {errors[0].split('] ', 1)[1][:300]}" if errors else ""
+            raise BuildError(f"TensorRT built no engine{reason}", "\n".join(logger.messages))
         if cache is not None:
             self._merge_timing_cache(config, cache, cache_path)
         data = bytes(plan)
