@@ -249,7 +249,10 @@ class OnnxRuntimeBackend(Backend):
         capturing = tuple(s for s in settings if s not in refused)
         where = "; ".join(", ".join(f"{a}={v}" for a, v in zip(axes, s, strict=True)) for s in refused)
         allowed = Condition(axes, capturing) if capturing else None
-        return [KnobLimit(CUDA_GRAPH, allowed, f"{where}: {next(iter(refused.values()))}")]
+        first = next(iter(refused.values()))
+        return [
+            KnobLimit(CUDA_GRAPH, allowed, f"{where}: {first}" if capturing else f"with any {'/'.join(axes)}: {first}")
+        ]
 
     def open(self, built: Built, feeds: Feeds, outputs: Feeds) -> Runner:
         session, stream = built.engine
