@@ -17,12 +17,20 @@ from optuna.trial import TrialState
 from pattern_graphs import PATTERNS
 
 from gpt_optuna import model as m
+from gpt_optuna.accuracy import parse_criterion
 from gpt_optuna.backends import BuildError
 from gpt_optuna.backends.tensorrt import TensorRTRTXBackend
 from gpt_optuna.cli import main
 from gpt_optuna.data.make_small_cnn import small_cnn
 from gpt_optuna.evaluate import is_transform_knob
-from gpt_optuna.precision import KEEP_GROUPS, PrecisionSetting, precision_knobs, rank_sensitive_nodes, transform
+from gpt_optuna.precision import (
+    KEEP_GROUPS,
+    KEEP_NODE_COUNTS,
+    PrecisionSetting,
+    precision_knobs,
+    rank_sensitive_nodes,
+    transform,
+)
 from gpt_optuna.sampling import FreshSampler
 from gpt_optuna.space import Knob, Space
 
@@ -224,3 +232,43 @@ def test_cuda_graphs_are_offered_exactly_where_a_session_captures_one(name: str,
                 outputs = runner.infer()
             for key, value in reference.items():
                 np.testing.assert_allclose(outputs[key], value, rtol=1e-2, atol=1e-3)
+
+
+OCR = "rapidocr-onnxruntime==1.4.4"
+REAL_MODELS = {
+    "ppocr_det": (OCR, "rapidocr_onnxruntime/models/ch_PP-OCRv4_det_infer.onnx", ["x:1x3x64x96"]),
+    "ppocr_rec": (OCR, "rapidocr_onnxruntime/models/ch_PP-OCRv4_rec_infer.onnx", ["x:1x3x48x96"]),
+    "ppocr_cls": (OCR, "rapidocr_onnxruntime/models/ch_ppocr_mobile_v2.0_cls_infer.onnx", ["x:2x3x48x96"]),
+    "magika": ("magika==1.0.3", "magika/models/standard_v3_3/model.onnx", ["bytes:2x2048"]),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(REAL_MODELS))
+def test_transforms_of_models_other_projects_exported_pass_the_checker_and_load(name: str, tmp_path: Path) -> None:
+    """PaddleOCR (opset 11/12, weights in Constant nodes, a batch norm beyond fp16's range, Resize)
+    and magika (tf2onnx, Cast to float): each fp16 keep-group set with no and with the most kept
+    nodes, both I/O types, and each int8 op set, pass the full checker and run on ONNX Runtime."""
+    from conftest import registry_model
+
+    package, member, flags = REAL_MODELS[name]
+    info = m.with_distinct_dims(m.load_model_info(registry_model(package, member)), tmp_path / "dims")
+    feeds = m.synthetic_feeds(info, m.resolve_shapes(info, m.parse_shapes(flags)))
+    reference = m.reference_outputs(info, feeds)
+    ranking = rank_sensitive_nodes(info.path, feeds, reference, limit=8)
+    graph = onnx.load(str(info.path))
+    most = max(c for c in KEEP_NODE_COUNTS if c <= len(ranking))
+    for setting in settings(graph, ranking):
+        if setting.precision in ("bf16", "fp8") or setting.keep_nodes not in (0, most):
+            continue
+        out = transform(info.path, info.sha256, setting, ranking, [feeds], "c", tmp_path / "models")
+        session = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+        inputs = {
+            i.name: feeds[i.name].astype(np.float16 if "16" in i.type else feeds[i.name].dtype)
+            for i in session.get_inputs()
+        }
+        outputs = session.run(None, inputs)
+        assert all(np.isfinite(o.astype(np.float64)).all() for o in outputs), setting
+        if setting == PrecisionSetting("fp16"):  # agrees with fp32: PP-OCRv4 det's overflowing batch norm stays fp32
+            criterion = parse_criterion("max_abs<=0.02")  # outputs are probabilities; on noise, mostly 0
+            assert criterion.evaluate(dict(zip(reference, outputs, strict=True)), reference).feasible
