@@ -7,12 +7,31 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import optuna
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from gpt_optuna.cli import main
 from gpt_optuna.data.make_small_cnn import small_cnn
 
 SYNTHETIC = "gpt_optuna.backends.synthetic:SyntheticBackend"
+
+
+def load(name: str) -> optuna.Study:
+    """A study of the default storage in the test's folder."""
+    return optuna.load_study(study_name=name, storage=f"sqlite:///studies/{name}.db")
+
+
+def tune(*args: str) -> int:
+    """``gpt-optuna tune ARGS --quiet``, in process."""
+    return main(["tune", *args, "--quiet"])
+
+
+def synthetic_config(tmp_path: Path, space: str, name: str = "tune.toml") -> Path:
+    """A tune.toml with a short latency protocol and the given ``[space]`` lines."""
+    path = tmp_path / name
+    path.write_text(f"[measure]\nbudget_s = 0.05\nmin_samples = 5\n[space]\n{space}\n")
+    return path
 
 
 def _gpu_available() -> bool:

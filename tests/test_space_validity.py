@@ -12,7 +12,7 @@ import onnx
 import onnxruntime as ort
 import optuna
 import pytest
-from conftest import SYNTHETIC, save
+from conftest import SYNTHETIC, load, save, synthetic_config, tune
 from optuna.trial import TrialState
 from pattern_graphs import PATTERNS
 
@@ -136,14 +136,9 @@ def test_the_space_check_drops_what_cannot_be_made_or_loaded_and_says_why(
 def test_failures_are_pruned_with_their_traceback_and_grouped_by_cause(
     cnn_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    config = tmp_path / "tune.toml"
-    config.write_text(
-        '[measure]\nbudget_s = 0.05\n[space]\nmode = ["ok", "build_error"]\ndelay_us = [0]\nbuild_ms = [0]\n'
-    )
-    argv = ["tune", str(cnn_path), "--backend", SYNTHETIC, "--config", str(config), "--quiet", "--confirm-top", "0"]
-    assert main([*argv, "--n-trials", "12", "--seed", "2"]) == 0
-    study = optuna.load_study(study_name="cnn-syntheticbackend", storage="sqlite:///studies/cnn-syntheticbackend.db")
-    failed = [t for t in study.get_trials() if t.params["mode"] == "build_error"]
+    config = synthetic_config(tmp_path, 'mode = ["ok", "build_error"]\ndelay_us = [0]\nbuild_ms = [0]')
+    assert tune(str(cnn_path), "--backend", SYNTHETIC, "--config", str(config), "--n-trials", "12", "--seed", "2") == 0
+    failed = [t for t in load("cnn-syntheticbackend").get_trials() if t.params["mode"] == "build_error"]
     assert failed and all(t.state is TrialState.PRUNED and t.constraints["failure"] > 0 for t in failed)
     assert all("Traceback" in t.user_attrs["log"] and "synthetic builder log" in t.user_attrs["log"] for t in failed)
     worker_log = Path("studies/cnn-syntheticbackend/worker.log").read_text()
@@ -151,24 +146,16 @@ def test_failures_are_pruned_with_their_traceback_and_grouped_by_cause(
     capsys.readouterr()
     assert main(["status"]) == 0
     out = capsys.readouterr().out
-    assert (
-        f"{len(failed)} failed" in out
-        and f"failures by cause:\n  {len(failed)} x build_error: synthetic build error" in out
-    )
+    assert f"{len(failed)} failed" in out
+    assert f"failures by cause:\n  {len(failed)} x build_error: synthetic build error" in out
 
 
 def test_no_candidate_is_proposed_twice_until_the_space_is_covered(cnn_path: Path, tmp_path: Path) -> None:
-    """A space of 24 candidates: TPE repeats itself in spaces this small, FreshSampler does not."""
-    config = tmp_path / "tune.toml"
-    config.write_text(
-        '[measure]\nbudget_s = 0.02\n[space]\nmode = ["ok"]\ndelay_us = [0, 50]\nbuild_ms = [0]\nb = [0]\n'
-    )
-    argv = ["tune", str(cnn_path), "--backend", SYNTHETIC, "--config", str(config), "--quiet", "--confirm-top", "0"]
-    assert main([*argv, "--n-trials", "24", "--seed", "0"]) == 0
-    study = optuna.load_study(study_name="cnn-syntheticbackend", storage="sqlite:///studies/cnn-syntheticbackend.db")
-    params = [json.dumps(t.params, sort_keys=True) for t in study.get_trials()]
+    """A space of 48 candidates: TPE repeats itself in spaces this small, FreshSampler does not."""
+    config = synthetic_config(tmp_path, 'mode = ["ok"]\ndelay_us = [0, 50]\nbuild_ms = [0]\nb = [0]')
+    assert tune(str(cnn_path), "--backend", SYNTHETIC, "--config", str(config), "--n-trials", "24", "--seed", "0") == 0
+    params = [json.dumps(t.params, sort_keys=True) for t in load("cnn-syntheticbackend").get_trials()]
     assert len(params) == 24 and len(set(params)) == 24
-    assert not [t for t in study.get_trials() if "reused_from" in t.user_attrs]
 
 
 def test_a_failed_transform_rules_out_every_candidate_that_shares_it() -> None:

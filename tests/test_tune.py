@@ -4,26 +4,11 @@ import json
 from pathlib import Path
 
 import numpy as np
-import optuna
 import pytest
-from conftest import SYNTHETIC, matmul_model, save
+from conftest import SYNTHETIC, load, matmul_model, save, synthetic_config, tune
 from optuna.trial import TrialState
 
 from gpt_optuna.cli import main
-
-
-def load(name: str) -> optuna.Study:
-    return optuna.load_study(study_name=name, storage=f"sqlite:///studies/{name}.db")
-
-
-def tune(*args: str) -> int:
-    return main(["tune", *args, "--quiet"])
-
-
-def synthetic_config(tmp_path: Path, space: str, name: str = "tune.toml") -> Path:
-    path = tmp_path / name
-    path.write_text(f"[measure]\nbudget_s = 0.05\nmin_samples = 5\n[space]\n{space}\n")
-    return path
 
 
 def test_search_starts_with_the_baseline_and_reports_the_best(
