@@ -23,7 +23,7 @@ class TransformFailed(GptOptunaError):
         self.log = log
 
 
-def failure_path(out: Path) -> Path:
+def _failure_path(out: Path) -> Path:
     return out.with_name(out.stem + ".failed.json")
 
 
@@ -36,7 +36,7 @@ def produce(out: Path, make: Callable[[Path], None]) -> Path:
     """
     if out.is_file():
         return out
-    failed = failure_path(out)
+    failed = _failure_path(out)
     if failed.is_file():
         record = json.loads(failed.read_text())
         raise TransformFailed(record["error"], record["traceback"])

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-FLOAT, FLOAT16, BFLOAT16 = 1, 10, 16
+FLOAT, FLOAT16, DOUBLE, BFLOAT16 = 1, 10, 11, 16
 """``onnx.TensorProto`` element types, as plain ints so that this module imports onnx lazily."""
 
 BLOCKED = frozenset(
@@ -327,7 +327,7 @@ class _Conversion:
 
     def _is_shape_sink(self, reader: Any, position: int, shape_only: set[int], index_of: dict[int, int]) -> bool:
         if reader.op_type == "Cast":
-            return int(_attribute(reader, "to").i) not in (FLOAT, FLOAT16, BFLOAT16, 11)  # 11: DOUBLE
+            return int(_attribute(reader, "to").i) not in (FLOAT, FLOAT16, BFLOAT16, DOUBLE)
         if index_of[id(reader)] in shape_only:
             return True
         found = _node_schema(reader, self.opsets)
@@ -459,7 +459,7 @@ class _Conversion:
             if value is not None and value.t.data_type == FLOAT:
                 value.t.CopyFrom(reduced_tensor(value.t, self.target))
             elif node.op_type == "ConstantOfShape" and value is None:
-                node.attribute.append(helper.make_attribute("value", _scalar(0.0, self.target)))
+                node.attribute.append(helper.make_attribute("value", _vector([0.0], self.target, scalar=False)))
             for scalar_name in ("value_float", "value_floats"):
                 scalar = _attribute(node, scalar_name)
                 if scalar is not None:
@@ -494,10 +494,6 @@ def _out_of_range_constants(graph: Any) -> set[str]:
 
 def _suffix(elem_type: int) -> str:
     return {FLOAT: "fp32", FLOAT16: "fp16", BFLOAT16: "bf16"}[elem_type]
-
-
-def _scalar(value: float, target: int) -> Any:
-    return _vector([value], target, scalar=False)
 
 
 def _vector(values: list[float], target: int, scalar: bool) -> Any:

@@ -259,3 +259,27 @@ def test_transforms_of_models_other_projects_exported_pass_the_checker_and_load(
         if setting == PrecisionSetting("fp16"):  # agrees with fp32: PP-OCRv4 det's overflowing batch norm stays fp32
             criterion = parse_criterion("max_abs<=0.02")  # outputs are probabilities; on noise, mostly 0
             assert criterion.evaluate(dict(zip(reference, outputs, strict=True)), reference).feasible
+
+
+def test_fp16_types_follow_the_operator_schemas(tmp_path: Path) -> None:
+    """Resize's scales stay fp32 (constant or computed from shapes), ConstantOfShape values take
+    fp16 with their node (one had no value at all), a Cast to float of integer ids becomes a cast
+    to fp16, and a weight read by a kept node and by a converted one is stored in both types."""
+    resize, _, _ = prepared("resize_head", tmp_path)
+    graph = onnx.load(str(transform(resize.path, resize.sha256, PrecisionSetting("fp16"), [], [], "", tmp_path))).graph
+    weights = {i.name: i.data_type for i in graph.initializer}
+    assert weights["scales"] == onnx.TensorProto.FLOAT and weights["w"] == onnx.TensorProto.FLOAT16
+    ratio = next(n for n in graph.node if n.output[0] == "ratio")
+    assert ratio.op_type == "Div"  # shape arithmetic: computed in fp32, no Cast in front of it
+    tf, _, _ = prepared("tf_nhwc_pad_concat", tmp_path)
+    graph = onnx.load(str(transform(tf.path, tf.sha256, PrecisionSetting("fp16"), [], [], "", tmp_path))).graph
+    blocks = [n for n in graph.node if n.op_type == "ConstantOfShape"]
+    assert len(blocks) == 2 and all(n.attribute[0].t.data_type == onnx.TensorProto.FLOAT16 for n in blocks)
+    encoder, _, _ = prepared("torch_encoder_block", tmp_path)
+    kept = PrecisionSetting("fp16", keep_nodes=1)
+    out = transform(encoder.path, encoder.sha256, kept, ["MatMul_16"], [], "", tmp_path)
+    graph = onnx.load(str(out)).graph
+    cast = next(n for n in graph.node if n.output[0] == "ids_f")
+    assert cast.attribute[0].i == onnx.TensorProto.FLOAT16
+    shared = {i.name: i.data_type for i in graph.initializer if i.name.startswith("shared")}
+    assert sorted(shared.values()) == [onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16]
