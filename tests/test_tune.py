@@ -72,7 +72,7 @@ def test_resume_with_other_model_or_criterion_is_refused(
 
 def test_dynamic_shapes_and_given_inputs(mlp_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert tune(str(mlp_path), "--n-trials", "2") == 2
-    assert "give its shape with --shape x:1x16" in capsys.readouterr().err
+    assert "give the sizes you will run it with, --shape x:<batch>x16" in capsys.readouterr().err
     feeds = tmp_path / "feeds.npz"
     np.savez(feeds, x=np.random.default_rng(0).standard_normal((3, 16)).astype(np.float32))
     assert (
