@@ -30,13 +30,15 @@ def check_space(
 ) -> Space:
     """``space`` without the transform values that cannot be made or loaded, and with the knob
     limits the engine reported; each change is told to ``note`` in one line."""
-    fusions = space.choices(FUSION_KNOB) or ("none",)
-    precisions = space.choices(PRECISION) or ("fp32",)
+    default = space.default()
+    base_fusion, base_precision = default.get(FUSION_KNOB, "none"), default.get(PRECISION, "fp32")
+    fusions = space.choices(FUSION_KNOB) or (base_fusion,)
+    precisions = space.choices(PRECISION) or (base_precision,)
     loaded: dict[Combo, list[KnobLimit]] = {}
     failed: dict[Combo, str] = {}
-    for fusion in fusions:
-        for precision in precisions:
-            if (fusion, precisions[0]) in failed:
+    for fusion in sorted(fusions, key=lambda f: f != base_fusion):
+        for precision in sorted(precisions, key=lambda p: p != base_precision):
+            if (fusion, base_precision) in failed:
                 continue  # the fused graph itself cannot be loaded
             fixed = {FUSION_KNOB: fusion, PRECISION: precision}
             job = replace(template, candidate=space.default(fixed))
@@ -45,19 +47,22 @@ def check_space(
                 loaded[(fusion, precision)] = result.attrs["limits"]
             else:
                 failed[(fusion, precision)] = _why(result)
-    original = (fusions[0], precisions[0])
-    if original in failed:
-        raise UserError(f"the backend cannot load the model: {failed[original]}")
+    if (base_fusion, base_precision) in failed:
+        setting = f"graph_fusion {base_fusion}, precision {base_precision}"
+        raise UserError(
+            f"the backend cannot load the model as the space's default ({setting}) would: "
+            f"{failed[(base_fusion, base_precision)]}"
+        )
+    kept_fusions = tuple(f for f in fusions if (f, base_precision) not in failed)
     for fusion in fusions:
-        if (fusion, precisions[0]) in failed:
-            note(f"graph_fusion {fusion} not searched: {failed[(fusion, precisions[0])]}")
-    kept_fusions = tuple(f for f in fusions if (f, precisions[0]) not in failed)
+        if fusion not in kept_fusions:
+            note(f"graph_fusion {fusion} not searched: {failed[(fusion, base_precision)]}")
     if len(kept_fusions) < len(fusions):
         space = space.restricted(FUSION_KNOB, kept_fusions)
     kept_precisions = tuple(p for p in precisions if any((f, p) in loaded for f in kept_fusions))
     for precision in precisions:
         if precision not in kept_precisions:
-            note(f"precision {precision} not searched: {failed[(kept_fusions[0], precision)]}")
+            note(f"precision {precision} not searched: {failed[(base_fusion, precision)]}")
     if len(kept_precisions) < len(precisions):
         space = space.restricted(PRECISION, kept_precisions)
     return _apply_limits(space, loaded, note)
