@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from pattern_graphs import PATTERNS  # noqa: E402
 
 from gpt_optuna.cli import main  # noqa: E402
-from gpt_optuna.study import failure_causes, trial_status  # noqa: E402
+from gpt_optuna.taxonomy import failure_causes, trial_status  # noqa: E402
 
 OCR = "rapidocr-onnxruntime==1.4.4"
 REGISTRY = {

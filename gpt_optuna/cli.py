@@ -157,12 +157,13 @@ def _resolve_storage(args: argparse.Namespace) -> tuple[str, str | None]:
 
 
 def _open_existing(args: argparse.Namespace) -> Any:
+    """The study a reading command names; only ``confirm`` writes to it."""
     from gpt_optuna.study import load_study, open_storage
 
     url, name = _resolve_storage(args)
     if url.startswith("sqlite:///") and not Path(url.removeprefix("sqlite:///")).is_file():
         raise UserError(f"no study database at {url.removeprefix('sqlite:///')}")
-    storage = open_storage(url, create=False)
+    storage = open_storage(url, create=False, read_only=args.command != "confirm")
     if name is None:
         import optuna
 
@@ -178,13 +179,15 @@ def _open_existing(args: argparse.Namespace) -> Any:
 def print_space(config: TuneConfig, as_json: bool) -> int:
     import tempfile
 
+    from gpt_optuna.model import with_distinct_dims
     from gpt_optuna.tuner import discover_space, load_inputs
     from gpt_optuna.worker import Worker
 
     notes: list[str] = []
+    inputs = load_inputs(config, notes)
     with tempfile.TemporaryDirectory() as tmp, Worker(Path(tmp) / "worker.log") as worker:
-        info, shapes, _ = load_inputs(config, Path(tmp) / "models")
-        space, versions, _ = discover_space(config, worker, info, shapes, Path(tmp), notes)
+        working = with_distinct_dims(inputs.info, Path(tmp) / "models")
+        space, versions, _ = discover_space(config, worker, inputs, working, Path(tmp), notes)
     for note in notes:
         print(note, file=sys.stderr)
     if as_json:

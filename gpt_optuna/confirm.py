@@ -119,7 +119,7 @@ def template_from_study(study: optuna.Study) -> EvaluateJob:
     from gpt_optuna.accuracy import parse_criterion
     from gpt_optuna.errors import UserError
     from gpt_optuna.measure import MeasureSettings
-    from gpt_optuna.model import ShapeRange, load_model_info
+    from gpt_optuna.model import ShapeRange, load_model_info, with_distinct_dims
     from gpt_optuna.study import FINGERPRINT_ATTR, MEASURE_ATTR
 
     recorded = study.user_attrs.get(FINGERPRINT_ATTR)
@@ -131,6 +131,7 @@ def template_from_study(study: optuna.Study) -> EvaluateJob:
     if info.sha256 != recorded["model_sha256"]:
         raise UserError(f"{info.path} has changed since the study was made")
     workdir = (Path("studies") / study.study_name).resolve()
+    info = with_distinct_dims(info, workdir / "models")
     for name in (INPUTS_FILE, REFERENCE_FILE):
         if not (workdir / name).is_file():
             raise UserError(f"the study folder {workdir} lacks {name}; run the search from its own directory")

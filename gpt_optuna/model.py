@@ -135,8 +135,11 @@ def with_distinct_dims(info: ModelInfo, cache_dir: Path) -> ModelInfo:
     if not out.is_file():
         cache_dir.mkdir(parents=True, exist_ok=True)
         tmp = out.with_name(out.name + ".tmp")
-        onnx.save(model, str(tmp))
-        tmp.replace(out)
+        try:
+            onnx.save(model, str(tmp))
+            tmp.replace(out)
+        finally:
+            tmp.unlink(missing_ok=True)
     return load_model_info(out)
 
 
@@ -350,12 +353,57 @@ def feeds_sha256(feeds: Feeds) -> str:
 
 
 def save_npz(path: Path, arrays: Feeds) -> None:
-    """Write atomically so an interrupted run never leaves a half-written cache file."""
+    """Write atomically so an interrupted run never leaves a half-written cache file, nor a
+    temporary one after a failure (a full disk, say)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    with tmp.open("wb") as f:
-        np.savez(f, **arrays)
-    tmp.replace(path)
+    try:
+        with tmp.open("wb") as f:
+            np.savez(f, **arrays)
+        tmp.replace(path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def cache_npz(path: Path, arrays: Feeds, key: str) -> None:
+    """Save ``arrays`` unless ``path`` already holds them: a stamp beside it (``NAME.key``) names
+    the content; it is written after the data, so a stamp never vouches for a partial file."""
+    stamp = path.with_name(path.name + ".key")
+    if path.is_file() and stamp.is_file() and stamp.read_text() == key:
+        return
+    stamp.unlink(missing_ok=True)
+    save_npz(path, arrays)
+    partial = stamp.with_name(stamp.name + ".tmp")
+    try:
+        partial.write_text(key)
+        partial.replace(stamp)
+    finally:
+        partial.unlink(missing_ok=True)
+
+
+NEAR_CONSTANT = 1e-5
+"""An output whose values span less than this (relative to its largest magnitude, at least 1)
+is near-constant: ``cosine`` and relative metrics mean little on it."""
+
+
+def check_reference(reference: Feeds, generated: bool, notes: list[str]) -> None:
+    """Refuse reference outputs that are NaN or Inf (nothing can be judged against them); warn
+    when one is near-constant on generated inputs (a detector's map is all background on noise)."""
+    for name, values in reference.items():
+        if values.dtype.kind not in "fc":
+            continue
+        if not np.all(np.isfinite(values)):
+            raise UserError(
+                f"the model's own output {name!r} is NaN or Inf on these inputs: no candidate can be judged "
+                "against it; give inputs it was made for with --inputs"
+            )
+        span = float(np.ptp(values)) if values.size else 0.0
+        if generated and span <= NEAR_CONSTANT * max(1.0, float(np.abs(values).max(initial=0.0))):
+            notes.append(
+                f"warning: output {name!r} is near-constant on the generated inputs (its values span {span:.3g}),"
+                " so cosine and relative metrics mean little: give real inputs with --inputs, or judge it with"
+                " max_abs"
+            )
 
 
 def read_npz(path: Path) -> Feeds:

@@ -23,6 +23,7 @@ from optuna.trial import FrozenTrial, TrialState
 from gpt_optuna.errors import UserError
 from gpt_optuna.evaluate import EvaluateJob, Outcome, TrialResult, run_evaluation
 from gpt_optuna.space import Candidate, Space
+from gpt_optuna.taxonomy import has_own_result, retried_numbers
 from gpt_optuna.worker import Worker
 
 OWNER = f"{socket.gethostname()}:{os.getpid()}"
@@ -195,11 +196,11 @@ def record(trial: optuna.Trial, attrs: dict[str, Any], limits: dict[str, float])
 
 
 def find_evaluated(study: optuna.Study, candidate: Candidate, exclude: int) -> FrozenTrial | None:
-    """An earlier trial with the same parameters whose result stands (not an interrupted one)."""
-    for earlier in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)):
-        if earlier.number == exclude or earlier.params != candidate:
-            continue
-        if earlier.state is TrialState.FAIL and "outcome" not in earlier.user_attrs:
-            continue  # interrupted or killed, not the candidate's own failure: evaluate again
-        return earlier
+    """An earlier trial with the same parameters that holds its own result (an interrupted one
+    does not: its candidate is evaluated again)."""
+    trials = study.get_trials(deepcopy=False)
+    retried = retried_numbers(trials)
+    for earlier in trials:
+        if earlier.number != exclude and earlier.params == candidate and has_own_result(earlier, retried):
+            return earlier
     return None

@@ -16,7 +16,8 @@ from typing import Any
 import optuna
 
 from gpt_optuna.accuracy import parse_criterion
-from gpt_optuna.study import FINGERPRINT_ATTR, StudySummary, summarize_study, trial_status
+from gpt_optuna.study import FINGERPRINT_ATTR, StudySummary, summarize_study
+from gpt_optuna.taxonomy import retried_numbers, trial_status
 
 
 @dataclass(frozen=True)
@@ -51,7 +52,9 @@ def collect(study: optuna.Study) -> list[TrialRow]:
     recorded = study.user_attrs.get(FINGERPRINT_ATTR, {})
     criterion = parse_criterion(recorded["accuracy"]) if "accuracy" in recorded else None
     rows = []
-    for trial in study.get_trials(deepcopy=False):
+    trials = study.get_trials(deepcopy=False)
+    retried = retried_numbers(trials)
+    for trial in trials:
         attrs = trial.user_attrs
         latency = attrs.get("latency", {}).get("median_ms")
         accuracy = attrs.get("accuracy")
@@ -60,7 +63,7 @@ def collect(study: optuna.Study) -> list[TrialRow]:
         rows.append(
             TrialRow(
                 number=trial.number,
-                status=trial_status(trial),
+                status=trial_status(trial, retried),
                 latency_ms=float(latency) if latency is not None else None,
                 error=float(error) if error is not None else None,
                 build_s=attrs.get("build_s"),

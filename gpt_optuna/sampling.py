@@ -22,6 +22,7 @@ from optuna.samplers import BaseSampler
 from optuna.trial import FrozenTrial, TrialState
 
 from gpt_optuna.space import Candidate, Space
+from gpt_optuna.taxonomy import is_interrupted, retried_numbers
 
 ASKS = 4
 """Proposals asked of the wrapped sampler before looking elsewhere."""
@@ -108,11 +109,11 @@ class FreshSampler(BaseSampler):
     def _seen(self, study: optuna.Study, number: int) -> tuple[set[frozenset[tuple[str, Any]]], set[Any]]:
         """Candidates the study holds (any state but interrupted), and the failed transforms."""
         taken, failed = set(), set()
-        for other in study.get_trials(deepcopy=False):
-            if other.number == number:
-                continue
-            if other.state is TrialState.FAIL and "outcome" not in other.user_attrs:
-                continue  # interrupted: its retry is queued with the same parameters
+        trials = study.get_trials(deepcopy=False)
+        retried = retried_numbers(trials)
+        for other in trials:
+            if other.number == number or is_interrupted(other, retried):
+                continue  # an interrupted trial's retry is queued with the same parameters
             params = other.params or other.system_attrs.get("fixed_params", {})  # queued: not started yet
             taken.add(_key(params))
             if other.user_attrs.get("outcome") == "transform_error":

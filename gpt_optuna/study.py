@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import re
 import socket
 import sqlite3
 import time
@@ -21,6 +20,7 @@ from gpt_optuna.errors import MissingDependencyError, UserError
 from gpt_optuna.evaluate import is_transform_knob
 from gpt_optuna.sampling import FreshSampler
 from gpt_optuna.space import Space
+from gpt_optuna.taxonomy import STATUSES, failure_causes, has_own_result, retried_numbers, trial_status
 
 FINGERPRINT_ATTR = "gpt_optuna"
 MEASURE_ATTR = "measure_settings"
@@ -53,32 +53,64 @@ def retry_trial(study: optuna.Study, trial: FrozenTrial) -> None:
     )
 
 
-def open_storage(url: str, create: bool = True) -> optuna.storages.BaseStorage:
+def open_storage(
+    url: str, create: bool = True, make_dirs: bool = False, read_only: bool = False
+) -> optuna.storages.BaseStorage:
     """An Optuna storage for a URL; ``journal:PATH`` is a journal file for several local workers.
 
     Database servers get a heartbeat, so trials of a tuner that died on another host are failed
-    and retried after a grace period. Readers (``status``, ``best``) pass
-    ``create=False``: they never create tables, so they cannot race a tuner that is creating them.
+    and retried after a grace period. ``create=False`` (``status``, ``best``, ``confirm``) creates
+    no file and no table, so it cannot race a tuner that is creating them; ``read_only`` also
+    writes nothing, so a study the user may not write can still be read. A file's folder is made
+    only with ``make_dirs`` (the default ``studies/`` folder), never for a path the user gave.
     """
     try:
+        path = _file_of(url)
+        if path is not None:
+            if not create and not path.is_file():
+                raise UserError(f"no study file at {path}")
+            if make_dirs:
+                path.parent.mkdir(parents=True, exist_ok=True)
+            elif not path.parent.is_dir():
+                raise UserError(f"the folder of {path} does not exist")
         if url.startswith("journal:"):
             from optuna.storages.journal import JournalFileBackend
 
-            path = Path(url.removeprefix("journal:"))
-            path.parent.mkdir(parents=True, exist_ok=True)
             return optuna.storages.JournalStorage(JournalFileBackend(str(path)))
-        sqlite = url.startswith("sqlite:///") and url != "sqlite:///:memory:"
-        if sqlite:
-            _use_write_ahead_log(Path(url.removeprefix("sqlite:///")))
-        storage = _rdb_storage(url, create, heartbeat=not sqlite)
-        if sqlite:
-            _sync_normally(storage)
+        if path is None:
+            return _rdb_storage(url, create, heartbeat=True)
+        if read_only:
+            return _rdb_storage(_read_only_sqlite(path), create=False, heartbeat=False)
+        _use_write_ahead_log(path)
+        storage = _rdb_storage(url, create, heartbeat=False)
+        _sync_normally(storage)
         return storage
+    except UserError:
+        raise
     except ImportError as exc:
         raise UserError(f"storage {url!r} needs a database driver that is not installed: {exc}") from exc
     except Exception as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise UserError(f"cannot open storage {url!r}: {first}") from exc
+
+
+def _file_of(url: str) -> Path | None:
+    """The file behind a journal or SQLite URL; None for a database server or an in-memory one."""
+    if url.startswith("journal:"):
+        return Path(url.removeprefix("journal:"))
+    if url.startswith("sqlite:///") and url != "sqlite:///:memory:":
+        return Path(url.removeprefix("sqlite:///"))
+    return None
+
+
+def _read_only_sqlite(path: Path) -> str:
+    """A URL that opens a SQLite file without writing to it (nor to its folder, where a file that
+    cannot be written would need its write-ahead-log index created)."""
+    import urllib.parse
+
+    writable = os.access(path, os.W_OK) and os.access(path.parent, os.W_OK)
+    mode = "mode=ro" if writable else "mode=ro&immutable=1"
+    return f"sqlite:///file:{urllib.parse.quote(str(path.resolve()))}?{mode}&uri=true"
 
 
 def _rdb_storage(url: str, create: bool, heartbeat: bool) -> optuna.storages.RDBStorage:
@@ -95,21 +127,21 @@ def _rdb_storage(url: str, create: bool, heartbeat: bool) -> optuna.storages.RDB
     )
     import sqlalchemy.exc
 
-    for attempt in range(3):
+    for attempt in range(5):
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
                 return optuna.storages.RDBStorage(url, skip_table_creation=not create, **beat)
-        except sqlalchemy.exc.IntegrityError:
-            if attempt == 2:
+        except (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.OperationalError) as exc:
+            racing = isinstance(exc, sqlalchemy.exc.IntegrityError) or "already exists" in str(exc)
+            if not racing or attempt == 4:
                 raise
-            time.sleep(0.5)
+            time.sleep(0.2 * (attempt + 1))  # another process is creating the same new database
     raise AssertionError("unreachable")
 
 
 def _use_write_ahead_log(path: Path) -> None:
     """WAL mode (kept in the file): readers such as ``status`` never block the tuner's writes."""
-    path.parent.mkdir(parents=True, exist_ok=True)
     connection = sqlite3.connect(path)
     try:
         connection.execute("PRAGMA journal_mode=WAL")
@@ -222,13 +254,30 @@ def open_study(
         study.set_user_attr(FINGERPRINT_ATTR, fingerprint)
         study.enqueue_trial(baseline, user_attrs={"baseline": True})
         return study, False
-    diffs = fingerprint_differences(stored, fingerprint)
+    refuse_if_different(name, stored, fingerprint)
+    return study, True
+
+
+def refuse_if_different(name: str, stored: Mapping[str, Any], current: Mapping[str, Any]) -> None:
+    """A UserError saying what differs between a study's recorded configuration and this run's."""
+    diffs = fingerprint_differences(stored, current)
     if diffs:
         raise UserError(
             f"study {name!r} was made with a different configuration ({'; '.join(diffs)}); "
             "resume it with the same settings, or start a new study with --study-name"
         )
-    return study, True
+
+
+def recorded_fingerprint(storage: optuna.storages.BaseStorage, name: str) -> dict[str, Any] | None:
+    """The configuration a study of that name recorded, or None where there is no such study yet."""
+    try:
+        study_id = storage.get_study_id_from_name(name)
+    except KeyError:
+        return None
+    recorded = storage.get_study_user_attrs(study_id).get(FINGERPRINT_ATTR)
+    if recorded is None and storage.get_all_trials(study_id, deepcopy=False):
+        raise UserError(f"study {name!r} exists but was not made by gpt-optuna; choose another --study-name")
+    return recorded
 
 
 def _process_alive(pid: int) -> bool:
@@ -265,43 +314,9 @@ def recover_interrupted(study: optuna.Study) -> list[int]:
 
 def finished_count(study: optuna.Study) -> int:
     """Trials that count towards --n-trials: evaluated ones, not interrupted ones."""
-    return sum(
-        1
-        for t in study.get_trials(deepcopy=False)
-        if t.state in (TrialState.COMPLETE, TrialState.PRUNED)
-        or (t.state is TrialState.FAIL and "outcome" in t.user_attrs)
-    )
-
-
-STATUSES = ("feasible", "infeasible", "failed", "interrupted", "running", "waiting")
-
-
-def trial_status(trial: FrozenTrial) -> str:
-    """One taxonomy for every reader: feasible, infeasible (accuracy), failed (the candidate could
-    not be made, built or run: pruned or failed), interrupted, running, waiting."""
-    if trial.state is TrialState.COMPLETE:
-        return "feasible"
-    if trial.state is TrialState.PRUNED:
-        return "failed" if "failure" in trial.user_attrs else "infeasible"
-    if trial.state is TrialState.FAIL:
-        return "failed" if "outcome" in trial.user_attrs else "interrupted"
-    return trial.state.name.lower()
-
-
-def failure_causes(trials: list[FrozenTrial]) -> list[tuple[int, str]]:
-    """Failed candidates grouped by cause (outcome and first line, paths elided), most common first;
-    a trial that reused an earlier failure is not counted again."""
-    causes = Counter(
-        f"{t.user_attrs.get('outcome', 'failed')}: {_first_line(str(t.user_attrs.get('failure', '')))}"
-        for t in trials
-        if trial_status(t) == "failed" and "reused_from" not in t.user_attrs
-    )
-    return [(count, cause) for cause, count in causes.most_common()]
-
-
-def _first_line(text: str) -> str:
-    line = text.strip().splitlines()[0] if text.strip() else ""
-    return re.sub(r"(?:[A-Za-z]:)?(?:/[^\s:'\"]+)+", "<path>", line)[:160]
+    trials = study.get_trials(deepcopy=False)
+    retried = retried_numbers(trials)
+    return sum(1 for t in trials if has_own_result(t, retried))
 
 
 def first_value(trial: FrozenTrial) -> float | None:
@@ -351,7 +366,8 @@ class StudySummary:
 
 def summarize_study(study: optuna.Study) -> StudySummary:
     trials = study.get_trials(deepcopy=False)
-    counts = dict.fromkeys(STATUSES, 0) | Counter(trial_status(t) for t in trials)
+    retried = retried_numbers(trials)
+    counts = dict.fromkeys(STATUSES, 0) | Counter(trial_status(t, retried) for t in trials)
     baselines = [t for t in trials if t.user_attrs.get("baseline") and t.state.is_finished()]
     complete = [t for t in trials if t.state is TrialState.COMPLETE and t.values]
     best = min(complete, key=lambda t: (t.values[0], t.number)) if complete else None

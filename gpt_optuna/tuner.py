@@ -15,7 +15,7 @@ import optuna
 from optuna.artifacts import FileSystemArtifactStore
 
 from gpt_optuna import model as model_io
-from gpt_optuna.config import TuneConfig
+from gpt_optuna.config import TuneConfig, default_storage
 from gpt_optuna.confirm import confirm
 from gpt_optuna.errors import UserError
 from gpt_optuna.evaluate import (
@@ -38,7 +38,9 @@ from gpt_optuna.study import (
     make_sampler,
     open_storage,
     open_study,
+    recorded_fingerprint,
     recover_interrupted,
+    refuse_if_different,
     retry_trial,
     summarize_study,
 )
@@ -48,24 +50,39 @@ SPACE_TIMEOUT_S = 300.0
 
 
 @dataclass(frozen=True)
-class Prepared:
-    """The checked model and the discovered search space; inputs, reference outputs and calibration
-    data are cached in the study folder."""
+class Inputs:
+    """The user's model and data, checked and in memory: nothing written anywhere yet."""
 
     info: model_io.ModelInfo
     shapes: dict[str, model_io.ShapeRange]
-    inputs_sha256: str
+    feeds: model_io.Feeds
+    reference: model_io.Feeds
+
+    @property
+    def inputs_sha256(self) -> str:
+        return model_io.feeds_sha256(self.feeds)
+
+    @property
+    def shapes_record(self) -> dict[str, list[list[int]]]:
+        return {name: [list(r.min), list(r.opt), list(r.max)] for name, r in self.shapes.items()}
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """The model the candidates run (a working copy where its dimensions needed names) and the
+    discovered, checked search space; the study folder caches inputs, reference and calibration."""
+
+    inputs: Inputs
+    working: model_io.ModelInfo
     space: Space
     versions: dict[str, str]
     calibration_sha256: str = ""
 
 
-def load_inputs(
-    config: TuneConfig, models_dir: Path
-) -> tuple[model_io.ModelInfo, dict[str, model_io.ShapeRange], model_io.Feeds]:
-    """The checked model (with distinct names for its dynamic dimensions, a copy in ``models_dir``
-    where it needed them), every input's shape range, and the input data (given or generated)."""
-    info = model_io.with_distinct_dims(model_io.load_model_info(config.model), models_dir)
+def load_inputs(config: TuneConfig, notes: list[str]) -> Inputs:
+    """The checked model, every input's shape range, the input data (given or generated) and the
+    fp32 reference outputs; warnings go to ``notes``. Reads only."""
+    info = model_io.load_model_info(config.model)
     shapes = model_io.parse_shapes(config.shapes)
     if config.inputs is not None:
         feeds = model_io.load_feeds(config.inputs, info, shapes)
@@ -73,83 +90,101 @@ def load_inputs(
     else:
         shapes = model_io.resolve_shapes(info, shapes)
         feeds = model_io.synthetic_feeds(info, shapes)
-    return info, shapes, feeds
+    reference = model_io.reference_outputs(info, feeds)
+    model_io.check_reference(reference, generated=config.inputs is None, notes=notes)
+    config.criterion.check_applicable(reference)
+    return Inputs(info, shapes, feeds, reference)
 
 
 def discover_space(
-    config: TuneConfig,
-    worker: Worker,
-    info: model_io.ModelInfo,
-    shapes: dict[str, model_io.ShapeRange],
-    workdir: Path,
-    notes: list[str],
+    config: TuneConfig, worker: Worker, inputs: Inputs, working: model_io.ModelInfo, workdir: Path, notes: list[str]
 ) -> tuple[Space, dict[str, str], str]:
     """The backend's search space (found in the worker process) with the ``[space]`` overrides,
     each graph transform it offers made and loaded once (:func:`check_space`); the space, the
     library versions and the calibration data's hash (empty without int8/fp8). Transformed
     models and the calibration data are kept in ``workdir``; what was dropped goes to ``notes``."""
     try:
-        space, versions = worker.run(SpaceJob(config.backend, info, shapes, workdir / "models"), SPACE_TIMEOUT_S)
+        job = SpaceJob(config.backend, working, inputs.shapes, workdir / "models")
+        space, versions = worker.run(job, SPACE_TIMEOUT_S)
     except JobFailure as failure:
         raise UserError(f"backend {config.backend!r} could not describe its search space: {failure}") from None
     space = space.with_overrides(config.space)
     calibration_sha256 = ""
     if set(space.choices("precision")) & set(QUANTIZED):
-        samples = calibration_samples(config, info, shapes, notes)
-        model_io.save_npz(workdir / CALIBRATION_FILE, samples)
+        samples = calibration_samples(config, inputs, notes)
         calibration_sha256 = model_io.feeds_sha256(samples)
+        model_io.cache_npz(workdir / CALIBRATION_FILE, samples, calibration_sha256)
     template = EvaluateJob.in_study(
-        workdir, config.backend, info, shapes, config.criterion, config.measure, space.defaults(), config.dry_run
+        workdir,
+        config.backend,
+        working,
+        inputs.shapes,
+        config.criterion,
+        config.measure,
+        space.defaults(),
+        config.dry_run,
     )
     space = check_space(space, template, worker, config.trial_timeout_s, notes.append)
     return space, versions, calibration_sha256
 
 
-def prepare(config: TuneConfig, worker: Worker, notes: list[str]) -> Prepared:
-    """Check the model and inputs, cache feeds and reference outputs, discover and check the
-    space (caching calibration data where it has int8 or fp8). Warnings are added to ``notes``."""
-    criterion = config.criterion
+def check_resumable(storage: optuna.storages.BaseStorage, config: TuneConfig, inputs: Inputs, notes: list[str]) -> None:
+    """Refuse, before anything is written, to resume a study made with another model, data, shapes,
+    criterion, backend or objective (the space is compared once it is discovered)."""
+    assert config.study_name is not None
+    recorded = recorded_fingerprint(storage, config.study_name)
+    if recorded is None:
+        return
+    now = {
+        "model_sha256": inputs.info.sha256,
+        "backend": config.backend,
+        "accuracy": config.criterion.text,
+        "inputs_sha256": inputs.inputs_sha256,
+        "shapes": inputs.shapes_record,
+        "objective": "build_s" if config.dry_run else "latency_ms",
+        "objectives": list(config.objectives),
+    }
+    if recorded.get("calibration_sha256"):
+        now["calibration_sha256"] = model_io.feeds_sha256(calibration_samples(config, inputs, []))
+    refuse_if_different(config.study_name, {k: recorded.get(k) for k in now}, now)
+
+
+def prepare(config: TuneConfig, worker: Worker, inputs: Inputs, notes: list[str]) -> Prepared:
+    """Cache the inputs and reference outputs in the study folder (only when missing or stale),
+    make the working copy of the model, and discover and check the space."""
     workdir = config.workdir
-    info, shapes, feeds = load_inputs(config, workdir / "models")
-    feeds_path, reference_path = workdir / INPUTS_FILE, workdir / REFERENCE_FILE
-    inputs_sha256 = model_io.feeds_sha256(feeds)
-    stamp = workdir / "reference.key"
-    key = f"{info.sha256}:{inputs_sha256}"
-    if not (reference_path.is_file() and feeds_path.is_file() and stamp.is_file() and stamp.read_text() == key):
-        reference = model_io.reference_outputs(info, feeds)
-        model_io.save_npz(feeds_path, feeds)
-        model_io.save_npz(reference_path, reference)
-        stamp.write_text(key)
-    criterion.check_applicable(model_io.read_npz(reference_path))
-    space, versions, calibration_sha256 = discover_space(config, worker, info, shapes, workdir, notes)
-    return Prepared(info, shapes, inputs_sha256, space, versions, calibration_sha256)
+    key = f"{inputs.info.sha256}:{inputs.inputs_sha256}"
+    model_io.cache_npz(workdir / INPUTS_FILE, inputs.feeds, key)
+    model_io.cache_npz(workdir / REFERENCE_FILE, inputs.reference, key)
+    working = model_io.with_distinct_dims(inputs.info, workdir / "models")
+    space, versions, calibration_sha256 = discover_space(config, worker, inputs, working, workdir, notes)
+    return Prepared(inputs, working, space, versions, calibration_sha256)
 
 
 CALIBRATION_SAMPLES = 16
 
 
-def calibration_samples(
-    config: TuneConfig, info: model_io.ModelInfo, shapes: dict[str, model_io.ShapeRange], notes: list[str]
-) -> model_io.Feeds:
+def calibration_samples(config: TuneConfig, inputs: Inputs, notes: list[str]) -> model_io.Feeds:
     """Calibration inputs stacked on a new leading axis: from --calibration, or generated."""
     if config.calibration is not None:
-        return model_io.load_calibration(config.calibration, info, shapes)
+        return model_io.load_calibration(config.calibration, inputs.info, inputs.shapes)
     notes.append(
         "warning: no --calibration data; int8/fp8 candidates are calibrated on generated inputs, "
         "so their accuracy will be poor"
     )
-    samples = [model_io.synthetic_feeds(info, shapes, seed=i) for i in range(1, CALIBRATION_SAMPLES + 1)]
+    samples = [model_io.synthetic_feeds(inputs.info, inputs.shapes, seed=i) for i in range(1, CALIBRATION_SAMPLES + 1)]
     return {name: np.stack([s[name] for s in samples]) for name in samples[0]}
 
 
 def fingerprint(config: TuneConfig, prepared: Prepared) -> dict[str, Any]:
+    inputs = prepared.inputs
     return {
-        "model_sha256": prepared.info.sha256,
-        "model": str(prepared.info.path),
+        "model_sha256": inputs.info.sha256,
+        "model": str(inputs.info.path.resolve()),
         "backend": config.backend,
         "accuracy": config.criterion.text,
-        "inputs_sha256": prepared.inputs_sha256,
-        "shapes": {name: [list(r.min), list(r.opt), list(r.max)] for name, r in prepared.shapes.items()},
+        "inputs_sha256": inputs.inputs_sha256,
+        "shapes": inputs.shapes_record,
         "space": prepared.space.describe(),
         "objective": "build_s" if config.dry_run else "latency_ms",
         "objectives": list(config.objectives),
@@ -167,11 +202,13 @@ def tune(config: TuneConfig, progress: Progress | None = None, argv: list[str] |
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     logging.getLogger("optuna").setLevel(logging.ERROR)
     assert config.storage is not None and config.study_name is not None
-    storage = open_storage(config.storage)
     progress = progress or Progress()
+    notes: list[str] = []
+    inputs = load_inputs(config, notes)
+    storage = open_storage(config.storage, make_dirs=config.storage == default_storage(config.study_name))
+    check_resumable(storage, config, inputs, notes)
     with Worker(config.workdir / "worker.log") as worker:
-        notes: list[str] = []
-        prepared = prepare(config, worker, notes)
+        prepared = prepare(config, worker, inputs, notes)
         study, resumed = open_study(
             storage,
             config.study_name,
@@ -193,8 +230,8 @@ def tune(config: TuneConfig, progress: Progress | None = None, argv: list[str] |
         job = EvaluateJob.in_study(
             config.workdir,
             config.backend,
-            prepared.info,
-            prepared.shapes,
+            prepared.working,
+            prepared.inputs.shapes,
             config.criterion,
             config.measure,
             prepared.space.defaults(),

@@ -36,7 +36,7 @@ def test_malformed_model(tmp_path: Path) -> None:
         (["--backend", "tensorflow"], "unknown backend 'tensorflow'"),
         (["--accuracy", "cosine>>0.9"], "malformed --accuracy clause"),
         (["--accuracy", "psnr>=30"], "unknown accuracy metric 'psnr'"),
-        (["--storage", "sqlite:////proc/forbidden/x.db"], "cannot open storage"),
+        (["--storage", "sqlite:////nonexistent/dir/x.db"], "the folder of /nonexistent/dir/x.db does not exist"),
         (["--storage", "mysql://user@127.0.0.1:1/db"], "storage 'mysql://user@127.0.0.1:1/db'"),
         (["--timeout", "soon"], "malformed duration 'soon'"),
         (["--shape", "input:1x3x64"], "rank 3"),

@@ -1,0 +1,63 @@
+"""One taxonomy of trial outcomes for every reader: what a trial holds, and why it ended."""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+
+from optuna.trial import FrozenTrial, TrialState
+
+
+def retried_numbers(trials: list[FrozenTrial]) -> set[int]:
+    """Trials whose candidate was queued again because they were interrupted (by Ctrl-C, a killed
+    tuner or a lost heartbeat): their retries name them in ``retry_history``."""
+    return {number for t in trials for number in t.system_attrs.get("retry_history", [])}
+
+
+def is_interrupted(trial: FrozenTrial, retried: set[int]) -> bool:
+    """A failed trial that holds no result of its candidate: stopped before its end. A kill can
+    land after the result attrs are written and before the trial completes, so ``outcome`` alone
+    does not tell; the ``interrupted`` mark or a queued retry does."""
+    return trial.state is TrialState.FAIL and (
+        "outcome" not in trial.user_attrs or "interrupted" in trial.user_attrs or trial.number in retried
+    )
+
+
+def has_own_result(trial: FrozenTrial, retried: set[int]) -> bool:
+    """Whether the trial holds its candidate's own result: a value, a verdict or its own failure."""
+    return trial.state in (TrialState.COMPLETE, TrialState.PRUNED) or (
+        trial.state is TrialState.FAIL and not is_interrupted(trial, retried)
+    )
+
+
+STATUSES = ("feasible", "infeasible", "failed", "interrupted", "running", "waiting")
+
+
+def trial_status(trial: FrozenTrial, retried: set[int] | None = None) -> str:
+    """One taxonomy for every reader: feasible, infeasible (accuracy), failed (the candidate could
+    not be made, built or run: pruned or failed), interrupted, running, waiting. ``retried`` is
+    :func:`retried_numbers` of the study (without it, only the trial's own marks count)."""
+    if trial.state is TrialState.COMPLETE:
+        return "feasible"
+    if trial.state is TrialState.PRUNED:
+        return "failed" if "failure" in trial.user_attrs else "infeasible"
+    if trial.state is TrialState.FAIL:
+        return "interrupted" if is_interrupted(trial, retried or set()) else "failed"
+    return trial.state.name.lower()
+
+
+def failure_causes(trials: list[FrozenTrial]) -> list[tuple[int, str]]:
+    """Failed candidates grouped by cause (outcome and first line, paths elided), most common first;
+    a trial that reused an earlier failure is not counted again."""
+    retried = retried_numbers(trials)
+    causes = Counter(
+        f"{t.user_attrs.get('outcome', 'failed')}: {_first_line(str(t.user_attrs.get('failure', '')))}"
+        for t in trials
+        if trial_status(t, retried) == "failed" and "reused_from" not in t.user_attrs
+    )
+    return [(count, cause) for cause, count in causes.most_common()]
+
+
+def _first_line(text: str) -> str:
+    line = text.strip().splitlines()[0] if text.strip() else ""
+    return re.sub(r"(?:[A-Za-z]:)?(?:/[^\s:'\"]+)+", "<path>", line)[:160]
