@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
 
 from gpt_optuna import __version__
 from gpt_optuna.config import SAMPLERS, TuneConfig, default_storage, parse_duration, read_toml
-from gpt_optuna.errors import UserError
+from gpt_optuna.errors import EXIT_INTERRUPTED, EXIT_USER_ERROR, UserError, environment_fault
 
 
 def _storage_flags(parser: argparse.ArgumentParser) -> None:
@@ -39,6 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="gpt-optuna",
         description="Search engine configurations for the fastest one that meets an accuracy criterion.",
+        epilog=EXIT_CODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"gpt-optuna {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -198,6 +201,15 @@ def print_space(config: TuneConfig, as_json: bool) -> int:
     return 0
 
 
+def writable_file(path: Path) -> Path:
+    """``path`` if a file can be written there: its folder exists and it is not a folder itself."""
+    if path.is_dir():
+        raise UserError(f"{path} is a folder: give a file name to write")
+    if not path.parent.is_dir():
+        raise UserError(f"the folder {path.parent} does not exist")
+    return path
+
+
 def best_record(summary: Any) -> dict[str, Any]:
     from gpt_optuna.study import first_value
 
@@ -231,13 +243,14 @@ def run(argv: list[str]) -> int:
     if args.command == "report":
         from gpt_optuna.report import render
 
-        Path(args.output).write_text(render(study))
-        print(f"wrote {args.output}")
+        output = writable_file(Path(args.output))
+        output.write_text(render(study))
+        print(f"wrote {output}")
         return 0
     if args.command == "export":
         from gpt_optuna.export import export_trial
 
-        written, side = export_trial(study, args.trial, Path(args.output))
+        written, side = export_trial(study, args.trial, writable_file(Path(args.output)))
         print(f"wrote {written} and {side}")
         return 0
     if args.command == "confirm":
@@ -268,15 +281,32 @@ def run(argv: list[str]) -> int:
     return 0
 
 
+EXIT_CODES = """exit codes:
+  0    success
+  1    internal error (a bug: the traceback is printed)
+  2    user error or a fault of the machine (bad input, full disk, read-only files): one line says which
+  3    the search finished without any feasible candidate
+  130  interrupted (Ctrl-C); the summary and the command that resumes are printed"""
+
+
 def main(argv: list[str] | None = None) -> int:
     try:
         return run(sys.argv[1:] if argv is None else argv)
     except UserError as exc:
         print(f"gpt-optuna: error: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_USER_ERROR
     except KeyboardInterrupt:
         print("gpt-optuna: interrupted", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:  # output piped into a reader that stopped (`status | head -1`)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    except Exception as exc:
+        fault = environment_fault(exc)
+        if fault is None:
+            raise
+        print(f"gpt-optuna: error: {fault}", file=sys.stderr)
+        return EXIT_USER_ERROR
 
 
 if __name__ == "__main__":

@@ -41,8 +41,12 @@ def default_study_name(model: Path, backend: str) -> str:
     return f"{model.stem}-{short}"
 
 
+STUDIES = Path("studies")
+"""The project's own folder for study databases and study folders: the one folder made on demand."""
+
+
 def default_storage(study_name: str) -> str:
-    return f"sqlite:///studies/{study_name}.db"
+    return f"sqlite:///{STUDIES}/{study_name}.db"
 
 
 @dataclass
@@ -111,7 +115,7 @@ class TuneConfig:
     def workdir(self) -> Path:
         """The study folder: cached inputs, reference outputs, worker log."""
         assert self.study_name is not None
-        return Path("studies") / self.study_name
+        return STUDIES / self.study_name
 
 
 _TOML_KEYS = {
@@ -136,6 +140,50 @@ _TOML_KEYS = {
 }
 
 
+_TEXT, _INT, _DURATION, _FLAG = "a string", "an integer", 'a duration (e.g. "8h" or seconds)', "true or false"
+_TOML_TYPES: dict[str, tuple[str, tuple[type, ...]]] = {
+    "model": (_TEXT, (str,)),
+    "backend": (_TEXT, (str,)),
+    "accuracy": (_TEXT, (str,)),
+    "inputs": (_TEXT, (str,)),
+    "calibration": (_TEXT, (str,)),
+    "shapes": ("a string or a list of strings", (str, list)),
+    "n_trials": (_INT, (int,)),
+    "timeout_s": (_DURATION, (str, int, float)),
+    "trial_timeout_s": (_DURATION, (str, int, float)),
+    "storage": (_TEXT, (str,)),
+    "study_name": (_TEXT, (str,)),
+    "sampler": (_TEXT, (str,)),
+    "seed": (_INT, (int,)),
+    "dry_run": (_FLAG, (bool,)),
+    "confirm_top": (_INT, (int,)),
+    "confirm_processes": (_INT, (int,)),
+    "objectives": ("a string or a list of strings", (str, list)),
+}
+
+
+def _check_type(path: Path, key: str, value: Any, expected: str, types: tuple[type, ...]) -> None:
+    """One line naming the key when a TOML value has the wrong type (a bool is no number here)."""
+    if isinstance(value, bool) and bool not in types or not isinstance(value, types):
+        raise UserError(f"{path}: {key} must be {expected}, got {value!r}")
+    if isinstance(value, list) and not all(isinstance(v, str) for v in value):
+        raise UserError(f"{path}: {key} must be {expected}, got {value!r}")
+
+
+def _measure(path: Path, value: Any) -> MeasureSettings:
+    if not isinstance(value, dict):
+        raise UserError(f"{path}: [measure] must be a table, e.g. [measure] budget_s = 2.0; got {value!r}")
+    known = {f.name: f.type for f in fields(MeasureSettings)}
+    unknown = sorted(set(value) - set(known))
+    if unknown:
+        raise UserError(f"{path}: unknown [measure] key {unknown[0]!r}; known: {', '.join(sorted(known))}")
+    for key, item in value.items():
+        kind = known[key]
+        wanted = (bool,) if kind == "bool" else (int,) if kind == "int" else (int, float)
+        _check_type(path, f"[measure] {key}", item, {"bool": _FLAG, "int": _INT}.get(str(kind), "a number"), wanted)
+    return MeasureSettings(**value)
+
+
 def read_toml(path: Path) -> dict[str, Any]:
     """Read a tune.toml into TuneConfig keyword arguments (flags given on the command line win)."""
     if not path.is_file():
@@ -148,14 +196,14 @@ def read_toml(path: Path) -> dict[str, Any]:
     for raw_key, value in data.items():
         key = raw_key.replace("-", "_")
         if key == "measure":
-            known = {f.name for f in fields(MeasureSettings)}
-            unknown = sorted(set(value) - known)
-            if unknown:
-                raise UserError(f"{path}: unknown [measure] key {unknown[0]!r}; known: {', '.join(sorted(known))}")
-            values["measure"] = MeasureSettings(**value)
+            values["measure"] = _measure(path, value)
         elif key == "space":
+            if not isinstance(value, dict):
+                raise UserError(f"{path}: [space] must be a table of knob = values; got {value!r}")
             values["space"] = dict(value)
         elif key in _TOML_KEYS:
+            expected, types = _TOML_TYPES[_TOML_KEYS[key]]
+            _check_type(path, raw_key, value, expected, types)
             values[_TOML_KEYS[key]] = value
         else:
             raise UserError(f"{path}: unknown key {raw_key!r}")

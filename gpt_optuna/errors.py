@@ -1,5 +1,10 @@
 """The project's exception hierarchy: one root, and user errors that print as one line."""
 
+EXIT_USER_ERROR = 2
+EXIT_NO_FEASIBLE = 3
+"""The exit code of a search that finished without any feasible candidate."""
+EXIT_INTERRUPTED = 130
+
 
 class GptOptunaError(Exception):
     """Root of every exception raised on purpose by gpt_optuna."""
@@ -16,3 +21,29 @@ class MissingDependencyError(UserError):
         super().__init__(f"{library} is not installed; install it with: pip install 'gpt-optuna[{extra}]'")
         self.library = library
         self.extra = extra
+
+
+def environment_fault(exc: BaseException) -> str | None:
+    """One line for a fault of the machine rather than of the program (a full disk, a read-only
+    file system, a missing permission) anywhere in the exception's chain; None for anything else."""
+    import errno
+
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        text = str(current)
+        if isinstance(current, OSError) and current.errno == errno.ENOSPC or "database or disk is full" in text:
+            return f"no space left on the device: {_where(current)}"
+        if isinstance(current, OSError) and current.errno == errno.EROFS or "readonly database" in text:
+            return f"the file system is read-only: {_where(current)}"
+        if isinstance(current, PermissionError):
+            return f"permission denied: {_where(current)}"
+        current = current.__cause__ or current.__context__
+    return None
+
+
+def _where(exc: BaseException) -> str:
+    if isinstance(exc, OSError) and exc.filename:
+        return str(exc.filename)
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]

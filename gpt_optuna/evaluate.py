@@ -310,7 +310,11 @@ class EvaluateJob:
         folder = self.workdir / "engines"
         folder.mkdir(parents=True, exist_ok=True)
         path = folder / f"{uuid.uuid4().hex}.engine"
-        path.write_bytes(data)
+        try:
+            path.write_bytes(data)
+        except BaseException:  # a full disk leaves no partial engine behind
+            path.unlink(missing_ok=True)
+            raise
         return path
 
 

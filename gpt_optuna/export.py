@@ -29,7 +29,6 @@ def export_trial(study: optuna.Study, number: int | None, out: Path) -> tuple[Pa
         raise UserError(f"trial {trial.number} is {trial.state.name.lower()}: only feasible trials are exported")
     recorded = study.user_attrs.get(FINGERPRINT_ATTR, {})
     workdir = Path("studies") / study.study_name
-    out.parent.mkdir(parents=True, exist_ok=True)
     artifact = trial.user_attrs.get("engine_artifact")
     if artifact is not None:
         from optuna.artifacts import FileSystemArtifactStore, download_artifact

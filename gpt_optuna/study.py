@@ -65,7 +65,7 @@ def open_storage(
     only with ``make_dirs`` (the default ``studies/`` folder), never for a path the user gave.
     """
     try:
-        path = _file_of(url)
+        path = storage_file(url)
         if path is not None:
             if not create and not path.is_file():
                 raise UserError(f"no study file at {path}")
@@ -81,6 +81,8 @@ def open_storage(
             return _rdb_storage(url, create, heartbeat=True)
         if read_only:
             return _rdb_storage(_read_only_sqlite(path), create=False, heartbeat=False)
+        if not os.access(path.parent, os.W_OK) or path.exists() and not os.access(path, os.W_OK):
+            raise UserError(f"{path} is read-only: the study can be read (status, best, report), not searched")
         _use_write_ahead_log(path)
         storage = _rdb_storage(url, create, heartbeat=False)
         _sync_normally(storage)
@@ -94,7 +96,7 @@ def open_storage(
         raise UserError(f"cannot open storage {url!r}: {first}") from exc
 
 
-def _file_of(url: str) -> Path | None:
+def storage_file(url: str) -> Path | None:
     """The file behind a journal or SQLite URL; None for a database server or an in-memory one."""
     if url.startswith("journal:"):
         return Path(url.removeprefix("journal:"))
@@ -368,7 +370,7 @@ def summarize_study(study: optuna.Study) -> StudySummary:
     trials = study.get_trials(deepcopy=False)
     retried = retried_numbers(trials)
     counts = dict.fromkeys(STATUSES, 0) | Counter(trial_status(t, retried) for t in trials)
-    baselines = [t for t in trials if t.user_attrs.get("baseline") and t.state.is_finished()]
+    baselines = [t for t in trials if t.user_attrs.get("baseline") and has_own_result(t, retried)]
     complete = [t for t in trials if t.state is TrialState.COMPLETE and t.values]
     best = min(complete, key=lambda t: (t.values[0], t.number)) if complete else None
     confirmed = study.user_attrs.get("confirmed")

@@ -15,9 +15,9 @@ import optuna
 from optuna.artifacts import FileSystemArtifactStore
 
 from gpt_optuna import model as model_io
-from gpt_optuna.config import TuneConfig, default_storage
+from gpt_optuna.config import STUDIES, TuneConfig
 from gpt_optuna.confirm import confirm
-from gpt_optuna.errors import UserError
+from gpt_optuna.errors import EXIT_INTERRUPTED, EXIT_NO_FEASIBLE, UserError
 from gpt_optuna.evaluate import (
     CALIBRATION_FILE,
     INPUTS_FILE,
@@ -42,6 +42,7 @@ from gpt_optuna.study import (
     recover_interrupted,
     refuse_if_different,
     retry_trial,
+    storage_file,
     summarize_study,
 )
 from gpt_optuna.worker import JobFailure, Worker
@@ -205,7 +206,8 @@ def tune(config: TuneConfig, progress: Progress | None = None, argv: list[str] |
     progress = progress or Progress()
     notes: list[str] = []
     inputs = load_inputs(config, notes)
-    storage = open_storage(config.storage, make_dirs=config.storage == default_storage(config.study_name))
+    storage_path = storage_file(config.storage)
+    storage = open_storage(config.storage, make_dirs=storage_path is not None and storage_path.parent == STUDIES)
     check_resumable(storage, config, inputs, notes)
     with Worker(config.workdir / "worker.log") as worker:
         prepared = prepare(config, worker, inputs, notes)
@@ -272,7 +274,7 @@ def tune(config: TuneConfig, progress: Progress | None = None, argv: list[str] |
             progress.finish(
                 summarize_study(study), resume, note="stopped by Ctrl-C", elapsed=time.monotonic() - started
             )
-            return 130
+            return EXIT_INTERRUPTED
         if not config.dry_run and config.confirm_top > 0:
             progress.note(
                 f"re-measuring the {config.confirm_top} best candidates and the baseline, interleaved,"
@@ -287,5 +289,8 @@ def tune(config: TuneConfig, progress: Progress | None = None, argv: list[str] |
             if objective.space_exhausted
             else ""
         )
-        progress.finish(summarize_study(study), resume, note=note, elapsed=time.monotonic() - started)
-    return 0
+        summary = summarize_study(study)
+        if summary.best is None:
+            note = "no candidate met the accuracy criterion" if not config.dry_run else "no candidate built"
+        progress.finish(summary, resume, note=note, elapsed=time.monotonic() - started)
+    return EXIT_NO_FEASIBLE if summary.best is None else 0
