@@ -63,7 +63,11 @@ class FreshSampler(BaseSampler):
         suggested = dict(trial.params)  # single-valued knobs, or a retried trial's whole candidate
 
         def fresh(candidate: Candidate) -> bool:
-            return _key(candidate) not in taken and self._transform_of(candidate) not in failed_transforms
+            return (
+                _key(candidate) not in taken
+                and self._transform_of(candidate) not in failed_transforms
+                and self._searched(candidate, suggested)
+            )
 
         first = proposal = self._ask(study, trial, suggested)
         for _ in range(ASKS - 1):
@@ -73,7 +77,8 @@ class FreshSampler(BaseSampler):
         if fresh(proposal):
             return proposal
         others = [*self._neighbours(first, suggested), *(self._complete(suggested) for _ in range(RANDOM_TRIES))]
-        return next((candidate for candidate in others if fresh(candidate)), first)
+        repeat = next((c for c in [first, *others] if self._searched(c, suggested)), first)  # a covered space
+        return next((candidate for candidate in others if fresh(candidate)), repeat)
 
     def sample_independent(
         self, study: optuna.Study, trial: FrozenTrial, param_name: str, param_distribution: BaseDistribution
@@ -120,6 +125,15 @@ class FreshSampler(BaseSampler):
                 failed.add(self._transform_of(params))
         return taken, failed
 
+    def _searched(self, candidate: Candidate, suggested: Candidate) -> bool:
+        """Whether every value the sampler chose is one the search tries (a ``[space]`` restriction
+        keeps the engine's default among the choices for the baseline only)."""
+        return all(
+            candidate[k.name] in k.search_choices
+            for k in self.space.knobs
+            if k.name in candidate and k.name not in suggested
+        )
+
     def _transform_of(self, candidate: Candidate) -> frozenset[tuple[str, Any]]:
         return frozenset((k, v) for k, v in candidate.items() if self._transform_knob(k))
 
@@ -130,7 +144,9 @@ class FreshSampler(BaseSampler):
         for knob in self.space.knobs:
             if knob.name in candidate and knob.name not in suggested:
                 found += [
-                    self._complete({**candidate, knob.name: v}) for v in knob.choices if v != candidate[knob.name]
+                    self._complete({**candidate, knob.name: v})
+                    for v in knob.search_choices
+                    if v != candidate[knob.name]
                 ]
         self._rng.shuffle(found)
         return found
@@ -140,5 +156,7 @@ class FreshSampler(BaseSampler):
         candidate: Candidate = {}
         for knob in self.space.knobs:
             if knob.active(candidate):
-                candidate[knob.name] = partial[knob.name] if knob.name in partial else self._rng.choice(knob.choices)
+                candidate[knob.name] = (
+                    partial[knob.name] if knob.name in partial else self._rng.choice(knob.search_choices)
+                )
         return candidate

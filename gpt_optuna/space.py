@@ -67,12 +67,25 @@ class Knob:
     help: str = ""
     condition: Condition | None = None
     requires: tuple[Condition, ...] = ()
+    searched: tuple[Value, ...] | None = None
+    """The values the search tries where ``[space]`` restricted the knob away from its default,
+    which stays among ``choices`` for the baseline alone; None: every choice is searched."""
+    selects_engine: bool = False
+    """The knob chooses which engine runs (ONNX Runtime's provider): restricting it chooses the
+    engine whose defaults the baseline runs, so its default moves with the restriction."""
 
     def __post_init__(self) -> None:
         if not self.choices:
             raise ValueError(f"knob {self.name} has no choices")
         if self.default not in self.choices:
             raise ValueError(f"knob {self.name}: default {self.default!r} is not among its choices")
+        if self.searched is not None and not (self.searched and set(self.searched) <= set(self.choices)):
+            raise ValueError(f"knob {self.name}: searched values {self.searched!r} are not among its choices")
+
+    @property
+    def search_choices(self) -> tuple[Value, ...]:
+        """The values the search tries."""
+        return self.choices if self.searched is None else self.searched
 
     @property
     def conditions(self) -> tuple[Condition, ...]:
@@ -83,6 +96,8 @@ class Knob:
 
     def describe(self) -> dict[str, Any]:
         data: dict[str, Any] = {"name": self.name, "choices": list(self.choices), "default": self.default}
+        if self.searched is not None:
+            data["searched"] = list(self.searched)
         if self.conditions:
             data["when"] = {c.key: c.describe() for c in self.conditions}
         return data
@@ -130,7 +145,9 @@ class Space:
         offered: dict[str, tuple[Value, ...]] = {}
         for knob in self.knobs:
             if knob.name == name:
-                knob = replace(knob, choices=tuple(c for c in knob.choices if c in choices))
+                kept = tuple(c for c in knob.choices if c in choices)
+                searched = None if knob.searched is None else tuple(c for c in knob.searched if c in kept)
+                knob = replace(knob, choices=kept, searched=searched or (None if searched is None else (knob.default,)))
             if all(c.satisfiable(offered) for c in knob.conditions):
                 knobs.append(knob)
                 offered[knob.name] = knob.choices
@@ -154,18 +171,26 @@ class Space:
         """A readable listing: each knob, what is searched, its default and when it applies."""
         rows = []
         for knob in self.knobs:
-            values = ", ".join(map(str, knob.choices)) if len(knob.choices) > 1 else "(fixed)"
+            tried = knob.search_choices
+            values = (
+                ", ".join(map(str, tried))
+                if len(tried) > 1
+                else "(fixed)"
+                if tried == (knob.default,)
+                else str(tried[0])
+            )
             when = "".join(f"  when {c.key} in {c.describe()}" for c in knob.conditions)
             rows.append(f"{knob.name:<44} default {knob.default!s:<20} {values}{when}")
-        searched = sum(len(k.choices) > 1 for k in self.knobs)
+        searched = sum(len(k.search_choices) > 1 for k in self.knobs)
         return "\n".join([*rows, f"{len(self.knobs)} knobs, {searched} searched"])
 
     def with_overrides(self, overrides: Mapping[str, Value | list[Value]]) -> Space:
         """Apply a ``[space]`` table: a list gives the values to try, a scalar fixes the knob, and
         ``"default"`` drops it from the search (fixed at the engine's default).
 
-        A knob fixed or restricted away from its default takes the first given value as the
-        default, so the baseline stays a configuration inside the space.
+        The restriction applies to the search, not to the baseline: a knob restricted away from
+        its default keeps the default among its choices, for the baseline alone (``searched``).
+        A knob that selects the engine moves its default instead: the baseline is that engine's.
         """
         by_name = {k.name: k for k in self.knobs}
         unknown = sorted(set(overrides) - by_name.keys())
@@ -182,6 +207,9 @@ class Space:
             values = tuple(given) if isinstance(given, list) else (given,)
             if not values:
                 raise UserError(f"[space] gives knob {knob.name!r} no values")
-            default = knob.default if knob.default in values else values[0]
-            knobs.append(replace(knob, choices=values, default=default))
+            if knob.default in values or knob.selects_engine:
+                default = knob.default if knob.default in values else values[0]
+                knobs.append(replace(knob, choices=values, default=default, searched=None))
+            else:
+                knobs.append(replace(knob, choices=(knob.default, *values), searched=values))
         return Space(knobs)

@@ -248,8 +248,9 @@ def test_reference_outputs_that_are_nan_are_refused_and_near_constant_ones_warne
 
 
 def test_a_search_without_a_feasible_candidate_exits_3(cnn_path: Path, tmp_path: Path) -> None:
-    config = synthetic_config(tmp_path, 'mode = ["nan"]\ndelay_us = [0]\nbuild_ms = [0]')
+    config = synthetic_config(tmp_path, 'mode = ["nan", "noisy"]\ndelay_us = [0]\nbuild_ms = [0]')
     argv = ["tune", str(cnn_path), "--backend", SYNTHETIC, "--config", str(config), "--n-trials", "3", "--quiet"]
+    argv += ["--accuracy", "max_abs<=-1"]  # nothing meets it, the baseline included
     result = gpt_optuna(*argv)
     assert result.returncode == 3 and "no candidate met the accuracy criterion" in result.stderr
 

@@ -103,11 +103,15 @@ def test_the_search_finds_the_sensitive_nodes_by_itself(overflow_path: Path, tmp
     config.write_text(
         '[measure]\nbudget_s = 0.05\n[space]\nprecision = ["fp16"]\nprovider = "default"\n'
         'graph_optimization_level = "default"\nexecution_mode = "default"\nintra_op_num_threads = "default"\n'
+        'mem_pattern = "default"\nintra_op_spinning = "default"\ncpu_mem_arena = "default"\n'
+        'denormal_as_zero = "default"\n'
     )
     argv = ["tune", str(overflow_path), "--inputs", str(feeds), "--config", str(config), "--quiet"]
     assert main([*argv, "--accuracy", "cosine>=0.999", "--n-trials", "16", "--sampler", "random", "--seed", "0"]) == 0
     study = optuna.load_study(study_name="overflow-onnxruntime", storage="sqlite:///studies/overflow-onnxruntime.db")
     trials = study.get_trials()
+    assert trials[0].params["precision"] == "fp32"  # the baseline: the engine's defaults
+    trials = trials[1:]
     plain = [t for t in trials if t.params["keep_fp32_nodes"] == 0 and not t.params["keep_fp32.normalization"]]
     kept = [t for t in trials if t.params["keep_fp32_nodes"] >= 4]
     assert plain and all(t.state is TrialState.PRUNED for t in plain)
@@ -123,8 +127,9 @@ def test_the_search_finds_the_sensitive_nodes_by_itself(overflow_path: Path, tmp
 
 
 def test_a_repeated_candidate_names_the_transformed_model_it_ran(overflow_path: Path, tmp_path: Path) -> None:
-    """Every trial after the baseline repeats it: they copy its result, the model it ran included,
-    so that exporting any of them writes the fp16 graph, not the fp32 original."""
+    """The search has one candidate besides the baseline (fp32, the engine's default): every trial
+    after it repeats it and copies its result, the model it ran included, so that exporting any of
+    them writes the fp16 graph, not the fp32 original."""
     fixed = ["provider", "graph_optimization_level", "mem_pattern", "execution_mode", "intra_op_num_threads"]
     fixed += ["intra_op_spinning", "cpu_mem_arena", "denormal_as_zero", "keep_io_fp32", '"keep_fp32.normalization"']
     config = tmp_path / "tune.toml"
@@ -132,14 +137,14 @@ def test_a_repeated_candidate_names_the_transformed_model_it_ran(overflow_path: 
         '[measure]\nbudget_s = 0.05\n[space]\nprecision = "fp16"\nkeep_fp32_nodes = 4\n'
         + "".join(f'{k} = "default"\n' for k in fixed)
     )
-    argv = ["tune", str(overflow_path), "--config", str(config), "--quiet", "--n-trials", "3", "--confirm-top", "0"]
+    argv = ["tune", str(overflow_path), "--config", str(config), "--quiet", "--n-trials", "4", "--confirm-top", "0"]
     assert main([*argv, "--accuracy", "cosine>=0.999"]) == 0
     study = optuna.load_study(study_name="overflow-onnxruntime", storage="sqlite:///studies/overflow-onnxruntime.db")
     trials = study.trials
-    assert [t.user_attrs.get("reused_from") for t in trials] == [None, 0, 0]
-    ran = trials[0].user_attrs["transformed_model"]
-    assert ran.startswith("fp16-") and all(t.user_attrs["transformed_model"] == ran for t in trials)
-    assert main(["export", "--trial", "2", "-o", str(tmp_path / "out.onnx")]) == 0
+    assert [t.user_attrs.get("reused_from") for t in trials] == [None, None, 1, 1]
+    ran = trials[1].user_attrs["transformed_model"]
+    assert ran.startswith("fp16-") and all(t.user_attrs["transformed_model"] == ran for t in trials[1:])
+    assert main(["export", "--trial", "3", "-o", str(tmp_path / "out.onnx")]) == 0
     assert (tmp_path / "out.onnx").read_bytes() == (Path("studies/overflow-onnxruntime/models") / ran).read_bytes()
 
 

@@ -79,6 +79,8 @@ def test_report_is_one_self_contained_page_with_every_figure(study_with_everythi
 
 
 def test_export_writes_the_model_and_a_side_file(study_with_everything: optuna.Study, cnn_path: Path) -> None:
+    assert main(["export", "-o", "out/best.onnx"]) == 2  # a folder that does not exist is not made
+    Path("out").mkdir()
     assert main(["export", "-o", "out/best.onnx"]) == 0
     side = json.loads(Path("out/best.onnx.json").read_text())
     best = study_with_everything.user_attrs["confirmed"]["ranking"][0]["number"]

@@ -32,12 +32,27 @@ def test_conditional_knob_is_suggested_only_when_its_parent_allows() -> None:
     assert seen_inter[True] and seen_inter[False]
 
 
-def test_overrides_fix_restrict_and_keep_default_inside() -> None:
-    s = space().with_overrides({"mode": "par", "threads": [2, 1]})
+def test_overrides_restrict_the_search_and_leave_the_baseline_at_the_engine_defaults() -> None:
+    s = space().with_overrides({"mode": "par", "threads": [2, 1], "inter": [0, 2]})
     knobs = {k.name: k for k in s.knobs}
-    assert knobs["mode"].choices == ("par",) and knobs["mode"].default == "par"
-    assert knobs["threads"].choices == (2, 1) and knobs["threads"].default == 2
-    assert s.default() == {"mode": "par", "threads": 2, "inter": 0}
+    assert knobs["mode"].search_choices == ("par",) and knobs["mode"].default == "seq"
+    assert knobs["threads"].search_choices == (2, 1) and knobs["threads"].choices == (0, 2, 1)
+    assert knobs["inter"].searched is None and knobs["inter"].choices == (0, 2)
+    assert s.default() == {"mode": "seq", "threads": 0}  # the baseline: the engine's own configuration
+    assert knobs["threads"].describe()["searched"] == [2, 1]
+
+
+def test_the_search_never_proposes_a_value_kept_for_the_baseline_alone() -> None:
+    from gpt_optuna.evaluate import is_transform_knob
+    from gpt_optuna.sampling import FreshSampler
+
+    s = space().with_overrides({"threads": [1, 2]})
+    study = optuna.create_study(sampler=FreshSampler(optuna.samplers.TPESampler(seed=0), s, is_transform_knob, 0))
+    study.enqueue_trial(s.default())
+    study.optimize(lambda t: float(s.suggest(t)["threads"]), n_trials=8)
+    trials = study.get_trials()
+    assert trials[0].params["threads"] == 0
+    assert all(t.params["threads"] in (1, 2) for t in trials[1:])
 
 
 def test_override_of_unknown_knob_is_a_user_error() -> None:

@@ -166,7 +166,12 @@ def test_space_command_prints_the_space_with_overrides_and_builds_nothing(
     assert main(["space", str(cnn_path), "--backend", "tensorrt-rtx", "--config", str(config), "--json"]) == 0
     knobs = {k["name"]: k for k in json.loads(capsys.readouterr().out)["knobs"]}
     assert knobs["builder_optimization_level"]["choices"] == [3]
-    assert knobs["max_aux_streams"] == {"name": "max_aux_streams", "choices": [0, 2], "default": 0}
+    assert knobs["max_aux_streams"] == {  # searched: 0 and 2; the engine's default -1 for the baseline
+        "name": "max_aux_streams",
+        "choices": [-1, 0, 2],
+        "default": -1,
+        "searched": [0, 2],
+    }
     assert main(["space", str(cnn_path), "--backend", "tensorrt-rtx"]) == 0
     text = capsys.readouterr().out
     assert "builder_optimization_level" in text and "default 3" in text and "knobs," in text
@@ -201,9 +206,9 @@ def test_every_graph_precision_builds_a_real_engine_in_a_dry_run(cnn_path: Path,
     for t in trials:
         if "reused_from" not in t.user_attrs:
             outcomes[t.params["precision"]] = (t.state, t.user_attrs.get("failure", ""))
-    assert {p: state for p, (state, _) in outcomes.items()} == dict.fromkeys(
-        ("fp16", "bf16", "int8", "fp8"), TrialState.COMPLETE
+    assert {p: state for p, (state, _) in outcomes.items()} == dict.fromkeys(  # fp32: the baseline
+        ("fp32", "fp16", "bf16", "int8", "fp8"), TrialState.COMPLETE
     ), outcomes
     for t in trials:
-        if t.state is TrialState.COMPLETE:
+        if t.state is TrialState.COMPLETE and t.params["precision"] != "fp32":
             assert t.user_attrs["transformed_model"].startswith(t.params["precision"] + "-")

@@ -157,8 +157,9 @@ def test_a_candidate_already_evaluated_is_reused_not_rebuilt(
     config = synthetic_config(tmp_path, 'mode = ["ok"]\ndelay_us = [100]\nbuild_ms = [0]\na = [0]\nb = [0]\nc = ["x"]')
     assert tune(str(cnn_path), "--backend", SYNTHETIC, "--config", str(config), "--n-trials", "50") == 0
     trials = load("cnn-syntheticbackend").get_trials()
-    assert trials[0].user_attrs["baseline"] and "reused_from" not in trials[0].user_attrs
-    assert all(t.user_attrs["reused_from"] == 0 and t.value == trials[0].value for t in trials[1:])
+    assert trials[0].user_attrs["baseline"] and trials[0].params["delay_us"] == 200  # the engine's default
+    assert "reused_from" not in trials[1].user_attrs and trials[1].params["delay_us"] == 100  # the one searched
+    assert all(t.user_attrs["reused_from"] == 1 and t.value == trials[1].value for t in trials[2:])
     assert len(trials) < 50  # the search stopped: the one-point space is covered
     assert "space looks covered" in capsys.readouterr().err
 

@@ -100,7 +100,7 @@ def discover_knobs(providers: list[str], graph_levels: list[str], cores: int) ->
     """
     searched = tuple(p for p in providers if p in GPU_PROVIDERS) or (CPU,)
     knobs = [
-        Knob("provider", searched, searched[0], "execution provider"),
+        Knob("provider", searched, searched[0], "execution provider", selects_engine=True),
         Knob(GRAPH_LEVEL, tuple(graph_levels), "ORT_ENABLE_ALL", "graph rewrites before running"),
         Knob("mem_pattern", (True, False), True, "plan memory from the first run's allocation pattern"),
     ]

@@ -31,7 +31,7 @@ class SyntheticBackend(Backend):
         return Space(
             [
                 Knob("mode", MODES, "ok", "what the candidate does"),
-                Knob("delay_us", (0, 50, 100, 200), 0, "busy-wait per launch"),
+                Knob("delay_us", (200, 0, 50, 100), 200, "busy-wait per launch (the default is the slowest)"),
                 Knob("build_ms", (0, 100, 1000), 0, "sleep in build"),
                 Knob("a", tuple(range(8)), 0),
                 Knob("b", tuple(range(8)), 0),
