@@ -89,7 +89,7 @@ def main() -> int:
             speedup = f"{top['speedup']:.3f}x [{top['ci_low']:.3f}, {top['ci_high']:.3f}]" if top else "-"
             cosine = best.user_attrs["accuracy"]["cosine"] if best else float("nan")
             print(
-                f"{name:<12}{space:<10}{summary.baseline_value or float('nan'):>11.4f}"
+                f"{name:<12}{space:<10}{summary.baseline_search_value or float('nan'):>11.4f}"
                 f"{best.value if best else float('nan'):>10.4f}{speedup:>30}"
                 f"{cosine:>10.6f}{len(study.trials):>7}{wall:>8.1f}"
             )

@@ -211,15 +211,19 @@ def writable_file(path: Path) -> Path:
 
 
 def best_record(summary: Any) -> dict[str, Any]:
+    """The winner as ``best --json`` prints it: latencies of one measurement and their ratio."""
     from gpt_optuna.study import first_value
 
     best = summary.best
     return {
         "number": best.number,
         "params": best.params,
-        "latency_ms": None if summary.dry_run else first_value(best),
+        "baseline_wins": summary.baseline_wins,
+        "measurement": summary.measurement,
+        "latency_ms": None if summary.dry_run else summary.best_value,
         "baseline_latency_ms": None if summary.dry_run else summary.baseline_value,
         "speedup": summary.speedup,
+        "search_latency_ms": None if summary.dry_run else first_value(best),
         "build_s": best.user_attrs.get("build_s"),
         "dry_run": summary.dry_run,
         "confirmed": summary.confirmed,
@@ -236,8 +240,8 @@ def run(argv: list[str]) -> int:
         return tune(tune_config(args), Progress(enabled=not args.quiet), argv)
     if args.command == "space":
         return print_space(tune_config(args), as_json=args.json)
-    from gpt_optuna.progress import format_params, format_summary
-    from gpt_optuna.study import first_value, summarize_study
+    from gpt_optuna.progress import format_summary, format_verdict
+    from gpt_optuna.study import summarize_study
 
     study = _open_existing(args)
     if args.command == "report":
@@ -271,11 +275,7 @@ def run(argv: list[str]) -> int:
     if args.json:
         print(json.dumps(record))
         return 0
-    best, unit = summary.best, summary.unit
-    print(f"best trial {best.number}: {first_value(best):.4g} {unit}")
-    if summary.baseline_value is not None and summary.speedup is not None:
-        print(f"baseline: {summary.baseline_value:.4g} {unit}; speedup {summary.speedup:.3f}x")
-    print(f"params: {format_params(best.params)}")
+    print("\n".join(format_verdict(summary)))
     if record["accuracy"]:
         print("accuracy: " + ", ".join(f"{k}={v:.6g}" for k, v in record["accuracy"].items()))
     return 0

@@ -5,7 +5,8 @@ a winner is declared, the best K feasible candidates and the baseline are built 
 processes and timed in rounds (A B C ..., then B C A ...), so drift hits all of them alike. Several
 processes, because a process is a sample too: an engine whose latency is CPU-side launch work
 runs as fast as the CPU its process gets, and that differs between processes by far more than
-drift. The ranking and each speedup over the baseline, with a bootstrap 95 % interval over
+drift. The ranking by speedup, each speedup the ratio of the baseline's median to the candidate's
+(as shown), with a bootstrap 95 % interval of the paired per-round ratios over
 processes and rounds, are stored in the study (user attr ``confirmed``); ``best`` and the report
 use them.
 """
@@ -66,20 +67,22 @@ def summarize_rounds(numbers: list[int], medians: np.ndarray, processes: np.ndar
     each round ran in."""
     rows = []
     labels = np.unique(processes)
+    baseline_ms = float(np.median(medians[:, 0]))
     for column, number in enumerate(numbers):
-        speedup, low, high = bootstrap_ratio(medians[:, 0], medians[:, column], processes)
+        _, low, high = bootstrap_ratio(medians[:, 0], medians[:, column], processes)
+        median_ms = float(np.median(medians[:, column]))
         rows.append(
             {
                 "number": number,
-                "median_ms": float(np.median(medians[:, column])),
+                "median_ms": median_ms,
                 "process_ms": [float(np.median(medians[processes == p, column])) for p in labels],
-                "speedup": speedup,
+                "speedup": baseline_ms / median_ms,  # the ratio of the two medians shown beside it
                 "ci_low": low,
                 "ci_high": high,
                 "significant": low > 1.0,
             }
         )
-    ranking = sorted(rows[1:], key=lambda row: row["median_ms"])
+    ranking = sorted(rows[1:], key=lambda row: -row["speedup"])
     return {"baseline": rows[0], "ranking": ranking, "rounds": len(medians), "processes": len(labels)}
 
 

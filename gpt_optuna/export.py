@@ -54,8 +54,12 @@ def export_trial(study: optuna.Study, number: int | None, out: Path) -> tuple[Pa
         "latency": trial.user_attrs.get("latency"),
         "accuracy": trial.user_attrs.get("accuracy"),
         "accuracy_criterion": recorded.get("accuracy"),
-        "baseline_latency_ms": summary.baseline_value,
+        "baseline_latency_ms": summary.baseline_search_value,
+        "speedup": summary.baseline_search_value / first_value(trial)  # the search's two figures
+        if summary.baseline_search_value and first_value(trial)
+        else None,
         "confirmed": confirmed,
+        "confirmed_baseline": (summary.confirmed or {}).get("baseline") if confirmed else None,
         "versions": recorded.get("versions", {}),
         "file": "engine" if artifact is not None else "onnx model",
     }

@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING, Any, TextIO
 from optuna.trial import TrialState
 from tqdm import tqdm
 
+from gpt_optuna.study import first_value
+
 if TYPE_CHECKING:
     import optuna
 
@@ -33,26 +35,36 @@ def format_summary(summary: StudySummary) -> str:
     if summary.failures:
         lines.append("failures by cause:")
         lines += [f"  {count} x {cause}" for count, cause in summary.failures]
-    base = summary.baseline_value
-    if summary.baseline is None:
-        lines.append("baseline: not run yet")
-    else:
-        value = (
-            f"{base:.4g} {summary.unit}" if base is not None else f"no value ({summary.baseline.state.name.lower()})"
-        )
-        lines.append(f"baseline (trial {summary.baseline.number}): {value}")
-    if summary.best is None:
-        lines.append("best: no feasible trial yet")
-    else:
-        speedup = summary.speedup
-        lines.append(
-            f"best (trial {summary.best.number}): {summary.best.values[0]:.4g} {summary.unit}"
-            + (f", {speedup:.3f}x the baseline" if speedup is not None else "")
-        )
-        lines.append(f"  params: {format_params(summary.best.params)}")
+    lines += format_verdict(summary)
     if summary.confirmed:
         lines.extend(format_confirmed(summary.confirmed))
     return "\n".join(lines)
+
+
+def format_verdict(summary: StudySummary) -> list[str]:
+    """The baseline and the winner, both in the one measurement that judges them (the confirmation
+    where there is one, else the search), and their ratio."""
+    which, unit = summary.measurement, summary.unit
+    base, best = summary.baseline_value, summary.best_value
+    if summary.baseline is None:
+        lines = ["baseline: not run yet"]
+    elif base is None:
+        lines = [f"baseline (trial {summary.baseline.number}): no value ({summary.baseline.state.name.lower()})"]
+    else:
+        lines = [f"baseline (trial {summary.baseline.number}): {base:.4g} {unit} ({which})"]
+    if summary.best is None or best is None:
+        return [*lines, "best: no feasible trial yet"]
+    if summary.baseline_wins:
+        return [*lines, "best: the baseline itself: it was significantly faster than every finalist"]
+    speedup = summary.speedup
+    search = first_value(summary.best)
+    lines.append(
+        f"best (trial {summary.best.number}): {best:.4g} {unit} ({which})"
+        + (f", {speedup:.3f}x the baseline" if speedup is not None else "")
+        + (f"; {search:.4g} {unit} in the search" if which == "confirmed" and search is not None else "")
+    )
+    lines.append(f"  params: {format_params(summary.best.params)}")
+    return lines
 
 
 def format_confirmed(confirmed: dict[str, Any]) -> list[str]:
@@ -63,7 +75,7 @@ def format_confirmed(confirmed: dict[str, Any]) -> list[str]:
         f"confirmed in {confirmed['rounds']} interleaved rounds in {processes} fresh process"
         f"{'es' if processes > 1 else ''} (baseline trial {base['number']}: {_ms(base)}):"
     ]
-    for row in confirmed["ranking"]:
+    for row in sorted(confirmed["ranking"], key=lambda r: -r["speedup"]):
         lines.append(
             f"  trial {row['number']}: {_ms(row)}, speedup {row['speedup']:.3f}x "
             f"[95% CI {row['ci_low']:.3f}-{row['ci_high']:.3f}]"
@@ -74,7 +86,7 @@ def format_confirmed(confirmed: dict[str, Any]) -> list[str]:
             f"  latency differed by up to {100 * (spread - 1):.0f} % between processes (CPU-side launch work"
             " runs as fast as its process's CPU): the intervals include that"
         )
-    top = confirmed["ranking"][0]
+    top = max(confirmed["ranking"], key=lambda r: r["speedup"])
     if top["ci_high"] < 1.0:
         lines.append("  the baseline is significantly faster than every finalist: keep the default configuration")
     elif not top["significant"]:

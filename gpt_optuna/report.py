@@ -33,6 +33,8 @@ class TrialRow:
     baseline: bool
     reason: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
+    reused_from: int | None = None
+    """The trial whose result this one copied (the same candidate): tables show the original once."""
 
     @property
     def hover(self) -> str:
@@ -70,6 +72,7 @@ def collect(study: optuna.Study) -> list[TrialRow]:
                 params=dict(trial.params),
                 baseline=bool(attrs.get("baseline")),
                 reason=str(reason),
+                reused_from=attrs.get("reused_from"),
             )
         )
     return rows
@@ -184,20 +187,34 @@ def build_figure(rows: list[TrialRow]) -> Any:
 
 
 def best_rows(rows: list[TrialRow], summary: StudySummary, limit: int = 10) -> list[dict[str, Any]]:
-    """The fastest feasible trials with speedups (confirmed figures where they exist)."""
+    """The best distinct feasible candidates, the study's winner first, then the other confirmed
+    finalists by speedup, then the rest by search latency. Each speedup is the ratio of the two
+    latencies of one measurement, named in the row: confirmed ones against the confirmed baseline,
+    the others against the baseline's search latency."""
     confirmed = {row["number"]: row for row in (summary.confirmed or {}).get("ranking", [])}
-    base = summary.baseline_value
-    feasible = sorted(
-        (r for r in rows if r.status == "feasible" and r.latency_ms is not None), key=lambda r: r.latency_ms
-    )  # type: ignore[arg-type, return-value]
+    confirmed_base = (summary.confirmed or {}).get("baseline", {}).get("median_ms")
+    search_base = summary.baseline_search_value
+    feasible = [r for r in rows if r.status == "feasible" and r.latency_ms is not None and r.reused_from is None]
+    winner = summary.best.number if summary.best is not None else None
+
+    def order(r: TrialRow) -> tuple[int, float]:
+        if r.number == winner:
+            return (0, 0.0)
+        if r.number in confirmed:
+            return (1, -confirmed[r.number]["speedup"])
+        return (2, r.latency_ms)  # type: ignore[return-value]
+
     table = []
-    for r in feasible[:limit]:
-        row: dict[str, Any] = {"trial": r.number, "latency_ms": r.latency_ms, "error": r.error}
+    for r in sorted(feasible, key=order)[:limit]:
+        row: dict[str, Any] = {"trial": r.number}
         if r.number in confirmed:
             c = confirmed[r.number]
-            row["speedup"] = f"{c['speedup']:.3f}x [{c['ci_low']:.3f}, {c['ci_high']:.3f}] confirmed"
-        elif base:
-            row["speedup"] = f"{base / r.latency_ms:.3f}x"  # type: ignore[operator]
+            row |= {"latency_ms": c["median_ms"], "baseline_ms": confirmed_base, "measured": "confirmed"}
+            row["speedup"] = f"{c['speedup']:.3f}x [{c['ci_low']:.3f}, {c['ci_high']:.3f}]"
+        else:
+            row |= {"latency_ms": r.latency_ms, "baseline_ms": search_base, "measured": "search"}
+            row["speedup"] = f"{search_base / r.latency_ms:.3f}x" if search_base else ""  # type: ignore[operator]
+        row["error"] = r.error
         row["export"] = f"gpt-optuna export --study-name {summary.name} --trial {r.number} -o trial{r.number}"
         row["params"] = r.params
         table.append(row)
@@ -208,7 +225,7 @@ def render(study: optuna.Study) -> str:
     """One self-contained HTML page (plotly.js embedded once): it opens offline."""
     rows = collect(study)
     summary = summarize_study(study)
-    figures = [pareto_figure(rows), history_figure(rows, summary.baseline_value), build_figure(rows)]
+    figures = [pareto_figure(rows), history_figure(rows, summary.baseline_search_value), build_figure(rows)]
     importance = importance_figure(study)
     if importance is not None:
         figures.insert(2, importance)
@@ -222,7 +239,7 @@ def render(study: optuna.Study) -> str:
     body = "".join(
         "<tr>" + "".join(f"<td>{html.escape(_cell(v))}</td>" for v in row.values()) + "</tr>" for row in table
     )
-    failed = [r for r in rows if r.status == "failed"]
+    failed = [r for r in rows if r.status == "failed" and r.reused_from is None]
     failures = "".join(f"<li>trial {r.number}: {html.escape(r.reason[:200])}</li>" for r in failed)
     from gpt_optuna.progress import format_summary
 

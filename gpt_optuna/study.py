@@ -328,7 +328,13 @@ def first_value(trial: FrozenTrial) -> float | None:
 
 @dataclass(frozen=True)
 class StudySummary:
-    """What status, best and the end of tune report."""
+    """What status, best, the report, export and the end of tune say about a study: one winner,
+    one pair of latencies of one measurement, and their ratio.
+
+    Where the finalists were confirmed, the confirmation decides: its top finalist, or the baseline
+    itself when the baseline was significantly faster than every finalist; the latencies are the
+    confirmed medians. Otherwise the fastest feasible trial of the search, with search latencies.
+    """
 
     name: str
     counts: dict[str, int]
@@ -346,8 +352,8 @@ class StudySummary:
         return "s to build" if self.dry_run else "ms"
 
     @property
-    def baseline_value(self) -> float | None:
-        """The baseline's objective: its latency (measured even when infeasible), or build time."""
+    def baseline_search_value(self) -> float | None:
+        """The baseline's figure in the search: its latency (measured even when infeasible), or build time."""
         if self.baseline is None:
             return None
         if self.dry_run:
@@ -356,14 +362,42 @@ class StudySummary:
         return float(latency["median_ms"]) if latency else None
 
     @property
-    def speedup(self) -> float | None:
-        if self.confirmed and self.best is not None and self.confirmed["ranking"][0]["number"] == self.best.number:
-            return float(self.confirmed["ranking"][0]["speedup"])
-        base = self.baseline_value
-        best = first_value(self.best) if self.best is not None else None
-        if base is None or not best:
+    def confirmed_row(self) -> dict[str, Any] | None:
+        """The confirmation's row for ``best`` (the baseline's row when the baseline won)."""
+        if not self.confirmed or self.best is None:
             return None
-        return base / best
+        rows = [self.confirmed["baseline"], *self.confirmed.get("ranking", [])]
+        return next((r for r in rows if r["number"] == self.best.number), None)
+
+    @property
+    def measurement(self) -> str:
+        """Which measurement the figures come from: ``confirmed`` or ``search``."""
+        return "confirmed" if self.confirmed_row is not None else "search"
+
+    @property
+    def baseline_value(self) -> float | None:
+        """The baseline's latency in the measurement the winner is judged by."""
+        if self.confirmed_row is not None:
+            return float(self.confirmed["baseline"]["median_ms"])  # type: ignore[index]
+        return self.baseline_search_value
+
+    @property
+    def best_value(self) -> float | None:
+        """The winner's latency (or build time) in that same measurement."""
+        if self.confirmed_row is not None:
+            return float(self.confirmed_row["median_ms"])
+        return first_value(self.best) if self.best is not None else None
+
+    @property
+    def speedup(self) -> float | None:
+        """``baseline_value / best_value``: the ratio of the two figures shown beside it."""
+        base, best = self.baseline_value, self.best_value
+        return base / best if base and best else None
+
+    @property
+    def baseline_wins(self) -> bool:
+        """The confirmation found the baseline significantly faster than every finalist."""
+        return bool(self.best is not None and self.baseline is not None and self.best.number == self.baseline.number)
 
 
 def summarize_study(study: optuna.Study) -> StudySummary:
@@ -375,7 +409,8 @@ def summarize_study(study: optuna.Study) -> StudySummary:
     best = min(complete, key=lambda t: (t.values[0], t.number)) if complete else None
     confirmed = study.user_attrs.get("confirmed")
     if confirmed and confirmed.get("ranking"):  # the interleaved re-measurement decides the winner
-        best = trials[confirmed["ranking"][0]["number"]]
+        top = max(confirmed["ranking"], key=lambda row: row["speedup"])
+        best = trials[confirmed["baseline"]["number"] if top["ci_high"] < 1.0 else top["number"]]
     return StudySummary(
         name=study.study_name,
         counts=counts,
