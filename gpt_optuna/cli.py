@@ -48,7 +48,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     tune = commands.add_parser("tune", help="run or resume a search")
     tune.add_argument("model", nargs="?", help="ONNX model file (or `model` in --config)")
-    tune.add_argument("--backend", help="onnxruntime (default), or a module:Class path")
+    tune.add_argument(
+        "--backend",
+        help="onnxruntime (default), tensorrt (10.x/11.x), tensorrt-rtx, or package.module:Class, "
+        "e.g. --backend tensorrt-rtx",
+    )
     tune.add_argument("--accuracy", help='criterion, e.g. "cosine>=0.9999 and max_abs<=1e-2" (default cosine>=0.9999)')
     tune.add_argument("--inputs", help="input data: .npz keyed by input name (default: generated)")
     tune.add_argument(
@@ -79,7 +83,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--confirm-processes", type=int, help="fresh processes the finalists are re-measured in (default 3)"
     )
     tune.add_argument(
-        "--objectives", help="latency (default), or latency with error and/or build_s: a multi-objective search"
+        "--objectives",
+        help="latency (default), or latency with any of error, memory (TensorRT), build_s: a multi-objective "
+        "search, e.g. --objectives latency,error",
     )
     tune.add_argument("--quiet", action="store_true", help="no progress bar")
 
@@ -190,7 +196,8 @@ def print_space(config: TuneConfig, as_json: bool) -> int:
     inputs = load_inputs(config, notes)
     with tempfile.TemporaryDirectory() as tmp, Worker(Path(tmp) / "worker.log") as worker:
         working = with_distinct_dims(inputs.info, Path(tmp) / "models")
-        space, versions, _ = discover_space(config, worker, inputs, working, Path(tmp), notes)
+        say = (lambda text: print(text, file=sys.stderr)) if not as_json else (lambda _: None)
+        space, versions, _ = discover_space(config, worker, inputs, working, Path(tmp), notes, say)
     for note in notes:
         print(note, file=sys.stderr)
     if as_json:
@@ -263,7 +270,9 @@ def run(argv: list[str]) -> int:
         if args.top < 1 or args.processes < 1:
             raise UserError("--top and --processes must be at least 1")
         log = Path("studies") / study.study_name / "confirm.log"
-        if confirm(study, template_from_study(study), log, args.top, args.processes) is None:
+        print(f"re-measuring the {args.top} best candidates and the baseline in {args.processes} processes ...")
+        say = lambda text: print(text, flush=True)  # noqa: E731
+        if confirm(study, template_from_study(study), log, args.top, args.processes, say=say) is None:
             raise UserError(f"study {study.study_name} has no measured baseline and feasible candidate to confirm")
     summary = summarize_study(study)
     if args.command in ("status", "confirm"):

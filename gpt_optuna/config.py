@@ -36,9 +36,18 @@ def parse_duration(text: str | float | int) -> float:
     return seconds
 
 
+GENERIC_STEMS = frozenset({"model", "inference", "infer", "saved_model", "export", "exported", "net", "network"})
+"""Model file names that many exporters write: the folder name tells such models apart."""
+
+
 def default_study_name(model: Path, backend: str) -> str:
+    """``<model>-<backend>``; a model with a generic name (``model.onnx``) is named by its folder too."""
     short = backend.rpartition(":")[2].lower() if ":" in backend else backend
-    return f"{model.stem}-{short}"
+    stem = model.stem
+    if stem.lower() in GENERIC_STEMS:
+        folder = re.sub(r"[^A-Za-z0-9._-]", "_", model.resolve().parent.name).lstrip("._-")
+        stem = f"{folder}-{stem}" if folder else stem
+    return f"{stem}-{short}"
 
 
 STUDIES = Path("studies")

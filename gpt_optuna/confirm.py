@@ -14,6 +14,7 @@ use them.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass, replace
 from typing import Any
@@ -93,15 +94,18 @@ def confirm(
     top: int = 5,
     processes: int = 3,
     timeout_s: float = 1800.0,
+    say: Callable[[str], None] = lambda _: None,
 ) -> dict[str, Any] | None:
     """Re-measure the finalists in ``processes`` fresh worker processes, one after the other, and
-    store the result in the study. Each process builds and visits the candidates in another order."""
+    store the result in the study. Each process builds and visits the candidates in another order;
+    ``say`` is told as each process starts."""
     baseline, best = finalists(study, top)
     if baseline is None or not best:
         return None
     trials = [baseline, *best]
     tables, labels = [], []
     for process in range(processes):
+        say(f"  process {process + 1} of {processes}: building {len(trials)} candidates, timing rounds ...")
         order = [(process + k) % len(trials) for k in range(len(trials))]
         job = ConfirmJob(template, tuple(dict(trials[i].params) for i in order))
         with Worker(worker_log) as worker:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import time
 from typing import TYPE_CHECKING, Any, TextIO
 
 from optuna.trial import TrialState
@@ -112,20 +113,31 @@ class Progress:
         self.enabled = enabled
         self._bar: tqdm | None = None
         self._best: tuple[float, int] | None = None
+        self._deadline: float | None = None
 
     @property
     def stream(self) -> TextIO:
         return self._stream or sys.stderr
 
     def start(
-        self, config: TuneConfig, space: Space, resumed: bool, done: int, recovered: list[int], remaining: int | None
+        self,
+        config: TuneConfig,
+        space: Space,
+        resumed: bool,
+        done: int,
+        recovered: list[int],
+        remaining: int | None,
+        deadline: float | None = None,
     ) -> None:
+        """Say what is searched; a bar counts the trials, and with --timeout shows the time left."""
         verb = "resuming" if resumed else "new"
         self.note(f"{verb} study {config.study_name} in {config.storage} ({done} trials done); {len(space)} knobs")
         if recovered:
             self.note(f"trials {', '.join(map(str, recovered))} were interrupted by a killed run; retrying them")
+        self._deadline = deadline
         if self.enabled and remaining != 0:
             self._bar = tqdm(total=remaining, file=self.stream, unit="trial", dynamic_ncols=True)
+            self._show()
 
     def note(self, text: str) -> None:
         if self._bar is not None:
@@ -144,10 +156,20 @@ class Progress:
                 self._best = (first.values[0], first.number)
         if trial.values and (self._best is None or trial.values[0] < self._best[0]):
             self._best = (trial.values[0], trial.number)
-        if self._best is not None:
-            self._bar.set_postfix_str(f"best {self._best[0]:.4g} ms (trial {self._best[1]})")
+        self._show()
 
-    def finish(self, summary: StudySummary, resume: str, note: str = "", elapsed: float | None = None) -> None:
+    def _show(self) -> None:
+        """The bar's postfix: the best so far, and the time left before --timeout."""
+        if self._bar is None:
+            return
+        parts = [] if self._best is None else [f"best {self._best[0]:.4g} ms (trial {self._best[1]})"]
+        if self._deadline is not None:
+            left = max(self._deadline - time.monotonic(), 0.0)
+            parts.append(f"{int(left // 3600)}h{int(left % 3600 // 60):02d}m{int(left % 60):02d}s left")
+        self._bar.set_postfix_str(", ".join(parts))
+
+    def finish(self, summary: StudySummary, steps: list[str], note: str = "", elapsed: float | None = None) -> None:
+        """The summary, and the commands worth running next (extend, report, export)."""
         if self._bar is not None:
             self._bar.close()
             self._bar = None
@@ -156,4 +178,5 @@ class Progress:
         print(format_summary(summary), file=sys.stdout)
         if elapsed is not None:
             print(f"searched for {elapsed:.1f} s", file=sys.stdout)
-        print(f"resume or extend with: {resume}", file=sys.stdout)
+        for step in steps:
+            print(step, file=sys.stdout)

@@ -26,10 +26,16 @@ Combo = tuple[Value, Value]
 
 
 def check_space(
-    space: Space, template: EvaluateJob, worker: Worker, timeout: float, note: Callable[[str], None]
+    space: Space,
+    template: EvaluateJob,
+    worker: Worker,
+    timeout: float,
+    note: Callable[[str], None],
+    say: Callable[[str], None] = lambda _: None,
 ) -> Space:
     """``space`` without the transform values that cannot be made or loaded, and with the knob
-    limits the engine reported; each change is told to ``note`` in one line."""
+    limits the engine reported; each change is told to ``note`` in one line, each check to ``say``
+    as it starts (making a transform can take a while)."""
     default = space.default()
     base_fusion, base_precision = default.get(FUSION_KNOB, "none"), default.get(PRECISION, "fp32")
     fusions = space.choices(FUSION_KNOB) or (base_fusion,)
@@ -41,6 +47,7 @@ def check_space(
             if (fusion, base_precision) in failed:
                 continue  # the fused graph itself cannot be loaded
             fixed = {FUSION_KNOB: fusion, PRECISION: precision}
+            say(f"checking the space: graph_fusion {fusion}, precision {precision} ...")
             job = replace(template, candidate=space.default(fixed))
             result = run_evaluation(worker, CheckJob(job, space), timeout)
             if result.outcome is Outcome.OK:

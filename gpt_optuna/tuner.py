@@ -6,6 +6,7 @@ import logging
 import shlex
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,7 @@ import optuna
 from optuna.artifacts import FileSystemArtifactStore
 
 from gpt_optuna import model as model_io
-from gpt_optuna.config import STUDIES, TuneConfig
+from gpt_optuna.config import STUDIES, TuneConfig, default_storage
 from gpt_optuna.confirm import confirm
 from gpt_optuna.errors import EXIT_INTERRUPTED, EXIT_NO_FEASIBLE, UserError
 from gpt_optuna.evaluate import (
@@ -98,7 +99,13 @@ def load_inputs(config: TuneConfig, notes: list[str]) -> Inputs:
 
 
 def discover_space(
-    config: TuneConfig, worker: Worker, inputs: Inputs, working: model_io.ModelInfo, workdir: Path, notes: list[str]
+    config: TuneConfig,
+    worker: Worker,
+    inputs: Inputs,
+    working: model_io.ModelInfo,
+    workdir: Path,
+    notes: list[str],
+    say: Callable[[str], None],
 ) -> tuple[Space, dict[str, str], str]:
     """The backend's search space (found in the worker process) with the ``[space]`` overrides,
     each graph transform it offers made and loaded once (:func:`check_space`); the space, the
@@ -125,7 +132,7 @@ def discover_space(
         space.defaults(),
         config.dry_run,
     )
-    space = check_space(space, template, worker, config.trial_timeout_s, notes.append)
+    space = check_space(space, template, worker, config.trial_timeout_s, notes.append, say)
     return space, versions, calibration_sha256
 
 
@@ -150,15 +157,17 @@ def check_resumable(storage: optuna.storages.BaseStorage, config: TuneConfig, in
     refuse_if_different(config.study_name, {k: recorded.get(k) for k in now}, now)
 
 
-def prepare(config: TuneConfig, worker: Worker, inputs: Inputs, notes: list[str]) -> Prepared:
+def prepare(
+    config: TuneConfig, worker: Worker, inputs: Inputs, notes: list[str], say: Callable[[str], None]
+) -> Prepared:
     """Cache the inputs and reference outputs in the study folder (only when missing or stale),
-    make the working copy of the model, and discover and check the space."""
+    make the working copy of the model, and discover and check the space (telling ``say``)."""
     workdir = config.workdir
     key = f"{inputs.info.sha256}:{inputs.inputs_sha256}"
     model_io.cache_npz(workdir / INPUTS_FILE, inputs.feeds, key)
     model_io.cache_npz(workdir / REFERENCE_FILE, inputs.reference, key)
     working = model_io.with_distinct_dims(inputs.info, workdir / "models")
-    space, versions, calibration_sha256 = discover_space(config, worker, inputs, working, workdir, notes)
+    space, versions, calibration_sha256 = discover_space(config, worker, inputs, working, workdir, notes, say)
     return Prepared(inputs, working, space, versions, calibration_sha256)
 
 
@@ -199,10 +208,11 @@ def tune(config: TuneConfig, progress: Progress | None = None, argv: list[str] |
 
     ``argv`` are the command's arguments, printed at the end as the command that resumes.
     """
-    resume = "gpt-optuna " + shlex.join(sys.argv[1:] if argv is None else argv)
+    args = list(sys.argv[1:] if argv is None else argv)
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     logging.getLogger("optuna").setLevel(logging.ERROR)
     assert config.storage is not None and config.study_name is not None
+    started = time.monotonic()
     progress = progress or Progress()
     notes: list[str] = []
     inputs = load_inputs(config, notes)
@@ -210,7 +220,7 @@ def tune(config: TuneConfig, progress: Progress | None = None, argv: list[str] |
     storage = open_storage(config.storage, make_dirs=storage_path is not None and storage_path.parent == STUDIES)
     check_resumable(storage, config, inputs, notes)
     with Worker(config.workdir / "worker.log") as worker:
-        prepared = prepare(config, worker, inputs, notes)
+        prepared = prepare(config, worker, inputs, notes, progress.note)
         study, resumed = open_study(
             storage,
             config.study_name,
@@ -222,11 +232,14 @@ def tune(config: TuneConfig, progress: Progress | None = None, argv: list[str] |
         recovered = recover_interrupted(study)
         done = finished_count(study)
         remaining = None if config.n_trials is None else max(config.n_trials - done, 0)
-        progress.start(config, prepared.space, resumed, done, recovered, remaining)
+        deadline = None if config.timeout_s is None else started + config.timeout_s
+        progress.start(config, prepared.space, resumed, done, recovered, remaining, deadline)
         for note in notes:
             progress.note(note)
         if remaining == 0:
-            progress.finish(summarize_study(study), resume, note="the study already has its trials")
+            progress.finish(
+                summarize_study(study), next_steps(config, args, done), note="the study already has its trials"
+            )
             return 0
         study.set_user_attr(MEASURE_ATTR, asdict(config.measure))  # for re-measuring later, as searched
         job = EvaluateJob.in_study(
@@ -257,12 +270,11 @@ def tune(config: TuneConfig, progress: Progress | None = None, argv: list[str] |
             on_result,
             config.objectives,
         )
-        started = time.monotonic()
         try:
             study.optimize(
                 objective,
                 n_trials=remaining,
-                timeout=config.timeout_s,
+                timeout=None if deadline is None else max(deadline - time.monotonic(), 0.001),
                 catch=(CandidateFailed,),
                 callbacks=[lambda s, t: progress.trial_done(s, t)],
             )
@@ -272,25 +284,81 @@ def tune(config: TuneConfig, progress: Progress | None = None, argv: list[str] |
             if isinstance(exc, UserError):
                 raise
             progress.finish(
-                summarize_study(study), resume, note="stopped by Ctrl-C", elapsed=time.monotonic() - started
+                summarize_study(study),
+                next_steps(config, args, finished_count(study)),
+                note="stopped by Ctrl-C",
+                elapsed=time.monotonic() - started,
             )
             return EXIT_INTERRUPTED
-        if not config.dry_run and config.confirm_top > 0:
-            progress.note(
-                f"re-measuring the {config.confirm_top} best candidates and the baseline, interleaved,"
-                f" in {config.confirm_processes} fresh processes ..."
-            )
-            try:
-                confirm(study, job, config.workdir / "confirm.log", config.confirm_top, config.confirm_processes)
-            except JobFailure as failure:
-                progress.note(f"the finalists could not be re-measured: {failure}")
         note = (
             "the sampler kept proposing evaluated candidates: the space looks covered"
             if objective.space_exhausted
             else ""
         )
+        if not config.dry_run and config.confirm_top > 0:
+            try:
+                note = confirm_finalists(config, study, job, deadline, progress) or note
+            except KeyboardInterrupt:
+                note = "the finalists' re-measurement was stopped by Ctrl-C: run gpt-optuna confirm to redo it"
+                progress.finish(summarize_study(study), next_steps(config, args, finished_count(study)), note=note)
+                return EXIT_INTERRUPTED
         summary = summarize_study(study)
         if summary.best is None:
             note = "no candidate met the accuracy criterion" if not config.dry_run else "no candidate built"
-        progress.finish(summary, resume, note=note, elapsed=time.monotonic() - started)
+        steps = next_steps(config, args, finished_count(study))
+        progress.finish(summary, steps, note=note, elapsed=time.monotonic() - started)
     return EXIT_NO_FEASIBLE if summary.best is None else 0
+
+
+CONFIRM_MIN_S = 10.0
+"""Below this much time left before --timeout, the finalists are not re-measured."""
+
+
+def confirm_finalists(
+    config: TuneConfig, study: optuna.Study, job: EvaluateJob, deadline: float | None, progress: Progress
+) -> str:
+    """Re-measure the finalists within what is left of --timeout; a note where that could not be done."""
+    left = None if deadline is None else deadline - time.monotonic()
+    if left is not None and left < CONFIRM_MIN_S:
+        return "no time left before --timeout to re-measure the finalists: run gpt-optuna confirm"
+    progress.note(
+        f"re-measuring the {config.confirm_top} best candidates and the baseline, interleaved,"
+        f" in {config.confirm_processes} fresh processes ..."
+    )
+    per_process = None if left is None else left / config.confirm_processes
+    try:
+        confirm(
+            study,
+            job,
+            config.workdir / "confirm.log",
+            config.confirm_top,
+            config.confirm_processes,
+            **({} if per_process is None else {"timeout_s": per_process}),
+            say=progress.note,
+        )
+    except JobFailure as failure:
+        return f"the finalists could not be re-measured: {failure}"
+    return ""
+
+
+def next_steps(config: TuneConfig, args: list[str], done: int) -> list[str]:
+    """The commands worth running next: extend the search (a larger --n-trials), report, export."""
+    extended, skip = [], False
+    for index, arg in enumerate(args):
+        if skip:
+            skip = False
+            continue
+        if arg == "--n-trials":
+            skip = index + 1 < len(args)
+            continue
+        if not arg.startswith("--n-trials="):
+            extended.append(arg)
+    target = max(done, config.n_trials or 0) + max(10, done // 2)
+    where = ["--study-name", str(config.study_name)]
+    if config.storage != default_storage(str(config.study_name)):
+        where = ["--storage", str(config.storage), *where]
+    return [
+        f"extend with: gpt-optuna {shlex.join([*extended, '--n-trials', str(target)])}",
+        f"report: gpt-optuna report {shlex.join(where)} -o report.html",
+        f"export the best: gpt-optuna export {shlex.join(where)} -o best",
+    ]

@@ -261,3 +261,42 @@ def test_exit_codes_are_documented_and_a_closed_pipe_ends_quietly(cnn_path: Path
     assert gpt_optuna("tune", str(cnn_path), "--n-trials", "2", "--quiet", "--confirm-top", "0").returncode == 0
     piped = subprocess.run(f"{sys.executable} -m gpt_optuna.cli status | head -c 5", shell=True, capture_output=True)
     assert piped.returncode == 0 and b"Traceback" not in piped.stderr and b"BrokenPipe" not in piped.stderr
+
+
+def test_ctrl_c_during_the_finalists_prints_the_summary_and_what_next(cnn_path: Path, tmp_path: Path) -> None:
+    config = synthetic_config(tmp_path, 'mode = ["ok"]\ndelay_us = [0, 50, 100]\nbuild_ms = [1000]')
+    argv = [*CLI, "tune", str(cnn_path), "--backend", SYNTHETIC, "--config", str(config), "--n-trials", "4", "--quiet"]
+    run = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert run.stderr is not None
+    for line in run.stderr:
+        if "re-measuring" in line:
+            break
+    run.send_signal(signal.SIGINT)
+    out, err = run.communicate(timeout=120)
+    assert run.returncode == 130 and "Traceback" not in err, err
+    assert "stopped by Ctrl-C: run gpt-optuna confirm" in err
+    assert "study cnn-syntheticbackend: 4 complete" in out and "extend with: gpt-optuna tune" in out
+
+
+def test_timeout_bounds_the_whole_run_and_long_phases_say_what_they_do(cnn_path: Path, tmp_path: Path) -> None:
+    config = synthetic_config(tmp_path, 'mode = ["ok"]\ndelay_us = [0, 50, 100]\nbuild_ms = [500]')
+    argv = ["tune", str(cnn_path), "--backend", SYNTHETIC, "--config", str(config), "--timeout", "6", "--quiet"]
+    result = gpt_optuna(*argv)
+    assert result.returncode == 0, result.stderr
+    assert "no time left before --timeout to re-measure the finalists" in result.stderr
+    assert "checking the space: graph_fusion none, precision fp32 ..." in result.stderr
+    space = gpt_optuna("space", str(cnn_path))
+    assert "checking the space: graph_fusion none, precision int8 ..." in space.stderr
+
+
+def test_help_names_every_backend_and_objective_and_generic_model_names_get_their_folder(tmp_path: Path) -> None:
+    from gpt_optuna.config import default_study_name
+
+    wide = {**os.environ, "COLUMNS": "400"}  # one line per option: no word broken at a hyphen
+    help_text = subprocess.run([*CLI, "tune", "--help"], capture_output=True, text=True, env=wide).stdout
+    assert all(name in help_text for name in ("tensorrt-rtx", "tensorrt (10.x/11.x)", "module:Class"))
+    assert all(name in help_text for name in ("error", "memory", "build_s", "--objectives latency,error"))
+    first, second = tmp_path / "minilm" / "model.onnx", tmp_path / "magika" / "model.onnx"
+    assert default_study_name(first, "onnxruntime") == "minilm-model-onnxruntime"
+    assert default_study_name(second, "onnxruntime") == "magika-model-onnxruntime"
+    assert default_study_name(tmp_path / "resnet50.onnx", "tensorrt") == "resnet50-tensorrt"

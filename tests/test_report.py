@@ -170,9 +170,12 @@ def test_the_notebook_runs_top_to_bottom_on_a_study(
     monkeypatch.setenv("JUPYTER_PATH", str(tmp_path / "jupyter"))
     notebook = nbformat.read(Path(__file__).resolve().parent.parent / "notebooks" / "pareto.ipynb", as_version=4)
     notebook.cells[1].source = 'STUDY_DB = "studies/cnn-syntheticbackend.db"\nSTUDY_NAME = None'
+    Path("notebooks").mkdir()  # run from notebooks/, where Jupyter starts, as from the repo root
+    before = sorted(str(p) for p in Path(".").rglob("*"))
     nbclient.NotebookClient(
-        notebook, timeout=300, kernel_name="python3", resources={"metadata": {"path": "."}}
+        notebook, timeout=300, kernel_name="python3", resources={"metadata": {"path": "notebooks"}}
     ).execute()
+    assert sorted(str(p) for p in Path(".").rglob("*")) == before  # it created nothing
     outputs = [o for cell in notebook.cells if cell.cell_type == "code" for o in cell.outputs]
     assert not [o for o in outputs if o.output_type == "error"]
     text = "".join(o.get("text", "") for o in outputs)
