@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
+import datetime
+import json
 import os
 import socket
 import sqlite3
 import time
 import warnings
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,7 +23,14 @@ from gpt_optuna.errors import MissingDependencyError, UserError
 from gpt_optuna.evaluate import is_transform_knob
 from gpt_optuna.sampling import FreshSampler
 from gpt_optuna.space import Space
-from gpt_optuna.taxonomy import STATUSES, failure_causes, has_own_result, retried_numbers, trial_status
+from gpt_optuna.taxonomy import (
+    STATUSES,
+    failure_causes,
+    has_own_result,
+    is_interrupted,
+    retried_numbers,
+    trial_status,
+)
 
 FINGERPRINT_ATTR = "gpt_optuna"
 MEASURE_ATTR = "measure_settings"
@@ -292,26 +302,67 @@ def _process_alive(pid: int) -> bool:
     return True
 
 
-def _owner_is_dead(owner: str | None) -> bool:
+ORPHAN_AFTER_S = 60.0
+"""A RUNNING trial that names no owner this long after it started was killed right after Optuna
+created it (the tuner names itself at once)."""
+
+
+@contextlib.contextmanager
+def tuner_presence(workdir: Path) -> Iterator[bool]:
+    """Hold a shared lock on the study folder's ``tuners.lock`` for a tuning run; yield whether no
+    other tuner on this host holds one (then every RUNNING trial of the study is an orphan)."""
+    import fcntl
+
+    workdir.mkdir(parents=True, exist_ok=True)
+    with (workdir / "tuners.lock").open("a+") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            alone = True
+        except BlockingIOError:
+            alone = False
+        fcntl.flock(lock, fcntl.LOCK_SH)
+        yield alone
+
+
+def _owner_is_dead(trial: FrozenTrial, alone: bool) -> bool:
+    """Whether the tuner that runs a RUNNING trial is gone: no tuner but this one on this host, a
+    dead owner process, or no owner named long after the trial started."""
+    owner = trial.user_attrs.get("owner")
     if not owner:
-        return False
+        started = trial.datetime_start
+        return alone or started is not None and (datetime.datetime.now() - started).total_seconds() > ORPHAN_AFTER_S
     host, _, pid = owner.rpartition(":")
-    return host == socket.gethostname() and pid.isdigit() and int(pid) != os.getpid() and not _process_alive(int(pid))
+    same_host = host == socket.gethostname()
+    return same_host and (alone or pid.isdigit() and int(pid) != os.getpid() and not _process_alive(int(pid)))
 
 
-def recover_interrupted(study: optuna.Study) -> list[int]:
-    """Fail the RUNNING trials whose tuner on this host is dead, and enqueue them again.
+def recover_interrupted(study: optuna.Study, alone: bool = False) -> list[int]:
+    """Fail the RUNNING trials whose tuner on this host is dead, and queue their candidates again;
+    queue too any interrupted candidate whose retry a kill kept from being queued (a kill between
+    failing a trial and queueing its retry), once per candidate. ``alone``: no other tuner runs
+    on this host (see :func:`tuner_presence`).
 
     Trials of a tuner on another host are left to the storage heartbeat.
     """
     recovered = []
     for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        if _owner_is_dead(trial.user_attrs.get("owner")):
+        if _owner_is_dead(trial, alone):
             study._storage.set_trial_user_attr(trial._trial_id, "interrupted", "the tuner was killed")
             study._storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)
-            retry_trial(study, study._storage.get_trial(trial._trial_id))
             recovered.append(trial.number)
+    trials = study.get_trials(deepcopy=False)
+    retried = retried_numbers(trials)
+    settled = {_params_key(t) for t in trials if has_own_result(t, retried) or not t.state.is_finished()}
+    for trial in trials:
+        key = _params_key(trial)
+        if is_interrupted(trial, retried) and trial.number not in retried and key not in settled and trial.params:
+            retry_trial(study, trial)
+            settled.add(key)
     return recovered
+
+
+def _params_key(trial: FrozenTrial) -> str:
+    return json.dumps(trial.params or trial.system_attrs.get("fixed_params", {}), sort_keys=True, default=str)
 
 
 def finished_count(study: optuna.Study) -> int:

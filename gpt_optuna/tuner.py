@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import shlex
 import sys
@@ -45,6 +46,7 @@ from gpt_optuna.study import (
     retry_trial,
     storage_file,
     summarize_study,
+    tuner_presence,
 )
 from gpt_optuna.worker import JobFailure, Worker
 
@@ -219,7 +221,8 @@ def tune(config: TuneConfig, progress: Progress | None = None, argv: list[str] |
     storage_path = storage_file(config.storage)
     storage = open_storage(config.storage, make_dirs=storage_path is not None and storage_path.parent == STUDIES)
     check_resumable(storage, config, inputs, notes)
-    with Worker(config.workdir / "worker.log") as worker:
+    with contextlib.ExitStack() as stack:
+        worker = stack.enter_context(Worker(config.workdir / "worker.log"))
         prepared = prepare(config, worker, inputs, notes, progress.note)
         study, resumed = open_study(
             storage,
@@ -229,7 +232,8 @@ def tune(config: TuneConfig, progress: Progress | None = None, argv: list[str] |
             prepared.space.default(),
             len(config.objectives),
         )
-        recovered = recover_interrupted(study)
+        alone = stack.enter_context(tuner_presence(config.workdir))
+        recovered = recover_interrupted(study, alone)
         done = finished_count(study)
         remaining = None if config.n_trials is None else max(config.n_trials - done, 0)
         deadline = None if config.timeout_s is None else started + config.timeout_s
