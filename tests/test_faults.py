@@ -77,6 +77,10 @@ def test_a_refused_resume_writes_nothing(cnn_path: Path, tmp_path: Path) -> None
         "the calibration data",
     )
     assert digest(Path("studies/S")) == before and Path("studies/S.db").read_bytes() == db
+    stamps = {p.name: p.stat().st_mtime_ns for p in Path("studies/S").glob("*.npz")}
+    assert "calibration.npz" in stamps
+    assert gpt_optuna("tune", str(cnn_path), "--study-name", "S", "--n-trials", "3", "--quiet").returncode == 0
+    assert {p.name: p.stat().st_mtime_ns for p in Path("studies/S").glob("*.npz")} == stamps  # not rewritten
 
 
 def test_a_rejected_run_leaves_no_study_behind(cnn_path: Path, tmp_path: Path) -> None:

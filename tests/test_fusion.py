@@ -112,6 +112,7 @@ def test_a_search_runs_fused_fp16_candidates_with_nodes_ranked_on_the_fused_grap
     )
     shapes = [f"--shape={name}:1x32" for name in SHAPES]
     argv = ["tune", str(minilm_path), *shapes, "--config", str(config), "--n-trials", "4", "--quiet"]
+    argv += ["--study-name", "model-onnxruntime"]
     assert main([*argv, "--accuracy", "cosine>=0.9999", "--sampler", "random", "--seed", "3"]) == 0
     study = optuna.load_study(study_name="model-onnxruntime", storage="sqlite:///studies/model-onnxruntime.db")
     tuned = [t for t in study.get_trials() if t.number > 0 and "reused_from" not in t.user_attrs]

@@ -37,7 +37,7 @@ def test_every_reader_names_the_same_winner_with_consistent_numbers(
     assert summary.measurement == "confirmed" and not summary.baseline_wins
     for text in (tuned, run("status", capsys), run("best", capsys)):
         base, best, speedup = verdict(text)
-        assert speedup == pytest.approx(base / best, abs=1e-3)  # the ratio of what is shown
+        assert speedup == pytest.approx(base / best, rel=2e-3)  # the ratio of what is shown (to 4 digits)
         assert f"best (trial {summary.best.number})" in text
     record = json.loads(run("best", capsys, "--json"))
     assert record["number"] == summary.best.number and record["measurement"] == "confirmed"
