@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import shlex
 import sys
@@ -62,7 +63,7 @@ class Inputs:
     feeds: model_io.Feeds
     reference: model_io.Feeds
 
-    @property
+    @functools.cached_property
     def inputs_sha256(self) -> str:
         return model_io.feeds_sha256(self.feeds)
 
@@ -138,22 +139,14 @@ def discover_space(
     return space, versions, calibration_sha256
 
 
-def check_resumable(storage: optuna.storages.BaseStorage, config: TuneConfig, inputs: Inputs, notes: list[str]) -> None:
+def check_resumable(storage: optuna.storages.BaseStorage, config: TuneConfig, inputs: Inputs) -> None:
     """Refuse, before anything is written, to resume a study made with another model, data, shapes,
     criterion, backend or objective (the space is compared once it is discovered)."""
     assert config.study_name is not None
     recorded = recorded_fingerprint(storage, config.study_name)
     if recorded is None:
         return
-    now = {
-        "model_sha256": inputs.info.sha256,
-        "backend": config.backend,
-        "accuracy": config.criterion.text,
-        "inputs_sha256": inputs.inputs_sha256,
-        "shapes": inputs.shapes_record,
-        "objective": "build_s" if config.dry_run else "latency_ms",
-        "objectives": list(config.objectives),
-    }
+    now = run_identity(config, inputs)
     if recorded.get("calibration_sha256"):
         now["calibration_sha256"] = model_io.feeds_sha256(calibration_samples(config, inputs, []))
     refuse_if_different(config.study_name, {k: recorded.get(k) for k in now}, now)
@@ -188,18 +181,25 @@ def calibration_samples(config: TuneConfig, inputs: Inputs, notes: list[str]) ->
     return {name: np.stack([s[name] for s in samples]) for name in samples[0]}
 
 
-def fingerprint(config: TuneConfig, prepared: Prepared) -> dict[str, Any]:
-    inputs = prepared.inputs
+def run_identity(config: TuneConfig, inputs: Inputs) -> dict[str, Any]:
+    """What a study must share with a run that resumes it, known before anything is discovered."""
     return {
         "model_sha256": inputs.info.sha256,
-        "model": str(inputs.info.path.resolve()),
         "backend": config.backend,
         "accuracy": config.criterion.text,
         "inputs_sha256": inputs.inputs_sha256,
         "shapes": inputs.shapes_record,
-        "space": prepared.space.describe(),
         "objective": "build_s" if config.dry_run else "latency_ms",
         "objectives": list(config.objectives),
+    }
+
+
+def fingerprint(config: TuneConfig, prepared: Prepared) -> dict[str, Any]:
+    """The study's record of how it was made (compared on every resume, except ``model`` and ``versions``)."""
+    return {
+        **run_identity(config, prepared.inputs),
+        "model": str(prepared.inputs.info.path.resolve()),
+        "space": prepared.space.describe(),
         "calibration_sha256": prepared.calibration_sha256,
         "versions": prepared.versions,
     }
@@ -220,7 +220,7 @@ def tune(config: TuneConfig, progress: Progress | None = None, argv: list[str] |
     inputs = load_inputs(config, notes)
     storage_path = storage_file(config.storage)
     storage = open_storage(config.storage, make_dirs=storage_path is not None and storage_path.parent == STUDIES)
-    check_resumable(storage, config, inputs, notes)
+    check_resumable(storage, config, inputs)
     with contextlib.ExitStack() as stack:
         worker = stack.enter_context(Worker(config.workdir / "worker.log"))
         prepared = prepare(config, worker, inputs, notes, progress.note)
