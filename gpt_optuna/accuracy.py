@@ -10,7 +10,9 @@ A criterion is clauses joined by ``and``, each ``METRIC OP NUMBER`` with OP one 
 - ``topk(k)``: fraction of rows (last axis = classes) whose reference top-1 class is among the
   output's top k classes; ``topk(1)`` is top-1 agreement.
 
-NaN or Inf in any output is always infeasible.
+Over several samples the worst sample counts; ``mean(METRIC)`` averages over them instead. Names
+returned by the user's ``--metric`` function are metrics too. NaN or Inf in any output is always
+infeasible.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from __future__ import annotations
 import math
 import operator
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -38,17 +40,24 @@ _OPS: dict[str, Callable[[float, float], bool]] = {
 
 @dataclass(frozen=True)
 class Metric:
-    """A named error measure; ``higher_is_better`` decides how outputs are aggregated."""
+    """A named error measure; ``higher_is_better`` decides how outputs and samples are aggregated
+    (the worst one counts). ``mean`` averages it over the samples instead; a ``user`` metric comes
+    from the function given with ``--metric``, computed over all samples at once."""
 
     name: str
     params: tuple[tuple[str, float], ...] = ()
+    mean: bool = False
+    user: bool = False
+    user_higher_is_better: bool = True
 
     @property
     def higher_is_better(self) -> bool:
-        return self.name in ("cosine", "topk")
+        return self.user_higher_is_better if self.user else self.name in ("cosine", "topk")
 
     @property
     def key(self) -> str:
+        if self.mean:
+            return f"mean({Metric(self.name, self.params).key})"
         if not self.params:
             return self.name
         if self.name == "topk":
@@ -141,27 +150,42 @@ class Criterion:
 
     @property
     def metrics(self) -> tuple[Metric, ...]:
+        """The output metrics computed per sample: the standard ones and those the clauses name."""
         wanted = list(STANDARD_METRICS)
         for clause in self.clauses:
-            if clause.metric not in wanted:
-                wanted.append(clause.metric)
+            inner = Metric(clause.metric.name, clause.metric.params)
+            if not clause.metric.user and inner not in wanted:
+                wanted.append(inner)
         return tuple(wanted)
 
-    def evaluate(self, outputs: Mapping[str, np.ndarray], reference: Mapping[str, np.ndarray]) -> Verdict:
-        for name, ref in reference.items():
-            if name not in outputs:
-                return Verdict(False, f"output {name!r} is missing", constraint=_VIOLATION_FOR_NONFINITE)
-            out = np.asarray(outputs[name])
-            if out.shape != ref.shape:
-                return Verdict(
-                    False,
-                    f"output {name!r} has shape {out.shape}, the reference {ref.shape}",
-                    constraint=_VIOLATION_FOR_NONFINITE,
-                )
-            if out.dtype.kind in "fc" and not np.all(np.isfinite(out)):
-                kind = "NaN" if np.isnan(out).any() else "Inf"
-                return Verdict(False, f"output {name!r} contains {kind}", constraint=_VIOLATION_FOR_NONFINITE)
-        metrics = self._aggregate(outputs, reference)
+    @property
+    def user_names(self) -> tuple[str, ...]:
+        """The metrics the clauses take from the user's ``--metric`` function."""
+        return tuple(c.metric.name for c in self.clauses if c.metric.user)
+
+    def evaluate(
+        self,
+        outputs: Mapping[str, np.ndarray] | Sequence[Mapping[str, np.ndarray]],
+        reference: Mapping[str, np.ndarray] | Sequence[Mapping[str, np.ndarray]],
+        user: Callable[[], Mapping[str, float]] | None = None,
+    ) -> Verdict:
+        """Judge a candidate's outputs on one sample, or on several (lists of the same length):
+        each output metric is computed per sample, and the worst sample counts (``mean(...)``: the
+        average); ``user`` computes the user's metrics over all samples, once the outputs are valid."""
+        samples = [outputs] if isinstance(outputs, Mapping) else list(outputs)
+        references = [reference] if isinstance(reference, Mapping) else list(reference)
+        for sample, ref in zip(samples, references, strict=True):
+            invalid = _invalid(sample, ref)
+            if invalid:
+                return Verdict(False, invalid, constraint=_VIOLATION_FOR_NONFINITE)
+        per_sample = [self._aggregate(o, r) for o, r in zip(samples, references, strict=True)]
+        metrics = {m.key: _worst(m, [d[m.key] for d in per_sample]) for m in self.metrics}
+        for clause in self.clauses:
+            if clause.metric.mean:
+                inner = Metric(clause.metric.name, clause.metric.params).key
+                metrics[clause.metric.key] = float(np.mean([d[inner] for d in per_sample]))
+        if user is not None:
+            metrics |= {k: float(v) for k, v in user().items()}
         failed = [c for c in self.clauses if not c.holds(metrics[c.metric.key])]
         constraint = max(c.violation(metrics[c.metric.key]) for c in self.clauses)
         if failed:
@@ -189,26 +213,66 @@ class Criterion:
         """Raise UserError now, not mid-search, if a metric fits none of the outputs."""
         self._aggregate(reference, reference)
 
+    def check_user_metrics(self, returned: Mapping[str, object]) -> None:
+        """Raise UserError if the ``--metric`` function does not return a number for every user
+        metric the criterion names (checked once, on the reference against itself)."""
+        missing = [n for n in self.user_names if n not in returned]
+        if missing:
+            raise UserError(
+                f"--accuracy names {missing[0]!r}, which is neither a built-in metric nor one the --metric "
+                f"function returns (it returns: {', '.join(sorted(returned)) or 'nothing'})"
+            )
+        bad = [n for n in self.user_names if not isinstance(returned[n], int | float | np.floating | np.integer)]
+        if bad:
+            raise UserError(f"the --metric function returns {bad[0]}={returned[bad[0]]!r}: give a number")
+
+
+def _invalid(outputs: Mapping[str, np.ndarray], reference: Mapping[str, np.ndarray]) -> str:
+    """Why outputs cannot be judged at all (missing, misshapen, NaN or Inf), or empty."""
+    for name, ref in reference.items():
+        if name not in outputs:
+            return f"output {name!r} is missing"
+        out = np.asarray(outputs[name])
+        if out.shape != ref.shape:
+            return f"output {name!r} has shape {out.shape}, the reference {ref.shape}"
+        if out.dtype.kind in "fc" and not np.all(np.isfinite(out)):
+            return f"output {name!r} contains {'NaN' if np.isnan(out).any() else 'Inf'}"
+    return ""
+
+
+def _worst(metric: Metric, values: list[float]) -> float:
+    return min(values) if metric.higher_is_better else max(values)
+
 
 _CLAUSE_RE = re.compile(
-    r"^\s*(?P<name>[a-z_0-9]+)\s*(\((?P<args>[^)]*)\))?\s*(?P<op><=|>=|<|>)\s*(?P<num>[-+0-9.eE]+)\s*$"
+    r"^\s*(?P<name>[A-Za-z_][A-Za-z_0-9]*)\s*(\((?P<args>[^)]*)\))?\s*(?P<op><=|>=|<|>)\s*(?P<num>[-+0-9.eE]+)\s*$"
 )
+_MEAN_RE = re.compile(r"^\s*mean\s*\((?P<inner>.+)\)\s*(?P<rest>(<=|>=|<|>).*)$")
+BUILT_IN = frozenset({"max_abs", "mean_abs", "rel_l2", "cosine", "topk", "outside"})
 
 
-def parse_criterion(text: str) -> Criterion:
-    """Parse ``"cosine>=0.9999 and max_abs<=1e-2"``; a malformed expression is a UserError."""
+def parse_criterion(text: str, user_metrics: bool = False) -> Criterion:
+    """Parse ``"cosine>=0.9999 and max_abs<=1e-2"``; ``mean(cosine)>=0.999`` averages a metric over
+    the samples instead of taking the worst one. With ``user_metrics``, a name that is no built-in
+    metric is one the ``--metric`` function returns. A malformed expression is a UserError."""
     if not text or not text.strip():
         raise UserError("empty --accuracy expression")
     clauses = []
     for part in re.split(r"\s+and\s+", text.strip()):
-        match = _CLAUSE_RE.match(part)
+        mean = _MEAN_RE.match(part)
+        match = _CLAUSE_RE.match(f"{mean['inner']}{mean['rest']}" if mean else part)
         if not match:
             raise UserError(f"malformed --accuracy clause {part!r}: expected METRIC OP NUMBER, e.g. cosine>=0.9999")
         try:
             threshold = float(match["num"])
         except ValueError:
             raise UserError(f"malformed number {match['num']!r} in --accuracy clause {part!r}") from None
-        clauses.append(Clause(_parse_metric(match["name"], match["args"], part), match["op"], threshold))
+        if match["name"] not in BUILT_IN and user_metrics and match["args"] is None and not mean:
+            metric = Metric(match["name"], user=True, user_higher_is_better=match["op"] in (">=", ">"))
+        else:
+            metric = _parse_metric(match["name"], match["args"], part)
+            metric = Metric(metric.name, metric.params, mean=bool(mean))
+        clauses.append(Clause(metric, match["op"], threshold))
     return Criterion(tuple(clauses))
 
 
@@ -238,4 +302,6 @@ def _parse_metric(name: str, args: str | None, clause: str) -> Metric:
                 raise UserError(f"malformed number {value!r} in {clause!r}") from None
         return Metric("outside", (("atol", values["atol"]), ("rtol", values["rtol"])))
     known = ", ".join(sorted(simple | {"topk(k)", "outside(atol=, rtol=)"}))
-    raise UserError(f"unknown accuracy metric {name!r} in {clause!r}; known: {known}")
+    raise UserError(
+        f"unknown accuracy metric {name!r} in {clause!r}; known: {known}, or a name your --metric function returns"
+    )
