@@ -21,6 +21,8 @@ def _storage_flags(parser: argparse.ArgumentParser) -> None:
 
 _TUNE_ONLY = (
     "accuracy",
+    "samples",
+    "metric",
     "calibration",
     "n_trials",
     "timeout",
@@ -54,7 +56,18 @@ def build_parser() -> argparse.ArgumentParser:
         "e.g. --backend tensorrt-rtx",
     )
     tune.add_argument("--accuracy", help='criterion, e.g. "cosine>=0.9999 and max_abs<=1e-2" (default cosine>=0.9999)')
-    tune.add_argument("--inputs", help="input data: .npz keyed by input name (default: generated)")
+    tune.add_argument(
+        "--inputs",
+        help="input samples: an .npz keyed by input name (a leading sample axis for several), a folder of "
+        ".npz files, or a data loader module:function / script.py:function yielding feed dicts "
+        "(default: one generated batch)",
+    )
+    tune.add_argument("--samples", type=int, help="use at most this many samples of --inputs")
+    tune.add_argument(
+        "--metric",
+        help="module:function (or script.py:function) computing task metrics from the outputs, reference "
+        "outputs and inputs of all samples; its names can be used in --accuracy, e.g. top1_agree>=0.99",
+    )
     tune.add_argument(
         "--calibration", help="int8/fp8 calibration data: .npz like --inputs, or with a sample axis first"
     )
@@ -127,6 +140,8 @@ def tune_config(args: argparse.Namespace) -> TuneConfig:
         "backend": args.backend,
         "accuracy": args.accuracy,
         "inputs": Path(args.inputs) if args.inputs else None,
+        "samples": args.samples,
+        "metric": args.metric,
         "calibration": Path(args.calibration) if args.calibration else None,
         "shapes": args.shape,
         "n_trials": args.n_trials,

@@ -81,11 +81,17 @@ class TuneConfig:
     objectives: tuple[str, ...] = ("latency",)
     measure: MeasureSettings = field(default_factory=MeasureSettings)
     space: dict[str, Value | list[Value]] = field(default_factory=dict)
+    samples: int | None = None
+    """At most this many samples of --inputs are used."""
+    metric: str | None = None
+    """A user metric function, ``module:function`` or ``script.py:function``."""
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS and ":" not in self.backend:
             raise UserError(f"unknown backend {self.backend!r}; choose one of: {', '.join(BACKENDS)} (or module:Class)")
-        parse_criterion(self.accuracy)
+        parse_criterion(self.accuracy, user_metrics=self.metric is not None)
+        if self.samples is not None and self.samples < 1:
+            raise UserError(f"--samples must be at least 1, got {self.samples}")
         if self.sampler not in SAMPLERS:
             raise UserError(f"unknown sampler {self.sampler!r}; choose one of: {', '.join(SAMPLERS)}")
         if self.n_trials is not None and self.n_trials < 1:
@@ -118,7 +124,7 @@ class TuneConfig:
 
     @property
     def criterion(self) -> Criterion:
-        return parse_criterion(self.accuracy)
+        return parse_criterion(self.accuracy, user_metrics=self.metric is not None)
 
     @property
     def workdir(self) -> Path:
@@ -146,6 +152,8 @@ _TOML_KEYS = {
     "confirm_top": "confirm_top",
     "confirm_processes": "confirm_processes",
     "objectives": "objectives",
+    "samples": "samples",
+    "metric": "metric",
 }
 
 
@@ -168,6 +176,8 @@ _TOML_TYPES: dict[str, tuple[str, tuple[type, ...]]] = {
     "confirm_top": (_INT, (int,)),
     "confirm_processes": (_INT, (int,)),
     "objectives": ("a string or a list of strings", (str, list)),
+    "samples": (_INT, (int,)),
+    "metric": (_TEXT, (str,)),
 }
 
 
@@ -191,6 +201,11 @@ def _measure(path: Path, value: Any) -> MeasureSettings:
         wanted = (bool,) if kind == "bool" else (int,) if kind == "int" else (int, float)
         _check_type(path, f"[measure] {key}", item, {"bool": _FLAG, "int": _INT}.get(str(kind), "a number"), wanted)
     return MeasureSettings(**value)
+
+
+def _is_loader(value: str, folder: Path) -> bool:
+    """A ``module:function`` data loader rather than a file or folder."""
+    return ":" in value and not (folder / value).exists() and not Path(value).exists()
 
 
 def read_toml(path: Path) -> dict[str, Any]:
@@ -220,8 +235,10 @@ def read_toml(path: Path) -> dict[str, Any]:
         if key in values:
             values[key] = parse_duration(values[key])
     for key in ("model", "inputs", "calibration"):
-        if key in values:
+        if key in values and not _is_loader(values[key], path.parent):
             values[key] = (path.parent / values[key]) if not Path(values[key]).is_absolute() else Path(values[key])
+        elif key in values:
+            values[key] = Path(values[key])
     if isinstance(values.get("shapes"), str):
         values["shapes"] = [values["shapes"]]
     return values

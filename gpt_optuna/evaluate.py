@@ -21,7 +21,16 @@ from gpt_optuna.backends import Backend, BuildError, Runner, load_backend
 from gpt_optuna.errors import UserError
 from gpt_optuna.fusion import FUSION_KNOB, fused_path, fusion_knobs, fusion_of
 from gpt_optuna.measure import LatencyStats, MeasureSettings, measure
-from gpt_optuna.model import Feeds, ModelInfo, ShapeRange, feeds_sha256, load_model_info, read_npz
+from gpt_optuna.model import (
+    Feeds,
+    ModelInfo,
+    ShapeRange,
+    feeds_sha256,
+    load_function,
+    load_model_info,
+    read_npz,
+    unstack,
+)
 from gpt_optuna.model_cache import TransformFailed
 from gpt_optuna.precision import (
     QUANTIZED,
@@ -80,6 +89,7 @@ class Outcome(enum.StrEnum):
     INFEASIBLE = "infeasible"
     TRANSFORM_ERROR = "transform_error"
     BUILD_ERROR = "build_error"
+    METRIC_ERROR = "metric_error"
     CRASH = "crash"
     TIMEOUT = "timeout"
     EXCEPTION = "exception"
@@ -92,7 +102,24 @@ class Outcome(enum.StrEnum):
     def is_deterministic(self) -> bool:
         """A failure of the candidate itself (its graph cannot be made or built), which happens
         again on every try; a crash, a hang or an exception may be the machine's or ours."""
-        return self in (Outcome.TRANSFORM_ERROR, Outcome.BUILD_ERROR)
+        return self in (Outcome.TRANSFORM_ERROR, Outcome.BUILD_ERROR, Outcome.METRIC_ERROR)
+
+
+class MetricFailed(Exception):
+    """The user's metric function raised; ``log`` holds its traceback."""
+
+    def __init__(self, message: str, log: str) -> None:
+        super().__init__(message)
+        self.log = log
+
+
+_metrics: dict[str, Callable[..., Any]] = {}
+
+
+def _metric_function(spec: str) -> Callable[..., Any]:
+    if spec not in _metrics:
+        _metrics[spec] = load_function(spec, "--metric")
+    return _metrics[spec]
 
 
 def is_transform_knob(name: str) -> bool:
@@ -164,6 +191,8 @@ class EvaluateJob:
     calibration_path: Path | None = None
     defaults: Candidate = field(default_factory=dict)
     """Every knob's default: a knob inactive in ``candidate`` is at its default for the engine."""
+    metric: str | None = None
+    """The user's metric function (``module:function``), called on every sample's outputs."""
 
     @classmethod
     def in_study(
@@ -176,6 +205,7 @@ class EvaluateJob:
         settings: MeasureSettings,
         defaults: Candidate,
         dry_run: bool = False,
+        metric: str | None = None,
     ) -> EvaluateJob:
         """The template job of a study folder, reading the inputs, reference outputs and calibration
         data cached there; the tuner and the finalists' re-measurement fill in ``candidate``."""
@@ -194,6 +224,7 @@ class EvaluateJob:
             dry_run=dry_run,
             calibration_path=calibration if calibration.is_file() else None,
             defaults=defaults,
+            metric=metric,
         )
 
     @property
@@ -220,15 +251,44 @@ class EvaluateJob:
         engine = self._save_engine(backend.serialize(built))
         if self.dry_run:
             return TrialResult(Outcome.OK, "", build_s=built.build_s, attrs=built.attrs, engine_path=engine)
-        reference = _npz(self.reference_path)
-        with backend.open(built, *self.io(model)) as runner:
-            verdict = self.criterion.evaluate(runner.infer(), reference)
+        references = unstack(_npz(self.reference_path))
+        samples = self.samples(model)
+        with backend.open(built, samples[0], self.templates(model)) as runner:
+            outputs = []
+            for index, feeds in enumerate(samples):
+                if index:
+                    runner.set_inputs(feeds)
+                outputs.append(runner.infer())
+            try:
+                verdict = self.criterion.evaluate(outputs, references, self._user_metric(outputs, references))
+            except MetricFailed as exc:
+                return _failure(Outcome.METRIC_ERROR, str(exc), exc.log)
+            verdict = replace(verdict, metrics={**verdict.metrics, "samples": len(samples)})
             latency = None
             if verdict.feasible or self.measure_infeasible:
+                if len(samples) > 1:
+                    runner.set_inputs(samples[0])  # timed on the first sample, as every candidate is
                 latency = measure(runner, self.settings)
             attrs = {**built.attrs, **runner.attrs}
         outcome = Outcome.OK if verdict.feasible else Outcome.INFEASIBLE
         return TrialResult(outcome, verdict.reason, latency, verdict, built.build_s, attrs, engine_path=engine)
+
+    def _user_metric(self, outputs: list[Feeds], references: list[Feeds]) -> Callable[[], dict[str, float]] | None:
+        """The user's metric over all samples, its failure a MetricFailed with the traceback."""
+        if self.metric is None:
+            return None
+        spec = self.metric
+
+        def compute() -> dict[str, float]:
+            try:
+                function = _metric_function(spec)
+                return dict(function(outputs, references, unstack(_npz(self.feeds_path))))
+            except Exception as exc:
+                raise MetricFailed(
+                    f"--metric {spec} failed: {type(exc).__name__}: {exc}", traceback.format_exc()
+                ) from exc
+
+        return compute
 
     def check(self, space: Space) -> TrialResult:
         """Make the candidate's graph and have the engine load it, without building or running
@@ -255,19 +315,26 @@ class EvaluateJob:
             detail = str(exc) if isinstance(exc, TransformFailed) else f"{type(exc).__name__}: {exc}"
             return _failure(Outcome.TRANSFORM_ERROR, f"{self._transforms()} transform failed: {detail}", log)
 
-    def io(self, model: ModelInfo) -> tuple[Feeds, Feeds]:
-        """Inputs and output templates in the dtypes of the (possibly transformed) model."""
+    def samples(self, model: ModelInfo) -> list[Feeds]:
+        """Every input sample, in the dtypes of the (possibly transformed) model."""
+        given = unstack(_npz(self.feeds_path))
+        return [
+            {spec.name: feeds[spec.name].astype(spec.dtype, copy=False) for spec in model.inputs} for feeds in given
+        ]
+
+    def templates(self, model: ModelInfo) -> Feeds:
+        """Output templates (the first sample's reference, in the model's output dtypes): they size
+        the output buffers."""
         reference = _npz(self.reference_path)
-        given = _npz(self.feeds_path)
-        feeds = {spec.name: given[spec.name].astype(spec.dtype, copy=False) for spec in model.inputs}
-        templates = {spec.name: reference[spec.name].astype(spec.dtype, copy=False) for spec in model.outputs}
-        return feeds, templates
+        return {spec.name: reference[spec.name][0].astype(spec.dtype, copy=False) for spec in model.outputs}
 
     def open_candidate(self) -> Runner:
-        """Build the candidate and open it, raising on any failure (for re-measuring finalists)."""
+        """Build the candidate and open it on the first sample, raising on any failure (for
+        re-measuring finalists)."""
         backend = _backend(self.backend)
         model = self.transformed_model()
-        return backend.open(backend.build(model, self.engine_candidate, self.workdir, self.shapes), *self.io(model))
+        built = backend.build(model, self.engine_candidate, self.workdir, self.shapes)
+        return backend.open(built, self.samples(model)[0], self.templates(model))
 
     def transformed_model(self) -> ModelInfo:
         """The model the candidate runs: the original, or a cached copy fused and/or in another precision."""
@@ -283,7 +350,7 @@ class EvaluateJob:
         if setting.precision in QUANTIZED:
             assert self.calibration_path is not None, "int8/fp8 candidates need calibration data"
             stacked = _npz(self.calibration_path)
-            samples = [{n: a[i] for n, a in stacked.items()} for i in range(len(next(iter(stacked.values()))))]
+            samples = unstack(stacked)
             calibration_sha = feeds_sha256(stacked)
         path = transform(base.path, base.sha256, setting, ranking, samples, calibration_sha, cache)
         return _model_info(path)
@@ -298,7 +365,8 @@ class EvaluateJob:
         path = self.workdir / f"sensitivity-{model.sha256[:16]}.json"
         if path.is_file():
             return list(json.loads(path.read_text())["nodes"])
-        nodes = rank_sensitive_nodes(model.path, _npz(self.feeds_path), _npz(self.reference_path))
+        first = unstack(_npz(self.feeds_path))[0], unstack(_npz(self.reference_path))[0]
+        nodes = rank_sensitive_nodes(model.path, *first)
         tmp = path.with_name(path.name + ".tmp")
         tmp.write_text(json.dumps({"model": model.sha256, "nodes": nodes}))
         tmp.replace(path)

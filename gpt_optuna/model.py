@@ -6,6 +6,7 @@ import hashlib
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -291,18 +292,103 @@ def load_feeds(path: str | Path, info: ModelInfo, shapes: dict[str, ShapeRange])
     return feeds
 
 
-def load_calibration(path: str | Path, info: ModelInfo, shapes: dict[str, ShapeRange]) -> Feeds:
-    """Calibration samples stacked on a leading axis. The .npz is like --inputs (one sample) or
-    has one more leading axis (several samples); each sample is checked like --inputs."""
-    npz_path = Path(path)
-    arrays = _read_npz_file(npz_path, "calibration")
+def load_samples(
+    source: str | Path, info: ModelInfo, shapes: dict[str, ShapeRange], limit: int | None = None, what: str = "inputs"
+) -> list[Feeds]:
+    """Samples from an .npz (one sample, or arrays with one more leading axis: several), a folder
+    of such files (in name order), or a data loader ``module:function`` / ``script.py:function``
+    returning an iterable of feed dicts (Polygraphy's convention). Each sample is checked like
+    --inputs and all must share one shape; ``limit`` keeps the first ones."""
+    path = Path(source)
+    if path.is_dir():
+        files = sorted(path.glob("*.npz"))
+        if not files:
+            raise UserError(f"{path} holds no .npz files")
+        samples = [s for f in files for s in _npz_samples(f, info, what)]
+    elif ":" in str(source) and not path.is_file():
+        samples = _loaded_samples(str(source))
+    else:
+        samples = _npz_samples(path, info, what)
+    samples = samples[:limit] if limit else samples
+    if not samples:
+        raise UserError(f"{source} gives no {what} samples")
+    for index, sample in enumerate(samples):
+        check_feeds(Path(f"{source} (sample {index})"), sample, info, shapes)
+        if any(sample[n].shape != samples[0][n].shape for n in sample):
+            raise UserError(f"{source}: sample {index} has other shapes than sample 0; give samples of one shape")
+    return samples
+
+
+def _npz_samples(path: Path, info: ModelInfo, what: str) -> list[Feeds]:
+    arrays = _read_npz_file(path, what)
     ranks = {spec.name: len(spec.shape) for spec in info.inputs}
     stacked = {n: a[None] if n in ranks and a.ndim == ranks[n] else a for n, a in arrays.items()}
     counts = {len(a) for a in stacked.values()}
     if len(counts) != 1:
-        raise UserError(f"{npz_path}: its arrays hold different numbers of samples ({sorted(counts)})")
-    check_feeds(npz_path, {n: a[0] for n, a in stacked.items()}, info, shapes)
-    return stacked
+        raise UserError(f"{path}: its arrays hold different numbers of samples ({sorted(counts)})")
+    return unstack(stacked)
+
+
+def _loaded_samples(spec: str) -> list[Feeds]:
+    """The feeds a user's data loader yields."""
+    function = load_function(spec, "--inputs data loader")
+    try:
+        samples = [dict(feeds) for feeds in function()]
+    except Exception as exc:
+        raise UserError(f"the data loader {spec} failed: {type(exc).__name__}: {_one_line(exc)}") from exc
+    return [{name: np.ascontiguousarray(array) for name, array in feeds.items()} for feeds in samples]
+
+
+def load_function(spec: str, what: str) -> Any:
+    """``module:function`` (importable, or from the working directory) or ``path/script.py:function``."""
+    import importlib
+    import importlib.util
+    import sys
+
+    target, _, name = spec.rpartition(":")
+    if not target or not name:
+        raise UserError(f"{what} {spec!r}: expected module:function or script.py:function")
+    try:
+        if target.endswith(".py"):
+            module_spec = importlib.util.spec_from_file_location(Path(target).stem, target)
+            if module_spec is None or module_spec.loader is None or not Path(target).is_file():
+                raise UserError(f"{what} {spec!r}: no such file {target}")
+            module = importlib.util.module_from_spec(module_spec)
+            module_spec.loader.exec_module(module)
+        else:
+            if str(Path.cwd()) not in sys.path:
+                sys.path.insert(0, str(Path.cwd()))
+            module = importlib.import_module(target)
+    except UserError:
+        raise
+    except Exception as exc:
+        raise UserError(f"{what} {spec!r} cannot be loaded: {type(exc).__name__}: {_one_line(exc)}") from exc
+    function = getattr(module, name, None)
+    if not callable(function):
+        raise UserError(f"{what} {spec!r}: {target} has no function {name!r}")
+    return function
+
+
+def stack(samples: list[Feeds]) -> Feeds:
+    """Samples as arrays with a leading sample axis."""
+    return {name: np.stack([s[name] for s in samples]) for name in samples[0]}
+
+
+def unstack(arrays: Feeds) -> list[Feeds]:
+    """Arrays with a leading sample axis as a list of samples."""
+    count = len(next(iter(arrays.values()))) if arrays else 0
+    return [{name: array[i] for name, array in arrays.items()} for i in range(count)]
+
+
+def samples_sha256(samples: list[Feeds]) -> str:
+    """The data's content hash: of the one sample's arrays, as studies of one sample record it, or
+    of the stacked samples."""
+    return feeds_sha256(samples[0] if len(samples) == 1 else stack(samples))
+
+
+def load_calibration(path: str | Path, info: ModelInfo, shapes: dict[str, ShapeRange]) -> Feeds:
+    """Calibration samples stacked on a leading axis, from any source :func:`load_samples` reads."""
+    return stack(load_samples(path, info, shapes, what="calibration"))
 
 
 def synthetic_feeds(info: ModelInfo, shapes: dict[str, ShapeRange], seed: int = 0) -> Feeds:
@@ -328,7 +414,7 @@ def synthetic_feeds(info: ModelInfo, shapes: dict[str, ShapeRange], seed: int = 
 
 
 def reference_outputs(info: ModelInfo, feeds: Feeds) -> Feeds:
-    """Run the unmodified model with ONNX Runtime on CPU in fp32: the accuracy reference."""
+    """Run the unmodified model with ONNX Runtime on CPU in fp32: the accuracy reference (of one sample)."""
     try:
         import onnxruntime as ort
     except ImportError as exc:
@@ -386,10 +472,10 @@ NEAR_CONSTANT = 1e-5
 is near-constant: ``cosine`` and relative metrics mean little on it."""
 
 
-def check_reference(reference: Feeds, generated: bool, notes: list[str]) -> None:
+def check_reference(references: list[Feeds], generated: bool, notes: list[str]) -> None:
     """Refuse reference outputs that are NaN or Inf (nothing can be judged against them); warn
     when one is near-constant on generated inputs (a detector's map is all background on noise)."""
-    for name, values in reference.items():
+    for name, values in stack(references).items():
         if values.dtype.kind not in "fc":
             continue
         if not np.all(np.isfinite(values)):

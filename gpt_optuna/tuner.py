@@ -56,16 +56,17 @@ SPACE_TIMEOUT_S = 300.0
 
 @dataclass(frozen=True)
 class Inputs:
-    """The user's model and data, checked and in memory: nothing written anywhere yet."""
+    """The user's model and data (one sample or many), checked and in memory, with the fp32
+    reference outputs of each sample: nothing written anywhere yet."""
 
     info: model_io.ModelInfo
     shapes: dict[str, model_io.ShapeRange]
-    feeds: model_io.Feeds
-    reference: model_io.Feeds
+    samples: list[model_io.Feeds]
+    references: list[model_io.Feeds]
 
     @functools.cached_property
     def inputs_sha256(self) -> str:
-        return model_io.feeds_sha256(self.feeds)
+        return model_io.samples_sha256(self.samples)
 
     @property
     def shapes_record(self) -> dict[str, list[list[int]]]:
@@ -90,15 +91,35 @@ def load_inputs(config: TuneConfig, notes: list[str]) -> Inputs:
     info = model_io.load_model_info(config.model)
     shapes = model_io.parse_shapes(config.shapes)
     if config.inputs is not None:
-        feeds = model_io.load_feeds(config.inputs, info, shapes)
-        shapes = {n: shapes.get(n, model_io.ShapeRange.fixed(tuple(a.shape))) for n, a in feeds.items()}
+        samples = model_io.load_samples(config.inputs, info, shapes, config.samples)
+        shapes = {n: shapes.get(n, model_io.ShapeRange.fixed(tuple(a.shape))) for n, a in samples[0].items()}
     else:
         shapes = model_io.resolve_shapes(info, shapes)
-        feeds = model_io.synthetic_feeds(info, shapes)
-    reference = model_io.reference_outputs(info, feeds)
-    model_io.check_reference(reference, generated=config.inputs is None, notes=notes)
-    config.criterion.check_applicable(reference)
-    return Inputs(info, shapes, feeds, reference)
+        samples = [model_io.synthetic_feeds(info, shapes)]
+        notes.append(
+            "warning: no --inputs: accuracy is judged on one batch of generated N(0, 1) data, which says little"
+            " about real inputs; give real samples with --inputs (an .npz, a folder of them, or module:function)"
+        )
+    references = [model_io.reference_outputs(info, feeds) for feeds in samples]
+    model_io.check_reference(references, generated=config.inputs is None, notes=notes)
+    config.criterion.check_applicable(references[0])
+    if config.metric is not None:
+        metric = model_io.load_function(config.metric, "--metric")
+        config.criterion.check_user_metrics(call_metric(metric, references, references, samples))
+    return Inputs(info, shapes, samples, references)
+
+
+def call_metric(
+    metric: Callable[..., Any],
+    outputs: list[model_io.Feeds],
+    references: list[model_io.Feeds],
+    inputs: list[model_io.Feeds],
+) -> dict[str, Any]:
+    """The user's metric function on all samples; its failure is the user's to see, in one line."""
+    try:
+        return dict(metric(outputs, references, inputs))
+    except Exception as exc:
+        raise UserError(f"the --metric function failed on the reference outputs: {type(exc).__name__}: {exc}") from exc
 
 
 def discover_space(
@@ -134,6 +155,7 @@ def discover_space(
         config.measure,
         space.defaults(),
         config.dry_run,
+        config.metric,
     )
     space = check_space(space, template, worker, config.trial_timeout_s, notes.append, say)
     return space, versions, calibration_sha256
@@ -158,9 +180,9 @@ def prepare(
     """Cache the inputs and reference outputs in the study folder (only when missing or stale),
     make the working copy of the model, and discover and check the space (telling ``say``)."""
     workdir = config.workdir
-    key = f"{inputs.info.sha256}:{inputs.inputs_sha256}"
-    model_io.cache_npz(workdir / INPUTS_FILE, inputs.feeds, key)
-    model_io.cache_npz(workdir / REFERENCE_FILE, inputs.reference, key)
+    key = f"samples:{inputs.info.sha256}:{inputs.inputs_sha256}"  # stacked on a sample axis
+    model_io.cache_npz(workdir / INPUTS_FILE, model_io.stack(inputs.samples), key)
+    model_io.cache_npz(workdir / REFERENCE_FILE, model_io.stack(inputs.references), key)
     working = model_io.with_distinct_dims(inputs.info, workdir / "models")
     space, versions, calibration_sha256 = discover_space(config, worker, inputs, working, workdir, notes, say)
     return Prepared(inputs, working, space, versions, calibration_sha256)
@@ -170,9 +192,12 @@ CALIBRATION_SAMPLES = 16
 
 
 def calibration_samples(config: TuneConfig, inputs: Inputs, notes: list[str]) -> model_io.Feeds:
-    """Calibration inputs stacked on a new leading axis: from --calibration, or generated."""
+    """Calibration inputs stacked on a new leading axis: from --calibration, else the --inputs
+    samples, else generated."""
     if config.calibration is not None:
         return model_io.load_calibration(config.calibration, inputs.info, inputs.shapes)
+    if config.inputs is not None:
+        return model_io.stack(inputs.samples)
     notes.append(
         "warning: no --calibration data; int8/fp8 candidates are calibrated on generated inputs, "
         "so their accuracy will be poor"
@@ -255,6 +280,7 @@ def tune(config: TuneConfig, progress: Progress | None = None, argv: list[str] |
             config.measure,
             prepared.space.defaults(),
             config.dry_run,
+            config.metric,
         )
         artifacts_dir = config.workdir / "artifacts"
         artifacts_dir.mkdir(parents=True, exist_ok=True)

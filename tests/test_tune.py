@@ -81,9 +81,9 @@ def test_dynamic_shapes_and_given_inputs(mlp_path: Path, tmp_path: Path, capsys:
         == 0
     )
     reference = np.load("studies/mlp-onnxruntime/reference.npz")["probs"]
-    assert reference.shape == (3, 8)
+    assert reference.shape == (1, 3, 8)  # one sample, on the study's sample axis
     assert tune(str(mlp_path), "--n-trials", "2", "--shape", "x:5x16", "--study-name", "mlp5") == 0
-    assert np.load("studies/mlp5/inputs.npz")["x"].shape == (5, 16)
+    assert np.load("studies/mlp5/inputs.npz")["x"].shape == (1, 5, 16)
 
 
 def test_crash_hang_raise_fail_their_trials_build_errors_are_pruned_and_the_study_goes_on(

@@ -84,6 +84,10 @@ class Runner(abc.ABC):
     def launch(self) -> None:
         """Enqueue one inference on ``stream`` (or run it, for a host runner)."""
 
+    @abc.abstractmethod
+    def set_inputs(self, feeds: Feeds) -> None:
+        """Bind another sample of the same shapes and dtypes (copied into the bound buffers)."""
+
     def synchronize(self) -> None:
         """Wait until everything launched has finished."""
         if self.stream is not None:

@@ -284,6 +284,9 @@ class _HostRunner(Runner):
     def launch(self) -> None:
         self._session.run(self._names, self._feeds)
 
+    def set_inputs(self, feeds: Feeds) -> None:
+        self._feeds = feeds
+
 
 class _DeviceRunner(Runner):
     """Inputs and outputs in CuPy buffers bound once; the session runs on the CuPy stream."""
@@ -309,6 +312,11 @@ class _DeviceRunner(Runner):
 
     def launch(self) -> None:
         self._session.run_with_iobinding(self._binding)
+
+    def set_inputs(self, feeds: Feeds) -> None:
+        for name, buffer in self._inputs.items():  # the bound addresses stay: a CUDA graph replays them
+            buffer.set(feeds[name], stream=self.stream)
+        self.stream.synchronize()
 
     def close(self) -> None:
         self._inputs.clear()

@@ -1,4 +1,5 @@
-"""A backend that builds nothing: it returns the reference outputs after a chosen delay.
+"""A backend that builds nothing: it returns the model's fp32 outputs (ONNX Runtime on the CPU,
+one session per model and process) and times a chosen delay.
 
 It exists to test and measure the tuner itself without an engine: isolation tests choose the
 ``mode`` knob to really crash (SIGSEGV), abort, hang, raise or fail a build in the worker
@@ -9,9 +10,11 @@ process, and the overhead benchmark uses ``mode=ok`` with no delay. Use it with
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -52,26 +55,42 @@ class SyntheticBackend(Backend):
             raise RuntimeError("synthetic failure in build")
         if mode == "build_error":
             raise BuildError("synthetic build error", "synthetic builder log: no engine produced")
-        return Built(candidate, 0.0)
+        return Built((candidate, model.path), 0.0)
 
     def open(self, built: Built, feeds: Feeds, outputs: Feeds) -> Runner:
-        return _SyntheticRunner(built.engine, outputs)
+        candidate, path = built.engine
+        return _SyntheticRunner(candidate, path, feeds)
+
+
+@functools.cache
+def _session(path: Path) -> Any:
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 
 class _SyntheticRunner(Runner):
-    def __init__(self, candidate: Candidate, outputs: Feeds) -> None:
+    def __init__(self, candidate: Candidate, path: Path, feeds: Feeds) -> None:
         self._delay_s = int(candidate["delay_us"]) / 1e6
-        mode = candidate["mode"]
-        if mode == "nan":
-            self._outputs = {n: np.full_like(a, np.nan, dtype=np.float32) for n, a in outputs.items()}
-        elif mode == "noisy":
-            rng = np.random.default_rng(0)
-            self._outputs = {n: a + rng.standard_normal(a.shape).astype(a.dtype) * 10 for n, a in outputs.items()}
-        else:
-            self._outputs = dict(outputs)
+        self._mode = candidate["mode"]
+        self._path = path
+        self._feeds = feeds
+
+    def set_inputs(self, feeds: Feeds) -> None:
+        self._feeds = feeds
 
     def infer(self) -> dict[str, np.ndarray]:
-        return {n: a.copy() for n, a in self._outputs.items()}
+        session = _session(self._path)
+        names = [o.name for o in session.get_outputs()]
+        outputs = dict(zip(names, session.run(names, self._feeds), strict=True))
+        if self._mode == "nan":
+            return {n: np.full_like(a, np.nan, dtype=np.float32) for n, a in outputs.items()}
+        if self._mode == "noisy":
+            rng = np.random.default_rng(0)
+            return {n: a + rng.standard_normal(a.shape).astype(a.dtype) * 10 for n, a in outputs.items()}
+        return outputs
 
     def launch(self) -> None:
         end = time.perf_counter() + self._delay_s

@@ -433,6 +433,11 @@ class TensorRTRunner(Runner):
         self.stream.synchronize()
         return {name: self._buffers[name].get(stream=self.stream) for name in self._outputs}
 
+    def set_inputs(self, feeds: Feeds) -> None:
+        for name, array in feeds.items():  # the addresses stay: a captured CUDA graph replays them
+            self._buffers[name].set(array, stream=self.stream)
+        self.stream.synchronize()
+
     def close(self) -> None:
         self.stream.synchronize()
         self._graph = None
