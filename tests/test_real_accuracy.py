@@ -1,0 +1,71 @@
+"""A real model on real photographs: int8 calibrated on them keeps top-1 agreement, int8 calibrated
+on noise loses it, and the search tells them apart through the user's own metric."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import load, tune
+from optuna.trial import TrialState
+
+TOP1 = '''
+import numpy as np
+
+def top1(outputs, references, inputs):
+    """Share of samples whose top-1 class is the fp32 reference's."""
+    agree = [np.argmax(o["logits"], -1) == np.argmax(r["logits"], -1) for o, r in zip(outputs, references)]
+    return {"top1_agree": float(np.mean(np.concatenate(agree)))}
+'''
+ONLY_PRECISION = """[measure]
+budget_s = 0.05
+min_samples = 5
+[space]
+precision = ["fp32", "fp16", "int8"]
+quantize_ops = "conv+matmul"
+""" + "\n".join(
+    f'{knob} = "default"'
+    for knob in (
+        "keep_fp32_nodes",
+        "keep_io_fp32",
+        "graph_optimization_level",
+        "mem_pattern",
+        "execution_mode",
+        "intra_op_num_threads",
+        "inter_op_num_threads",
+        "intra_op_spinning",
+        "cpu_mem_arena",
+        "denormal_as_zero",
+    )
+)
+
+
+@pytest.mark.slow
+def test_int8_calibrated_on_real_photos_keeps_top1_where_noise_calibration_loses_it(
+    mobilenet_v2_path: Path, photo_crops: np.ndarray, tmp_path: Path
+) -> None:
+    (tmp_path / "imagenet_metrics.py").write_text(TOP1)
+    (tmp_path / "tune.toml").write_text(ONLY_PRECISION)
+    np.savez(tmp_path / "photos.npz", input=photo_crops)
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "noise.npz", input=rng.standard_normal((8, 1, 3, 224, 224)).astype(np.float32))
+    argv = [str(mobilenet_v2_path), "--shape", "input:1x3x224x224", "--inputs", str(tmp_path / "photos.npz")]
+    argv += ["--metric", f"{tmp_path / 'imagenet_metrics.py'}:top1", "--accuracy", "top1_agree>=0.75"]
+    argv += ["--config", str(tmp_path / "tune.toml"), "--n-trials", "3", "--confirm-top", "0", "--seed", "0"]
+
+    assert tune(*argv, "--study-name", "real") == 0
+    assert tune(*argv, "--study-name", "noise", "--calibration", str(tmp_path / "noise.npz")) == 0
+
+    def by_precision(name: str) -> dict[str, tuple[TrialState, dict[str, float]]]:
+        trials = load(name).get_trials()
+        return {t.params["precision"]: (t.state, t.user_attrs["accuracy"]) for t in trials}
+
+    real, noise = by_precision("real"), by_precision("noise")
+    assert set(real) == set(noise) == {"fp32", "fp16", "int8"}
+    for study in (real, noise):
+        assert study["fp32"][0] is TrialState.COMPLETE and study["fp32"][1]["top1_agree"] == 1.0
+        assert study["fp16"][0] is TrialState.COMPLETE and study["fp16"][1]["top1_agree"] >= 0.95
+        assert study["fp16"][1]["samples"] == 30
+    assert real["int8"][0] is TrialState.COMPLETE and real["int8"][1]["top1_agree"] >= 0.75
+    assert noise["int8"][0] is TrialState.PRUNED and noise["int8"][1]["top1_agree"] < 0.5
