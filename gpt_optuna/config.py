@@ -12,6 +12,7 @@ from gpt_optuna.accuracy import DEFAULT_CRITERION, Criterion, parse_criterion
 from gpt_optuna.backends import BACKENDS
 from gpt_optuna.errors import UserError
 from gpt_optuna.measure import MeasureSettings
+from gpt_optuna.model import absolute_spec
 from gpt_optuna.space import Value
 
 SAMPLERS = ("tpe", "gp", "random", "nsga2")
@@ -90,6 +91,8 @@ class TuneConfig:
         if self.backend not in BACKENDS and ":" not in self.backend:
             raise UserError(f"unknown backend {self.backend!r}; choose one of: {', '.join(BACKENDS)} (or module:Class)")
         parse_criterion(self.accuracy, user_metrics=self.metric is not None)
+        if self.metric is not None:
+            self.metric = absolute_spec(self.metric)
         if self.samples is not None and self.samples < 1:
             raise UserError(f"--samples must be at least 1, got {self.samples}")
         if self.sampler not in SAMPLERS:

@@ -147,7 +147,8 @@ def template_from_study(study: optuna.Study) -> EvaluateJob:
         recorded["backend"],
         info,
         {n: ShapeRange(*(tuple(s) for s in r)) for n, r in recorded["shapes"].items()},
-        parse_criterion(recorded["accuracy"]),
+        parse_criterion(recorded["accuracy"], user_metrics=recorded.get("metric") is not None),
         MeasureSettings(**study.user_attrs.get(MEASURE_ATTR, {})),
         {knob["name"]: knob["default"] for knob in recorded["space"]},
+        metric=recorded.get("metric"),
     )

@@ -339,6 +339,13 @@ def _loaded_samples(spec: str) -> list[Feeds]:
     return [{name: np.ascontiguousarray(array) for name, array in feeds.items()} for feeds in samples]
 
 
+def absolute_spec(spec: str) -> str:
+    """``script.py:function`` with the script's absolute path (a module name stays as it is), so
+    that the study's record names the same function from any directory."""
+    target, colon, name = spec.rpartition(":")
+    return f"{Path(target).resolve()}:{name}" if colon and target.endswith(".py") else spec
+
+
 def load_function(spec: str, what: str) -> Any:
     """``module:function`` (importable, or from the working directory) or ``path/script.py:function``."""
     import importlib

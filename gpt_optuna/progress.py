@@ -55,8 +55,10 @@ def format_verdict(summary: StudySummary) -> list[str]:
         lines = [f"baseline (trial {summary.baseline.number}): {base:.4g} {unit} ({which})"]
     if summary.best is None or best is None:
         return [*lines, "best: no feasible trial yet"]
-    if summary.baseline_wins:
+    if summary.baseline_wins and summary.measurement == "confirmed":
         return [*lines, "best: the baseline itself: it was significantly faster than every finalist"]
+    if summary.baseline_wins:
+        return [*lines, "best: the baseline itself: no feasible candidate was faster in the search"]
     speedup = summary.speedup
     search = first_value(summary.best)
     lines.append(

@@ -15,7 +15,7 @@ from typing import Any
 
 import optuna
 
-from gpt_optuna.accuracy import parse_criterion
+from gpt_optuna.accuracy import Criterion, parse_criterion
 from gpt_optuna.study import FINGERPRINT_ATTR, StudySummary, summarize_study
 from gpt_optuna.taxonomy import retried_numbers, trial_status
 
@@ -35,24 +35,32 @@ class TrialRow:
     extra: dict[str, Any] = field(default_factory=dict)
     reused_from: int | None = None
     """The trial whose result this one copied (the same candidate): tables show the original once."""
+    accuracy: dict[str, float] = field(default_factory=dict)
+    """Every accuracy metric of the trial (user attr ``accuracy``), ``samples`` included."""
 
     @property
     def hover(self) -> str:
         lines = [f"trial {self.number} ({self.status})"]
         if self.latency_ms is not None:
             lines.append(f"latency {self.latency_ms:.4g} ms")
-        if self.error is not None:
-            lines.append(f"error {self.error:.3g}")
+        lines += [f"{k} {v:.6g}" for k, v in self.accuracy.items()]
         if self.reason:
             lines.append(self.reason[:120])
         lines += [f"{k}={v}" for k, v in self.params.items()]
         return "<br>".join(html.escape(line) for line in lines)
 
 
+def criterion_of(study: optuna.Study) -> Criterion | None:
+    """The accuracy criterion the study was made with (None for a study made by other means)."""
+    recorded = study.user_attrs.get(FINGERPRINT_ATTR, {})
+    if "accuracy" not in recorded:
+        return None
+    return parse_criterion(recorded["accuracy"], user_metrics=recorded.get("metric") is not None)
+
+
 def collect(study: optuna.Study) -> list[TrialRow]:
     """Every trial with its latency (measured, also for an infeasible baseline), error and status."""
-    recorded = study.user_attrs.get(FINGERPRINT_ATTR, {})
-    criterion = parse_criterion(recorded["accuracy"]) if "accuracy" in recorded else None
+    criterion = criterion_of(study)
     rows = []
     trials = study.get_trials(deepcopy=False)
     retried = retried_numbers(trials)
@@ -73,6 +81,7 @@ def collect(study: optuna.Study) -> list[TrialRow]:
                 baseline=bool(attrs.get("baseline")),
                 reason=str(reason),
                 reused_from=attrs.get("reused_from"),
+                accuracy=dict(accuracy or {}),
             )
         )
     return rows
@@ -92,7 +101,7 @@ def pareto_front(rows: list[TrialRow]) -> list[TrialRow]:
     return sorted(front, key=lambda r: r.latency_ms)  # type: ignore[arg-type, return-value]
 
 
-def pareto_figure(rows: list[TrialRow]) -> Any:
+def pareto_figure(rows: list[TrialRow], error_name: str = "error") -> Any:
     import plotly.graph_objects as go
 
     figure = go.Figure()
@@ -125,7 +134,7 @@ def pareto_figure(rows: list[TrialRow]) -> Any:
             hoverinfo="text",
         )
     )
-    figure.update_layout(title="Latency against error", xaxis_title="latency (ms)", yaxis_title="error")
+    figure.update_layout(title="Latency against error", xaxis_title="latency (ms)", yaxis_title=error_name)
     return figure
 
 
@@ -186,7 +195,29 @@ def build_figure(rows: list[TrialRow]) -> Any:
     return figure
 
 
-def best_rows(rows: list[TrialRow], summary: StudySummary, limit: int = 10) -> list[dict[str, Any]]:
+def metric_names(rows: list[TrialRow], criterion: Criterion | None) -> list[str]:
+    """The accuracy metrics the trials recorded: the criterion's first, ``samples`` last."""
+    named = [c.metric.key for c in criterion.clauses] if criterion is not None else []
+    recorded = dict.fromkeys(name for r in rows for name in r.accuracy)
+    ordered = [n for n in named if n in recorded] + [n for n in recorded if n not in named and n != "samples"]
+    return ordered + (["samples"] if "samples" in recorded else [])
+
+
+def accuracy_rows(rows: list[TrialRow], criterion: Criterion | None) -> list[dict[str, Any]]:
+    """Every trial that has accuracy metrics or a reason, in order, with each metric it recorded."""
+    names = metric_names(rows, criterion)
+    return [
+        {"trial": r.number, "status": r.status, "latency_ms": r.latency_ms}
+        | {name: r.accuracy.get(name) for name in names}
+        | {"reason": r.reason[:160]}
+        for r in rows
+        if r.reused_from is None and (r.accuracy or r.reason)
+    ]
+
+
+def best_rows(
+    rows: list[TrialRow], summary: StudySummary, criterion: Criterion | None = None, limit: int = 10
+) -> list[dict[str, Any]]:
     """The best distinct feasible candidates, the study's winner first, then the other confirmed
     finalists by speedup, then the rest by search latency. Each speedup is the ratio of the two
     latencies of one measurement, named in the row: confirmed ones against the confirmed baseline,
@@ -205,6 +236,7 @@ def best_rows(rows: list[TrialRow], summary: StudySummary, limit: int = 10) -> l
         return (2, r.latency_ms)  # type: ignore[return-value]
 
     table = []
+    names = metric_names(rows, criterion)
     for r in sorted(feasible, key=order)[:limit]:
         row: dict[str, Any] = {"trial": r.number}
         if r.number in confirmed:
@@ -214,7 +246,7 @@ def best_rows(rows: list[TrialRow], summary: StudySummary, limit: int = 10) -> l
         else:
             row |= {"latency_ms": r.latency_ms, "baseline_ms": search_base, "measured": "search"}
             row["speedup"] = f"{search_base / r.latency_ms:.3f}x" if search_base else ""  # type: ignore[operator]
-        row["error"] = r.error
+        row |= {name: r.accuracy.get(name) for name in names}
         row["export"] = f"gpt-optuna export --study-name {summary.name} --trial {r.number} -o trial{r.number}"
         row["params"] = r.params
         table.append(row)
@@ -225,7 +257,9 @@ def render(study: optuna.Study) -> str:
     """One self-contained HTML page (plotly.js embedded once): it opens offline."""
     rows = collect(study)
     summary = summarize_study(study)
-    figures = [pareto_figure(rows), history_figure(rows, summary.baseline_search_value), build_figure(rows)]
+    criterion = criterion_of(study)
+    error_name = criterion.error_name if criterion is not None else "error"
+    figures = [pareto_figure(rows, error_name), history_figure(rows, summary.baseline_search_value), build_figure(rows)]
     importance = importance_figure(study)
     if importance is not None:
         figures.insert(2, importance)
@@ -234,13 +268,9 @@ def render(study: optuna.Study) -> str:
         for index, figure in enumerate(figures)
     ]
     counts = {label: sum(r.status == label for r in rows) for label in ("feasible", "infeasible", "failed")}
-    table = best_rows(rows, summary)
-    header = "".join(f"<th>{html.escape(k)}</th>" for k in (table[0] if table else {}))
-    body = "".join(
-        "<tr>" + "".join(f"<td>{html.escape(_cell(v))}</td>" for v in row.values()) + "</tr>" for row in table
-    )
     failed = [r for r in rows if r.status == "failed" and r.reused_from is None]
     failures = "".join(f"<li>trial {r.number}: {html.escape(r.reason[:200])}</li>" for r in failed)
+    per_trial = accuracy_rows(rows, criterion)
     from gpt_optuna.progress import format_summary
 
     return f"""<!DOCTYPE html>
@@ -250,11 +280,35 @@ def render(study: optuna.Study) -> str:
 <h1>Study {html.escape(study.study_name)}</h1>
 <pre>{html.escape(format_summary(summary))}</pre>
 <p>{counts["feasible"]} feasible, {counts["infeasible"]} infeasible, {counts["failed"]} failed trials.</p>
+<p id="criterion">{html.escape(criterion_sentence(study, rows))}</p>
 {"".join(parts)}
-<h2>Best trials</h2><table><tr>{header}</tr>{body}</table>
+<h2>Best trials</h2>{_table(best_rows(rows, summary, criterion))}
+<h2>Accuracy of every trial</h2>
+<details id="accuracy"><summary>{len(per_trial)} trials</summary>{_table(per_trial)}</details>
 <h2>Failed trials</h2><ul>{failures or "<li>none</li>"}</ul>
 </body></html>
 """
+
+
+def criterion_sentence(study: optuna.Study, rows: list[TrialRow]) -> str:
+    """The accuracy criterion in words: what it requires, on how many samples, with whose metrics."""
+    recorded = study.user_attrs.get(FINGERPRINT_ATTR, {})
+    if "accuracy" not in recorded:
+        return "Accuracy criterion: not recorded."
+    samples = max((int(r.accuracy.get("samples", 1)) for r in rows if r.accuracy), default=None)
+    sentence = f"Accuracy criterion: {recorded['accuracy']}"
+    if samples is not None:
+        plural = "s" if samples != 1 else ""
+        sentence += f", on {samples} sample{plural} (output metrics: the worst sample; mean(...): the average)"
+    if recorded.get("metric"):
+        sentence += f"; user metrics from {recorded['metric']}"
+    return sentence + "."
+
+
+def _table(rows: list[dict[str, Any]]) -> str:
+    header = "".join(f"<th>{html.escape(k)}</th>" for k in (rows[0] if rows else {}))
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(_cell(v))}</td>" for v in r.values()) + "</tr>" for r in rows)
+    return f"<table><tr>{header}</tr>{body}</table>"
 
 
 _STYLE = (

@@ -213,6 +213,7 @@ def fingerprint_differences(stored: Mapping[str, Any], current: Mapping[str, Any
         "model_sha256": "the model (content hash)",
         "backend": "the backend",
         "accuracy": "the accuracy criterion",
+        "metric": "the user metric function (--metric)",
         "inputs_sha256": "the input data",
         "shapes": "the input shapes",
         "space": "the search space",
@@ -447,7 +448,8 @@ class StudySummary:
 
     @property
     def baseline_wins(self) -> bool:
-        """The confirmation found the baseline significantly faster than every finalist."""
+        """The baseline is the winner: the confirmation found it significantly faster than every
+        finalist, or (unconfirmed) no feasible candidate was faster in the search."""
         return bool(self.best is not None and self.baseline is not None and self.best.number == self.baseline.number)
 
 

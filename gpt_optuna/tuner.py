@@ -212,6 +212,7 @@ def run_identity(config: TuneConfig, inputs: Inputs) -> dict[str, Any]:
         "model_sha256": inputs.info.sha256,
         "backend": config.backend,
         "accuracy": config.criterion.text,
+        "metric": config.metric,
         "inputs_sha256": inputs.inputs_sha256,
         "shapes": inputs.shapes_record,
         "objective": "build_s" if config.dry_run else "latency_ms",

@@ -3,12 +3,16 @@ on noise loses it, and the search tells them apart through the user's own metric
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
 import pytest
 from conftest import load, tune
 from optuna.trial import TrialState
+
+from gpt_optuna.cli import main
+from gpt_optuna.report import render
 
 TOP1 = '''
 import numpy as np
@@ -69,3 +73,12 @@ def test_int8_calibrated_on_real_photos_keeps_top1_where_noise_calibration_loses
         assert study["fp16"][1]["samples"] == 30
     assert real["int8"][0] is TrialState.COMPLETE and real["int8"][1]["top1_agree"] >= 0.75
     assert noise["int8"][0] is TrialState.PRUNED and noise["int8"][1]["top1_agree"] < 0.5
+
+    page = render(load("noise"))  # the criterion, and every trial's metrics
+    assert "Accuracy criterion: top1_agree&gt;=0.75, on 30 samples" in page and "imagenet_metrics.py:top1" in page
+    table = page[page.index('<details id="accuracy">') :]
+    header = re.findall(r"<th>([^<]+)</th>", table[: table.index("</tr>")])
+    assert header[:4] == ["trial", "status", "latency_ms", "top1_agree"] and {"cosine", "samples"} <= set(header)
+    int8_row = re.findall(r"<td>([^<]*)</td>", table.split("<tr>")[[*noise].index("int8") + 2])
+    assert int8_row[1] == "infeasible" and float(int8_row[3]) == pytest.approx(noise["int8"][1]["top1_agree"], 1e-3)
+    assert main(["confirm", "--study-name", "real", "--top", "2", "--processes", "1"]) == 0  # the metric goes along
