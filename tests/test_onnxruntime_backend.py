@@ -2,6 +2,7 @@
 
 from pathlib import Path
 
+import numpy as np
 import optuna
 import pytest
 from conftest import cpu_count
@@ -186,3 +187,23 @@ def test_cuda_candidates_run_on_cupy_buffers_and_stream(cnn_path: Path, tmp_path
             assert verdict.feasible, (candidate, verdict.reason)
             stats = measure(runner, MeasureSettings(budget_s=0.5))
             assert 0 < stats.median_ms < 50
+
+
+@pytest.mark.gpu
+def test_cuda_graph_replays_each_new_sample_not_the_first(cnn_path: Path, tmp_path: Path) -> None:
+    info, shapes, _, _ = _prepare(cnn_path, [])
+    samples = [m.synthetic_feeds(info, shapes, seed=seed) for seed in range(3)]
+    references = [m.reference_outputs(info, feeds) for feeds in samples]
+    backend = OnnxRuntimeBackend()
+    base = backend.space(info, {}).default()
+    criterion = parse_criterion("cosine>=0.999 and max_abs<=1e-2")
+    for candidate in (base, {**base, "cuda.enable_cuda_graph": True}):
+        built = backend.build(info, candidate, tmp_path, shapes)
+        with backend.open(built, samples[0], references[0]) as runner:
+            outputs = []
+            for feeds in samples:
+                runner.set_inputs(feeds)
+                outputs.append(runner.infer())
+            verdict = criterion.evaluate(outputs, references)
+            assert verdict.feasible, (candidate, verdict.reason)
+            assert not np.allclose(outputs[0]["logits"], outputs[1]["logits"], atol=1e-3)
