@@ -3,6 +3,7 @@ on noise loses it, and the search tells them apart through the user's own metric
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -22,35 +23,25 @@ def top1(outputs, references, inputs):
     agree = [np.argmax(o["logits"], -1) == np.argmax(r["logits"], -1) for o, r in zip(outputs, references)]
     return {"top1_agree": float(np.mean(np.concatenate(agree)))}
 '''
-ONLY_PRECISION = """[measure]
-budget_s = 0.05
-min_samples = 5
-[space]
-precision = ["fp32", "fp16", "int8"]
-quantize_ops = "conv+matmul"
-""" + "\n".join(
-    f'{knob} = "default"'
-    for knob in (
-        "keep_fp32_nodes",
-        "keep_io_fp32",
-        "graph_optimization_level",
-        "mem_pattern",
-        "execution_mode",
-        "intra_op_num_threads",
-        "inter_op_num_threads",
-        "intra_op_spinning",
-        "cpu_mem_arena",
-        "denormal_as_zero",
-    )
-)
+
+
+def only_precision(model: Path, capsys: pytest.CaptureFixture[str]) -> str:
+    """A tune.toml searching fp32, fp16 and int8 (Q/DQ on convolutions and matrix products), with
+    every other knob of this machine's space at its default."""
+    capsys.readouterr()
+    assert main(["space", str(model), "--shape", "input:1x3x224x224", "--json"]) == 0
+    knobs = [k["name"] for k in json.loads(capsys.readouterr().out)["knobs"]]
+    lines = ['precision = ["fp32", "fp16", "int8"]', 'quantize_ops = "conv+matmul"']
+    lines += [f'"{name}" = "default"' for name in knobs if name not in ("precision", "quantize_ops")]
+    return "[measure]\nbudget_s = 0.05\nmin_samples = 5\n[space]\n" + "\n".join(lines) + "\n"
 
 
 @pytest.mark.slow
 def test_int8_calibrated_on_real_photos_keeps_top1_where_noise_calibration_loses_it(
-    mobilenet_v2_path: Path, photo_crops: np.ndarray, tmp_path: Path
+    mobilenet_v2_path: Path, photo_crops: np.ndarray, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     (tmp_path / "imagenet_metrics.py").write_text(TOP1)
-    (tmp_path / "tune.toml").write_text(ONLY_PRECISION)
+    (tmp_path / "tune.toml").write_text(only_precision(mobilenet_v2_path, capsys))
     np.savez(tmp_path / "photos.npz", input=photo_crops)
     rng = np.random.default_rng(0)
     np.savez(tmp_path / "noise.npz", input=rng.standard_normal((8, 1, 3, 224, 224)).astype(np.float32))
