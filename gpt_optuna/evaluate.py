@@ -183,7 +183,9 @@ class EvaluateJob:
     workdir: Path
     shapes: dict[str, ShapeRange]
     feeds_path: Path
+    """The samples' inputs stacked on a leading sample axis (the study's ``inputs.npz``)."""
     reference_path: Path
+    """Their reference outputs, stacked the same way."""
     criterion: Criterion
     settings: MeasureSettings
     measure_infeasible: bool = False

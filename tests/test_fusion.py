@@ -129,8 +129,8 @@ def test_a_search_runs_fused_fp16_candidates_with_nodes_ranked_on_the_fused_grap
 @pytest.mark.gpu
 def test_fused_fp16_encoder_runs_on_the_cuda_provider_through_a_cuda_graph(minilm_path: Path, tmp_path: Path) -> None:
     info = m.load_model_info(minilm_path)
-    m.save_npz(tmp_path / "inputs.npz", encoder_feeds())
-    m.save_npz(tmp_path / "reference.npz", m.reference_outputs(info, encoder_feeds()))
+    m.save_npz(tmp_path / "inputs.npz", m.stack([encoder_feeds()]))  # the study's layout: a sample axis
+    m.save_npz(tmp_path / "reference.npz", m.stack([m.reference_outputs(info, encoder_feeds())]))
     space, _ = SpaceJob("onnxruntime", info, SHAPES, tmp_path / "models")()
     base = space.default()
     assert base["provider"] == "CUDAExecutionProvider"

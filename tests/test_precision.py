@@ -202,8 +202,8 @@ def test_a_failing_transform_is_a_failed_candidate_not_a_crash(tmp_path: Path) -
     path = save(small_cnn(), tmp_path / "cnn.onnx")
     info = m.load_model_info(path)
     feeds = m.synthetic_feeds(info, m.resolve_shapes(info, {}))
-    m.save_npz(tmp_path / "inputs.npz", feeds)
-    m.save_npz(tmp_path / "reference.npz", m.reference_outputs(info, feeds))
+    m.save_npz(tmp_path / "inputs.npz", m.stack([feeds]))  # the study's layout: a sample axis
+    m.save_npz(tmp_path / "reference.npz", m.stack([m.reference_outputs(info, feeds)]))
     m.save_npz(tmp_path / "calibration.npz", {"not_an_input": np.zeros((2, 3), np.float32)})
     job = EvaluateJob(
         backend="onnxruntime",
