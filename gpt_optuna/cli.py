@@ -69,7 +69,8 @@ def build_parser() -> argparse.ArgumentParser:
         "outputs and inputs of all samples; its names can be used in --accuracy, e.g. top1_agree>=0.99",
     )
     tune.add_argument(
-        "--calibration", help="int8/fp8 calibration data: .npz like --inputs, or with a sample axis first"
+        "--calibration",
+        help="int8/fp8 calibration samples, in any form --inputs takes (default: the --inputs samples)",
     )
     tune.add_argument(
         "--shape", action="append", default=None, metavar="NAME:DIMS", help="input shape, e.g. x:1x3x224x224"
