@@ -117,7 +117,6 @@ def test_the_search_finds_the_sensitive_nodes_by_itself(overflow_path: Path, tmp
     assert plain and all(t.state is TrialState.PRUNED for t in plain)
     assert plain[0].user_attrs["infeasible"] == "output 'y' contains NaN"
     assert kept and all(t.state is TrialState.COMPLETE for t in kept)
-    assert study.best_trial.params["precision"] == "fp16"
     models = list(Path("studies/overflow-onnxruntime/models").glob("*.onnx"))
     assert models
     for path in models:  # every cached transform is a valid model that runs
