@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
 from pathlib import Path
@@ -315,6 +316,9 @@ EXIT_CODES = """exit codes:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # a Ctrl-C that lands inside a fetch makes SQLAlchemy log the cursor it could not close, with a
+    # traceback; the interruption itself is reported, and storage errors raise
+    logging.getLogger("sqlalchemy").setLevel(logging.CRITICAL)
     try:
         return run(sys.argv[1:] if argv is None else argv)
     except UserError as exc:
