@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 from pathlib import Path
@@ -11,6 +12,16 @@ import optuna
 
 from gpt_optuna.errors import UserError
 from gpt_optuna.study import FINGERPRINT_ATTR, first_value, summarize_study
+
+
+def onnxruntime_settings(candidate: dict[str, Any], folder: Path) -> dict[str, Any]:
+    """How ONNX Runtime must open the model to run it as the trial did, in its own names
+    (``gpt_optuna.open_session`` applies it); a TensorRT-provider timing cache goes in ``folder``."""
+    from gpt_optuna.backends.onnxruntime import provider_options, session_settings
+
+    return session_settings(candidate) | {
+        "providers": [[candidate["provider"], provider_options(candidate, None, folder.resolve())]]
+    }
 
 
 def export_trial(study: optuna.Study, number: int | None, out: Path) -> tuple[Path, Path]:
@@ -44,6 +55,7 @@ def export_trial(study: optuna.Study, number: int | None, out: Path) -> tuple[Pa
         if not source.is_file():
             raise UserError(f"the model of trial {trial.number} is gone: {source}")
         shutil.copyfile(source, out)
+    candidate = {knob["name"]: knob["default"] for knob in recorded.get("space", [])} | trial.params
     confirmed = next((r for r in (summary.confirmed or {}).get("ranking", []) if r["number"] == trial.number), None)
     side: dict[str, Any] = {
         "study": study.study_name,
@@ -62,7 +74,10 @@ def export_trial(study: optuna.Study, number: int | None, out: Path) -> tuple[Pa
         "confirmed_baseline": (summary.confirmed or {}).get("baseline") if confirmed else None,
         "versions": recorded.get("versions", {}),
         "file": "engine" if artifact is not None else "onnx model",
+        "model_sha256": hashlib.sha256(out.read_bytes()).hexdigest(),
     }
+    if recorded.get("backend") == "onnxruntime":
+        side["onnxruntime"] = onnxruntime_settings(candidate, out.parent)
     side_path = out.with_name(out.name + ".json")
     side_path.write_text(json.dumps(side, indent=2))
     return out, side_path

@@ -141,22 +141,46 @@ def discover_knobs(providers: list[str], graph_levels: list[str], cores: int) ->
     return knobs
 
 
-def session_options(candidate: Candidate) -> Any:
-    """Map a candidate's session-level knobs onto ``onnxruntime.SessionOptions``."""
+def session_settings(candidate: Candidate) -> dict[str, Any]:
+    """A candidate's session-level knobs in ONNX Runtime's own names: ``SessionOptions``
+    attributes (enum members by name) and session config entries (``add_session_config_entry``)."""
+    attributes: dict[str, Any] = {
+        "graph_optimization_level": str(candidate[GRAPH_LEVEL]),
+        "enable_mem_pattern": bool(candidate["mem_pattern"]),
+    }
+    entries: dict[str, str] = {}
+    if candidate["provider"] == CPU:
+        attributes |= {
+            "execution_mode": str(candidate["execution_mode"]),
+            "intra_op_num_threads": int(candidate["intra_op_num_threads"]),
+            "inter_op_num_threads": int(candidate.get("inter_op_num_threads", 0)),
+            "enable_cpu_mem_arena": bool(candidate["cpu_mem_arena"]),
+        }
+        entries = {
+            "session.intra_op.allow_spinning": "1" if candidate["intra_op_spinning"] else "0",
+            "session.set_denormal_as_zero": "1" if candidate["denormal_as_zero"] else "0",
+        }
+    return {"session_options": attributes, "session_config_entries": entries}
+
+
+_ENUMS = {"graph_optimization_level": "GraphOptimizationLevel", "execution_mode": "ExecutionMode"}
+
+
+def options_from_settings(settings: dict[str, Any]) -> Any:
+    """``onnxruntime.SessionOptions`` from :func:`session_settings`' description."""
     ort = _ort()
     options = ort.SessionOptions()
+    for name, value in settings["session_options"].items():
+        setattr(options, name, getattr(getattr(ort, _ENUMS[name]), value) if name in _ENUMS else value)
+    for key, value in settings["session_config_entries"].items():
+        options.add_session_config_entry(key, value)
+    return options
+
+
+def session_options(candidate: Candidate) -> Any:
+    """Map a candidate's session-level knobs onto ``onnxruntime.SessionOptions``."""
+    options = options_from_settings(session_settings(candidate))
     options.log_severity_level = 3
-    options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, str(candidate[GRAPH_LEVEL]))
-    options.enable_mem_pattern = bool(candidate["mem_pattern"])
-    if candidate["provider"] == CPU:
-        options.execution_mode = getattr(ort.ExecutionMode, str(candidate["execution_mode"]))
-        options.intra_op_num_threads = int(candidate["intra_op_num_threads"])
-        options.inter_op_num_threads = int(candidate.get("inter_op_num_threads", 0))
-        options.add_session_config_entry(
-            "session.intra_op.allow_spinning", "1" if candidate["intra_op_spinning"] else "0"
-        )
-        options.enable_cpu_mem_arena = bool(candidate["cpu_mem_arena"])
-        options.add_session_config_entry("session.set_denormal_as_zero", "1" if candidate["denormal_as_zero"] else "0")
     return options
 
 
