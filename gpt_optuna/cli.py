@@ -127,7 +127,19 @@ def build_parser() -> argparse.ArgumentParser:
     export = commands.add_parser("export", help="write a trial's engine (default: the best) with a JSON side file")
     _storage_flags(export)
     export.add_argument("--trial", type=int, help="trial number (default: the best)")
-    export.add_argument("-o", "--output", required=True, help="file to write; its .json side file goes beside it")
+    export.add_argument(
+        "-o",
+        "--output",
+        required=True,
+        help="file to write (its .json side file goes beside it), or with --format triton the model repository folder",
+    )
+    export.add_argument(
+        "--format",
+        choices=("file", "triton"),
+        default="file",
+        help="file (default): the engine or model; triton: REPO/<model>/config.pbtxt and REPO/<model>/1/model.*",
+    )
+    export.add_argument("--model-name", help="the model's name in the Triton repository (default: the model file's)")
 
     best = commands.add_parser("best", help="the best feasible trial")
     _storage_flags(best)
@@ -276,6 +288,16 @@ def run(argv: list[str]) -> int:
         print(f"wrote {output}")
         return 0
     if args.command == "export":
+        if args.format == "triton":
+            from gpt_optuna.triton import model_name, write_repository
+
+            folder, left_out = write_repository(
+                study, args.trial, Path(args.output), args.model_name or model_name(study)
+            )
+            print(f"wrote {folder}/config.pbtxt and the model in {folder}/1")
+            for item in left_out:
+                print(f"note: Triton's model configuration has no field for {item}; the model runs without it")
+            return 0
         from gpt_optuna.export import export_trial
 
         written, side = export_trial(study, args.trial, writable_file(Path(args.output)))

@@ -63,3 +63,92 @@ def test_open_session_refuses_what_it_cannot_open_as_tuned(cnn_path: Path, tmp_p
     Path("best.onnx").write_bytes(Path("best.onnx").read_bytes() + b"\0")
     with pytest.raises(UserError, match="its content changed"):
         gpt_optuna.open_session("best.onnx")
+
+
+def test_a_triton_repository_parses_with_tritons_model_config_and_matches_the_model(
+    cnn_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "tune.toml").write_text(TUNED + 'execution_mode = ["ORT_PARALLEL"]\n')
+    assert tune(str(cnn_path), "--config", str(tmp_path / "tune.toml"), "--n-trials", "2", "--confirm-top", "0") == 0
+    trial = load("cnn-onnxruntime").trials[1]
+    assert main(["export", "--format", "triton", "-o", "repo", "--trial", "1"]) == 2  # no such folder
+    Path("repo").mkdir()
+    capsys.readouterr()
+    assert main(["export", "--format", "triton", "-o", "repo", "--trial", "1", "--model-name", "classifier"]) == 0
+    assert "no field for session config session.intra_op.allow_spinning=0" in capsys.readouterr().out
+    config = text_parsed(Path("repo/classifier/config.pbtxt").read_text())
+    model = Path("repo/classifier/1/model.onnx")
+    info = m.load_model_info(model)
+    assert config.name == "classifier" and config.backend == "onnxruntime" and config.max_batch_size == 0
+    for declared, spec in [
+        *zip(config.input, info.inputs, strict=True),
+        *zip(config.output, info.outputs, strict=True),
+    ]:
+        assert declared.name == spec.name and list(declared.dims) == list(spec.shape)
+        expected = {"float32": "TYPE_FP32", "float16": "TYPE_FP16"}[spec.dtype.name]  # keep_io_fp32 decides
+        assert declared.data_type == parsed_config_type(expected)
+    assert [g.kind for g in config.instance_group] == [parsed_config_type("KIND_CPU", "ModelInstanceGroup")]
+    assert config.optimization.graph.level == -1  # ORT_ENABLE_BASIC in the backend's numbering
+    parameters = {key: value.string_value for key, value in config.parameters.items()}
+    assert parameters["intra_op_thread_count"] == "1" and parameters["execution_mode"] == "1"
+    assert parameters["enable_mem_pattern"] == str(trial.params["mem_pattern"]).lower()
+    assert gpt_optuna.open_session(model).get_session_options().intra_op_num_threads == 1
+
+
+def parsed_config_type(name: str, message: str = "DataType") -> int:
+    model_config = pytest.importorskip("tritonclient.grpc.model_config_pb2")
+    if message == "DataType":
+        return model_config.DataType.Value(name)
+    return getattr(model_config, message).Kind.Value(name)
+
+
+def test_triton_accelerators_carry_the_cuda_and_tensorrt_provider_options(tmp_path: Path) -> None:
+    from gpt_optuna.triton import config_text
+
+    info = m.ModelInfo(tmp_path / "x.onnx", "", 17, (m.TensorSpec("x", np.dtype("float16"), ("batch", 3)),), ())
+    cuda = {"device_id": "0", "prefer_nhwc": "1", "enable_cuda_graph": "1", "cudnn_conv_algo_search": "HEURISTIC"}
+    record = {
+        "study": "s",
+        "trial": 3,
+        "params": {},
+        "onnxruntime": {
+            "session_options": {"graph_optimization_level": "ORT_ENABLE_LAYOUT", "enable_mem_pattern": True},
+            "session_config_entries": {},
+            "providers": [["CUDAExecutionProvider", cuda]],
+        },
+    }
+    text, left_out = config_text("m", info, record, plan=False)
+    config = text_parsed(text)
+    assert left_out == ["graph_optimization_level=ORT_ENABLE_LAYOUT"] and not config.optimization.HasField("graph")
+    (accelerator,) = config.optimization.execution_accelerators.gpu_execution_accelerator
+    assert accelerator.name == "cuda" and dict(accelerator.parameters) == {
+        k: v for k, v in cuda.items() if k != "device_id"
+    }
+    assert list(config.input[0].dims) == [-1, 3] and config.input[0].data_type == parsed_config_type("TYPE_FP16")
+    trt = {
+        "device_id": "0",
+        "trt_fp16_enable": "1",
+        "trt_builder_optimization_level": "5",
+        "trt_cuda_graph_enable": "1",
+    }
+    record["onnxruntime"]["providers"] = [["TensorrtExecutionProvider", trt]]
+    (accelerator,) = text_parsed(
+        config_text("m", info, record, plan=False)[0]
+    ).optimization.execution_accelerators.gpu_execution_accelerator
+    assert accelerator.name == "tensorrt" and dict(accelerator.parameters) == {
+        "precision_mode": "FP16",
+        "trt_builder_optimization_level": "5",
+        "trt_cuda_graph_enable": "1",
+    }
+    plan = text_parsed(
+        config_text("m", info, {"study": "s", "trial": 1, "params": {"runtime.cuda_graph": True}}, plan=True)[0]
+    )
+    assert plan.platform == "tensorrt_plan" and plan.optimization.cuda.graphs
+
+
+def text_parsed(text: str) -> object:
+    """A ``config.pbtxt`` parsed with Triton's own ModelConfig protobuf."""
+    model_config = pytest.importorskip("tritonclient.grpc.model_config_pb2", reason="needs tritonclient[grpc]")
+    from google.protobuf import text_format
+
+    return text_format.Parse(text, model_config.ModelConfig())
