@@ -24,6 +24,29 @@ def onnxruntime_settings(candidate: dict[str, Any], folder: Path) -> dict[str, A
     }
 
 
+def build_commands(
+    study: optuna.Study, trial: optuna.trial.FrozenTrial, engine: Path, defaults: dict[str, Any]
+) -> dict[str, Any]:
+    """``trtexec`` and ``polygraphy convert`` lines that build the trial's engine from the ONNX
+    model TensorRT parsed (written beside the engine as ``ENGINE.onnx``), and the settings that
+    have no flag in each."""
+    from gpt_optuna.constant_folding import folded
+    from gpt_optuna.model import load_model_info
+    from gpt_optuna.trt_commands import polygraphy, trtexec
+
+    recorded = study.user_attrs[FINGERPRINT_ATTR]
+    workdir = Path("studies") / study.study_name / "models"
+    transformed = trial.user_attrs.get("transformed_model")
+    source = workdir / transformed if transformed else Path(recorded["model"])
+    parsed = engine.with_name(engine.name + ".onnx")
+    shutil.copyfile(folded(load_model_info(source), workdir).path, parsed)
+    lines = [
+        make(parsed.name, engine.name, trial.params, defaults, recorded.get("shapes", {}))
+        for make in (trtexec, polygraphy)
+    ]
+    return {line.tool: line.text() for line in lines} | {f"{line.tool}_no_flag": line.no_flag for line in lines}
+
+
 def export_trial(study: optuna.Study, number: int | None, out: Path) -> tuple[Path, Path]:
     """The chosen trial (default: the best, confirmed ranking first) to ``out`` and ``out``.json."""
     summary = summarize_study(study)
@@ -78,6 +101,8 @@ def export_trial(study: optuna.Study, number: int | None, out: Path) -> tuple[Pa
     }
     if recorded.get("backend") == "onnxruntime":
         side["onnxruntime"] = onnxruntime_settings(candidate, out.parent)
+    elif recorded.get("backend") == "tensorrt":
+        side["commands"] = build_commands(study, trial, out, {k["name"]: k["default"] for k in recorded["space"]})
     side_path = out.with_name(out.name + ".json")
     side_path.write_text(json.dumps(side, indent=2))
     return out, side_path

@@ -1,0 +1,126 @@
+"""The ``trtexec`` and ``polygraphy convert`` command lines that build a TensorRT trial's engine.
+
+Each builder knob maps to the tools' documented flag where one exists (trtexec's from
+``samples/common/sampleOptions.cpp``, Polygraphy's from its ``CreateConfig`` arguments); a knob
+at its default adds nothing. Settings without a flag are returned by name, so that the export
+says which part of the trial the command does not reproduce. Runtime knobs are not build flags:
+trtexec's ``--useCudaGraph`` is the one that exists for inference.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+TILING_LEVELS = {"NONE": 0, "FAST": 1, "MODERATE": 2, "FULL": 3}
+"""trtexec takes ``--tilingOptimizationLevel`` as the enum's integer."""
+
+
+@dataclass
+class CommandLine:
+    """One tool's arguments for a trial, and the trial's settings it has no flag for."""
+
+    tool: str
+    arguments: list[str] = field(default_factory=list)
+    no_flag: list[str] = field(default_factory=list)
+
+    def text(self) -> str:
+        return shlex.join([self.tool, *self.arguments])
+
+
+def _shape_text(dims: list[int], joiner: str) -> str:
+    return joiner.join(str(d) for d in dims)
+
+
+def trtexec(
+    onnx_path: str, engine_path: str, params: Mapping[str, Any], defaults: Mapping[str, Any], shapes: dict[str, Any]
+) -> CommandLine:
+    """``trtexec --onnx=... --saveEngine=...`` with the trial's non-default builder settings."""
+    line = CommandLine("trtexec", [f"--onnx={onnx_path}", f"--saveEngine={engine_path}"])
+    for flag, index in (("--minShapes", 0), ("--optShapes", 1), ("--maxShapes", 2)):
+        if shapes:
+            line.arguments.append(flag + "=" + ",".join(f"{n}:{_shape_text(r[index], 'x')}" for n, r in shapes.items()))
+    changed = {n: v for n, v in params.items() if v != defaults.get(n)}
+    sources = [("+" if v else "-") + n.removeprefix("tactic.") for n, v in changed.items() if n.startswith("tactic.")]
+    if sources:
+        line.arguments.append("--tacticSources=" + ",".join(sorted(sources)))
+    routes = [f"-{n.removeprefix('route.')}={v}" for n, v in changed.items() if n.startswith("route.")]
+    if routes:
+        line.arguments.append("--setBuildRoute=" + " ".join(routes))
+    for name, value in changed.items():
+        if not name.startswith(("tactic.", "route.")):
+            _add(line, name, value, _trtexec_argument(name, value))
+    return line
+
+
+def _add(line: CommandLine, name: str, value: Any, argument: list[str] | str | None) -> None:
+    if argument is None:
+        line.no_flag.append(f"{name}={value}")
+    elif isinstance(argument, str):
+        line.arguments.append(argument)
+    else:
+        line.arguments += argument
+
+
+def _trtexec_argument(name: str, value: Any) -> str | None:
+    simple = {
+        "builder_optimization_level": "--builderOptimizationLevel",
+        "l2_limit_for_tiling": "--l2LimitForTiling",
+        "max_aux_streams": "--maxAuxStreams",
+        "max_num_tactics": "--maxTactics",
+        "avg_timing_iterations": "--avgTiming",
+    }
+    if name in simple:
+        return f"{simple[name]}={value}"
+    if name == "tiling_optimization_level":
+        return f"--tilingOptimizationLevel={TILING_LEVELS[str(value)]}"
+    if name == "workspace_mib":
+        return f"--memPoolSize=workspace:{value}M"
+    if name == "flag.TF32":
+        return None if value else "--noTF32"
+    if name == "flag.SPARSE_WEIGHTS":
+        return "--sparsity=enable" if value else "--sparsity=disable"
+    if name in ("flag.FP16", "flag.BF16", "flag.INT8") and value:
+        return f"--{name.removeprefix('flag.').lower()}"
+    if name in ("runtime.cuda_graph", "runtime.cuda_graph_strategy"):
+        return "--useCudaGraph"
+    return None
+
+
+def polygraphy(
+    onnx_path: str, engine_path: str, params: Mapping[str, Any], defaults: Mapping[str, Any], shapes: dict[str, Any]
+) -> CommandLine:
+    """``polygraphy convert ... --convert-to trt`` with the trial's builder settings. Polygraphy
+    clears TF32 unless ``--tf32`` is given, so it is given whenever the trial had TF32 on."""
+    line = CommandLine("polygraphy", ["convert", onnx_path, "--convert-to", "trt", "-o", engine_path])
+    for flag, index in (("--trt-min-shapes", 0), ("--trt-opt-shapes", 1), ("--trt-max-shapes", 2)):
+        if shapes:
+            line.arguments += [flag, *(f"{n}:[{_shape_text(r[index], ',')}]" for n, r in shapes.items())]
+    if params.get("flag.TF32", True):
+        line.arguments.append("--tf32")
+    changed = {n: v for n, v in params.items() if v != defaults.get(n)}
+    if any(n.startswith("tactic.") for n in changed):
+        line.arguments += [
+            "--tactic-sources",
+            *(n[7:].lower() for n, v in params.items() if n.startswith("tactic.") and v),
+        ]
+    for name, value in changed.items():
+        if not name.startswith("tactic.") and name != "flag.TF32":
+            _add(line, name, value, _polygraphy_argument(name, value))
+    return line
+
+
+def _polygraphy_argument(name: str, value: Any) -> list[str] | None:
+    if name == "builder_optimization_level":
+        return ["--builder-optimization-level", str(value)]
+    if name == "tiling_optimization_level":
+        return ["--tiling-optimization-level", str(value).lower()]
+    if name == "max_aux_streams":
+        return ["--max-aux-streams", str(value)]
+    if name == "workspace_mib":
+        return ["--pool-limit", f"workspace:{int(value) << 20}"]
+    if name in ("flag.SPARSE_WEIGHTS", "flag.FP16", "flag.BF16", "flag.INT8") and value:
+        return ["--sparse-weights" if name == "flag.SPARSE_WEIGHTS" else f"--{name[5:].lower()}"]
+    return None
