@@ -120,6 +120,19 @@ def build_parser() -> argparse.ArgumentParser:
     confirm.add_argument("--top", type=int, default=5, help="how many of the best feasible candidates (default 5)")
     confirm.add_argument("--processes", type=int, default=3, help="fresh processes to measure in (default 3)")
 
+    check = commands.add_parser(
+        "check",
+        help="CI gate: the model against a record written by export (exit 0 pass, 1 regression, 2 user error)",
+    )
+    check.add_argument("model", help="ONNX model file (the model the record was made for, possibly changed)")
+    check.add_argument("--baseline", required=True, help="the record: FILE.json written by gpt-optuna export")
+    check.add_argument("--budget", default="10m", help="search time, e.g. 10m (default 10m)")
+    check.add_argument("--tolerance", default="5%", help="allowed latency change, e.g. 5%% (default 5%%)")
+    check.add_argument("--junit", help="write a JUnit XML report here")
+    check.add_argument("--update", action="store_true", help="rewrite the record when the check finds it faster")
+    check.add_argument("--config", help="tune.toml: its [measure] and [space] tables, trial_timeout, confirm_processes")
+    check.add_argument("--quiet", action="store_true", help="no progress bar")
+
     report = commands.add_parser("report", help="write the study as one self-contained HTML page")
     _storage_flags(report)
     report.add_argument("-o", "--output", default="report.html", help="HTML file to write (default report.html)")
@@ -177,6 +190,17 @@ def tune_config(args: argparse.Namespace) -> TuneConfig:
         return TuneConfig(**values)
     except TypeError as exc:
         raise UserError(f"bad configuration: {exc}") from exc
+
+
+def parse_tolerance(text: str) -> float:
+    """``5%`` or ``0.05`` as a fraction."""
+    try:
+        value = float(text.strip().removesuffix("%")) / (100 if text.strip().endswith("%") else 1)
+    except ValueError:
+        raise UserError(f"malformed --tolerance {text!r}: use e.g. 5% or 0.05") from None
+    if not 0 <= value < 1:
+        raise UserError(f"--tolerance must be between 0 and 100 %, got {text!r}")
+    return value
 
 
 def _resolve_storage(args: argparse.Namespace) -> tuple[str, str | None]:
@@ -274,6 +298,22 @@ def run(argv: list[str]) -> int:
         from gpt_optuna.tuner import tune
 
         return tune(tune_config(args), Progress(enabled=not args.quiet), argv)
+    if args.command == "check":
+        from gpt_optuna.check import run_check
+
+        allowed = ("measure", "space", "trial_timeout_s", "confirm_processes", "confirm_top", "sampler", "seed")
+        base = {k: v for k, v in (read_toml(Path(args.config)) if args.config else {}).items() if k in allowed}
+        junit = writable_file(Path(args.junit)) if args.junit else None
+        return run_check(
+            Path(args.model),
+            Path(args.baseline),
+            parse_duration(args.budget),
+            parse_tolerance(args.tolerance),
+            base,
+            junit,
+            args.update,
+            args.quiet,
+        )
     if args.command == "space":
         return print_space(tune_config(args), as_json=args.json)
     from gpt_optuna.progress import format_summary, format_verdict

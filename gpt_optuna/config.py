@@ -86,6 +86,8 @@ class TuneConfig:
     """At most this many samples of --inputs are used."""
     metric: str | None = None
     """A user metric function, ``module:function`` or ``script.py:function``."""
+    seeds: list[tuple[dict[str, Value], str]] = field(default_factory=list)
+    """Configurations tried right after the baseline (fitted to the space), each with why."""
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS and ":" not in self.backend:

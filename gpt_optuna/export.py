@@ -47,6 +47,10 @@ def build_commands(
     return {line.tool: line.text() for line in lines} | {f"{line.tool}_no_flag": line.no_flag for line in lines}
 
 
+def _beside(out: Path, kind: str) -> str:
+    return f"{out.name}.{kind}.npz"
+
+
 def export_trial(study: optuna.Study, number: int | None, out: Path) -> tuple[Path, Path]:
     """The chosen trial (default: the best, confirmed ranking first) to ``out`` and ``out``.json."""
     summary = summarize_study(study)
@@ -89,6 +93,9 @@ def export_trial(study: optuna.Study, number: int | None, out: Path) -> tuple[Pa
         "latency": trial.user_attrs.get("latency"),
         "accuracy": trial.user_attrs.get("accuracy"),
         "accuracy_criterion": recorded.get("accuracy"),
+        "metric": recorded.get("metric"),
+        "shapes": recorded.get("shapes"),
+        "samples": {"inputs": _beside(out, "inputs"), "reference": _beside(out, "reference")},
         "baseline_latency_ms": summary.baseline_search_value,
         "speedup": summary.baseline_search_value / first_value(trial)  # the search's two figures
         if summary.baseline_search_value and first_value(trial)
@@ -103,6 +110,8 @@ def export_trial(study: optuna.Study, number: int | None, out: Path) -> tuple[Pa
         side["onnxruntime"] = onnxruntime_settings(candidate, out.parent)
     elif recorded.get("backend") == "tensorrt":
         side["commands"] = build_commands(study, trial, out, {k["name"]: k["default"] for k in recorded["space"]})
+    for kind in ("inputs", "reference"):  # what a later `gpt-optuna check` compares a changed model on
+        shutil.copyfile(workdir / f"{kind}.npz", out.with_name(_beside(out, kind)))
     side_path = out.with_name(out.name + ".json")
     side_path.write_text(json.dumps(side, indent=2))
     return out, side_path

@@ -130,6 +130,16 @@ class Space:
                 params[knob.name] = fixed.get(knob.name, knob.default)
         return params
 
+    def fitted(self, values: Mapping[str, Value]) -> Candidate:
+        """The candidate of this space nearest to ``values`` (say, a configuration recorded on
+        another space): each active knob at its value there where it offers it, else its default."""
+        params: Candidate = {}
+        for knob in self.knobs:
+            if knob.active(params):
+                value = values.get(knob.name, knob.default)
+                params[knob.name] = value if value in knob.choices else knob.default
+        return params
+
     def defaults(self) -> Candidate:
         """Every knob at its default, active or not (what the engine uses for an inactive knob)."""
         return {k.name: k.default for k in self.knobs}

@@ -11,7 +11,7 @@ import sqlite3
 import time
 import warnings
 from collections import Counter
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -251,8 +251,10 @@ def open_study(
     fingerprint: dict[str, Any],
     baseline: dict[str, Any],
     objectives: int = 1,
+    seeds: Sequence[tuple[dict[str, Any], str]] = (),
 ) -> tuple[optuna.Study, bool]:
-    """Create the study with its baseline trial enqueued, or resume it if its configuration matches."""
+    """Create the study with its baseline trial enqueued, then each seed candidate that differs
+    from it (user attr ``seeded``: why), or resume it if its configuration matches."""
     directions = ["minimize"] * objectives
     try:
         study = optuna.create_study(
@@ -266,6 +268,9 @@ def open_study(
             raise UserError(f"study {name!r} exists but was not made by gpt-optuna; choose another --study-name")
         study.set_user_attr(FINGERPRINT_ATTR, fingerprint)
         study.enqueue_trial(baseline, user_attrs={"baseline": True})
+        for seed, why in seeds:
+            if seed != baseline:
+                study.enqueue_trial(seed, user_attrs={"seeded": why})
         return study, False
     refuse_if_different(name, stored, fingerprint)
     return study, True

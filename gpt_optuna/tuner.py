@@ -257,6 +257,7 @@ def tune(config: TuneConfig, progress: Progress | None = None, argv: list[str] |
             fingerprint(config, prepared),
             prepared.space.default(),
             len(config.objectives),
+            [(prepared.space.fitted(values), why) for values, why in config.seeds],
         )
         alone = stack.enter_context(tuner_presence(config.workdir))
         recovered = recover_interrupted(study, alone)

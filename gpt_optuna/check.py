@@ -1,0 +1,193 @@
+"""``gpt-optuna check``: a CI gate that keeps a model as fast and as accurate as its record.
+
+The record is what ``gpt-optuna export`` wrote (``FILE.json`` with ``FILE.inputs.npz`` and
+``FILE.reference.npz`` beside it). The check first runs the (possibly changed) model in fp32 on
+the recorded inputs and judges its outputs against the recorded ones with the recorded criterion:
+changed outputs fail it. Then it searches within a time budget, starting from the recorded
+configuration (tried right after the engine's defaults), confirms the finalists against the
+defaults in fresh processes, and compares the winner with the recorded latency. Latency regresses
+when every confirmation process measured the winner slower than the record by more than the
+tolerance; it improves when every process measured it faster by more than the tolerance.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from gpt_optuna import model as model_io
+from gpt_optuna.accuracy import parse_criterion
+from gpt_optuna.config import TuneConfig
+from gpt_optuna.errors import EXIT_INTERRUPTED, EXIT_NO_FEASIBLE, UserError
+
+EXIT_REGRESSION = 1
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One aspect of the check: passed or not, and one line that says why."""
+
+    name: str
+    passed: bool
+    message: str
+    better: bool = False
+
+
+def read_record(path: Path) -> dict[str, Any]:
+    """The export's side file, with the paths of its sample files resolved beside it."""
+    try:
+        record = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise UserError(
+            f"no record {path}: write one with gpt-optuna export -o FILE (FILE.json is the record)"
+        ) from None
+    except json.JSONDecodeError as exc:
+        raise UserError(f"{path} is not a record written by gpt-optuna export: {exc}") from None
+    missing = [k for k in ("backend", "params", "accuracy_criterion", "samples") if not record.get(k)]
+    if missing:
+        raise UserError(f"{path} lacks {', '.join(missing)}: export the study again with this version")
+    for kind, name in record["samples"].items():
+        record["samples"][kind] = path.parent / name
+        if not record["samples"][kind].is_file():
+            raise UserError(f"{path} needs {record['samples'][kind]} beside it (written by the same export)")
+    return record
+
+
+def recorded_latency(record: dict[str, Any]) -> float:
+    """The record's latency: its confirmed median where the study confirmed it, else the search's."""
+    confirmed = record.get("confirmed")
+    value = confirmed["median_ms"] if confirmed else record.get("latency_ms")
+    if not value:
+        raise UserError("the record has no latency (a dry-run study?): export a measured trial")
+    return float(value)
+
+
+def outputs_unchanged(model: Path, record: dict[str, Any]) -> Outcome:
+    """The model in fp32 on the recorded inputs, judged against the recorded outputs."""
+    info = model_io.load_model_info(model)
+    inputs = model_io.unstack(dict(np.load(record["samples"]["inputs"])))
+    references = model_io.unstack(dict(np.load(record["samples"]["reference"])))
+    metric_spec = record.get("metric")
+    criterion = parse_criterion(record["accuracy_criterion"], user_metrics=metric_spec is not None)
+    outputs = [model_io.reference_outputs(info, feeds) for feeds in inputs]
+    user = None
+    if metric_spec:
+        function = model_io.load_function(metric_spec, "the record's metric")
+        user = lambda: function(outputs, references, inputs)  # noqa: E731
+    verdict = criterion.evaluate(outputs, references, user)
+    if verdict.feasible:
+        return Outcome("accuracy", True, f"the model's outputs meet {criterion.text} against the record")
+    return Outcome("accuracy", False, f"accuracy regression: the model's outputs changed: {verdict.reason}")
+
+
+def shape_flags(record: dict[str, Any]) -> list[str]:
+    return [
+        f"{name}:" + "/".join("x".join(str(d) for d in dims) for dims in ranges)
+        for name, ranges in (record.get("shapes") or {}).items()
+    ]
+
+
+def compare_latency(record_ms: float, summary: Any, tolerance: float) -> Outcome:
+    """The winner's confirmed latencies (one per process) against the record."""
+    row = summary.confirmed_row
+    measured = (row.get("process_ms") or [row["median_ms"]]) if row else [summary.best_value]
+    low, high, median = min(measured), max(measured), float(np.median(measured))
+    which = f"{summary.measurement} {low:.4g}-{high:.4g} ms" if len(measured) > 1 else f"{median:.4g} ms"
+    change = 100 * (median / record_ms - 1)
+    said = f"trial {summary.best.number}: {median:.4g} ms ({which}) against the recorded {record_ms:.4g} ms"
+    if low > record_ms * (1 + tolerance):
+        return Outcome("latency", False, f"latency regression: {said}, {change:+.1f} % beyond {tolerance:.0%}")
+    if high < record_ms * (1 - tolerance):
+        return Outcome("latency", True, f"faster than the record: {said}, {change:+.1f} %", better=True)
+    return Outcome("latency", True, f"latency within {tolerance:.0%}: {said}, {change:+.1f} %")
+
+
+def seeded_failure(study: Any) -> Outcome | None:
+    """The recorded configuration's own verdict: it must still meet the criterion."""
+    from optuna.trial import TrialState
+
+    for trial in study.get_trials(deepcopy=False):
+        if trial.user_attrs.get("seeded") and trial.state is TrialState.PRUNED:
+            reason = trial.user_attrs.get("infeasible") or trial.user_attrs.get("failure", "")
+            return Outcome("accuracy", False, f"accuracy regression: the recorded configuration fails: {reason}")
+    return None
+
+
+def write_junit(path: Path, outcomes: list[Outcome], seconds: float) -> None:
+    """A JUnit XML report: one test case per aspect, a <failure> for each that failed."""
+    failures = sum(not o.passed for o in outcomes)
+    suite = ET.Element(
+        "testsuite", name="gpt-optuna check", tests=str(len(outcomes)), failures=str(failures), time=f"{seconds:.1f}"
+    )
+    for outcome in outcomes:
+        case = ET.SubElement(suite, "testcase", classname="gpt-optuna.check", name=outcome.name)
+        if outcome.passed:
+            ET.SubElement(case, "system-out").text = outcome.message
+        else:
+            ET.SubElement(case, "failure", message=outcome.message, type="regression").text = outcome.message
+    ET.ElementTree(suite).write(path, encoding="utf-8", xml_declaration=True)
+
+
+def run_check(
+    model: Path,
+    record_path: Path,
+    budget_s: float,
+    tolerance: float,
+    base: dict[str, Any],
+    junit: Path | None = None,
+    update: bool = False,
+    quiet: bool = False,
+) -> int:
+    """The whole check; returns the exit code (0 pass, 1 regression, 130 interrupted)."""
+    from gpt_optuna.progress import Progress
+    from gpt_optuna.study import load_study, open_storage, summarize_study
+    from gpt_optuna.tuner import tune
+
+    started = time.monotonic()
+    record = read_record(record_path)
+    record_ms = recorded_latency(record)
+    outcomes = [outputs_unchanged(model, record)]
+    if outcomes[0].passed:
+        name = f"check-{model.stem}-{time.strftime('%Y%m%d-%H%M%S')}"
+        config = TuneConfig(
+            **base,
+            model=model,
+            backend=record["backend"],
+            accuracy=record["accuracy_criterion"],
+            metric=record.get("metric"),
+            inputs=record["samples"]["inputs"],
+            shapes=shape_flags(record),
+            timeout_s=budget_s,
+            study_name=name,
+            seeds=[(record["params"], "the recorded configuration")],
+        )
+        code = tune(config, Progress(enabled=not quiet), argv=[])
+        if code == EXIT_INTERRUPTED:
+            return code
+        study = load_study(open_storage(config.storage, create=False), name)
+        summary = summarize_study(study)
+        failed = seeded_failure(study)
+        if failed is not None:
+            outcomes.append(failed)
+        elif code == EXIT_NO_FEASIBLE or summary.best is None:
+            outcomes.append(Outcome("accuracy", False, "accuracy regression: no candidate meets the criterion"))
+        else:
+            outcomes.append(compare_latency(record_ms, summary, tolerance))
+            if outcomes[-1].better and update:
+                from gpt_optuna.export import export_trial
+
+                export_trial(study, None, record_path.with_name(record_path.name.removesuffix(".json")))
+                outcomes[-1] = Outcome("latency", True, outcomes[-1].message + "; the record is updated")
+            elif outcomes[-1].better:
+                outcomes[-1] = Outcome("latency", True, outcomes[-1].message + "; --update records it", True)
+    if junit is not None:
+        write_junit(junit, outcomes, time.monotonic() - started)
+    for outcome in outcomes:
+        print(("ok: " if outcome.passed else "FAILED: ") + outcome.message)
+    return 0 if all(o.passed for o in outcomes) else EXIT_REGRESSION

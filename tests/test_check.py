@@ -1,0 +1,110 @@
+"""``gpt-optuna check`` as a CI gate, against real ONNX Runtime runs on the CPU: an unchanged model
+passes, a model made ten times slower fails on latency and one whose outputs changed fails on
+accuracy, each with exit 1 and a JUnit <failure>; a record that claims too little is updated."""
+
+from __future__ import annotations
+
+import json
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from conftest import tune
+from onnx import helper, numpy_helper
+
+from gpt_optuna.cli import main
+
+CONFIG = 'confirm_processes = 2\n[measure]\nbudget_s = 0.1\nmin_samples = 5\n[space]\nprecision = "default"\n'
+
+
+def slowed(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The same outputs after a heavy convolution whose result is multiplied by zero."""
+    slow = onnx.ModelProto()
+    slow.CopyFrom(model)
+    weight = np.random.default_rng(0).standard_normal((128, 3, 9, 9)).astype(np.float32)
+    slow.graph.initializer.extend(
+        [numpy_helper.from_array(weight, "heavy.w"), numpy_helper.from_array(np.zeros((), np.float32), "nothing")]
+    )
+    output = slow.graph.output[0].name
+    for node in slow.graph.node:
+        node.output[:] = [f"{output}.before" if o == output else o for o in node.output]
+    slow.graph.node.extend(
+        [
+            helper.make_node("Conv", [slow.graph.input[0].name, "heavy.w"], ["heavy"], pads=[4, 4, 4, 4]),
+            helper.make_node("Conv", ["heavy", "heavy.w2"], ["heavier"], pads=[1, 1, 1, 1]),
+            helper.make_node("ReduceSum", ["heavier"], ["heavy.sum"], keepdims=0),
+            helper.make_node("Mul", ["heavy.sum", "nothing"], ["zero"]),
+            helper.make_node("Add", [f"{output}.before", "zero"], [output]),
+        ]
+    )
+    slow.graph.initializer.append(
+        numpy_helper.from_array(
+            np.random.default_rng(1).standard_normal((128, 128, 3, 3)).astype(np.float32), "heavy.w2"
+        )
+    )
+    onnx.checker.check_model(slow, full_check=True)
+    return slow
+
+
+def changed(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Other outputs: the classifier's weights perturbed."""
+    other = onnx.ModelProto()
+    other.CopyFrom(model)
+    for init in other.graph.initializer:
+        if init.name == "fc.w":
+            weight = numpy_helper.to_array(init)
+            init.CopyFrom(
+                numpy_helper.from_array(
+                    weight + np.random.default_rng(2).standard_normal(weight.shape).astype(np.float32), "fc.w"
+                )
+            )
+    return other
+
+
+def junit_failures(path: Path) -> list[str]:
+    suite = ET.parse(path).getroot()
+    assert suite.tag == "testsuite" and suite.get("tests") == str(len(suite.findall("testcase")))
+    return [f.get("message", "") for f in suite.iter("failure")]
+
+
+@pytest.mark.slow
+def test_check_passes_the_record_and_fails_a_slower_or_changed_model(
+    cnn_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "tune.toml").write_text(CONFIG)
+    config = ["--config", str(tmp_path / "tune.toml")]
+    assert tune(str(cnn_path), *config, "--n-trials", "6", "--seed", "0", "--confirm-top", "2") == 0
+    assert main(["export", "-o", "record.onnx"]) == 0
+    record = json.loads(Path("record.onnx.json").read_text())
+    assert Path("record.onnx.inputs.npz").is_file() and Path("record.onnx.reference.npz").is_file()
+    check = ["check", "--baseline", "record.onnx.json", "--budget", "8s", "--quiet", *config]
+
+    capsys.readouterr()
+    assert main([*check, str(cnn_path), "--tolerance", "50%", "--junit", "same.xml"]) == 0
+    assert "ok: latency within 50%" in capsys.readouterr().out and junit_failures(Path("same.xml")) == []
+
+    model = onnx.load(str(cnn_path))
+    onnx.save(slowed(model), "slow.onnx")
+    assert main([*check, "slow.onnx", "--tolerance", "50%", "--junit", "slow.xml"]) == 1
+    out = capsys.readouterr().out
+    assert "FAILED: latency regression" in out and "ok: the model's outputs meet" in out
+    (failure,) = junit_failures(Path("slow.xml"))
+    assert failure.startswith("latency regression")
+
+    onnx.save(changed(model), "changed.onnx")
+    assert main([*check, "changed.onnx", "--junit", "changed.xml"]) == 1
+    (failure,) = junit_failures(Path("changed.xml"))
+    assert failure.startswith("accuracy regression: the model's outputs changed: cosine=")
+
+    record["confirmed"] = None
+    record["latency_ms"] = 100 * record["latency_ms"]  # a record that claims a hundred times too slow
+    Path("record.onnx.json").write_text(json.dumps(record))
+    capsys.readouterr()
+    assert main([*check, str(cnn_path), "--update"]) == 0
+    assert "faster than the record" in capsys.readouterr().out
+    assert json.loads(Path("record.onnx.json").read_text())["latency_ms"] < record["latency_ms"] / 10
+
+    assert main([*check, str(cnn_path), "--tolerance", "lots"]) == 2
+    assert main(["check", str(cnn_path), "--baseline", "nothing.json"]) == 2
