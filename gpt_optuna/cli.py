@@ -371,7 +371,7 @@ def run(argv: list[str]) -> int:
 
 EXIT_CODES = """exit codes:
   0    success
-  1    internal error (a bug: the traceback is printed)
+  1    internal error (a bug: the traceback is printed); for check: a regression, named in one line
   2    user error or a fault of the machine (bad input, full disk, read-only files): one line says which
   3    the search finished without any feasible candidate
   130  interrupted (Ctrl-C); the summary and the command that resumes are printed"""

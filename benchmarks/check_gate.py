@@ -1,0 +1,75 @@
+"""``gpt-optuna check`` against its own record, for false alarms and for a record that lies.
+
+Tunes MobileNetV2 (real weights, batch 8) on ONNX Runtime, exports the winner as the record, then
+runs ``check`` of the unchanged model against it ``--repeat`` times (each should pass: no false
+alarm from measurement noise), and once against a copy of the record that claims a latency 10 %
+faster than measured (it should fail with exit 1). Prints each run's exit code and verdict lines.
+
+    python benchmarks/check_gate.py [--trials 16] [--budget 40s] [--repeat 3] [--tolerance 5%]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import onnx
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from mobilenet_v2 import WEIGHTS, load_state_dict, mobilenet_v2  # noqa: E402
+from registry import download_one  # noqa: E402
+
+from gpt_optuna.cli import main as cli  # noqa: E402
+
+
+def run(argv: list[str]) -> tuple[int, list[str], float]:
+    """A command's exit code, its printed verdict lines, and its wall time."""
+    printed = io.StringIO()
+    start = time.monotonic()
+    with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(io.StringIO()):
+        code = cli(argv)
+    lines = [line for line in printed.getvalue().splitlines() if line.startswith(("ok:", "FAILED:"))]
+    return code, lines, time.monotonic() - start
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--trials", type=int, default=16)
+    parser.add_argument("--budget", default="40s")
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--tolerance", default="5%")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        os.chdir(tmp)
+        onnx.save(mobilenet_v2(load_state_dict(download_one(*WEIGHTS)), batch=8), "mobilenet_v2_b8.onnx")
+        code, _, wall = run(["tune", "mobilenet_v2_b8.onnx", "--n-trials", str(args.trials), "--seed", "0", "--quiet"])
+        print(f"tune: exit {code}, {wall:.0f} s")
+        code, _, _ = run(["export", "-o", "record.onnx"])
+        record = json.loads(Path("record.onnx.json").read_text())
+        recorded = (record.get("confirmed") or {}).get("median_ms") or record["latency_ms"]
+        print(f"record: trial {record['trial']}, {recorded:.4f} ms, params {record['params']}")
+        check = ["check", "mobilenet_v2_b8.onnx", "--budget", args.budget, "--tolerance", args.tolerance, "--quiet"]
+        for attempt in range(args.repeat):
+            code, lines, wall = run([*check, "--baseline", "record.onnx.json"])
+            print(f"check {attempt + 1} against its own record: exit {code}, {wall:.0f} s")
+            print("\n".join(f"    {line}" for line in lines))
+        lying = dict(record)
+        if lying.get("confirmed"):
+            lying["confirmed"] = {**lying["confirmed"], "median_ms": 0.9 * recorded}
+        lying["latency_ms"] = 0.9 * record["latency_ms"]
+        Path("lying.onnx.json").write_text(json.dumps(lying))  # its samples are the record's files
+        code, lines, wall = run([*check, "--baseline", "lying.onnx.json"])
+        print(f"check against a record 10 % faster than measured: exit {code}, {wall:.0f} s")
+        print("\n".join(f"    {line}" for line in lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
