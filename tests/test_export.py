@@ -152,3 +152,19 @@ def text_parsed(text: str) -> object:
     from google.protobuf import text_format
 
     return text_format.Parse(text, model_config.ModelConfig())
+
+
+@pytest.mark.gpu
+def test_a_cuda_export_opens_with_the_trials_provider_options(cnn_path: Path, tmp_path: Path) -> None:
+    (tmp_path / "tune.toml").write_text('[measure]\nbudget_s = 0.1\n[space]\n"cuda.prefer_nhwc" = [true]\n"cuda.enable_cuda_graph" = "default"\n')
+    assert tune(str(cnn_path), "--config", str(tmp_path / "tune.toml"), "--n-trials", "2", "--confirm-top", "0") == 0
+    trial = load("cnn-onnxruntime").trials[1]
+    assert main(["export", "--trial", "1", "-o", "cuda.onnx"]) == 0
+    session = gpt_optuna.open_session("cuda.onnx")
+    options = session.get_provider_options()["CUDAExecutionProvider"]
+    assert session.get_providers()[0] == "CUDAExecutionProvider" and options["prefer_nhwc"] == "1"
+    assert options["cudnn_conv_algo_search"] == trial.params["cuda.cudnn_conv_algo_search"]
+    feeds = m.unstack(dict(np.load("studies/cnn-onnxruntime/inputs.npz")))[0]
+    reference = m.unstack(dict(np.load("studies/cnn-onnxruntime/reference.npz")))[0]
+    (name,) = reference
+    np.testing.assert_allclose(session.run([name], feeds)[0], reference[name], rtol=1e-2, atol=1e-2)
