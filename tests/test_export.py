@@ -156,7 +156,8 @@ def text_parsed(text: str) -> object:
 
 @pytest.mark.gpu
 def test_a_cuda_export_opens_with_the_trials_provider_options(cnn_path: Path, tmp_path: Path) -> None:
-    (tmp_path / "tune.toml").write_text('[measure]\nbudget_s = 0.1\n[space]\n"cuda.prefer_nhwc" = [true]\n"cuda.enable_cuda_graph" = "default"\n')
+    space = '"cuda.prefer_nhwc" = [true]\n"cuda.enable_cuda_graph" = "default"\n'
+    (tmp_path / "tune.toml").write_text(f"[measure]\nbudget_s = 0.1\n[space]\n{space}")
     assert tune(str(cnn_path), "--config", str(tmp_path / "tune.toml"), "--n-trials", "2", "--confirm-top", "0") == 0
     trial = load("cnn-onnxruntime").trials[1]
     assert main(["export", "--trial", "1", "-o", "cuda.onnx"]) == 0
