@@ -50,7 +50,7 @@ def main() -> int:
         os.chdir(tmp)
         onnx.save(mobilenet_v2(load_state_dict(download_one(*WEIGHTS)), batch=8), "mobilenet_v2_b8.onnx")
         code, _, wall = run(["tune", "mobilenet_v2_b8.onnx", "--n-trials", str(args.trials), "--seed", "0", "--quiet"])
-        print(f"tune: exit {code}, {wall:.0f} s")
+        print(f"tune: exit {code}, {wall:.0f} s", flush=True)
         code, _, _ = run(["export", "-o", "record.onnx"])
         record = json.loads(Path("record.onnx.json").read_text())
         recorded = (record.get("confirmed") or {}).get("median_ms") or record["latency_ms"]
@@ -59,7 +59,7 @@ def main() -> int:
         for attempt in range(args.repeat):
             code, lines, wall = run([*check, "--baseline", "record.onnx.json"])
             print(f"check {attempt + 1} against its own record: exit {code}, {wall:.0f} s")
-            print("\n".join(f"    {line}" for line in lines))
+            print("\n".join(f"    {line}" for line in lines), flush=True)
         lying = dict(record)
         if lying.get("confirmed"):
             lying["confirmed"] = {**lying["confirmed"], "median_ms": 0.9 * recorded}
@@ -67,7 +67,7 @@ def main() -> int:
         Path("lying.onnx.json").write_text(json.dumps(lying))  # its samples are the record's files
         code, lines, wall = run([*check, "--baseline", "lying.onnx.json"])
         print(f"check against a record 10 % faster than measured: exit {code}, {wall:.0f} s")
-        print("\n".join(f"    {line}" for line in lines))
+        print("\n".join(f"    {line}" for line in lines), flush=True)
     return 0
 
 
