@@ -98,9 +98,9 @@ def compare_latency(record_ms: float, summary: Any, tolerance: float) -> Outcome
     row = summary.confirmed_row
     measured = (row.get("process_ms") or [row["median_ms"]]) if row else [summary.best_value]
     low, high, median = min(measured), max(measured), float(np.median(measured))
-    which = f"{summary.measurement} {low:.4g}-{high:.4g} ms" if len(measured) > 1 else f"{median:.4g} ms"
+    which = f" (processes {low:.4g}-{high:.4g} ms)" if len(measured) > 1 else f" ({summary.measurement})"
     change = 100 * (median / record_ms - 1)
-    said = f"trial {summary.best.number}: {median:.4g} ms ({which}) against the recorded {record_ms:.4g} ms"
+    said = f"trial {summary.best.number}: {median:.4g} ms{which} against the recorded {record_ms:.4g} ms"
     if low > record_ms * (1 + tolerance):
         return Outcome("latency", False, f"latency regression: {said}, {change:+.1f} % beyond {tolerance:.0%}")
     if high < record_ms * (1 - tolerance):
@@ -172,6 +172,19 @@ def run_check(
             return code
         study = load_study(open_storage(config.storage, create=False), name)
         summary = summarize_study(study)
+        if summary.confirmed is None and summary.best is not None:
+            # the budget bounds the search; the comparison needs the confirmed finalists
+            from gpt_optuna.confirm import confirm, template_from_study
+
+            print(f"re-measuring the finalists and the baseline in {config.confirm_processes} processes ...")
+            confirm(
+                study,
+                template_from_study(study),
+                config.workdir / "confirm.log",
+                config.confirm_top,
+                config.confirm_processes,
+            )
+            summary = summarize_study(study)
         failed = seeded_failure(study)
         if failed is not None:
             outcomes.append(failed)
