@@ -12,7 +12,6 @@ tolerance; it improves when every process measured it faster by more than the to
 
 from __future__ import annotations
 
-import json
 import time
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass
@@ -25,6 +24,7 @@ from gpt_optuna import model as model_io
 from gpt_optuna.accuracy import parse_criterion
 from gpt_optuna.config import TuneConfig
 from gpt_optuna.errors import EXIT_INTERRUPTED, EXIT_NO_FEASIBLE, UserError
+from gpt_optuna.session import read_record
 
 EXIT_REGRESSION = 1
 
@@ -39,16 +39,11 @@ class Outcome:
     better: bool = False
 
 
-def read_record(path: Path) -> dict[str, Any]:
+def load_record(path: Path) -> dict[str, Any]:
     """The export's side file, with the paths of its sample files resolved beside it."""
-    try:
-        record = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise UserError(
-            f"no record {path}: write one with gpt-optuna export -o FILE (FILE.json is the record)"
-        ) from None
-    except json.JSONDecodeError as exc:
-        raise UserError(f"{path} is not a record written by gpt-optuna export: {exc}") from None
+    if path.suffix != ".json":
+        raise UserError(f"--baseline takes the record FILE.json that gpt-optuna export -o FILE wrote, not {path}")
+    record = read_record(path.with_suffix(""))
     missing = [k for k in ("backend", "params", "accuracy_criterion", "samples") if not record.get(k)]
     if missing:
         raise UserError(f"{path} lacks {', '.join(missing)}: export the study again with this version")
@@ -150,7 +145,7 @@ def run_check(
     from gpt_optuna.tuner import tune
 
     started = time.monotonic()
-    record = read_record(record_path)
+    record = load_record(record_path)
     record_ms = recorded_latency(record)
     outcomes = [outputs_unchanged(model, record)]
     if outcomes[0].passed:

@@ -82,7 +82,7 @@ def export_trial(study: optuna.Study, number: int | None, out: Path) -> tuple[Pa
         if not source.is_file():
             raise UserError(f"the model of trial {trial.number} is gone: {source}")
         shutil.copyfile(source, out)
-    candidate = {knob["name"]: knob["default"] for knob in recorded.get("space", [])} | trial.params
+    defaults = {knob["name"]: knob["default"] for knob in recorded.get("space", [])}
     confirmed = next((r for r in (summary.confirmed or {}).get("ranking", []) if r["number"] == trial.number), None)
     side: dict[str, Any] = {
         "study": study.study_name,
@@ -107,9 +107,9 @@ def export_trial(study: optuna.Study, number: int | None, out: Path) -> tuple[Pa
         "model_sha256": hashlib.sha256(out.read_bytes()).hexdigest(),
     }
     if recorded.get("backend") == "onnxruntime":
-        side["onnxruntime"] = onnxruntime_settings(candidate, out.parent)
+        side["onnxruntime"] = onnxruntime_settings(defaults | trial.params, out.parent)
     elif recorded.get("backend") == "tensorrt":
-        side["commands"] = build_commands(study, trial, out, {k["name"]: k["default"] for k in recorded["space"]})
+        side["commands"] = build_commands(study, trial, out, defaults)
     for kind in ("inputs", "reference"):  # what a later `gpt-optuna check` compares a changed model on
         shutil.copyfile(workdir / f"{kind}.npz", out.with_name(_beside(out, kind)))
     side_path = out.with_name(out.name + ".json")

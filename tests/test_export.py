@@ -44,9 +44,10 @@ def test_an_onnxruntime_export_opens_as_the_trial_ran_and_reproduces_its_outputs
     assert options.get_session_config_entry("session.intra_op.allow_spinning") == "0"
     assert session.get_providers()[0] == "CPUExecutionProvider"
 
-    feeds = m.unstack(dict(np.load("studies/cnn-onnxruntime/inputs.npz")))[0]
-    backend = OnnxRuntimeBackend()
     info = m.load_model_info(ran)
+    stored = m.unstack(dict(np.load("studies/cnn-onnxruntime/inputs.npz")))[0]
+    feeds = {spec.name: stored[spec.name].astype(spec.dtype) for spec in info.inputs}  # fp16 where keep_io is off
+    backend = OnnxRuntimeBackend()
     candidate = {knob["name"]: knob["default"] for knob in study.user_attrs["gpt_optuna"]["space"]} | trial.params
     built = backend.build(info, candidate, tmp_path, {})
     with backend.open(built, feeds, {}) as runner:
@@ -156,7 +157,7 @@ def text_parsed(text: str) -> object:
 
 @pytest.mark.gpu
 def test_a_cuda_export_opens_with_the_trials_provider_options(cnn_path: Path, tmp_path: Path) -> None:
-    space = '"cuda.prefer_nhwc" = [true]\n"cuda.enable_cuda_graph" = "default"\n'
+    space = 'precision = "default"\n"cuda.prefer_nhwc" = [true]\n"cuda.enable_cuda_graph" = "default"\n'
     (tmp_path / "tune.toml").write_text(f"[measure]\nbudget_s = 0.1\n[space]\n{space}")
     assert tune(str(cnn_path), "--config", str(tmp_path / "tune.toml"), "--n-trials", "2", "--confirm-top", "0") == 0
     trial = load("cnn-onnxruntime").trials[1]
