@@ -15,6 +15,7 @@ import faulthandler
 import multiprocessing
 import os
 import signal
+import threading
 import traceback
 from collections.abc import Callable
 from multiprocessing.connection import Connection
@@ -125,9 +126,20 @@ class Worker:
     def _start(self) -> None:
         parent_conn, child_conn = self._context.Pipe()
         process = self._context.Process(target=_child_main, args=(child_conn, str(self.log_path)), daemon=True)
-        process.start()
+        # a Ctrl-C before the child has read its start-up data from us would make it print a
+        # traceback (EOFError) on the terminal: the interrupt waits until the child has started
+        interrupted: list[int] = []
+        main = threading.current_thread() is threading.main_thread()
+        previous = signal.signal(signal.SIGINT, lambda number, _: interrupted.append(number)) if main else None
+        try:
+            process.start()
+        finally:
+            if previous is not None:
+                signal.signal(signal.SIGINT, previous)
         child_conn.close()
         self._process, self._conn = process, parent_conn
+        if interrupted:
+            raise KeyboardInterrupt
 
     def _exit_reason(self) -> str:
         assert self._process is not None
