@@ -26,7 +26,8 @@ from gpt_optuna.space import Candidate, Space
 from gpt_optuna.taxonomy import has_own_result, retried_numbers
 from gpt_optuna.worker import Worker
 
-OWNER = f"{socket.gethostname()}:{os.getpid()}"
+HOST = socket.gethostname()
+OWNER = f"{HOST}:{os.getpid()}"
 """Which tuner process runs a trial, so a later run can tell a dead owner's trials apart."""
 
 _COPIED_ATTRS = (
@@ -80,8 +81,10 @@ class Objective:
         artifacts: FileSystemArtifactStore,
         on_result: Callable[[int, Candidate, TrialResult | None], None] = lambda *_: None,
         objectives: tuple[str, ...] = ("latency",),
+        device: str = "cpu",
     ) -> None:
         self.objectives = objectives
+        self.device = device
         self.space = space
         self.job = job
         self.worker = worker
@@ -93,6 +96,8 @@ class Objective:
 
     def __call__(self, trial: optuna.Trial) -> Any:
         trial.set_user_attr("owner", OWNER)
+        for name, value in (("host", HOST), ("worker", f"{OWNER}/0"), ("gpu", self.device)):
+            trial.set_user_attr(name, value)  # who measured it, on what
         candidate = self.space.suggest(trial)
         earlier = find_evaluated(trial.study, candidate, trial.number)
         if earlier is not None:

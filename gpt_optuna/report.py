@@ -32,11 +32,12 @@ class TrialRow:
     params: dict[str, Any]
     baseline: bool
     reason: str = ""
-    extra: dict[str, Any] = field(default_factory=dict)
     reused_from: int | None = None
     """The trial whose result this one copied (the same candidate): tables show the original once."""
     accuracy: dict[str, float] = field(default_factory=dict)
     """Every accuracy metric of the trial (user attr ``accuracy``), ``samples`` included."""
+    measured_on: str = ""
+    """The host and device that evaluated the trial (user attrs ``host`` and ``gpu``)."""
 
     @property
     def hover(self) -> str:
@@ -82,6 +83,7 @@ def collect(study: optuna.Study) -> list[TrialRow]:
                 reason=str(reason),
                 reused_from=attrs.get("reused_from"),
                 accuracy=dict(accuracy or {}),
+                measured_on=f"{attrs['host']} {attrs.get('gpu', '')}".strip() if "host" in attrs else "",
             )
         )
     return rows
@@ -209,7 +211,7 @@ def accuracy_rows(rows: list[TrialRow], criterion: Criterion | None) -> list[dic
     return [
         {"trial": r.number, "status": r.status, "latency_ms": r.latency_ms}
         | {name: r.accuracy.get(name) for name in names}
-        | {"reason": r.reason[:160]}
+        | {"measured on": r.measured_on, "reason": r.reason[:160]}
         for r in rows
         if r.reused_from is None and (r.accuracy or r.reason)
     ]
@@ -247,6 +249,7 @@ def best_rows(
             row |= {"latency_ms": r.latency_ms, "baseline_ms": search_base, "measured": "search"}
             row["speedup"] = f"{search_base / r.latency_ms:.3f}x" if search_base else ""  # type: ignore[operator]
         row |= {name: r.accuracy.get(name) for name in names}
+        row["measured on"] = r.measured_on
         row["export"] = f"gpt-optuna export --study-name {summary.name} --trial {r.number} -o trial{r.number}"
         row["params"] = r.params
         table.append(row)

@@ -301,6 +301,7 @@ def tune(config: TuneConfig, progress: Progress | None = None, argv: list[str] |
             FileSystemArtifactStore(artifacts_dir),
             on_result,
             config.objectives,
+            measuring_device(prepared),
         )
         try:
             study.optimize(
@@ -340,6 +341,13 @@ def tune(config: TuneConfig, progress: Progress | None = None, argv: list[str] |
         steps = next_steps(config, args, finished_count(study))
         progress.finish(summary, steps, note=note, elapsed=time.monotonic() - started)
     return EXIT_NO_FEASIBLE if summary.best is None else 0
+
+
+def measuring_device(prepared: Prepared) -> str:
+    """The GPU's name where candidates run on one, else ``cpu``."""
+    gpu = prepared.versions.get("gpu", "none")
+    on_cpu = prepared.space.default().get("provider") == "CPUExecutionProvider"
+    return "cpu" if gpu == "none" or on_cpu else gpu
 
 
 CONFIRM_MIN_S = 10.0

@@ -65,6 +65,9 @@ def test_rows_carry_latency_error_and_status(study_with_everything: optuna.Study
         if r.status == "failed":
             assert "SIGSEGV" in r.reason
     assert rows[0].baseline
+    trial = study_with_everything.trials[0]
+    assert trial.user_attrs["gpu"] == "cpu" and trial.user_attrs["worker"].startswith(trial.user_attrs["host"])
+    assert rows[0].measured_on == f"{trial.user_attrs['host']} cpu"  # shown in the report's tables
 
 
 def test_report_is_one_self_contained_page_with_every_figure(study_with_everything: optuna.Study) -> None:
