@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from gpt_optuna import __version__
+from gpt_optuna import __version__, interrupts
 from gpt_optuna.config import SAMPLERS, TuneConfig, default_storage, parse_duration, read_toml
 from gpt_optuna.errors import EXIT_INTERRUPTED, EXIT_USER_ERROR, UserError, environment_fault
 
@@ -381,6 +381,7 @@ def main(argv: list[str] | None = None) -> int:
     # a Ctrl-C that lands inside a fetch makes SQLAlchemy log the cursor it could not close, with a
     # traceback; the interruption itself is reported, and storage errors raise
     logging.getLogger("sqlalchemy").setLevel(logging.CRITICAL)
+    interrupts.install()
     try:
         return run(sys.argv[1:] if argv is None else argv)
     except UserError as exc:

@@ -23,6 +23,7 @@ import numpy as np
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from gpt_optuna import interrupts
 from gpt_optuna.evaluate import INPUTS_FILE, REFERENCE_FILE, EvaluateJob
 from gpt_optuna.measure import bootstrap_ratio, interleaved_rounds, launch_timer, measure
 from gpt_optuna.space import Candidate
@@ -105,6 +106,7 @@ def confirm(
     trials = [baseline, *best]
     tables, labels = [], []
     for process in range(processes):
+        interrupts.check()
         say(f"  process {process + 1} of {processes}: building {len(trials)} candidates, timing rounds ...")
         order = [(process + k) % len(trials) for k in range(len(trials))]
         job = ConfirmJob(template, tuple(dict(trials[i].params) for i in order))

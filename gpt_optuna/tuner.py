@@ -17,6 +17,7 @@ import numpy as np
 import optuna
 from optuna.artifacts import FileSystemArtifactStore
 
+from gpt_optuna import interrupts
 from gpt_optuna import model as model_io
 from gpt_optuna.config import STUDIES, TuneConfig, default_storage
 from gpt_optuna.confirm import confirm
@@ -238,6 +239,7 @@ def tune(config: TuneConfig, progress: Progress | None = None, argv: list[str] |
     """
     args = list(sys.argv[1:] if argv is None else argv)
     optuna.logging.set_verbosity(optuna.logging.ERROR)
+    interrupts.install()
     logging.getLogger("optuna").setLevel(logging.ERROR)
     assert config.storage is not None and config.study_name is not None
     started = time.monotonic()
@@ -309,7 +311,7 @@ def tune(config: TuneConfig, progress: Progress | None = None, argv: list[str] |
                 n_trials=remaining,
                 timeout=None if deadline is None else max(deadline - time.monotonic(), 0.001),
                 catch=(CandidateFailed,),
-                callbacks=[lambda s, t: progress.trial_done(s, t)],
+                callbacks=[lambda s, t: progress.trial_done(s, t), lambda *_: interrupts.check()],
             )
         except (KeyboardInterrupt, UserError) as exc:
             if objective.interrupted is not None:  # the next run retries the stopped candidate
@@ -331,6 +333,7 @@ def tune(config: TuneConfig, progress: Progress | None = None, argv: list[str] |
         if not config.dry_run and config.confirm_top > 0:
             try:
                 note = confirm_finalists(config, study, job, deadline, progress) or note
+                interrupts.check()
             except KeyboardInterrupt:
                 note = "the finalists' re-measurement was stopped by Ctrl-C: run gpt-optuna confirm to redo it"
                 progress.finish(summarize_study(study), next_steps(config, args, finished_count(study)), note=note)

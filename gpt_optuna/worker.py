@@ -22,6 +22,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any, TypeVar
 
+from gpt_optuna import interrupts
 from gpt_optuna.errors import UserError
 
 T = TypeVar("T")
@@ -139,6 +140,7 @@ class Worker:
         child_conn.close()
         self._process, self._conn = process, parent_conn
         if interrupted:
+            interrupts.remember()
             raise KeyboardInterrupt
 
     def _exit_reason(self) -> str:

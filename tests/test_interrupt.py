@@ -149,3 +149,29 @@ def _state(pid: int) -> str:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     except FileNotFoundError:
         return "Z"
+
+
+def test_a_ctrl_c_swallowed_by_a_destructor_still_stops_the_run() -> None:
+    """SIGINT landing in a ``__del__`` (SQLAlchemy's, during garbage collection) is printed as
+    ignored by Python; the press is remembered and the next check raises it."""
+    import gc
+    import os
+    import signal
+    import time
+
+    from gpt_optuna import interrupts
+
+    class Finalized:
+        def __del__(self) -> None:
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.2)  # the handler runs here, inside the destructor
+
+    interrupts.install()
+    try:
+        Finalized()
+        gc.collect()
+        with pytest.raises(KeyboardInterrupt):
+            interrupts.check()
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        interrupts.install()  # forget the press for the tests that follow
