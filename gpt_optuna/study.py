@@ -186,10 +186,11 @@ def _base_sampler(name: str, seed: int | None) -> optuna.samplers.BaseSampler:
     if name == "random":
         return optuna.samplers.RandomSampler(seed=seed)
     if name == "gp":
-        try:
-            import torch  # noqa: F401
-        except ImportError as exc:
-            raise MissingDependencyError("PyTorch (needed by the GP sampler)", "gp") from exc
+        for module, library in (("torch", "PyTorch"), ("scipy", "SciPy")):  # GPSampler fits with both
+            try:
+                __import__(module)
+            except ImportError as exc:
+                raise MissingDependencyError(f"{library} (needed by the GP sampler)", "gp") from exc
         return optuna.samplers.GPSampler(seed=seed)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)

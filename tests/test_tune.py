@@ -179,3 +179,15 @@ def test_gpu_search_tunes_the_cuda_provider_and_cpu_on_request(cnn_path: Path, t
     cpu.write_text('[space]\nprovider = "CPUExecutionProvider"\n')
     assert tune(str(cnn_path), "--n-trials", "3", "--config", str(cpu), "--study-name", "cnn-cpu") == 0
     assert {t.params["provider"] for t in load("cnn-cpu").get_trials()} == {"CPUExecutionProvider"}
+
+
+def test_the_gp_sampler_runs_past_its_startup_trials(cnn_path: Path, tmp_path: Path) -> None:
+    """GPSampler samples at random for its first 10 trials and then fits a Gaussian process (torch
+    and scipy, the ``gp`` extra): 12 trials cross that point."""
+    pytest.importorskip("torch", reason="the gp extra installs torch")
+    pytest.importorskip("scipy", reason="the gp extra installs scipy")
+    config = synthetic_config(tmp_path, 'mode = ["ok"]\ndelay_us = [0, 20, 40, 60, 80, 100]\nbuild_ms = [0, 1, 2]')
+    argv = [str(cnn_path), "--backend", SYNTHETIC, "--config", str(config), "--sampler", "gp", "--seed", "0"]
+    assert tune(*argv, "--n-trials", "12", "--confirm-top", "0") == 0
+    trials = load("cnn-syntheticbackend").get_trials()
+    assert len(trials) == 12 and all(t.state is TrialState.COMPLETE for t in trials)
