@@ -24,6 +24,14 @@ def onnxruntime_settings(candidate: dict[str, Any], folder: Path) -> dict[str, A
     }
 
 
+def trial_model(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> Path:
+    """The ONNX model a trial ran: its transformed copy in the study folder, else the study's model."""
+    transformed = trial.user_attrs.get("transformed_model")
+    if transformed:
+        return Path("studies") / study.study_name / "models" / transformed
+    return Path(study.user_attrs[FINGERPRINT_ATTR]["model"])
+
+
 def build_commands(
     study: optuna.Study, trial: optuna.trial.FrozenTrial, engine: Path, defaults: dict[str, Any]
 ) -> dict[str, Any]:
@@ -35,11 +43,9 @@ def build_commands(
     from gpt_optuna.trt_commands import polygraphy, trtexec
 
     recorded = study.user_attrs[FINGERPRINT_ATTR]
-    workdir = Path("studies") / study.study_name / "models"
-    transformed = trial.user_attrs.get("transformed_model")
-    source = workdir / transformed if transformed else Path(recorded["model"])
     parsed = engine.with_name(engine.name + ".onnx")
-    shutil.copyfile(folded(load_model_info(source), workdir).path, parsed)
+    models = Path("studies") / study.study_name / "models"
+    shutil.copyfile(folded(load_model_info(trial_model(study, trial)), models).path, parsed)
     lines = [
         make(parsed.name, engine.name, trial.params, defaults, recorded.get("shapes", {}))
         for make in (trtexec, polygraphy)
@@ -77,8 +83,7 @@ def export_trial(study: optuna.Study, number: int | None, out: Path) -> tuple[Pa
             artifact_store=FileSystemArtifactStore(workdir / "artifacts"), artifact_id=artifact, file_path=str(out)
         )
     else:  # ONNX Runtime builds no engine file: the model it ran, with the options in the side file
-        model = trial.user_attrs.get("transformed_model")
-        source = workdir / "models" / model if model else Path(recorded["model"])
+        source = trial_model(study, trial)
         if not source.is_file():
             raise UserError(f"the model of trial {trial.number} is gone: {source}")
         shutil.copyfile(source, out)

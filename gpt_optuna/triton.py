@@ -21,7 +21,7 @@ import numpy as np
 import optuna
 
 from gpt_optuna.errors import UserError
-from gpt_optuna.export import export_trial
+from gpt_optuna.export import export_trial, trial_model
 from gpt_optuna.model import ModelInfo, TensorSpec, load_model_info
 from gpt_optuna.study import FINGERPRINT_ATTR
 
@@ -78,18 +78,10 @@ def write_repository(study: optuna.Study, number: int | None, repo: Path, name: 
     plan = backend == "tensorrt"
     written, side = export_trial(study, number, version / ("model.plan" if plan else "model.onnx"))
     exported = json.loads(side.read_text())
-    ran = study.trials[exported["trial"]].user_attrs.get("transformed_model")
-    info = load_model_info(study_model(study, ran) if plan else written)
+    info = load_model_info(trial_model(study, study.trials[exported["trial"]]) if plan else written)
     text, left_out = config_text(name, info, exported, plan)
     (repo / name / "config.pbtxt").write_text(text)
     return repo / name, left_out
-
-
-def study_model(study: optuna.Study, transformed: str | None) -> Path:
-    """The ONNX model a TensorRT trial's engine was built from."""
-    if transformed:
-        return Path("studies") / study.study_name / "models" / transformed
-    return Path(study.user_attrs[FINGERPRINT_ATTR]["model"])
 
 
 def config_text(name: str, info: ModelInfo, record: dict[str, Any], plan: bool) -> tuple[str, list[str]]:
