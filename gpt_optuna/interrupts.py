@@ -8,8 +8,10 @@ long phases call :func:`check` between steps, so that the interrupt takes effect
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import threading
+from collections.abc import Iterator
 
 _pressed = threading.Event()
 
@@ -27,9 +29,22 @@ def install() -> None:
         signal.signal(signal.SIGINT, _handler)
 
 
-def remember() -> None:
-    """Record a press that was caught some other way (a deferred one)."""
-    _pressed.set()
+@contextlib.contextmanager
+def deferred() -> Iterator[None]:
+    """Hold a Ctrl-C pressed inside the block until the block is over (in the main thread; other
+    threads get no signals), then raise it."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda number, _: held.append(number))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if held:
+        _pressed.set()
+        raise KeyboardInterrupt
 
 
 def check() -> None:

@@ -15,7 +15,6 @@ import faulthandler
 import multiprocessing
 import os
 import signal
-import threading
 import traceback
 from collections.abc import Callable
 from multiprocessing.connection import Connection
@@ -129,19 +128,10 @@ class Worker:
         process = self._context.Process(target=_child_main, args=(child_conn, str(self.log_path)), daemon=True)
         # a Ctrl-C before the child has read its start-up data from us would make it print a
         # traceback (EOFError) on the terminal: the interrupt waits until the child has started
-        interrupted: list[int] = []
-        main = threading.current_thread() is threading.main_thread()
-        previous = signal.signal(signal.SIGINT, lambda number, _: interrupted.append(number)) if main else None
-        try:
+        with interrupts.deferred():
             process.start()
-        finally:
-            if previous is not None:
-                signal.signal(signal.SIGINT, previous)
-        child_conn.close()
-        self._process, self._conn = process, parent_conn
-        if interrupted:
-            interrupts.remember()
-            raise KeyboardInterrupt
+            child_conn.close()
+            self._process, self._conn = process, parent_conn
 
     def _exit_reason(self) -> str:
         assert self._process is not None
