@@ -58,7 +58,7 @@ def precision_space(model: Path, backend: str, inputs: Path) -> tuple[dict, int]
         cli(["space", str(model), "--backend", backend, "--shape", SHAPE, "--inputs", str(inputs), "--json"])
     knobs = {k["name"]: k for k in json.loads(printed.getvalue())["knobs"]}
     space: dict = {name: "default" for name in knobs if not is_precision_knob(name)}
-    space |= {name: "default" for name in knobs if name.startswith("keep_") or name == "keep_fp32_nodes"}
+    space |= {name: "default" for name in knobs if name.startswith("keep_")}
     precisions = knobs["precision"]["choices"]
     quantize = knobs.get("quantize_ops", {}).get("choices", [])
     count = sum(len(quantize) if p in QUANTIZED else 1 for p in precisions)
