@@ -50,6 +50,9 @@ SESSION_PARAMETERS = {
     "enable_mem_pattern": "enable_mem_pattern",
 }
 """SessionOptions attributes and the backend's ``parameters`` keys for them."""
+CONFIG_DEFAULTS = {"session.intra_op.allow_spinning": "1", "session.set_denormal_as_zero": "0"}
+"""ONNX Runtime's own values for the session config entries the search sets: one at its default
+needs no field in Triton's configuration."""
 TENSORRT_ACCELERATOR = {
     "trt_builder_optimization_level": "trt_builder_optimization_level",
     "trt_cuda_graph_enable": "trt_cuda_graph_enable",
@@ -130,7 +133,7 @@ def _onnxruntime_fields(settings: dict[str, Any]) -> tuple[list[str], list[str],
             value = options[attribute]
             text = {"ORT_SEQUENTIAL": "0", "ORT_PARALLEL": "1"}.get(str(value), str(value).lower())
             parameters.append(f'parameters {{ key: "{key}" value: {{ string_value: "{text}" }} }}')
-    left_out += [f"session config {key}={value}" for key, value in entries.items()]
+    left_out += [f"session config {key}={value}" for key, value in entries.items() if CONFIG_DEFAULTS.get(key) != value]
     return optimization, parameters, left_out
 
 
