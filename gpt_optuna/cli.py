@@ -15,6 +15,19 @@ from gpt_optuna.config import SAMPLERS, TuneConfig, default_storage, parse_durat
 from gpt_optuna.errors import EXIT_INTERRUPTED, EXIT_USER_ERROR, UserError, environment_fault
 
 
+def _worker_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--workers", type=int, help="evaluation workers in parallel (default: one per --gpus entry, else one)"
+    )
+    parser.add_argument("--gpus", help="GPUs to search on, one worker pinned to each: all, or indices such as 0,1")
+    parser.add_argument(
+        "--allow-mixed-gpus",
+        action="store_true",
+        default=None,
+        help="let workers on different GPU models search one study (their latencies are ranked together)",
+    )
+
+
 def _storage_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--storage", help="Optuna storage URL (default sqlite:///studies/<study-name>.db)")
     parser.add_argument("--study-name", help="study name (default: the only study in the storage)")
@@ -36,6 +49,10 @@ _TUNE_ONLY = (
     "confirm_top",
     "confirm_processes",
     "objectives",
+    "workers",
+    "gpus",
+    "artifacts",
+    "allow_mixed_gpus",
 )
 
 
@@ -102,6 +119,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="latency (default), or latency with any of error, memory (TensorRT), build_s: a multi-objective "
         "search, e.g. --objectives latency,error",
     )
+    _worker_flags(tune)
+    tune.add_argument(
+        "--artifacts",
+        help="artifact store folder for engines and the study's data (default studies/<study>/artifacts); "
+        "a folder every host mounts lets workers on other hosts join",
+    )
     tune.add_argument("--quiet", action="store_true", help="no progress bar")
 
     space = commands.add_parser("space", help="print the search space for a model, building nothing")
@@ -112,6 +135,25 @@ def build_parser() -> argparse.ArgumentParser:
     space.add_argument("--config", help="tune.toml; its [space] table is applied")
     space.add_argument("--json", action="store_true", help="print the knobs as JSON")
     space.set_defaults(**dict.fromkeys(_TUNE_ONLY))
+
+    worker = commands.add_parser(
+        "worker", help="join a study's search from this host (its storage must be reachable from here)"
+    )
+    worker.add_argument("--storage", required=True, help="the study's storage URL (PostgreSQL, grpc://, journal:)")
+    worker.add_argument("--study-name", required=True, help="the study to join")
+    worker.add_argument("--model", help="the model file here (default: the path the study recorded)")
+    worker.add_argument("--n-trials", type=int, help="the study's trial target (default: the one its search set)")
+    worker.add_argument("--timeout", help="stop after this long, e.g. 8h, 30m, 90s")
+    worker.add_argument("--artifacts", help="the study's artifact store as mounted here (default: its recorded path)")
+    _worker_flags(worker)
+    worker.add_argument("--quiet", action="store_true", help="no progress bar")
+
+    proxy = commands.add_parser(
+        "storage-proxy", help="serve a storage to many workers over gRPC (they use --storage grpc://HOST:PORT)"
+    )
+    proxy.add_argument("--storage", required=True, help="the storage to serve, e.g. postgresql://... or sqlite:///...")
+    proxy.add_argument("--host", default="localhost", help="address to listen on (default localhost; 0.0.0.0: all)")
+    proxy.add_argument("--port", type=int, default=13000, help="port (default 13000)")
 
     status = commands.add_parser("status", help="trial counts, baseline and best of a study")
     _storage_flags(status)
@@ -182,6 +224,10 @@ def tune_config(args: argparse.Namespace) -> TuneConfig:
         "confirm_top": args.confirm_top,
         "confirm_processes": args.confirm_processes,
         "objectives": args.objectives,
+        "workers": args.workers,
+        "gpus": args.gpus,
+        "artifacts": Path(args.artifacts) if args.artifacts else None,
+        "allow_mixed_gpus": args.allow_mixed_gpus,
     }
     values.update({k: v for k, v in flags.items() if v is not None})
     if "model" not in values:
@@ -316,6 +362,26 @@ def run(argv: list[str]) -> int:
         )
     if args.command == "space":
         return print_space(tune_config(args), as_json=args.json)
+    if args.command == "worker":
+        from gpt_optuna.join import JoinConfig, join
+        from gpt_optuna.progress import Progress
+
+        config = JoinConfig(
+            storage=args.storage,
+            study_name=args.study_name,
+            model=Path(args.model) if args.model else None,
+            n_trials=args.n_trials,
+            timeout_s=parse_duration(args.timeout) if args.timeout else None,
+            artifacts=Path(args.artifacts) if args.artifacts else None,
+            workers=args.workers,
+            gpus=args.gpus,
+            allow_mixed_gpus=bool(args.allow_mixed_gpus),
+        )
+        return join(config, Progress(enabled=not args.quiet))
+    if args.command == "storage-proxy":
+        from gpt_optuna.study import serve_storage
+
+        return serve_storage(args.storage, args.host, args.port)
     from gpt_optuna.progress import format_summary, format_verdict
     from gpt_optuna.study import summarize_study
 

@@ -88,6 +88,14 @@ class TuneConfig:
     """A user metric function, ``module:function`` or ``script.py:function``."""
     seeds: list[tuple[dict[str, Value], str]] = field(default_factory=list)
     """Configurations tried right after the baseline (fitted to the space), each with why."""
+    workers: int | None = None
+    """Evaluation workers in this process (default: one per --gpus entry, else one)."""
+    gpus: str | None = None
+    """``all`` or CUDA device indices (``0,1``): one worker pinned to each."""
+    artifacts: Path | None = None
+    """The artifact store's folder (default: the study folder's ``artifacts``); a shared one
+    lets workers on other hosts join."""
+    allow_mixed_gpus: bool = False
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS and ":" not in self.backend:
@@ -99,6 +107,8 @@ class TuneConfig:
             raise UserError(f"--samples must be at least 1, got {self.samples}")
         if self.sampler not in SAMPLERS:
             raise UserError(f"unknown sampler {self.sampler!r}; choose one of: {', '.join(SAMPLERS)}")
+        if self.workers is not None and self.workers < 1:
+            raise UserError(f"--workers must be at least 1, got {self.workers}")
         if self.n_trials is not None and self.n_trials < 1:
             raise UserError(f"--n-trials must be at least 1, got {self.n_trials}")
         if isinstance(self.objectives, str):
@@ -159,6 +169,10 @@ _TOML_KEYS = {
     "objectives": "objectives",
     "samples": "samples",
     "metric": "metric",
+    "workers": "workers",
+    "gpus": "gpus",
+    "artifacts": "artifacts",
+    "allow_mixed_gpus": "allow_mixed_gpus",
 }
 
 
@@ -183,6 +197,10 @@ _TOML_TYPES: dict[str, tuple[str, tuple[type, ...]]] = {
     "objectives": ("a string or a list of strings", (str, list)),
     "samples": (_INT, (int,)),
     "metric": (_TEXT, (str,)),
+    "workers": (_INT, (int,)),
+    "gpus": (_TEXT, (str,)),
+    "artifacts": (_TEXT, (str,)),
+    "allow_mixed_gpus": (_FLAG, (bool,)),
 }
 
 
@@ -239,6 +257,8 @@ def read_toml(path: Path) -> dict[str, Any]:
     for key in ("timeout_s", "trial_timeout_s"):
         if key in values:
             values[key] = parse_duration(values[key])
+    if "artifacts" in values:
+        values["artifacts"] = path.parent / values["artifacts"]
     for key in ("model", "inputs", "calibration"):
         if key in values and not _is_loader(values[key], path.parent):
             values[key] = (path.parent / values[key]) if not Path(values[key]).is_absolute() else Path(values[key])

@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -96,10 +97,11 @@ def confirm(
     processes: int = 3,
     timeout_s: float = 1800.0,
     say: Callable[[str], None] = lambda _: None,
+    env: dict[str, str] | None = None,
 ) -> dict[str, Any] | None:
-    """Re-measure the finalists in ``processes`` fresh worker processes, one after the other, and
-    store the result in the study. Each process builds and visits the candidates in another order;
-    ``say`` is told as each process starts."""
+    """Re-measure the finalists in ``processes`` fresh worker processes, one after the other (with
+    ``env``: pinned to one GPU), and store the result in the study. Each process builds and visits
+    the candidates in another order; ``say`` is told as each process starts."""
     baseline, best = finalists(study, top)
     if baseline is None or not best:
         return None
@@ -110,7 +112,7 @@ def confirm(
         say(f"  process {process + 1} of {processes}: building {len(trials)} candidates, timing rounds ...")
         order = [(process + k) % len(trials) for k in range(len(trials))]
         job = ConfirmJob(template, tuple(dict(trials[i].params) for i in order))
-        with Worker(worker_log) as worker:
+        with Worker(worker_log, env) as worker:
             measured = np.asarray(worker.run(job, timeout_s))
         table = np.empty_like(measured)
         table[:, order] = measured
@@ -121,10 +123,10 @@ def confirm(
     return result
 
 
-def template_from_study(study: optuna.Study) -> EvaluateJob:
-    """Rebuild the evaluation settings of a study from what it recorded (for ``gpt-optuna confirm``)."""
-    from pathlib import Path
-
+def template_from_study(study: optuna.Study, model: Path | None = None, workdir: Path | None = None) -> EvaluateJob:
+    """Rebuild the evaluation settings of a study from what it recorded (for ``gpt-optuna confirm``
+    and joining workers): the recorded model file, or ``model`` (same content), with the data in
+    the study folder (or ``workdir``)."""
     from gpt_optuna.accuracy import parse_criterion
     from gpt_optuna.errors import UserError
     from gpt_optuna.measure import MeasureSettings
@@ -136,10 +138,10 @@ def template_from_study(study: optuna.Study) -> EvaluateJob:
         raise UserError(f"study {study.study_name!r} was not made by gpt-optuna")
     if recorded.get("objective") == "build_s":
         raise UserError(f"study {study.study_name!r} is a dry run: there is no latency to confirm")
-    info = load_model_info(recorded["model"])
+    info = load_model_info(model or recorded["model"])
     if info.sha256 != recorded["model_sha256"]:
         raise UserError(f"{info.path} has changed since the study was made")
-    workdir = (Path("studies") / study.study_name).resolve()
+    workdir = (workdir or Path("studies") / study.study_name).resolve()
     info = with_distinct_dims(info, workdir / "models")
     for name in (INPUTS_FILE, REFERENCE_FILE):
         if not (workdir / name).is_file():

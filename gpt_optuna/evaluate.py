@@ -72,14 +72,21 @@ def _model_info(path: Path) -> ModelInfo:
     return _infos[key]
 
 
-def _gpu_name() -> str:
+def gpu_name() -> str:
+    """The name of the GPU CUDA numbers 0 here, ``none`` without one."""
+    names = gpu_names()
+    return names[0] if names else "none"
+
+
+def gpu_names() -> list[str]:
+    """The names of the GPUs this process sees, in CUDA's order; none without CuPy, a driver or a device."""
     try:
         import cupy
 
-        name = cupy.cuda.runtime.getDeviceProperties(0)["name"]
-        return name.decode() if isinstance(name, bytes) else str(name)
-    except Exception:  # no CuPy, no driver or no device
-        return "none"
+        names = [cupy.cuda.runtime.getDeviceProperties(i)["name"] for i in range(cupy.cuda.runtime.getDeviceCount())]
+    except Exception:
+        return []
+    return [name.decode() if isinstance(name, bytes) else str(name) for name in names]
 
 
 class Outcome(enum.StrEnum):
@@ -164,7 +171,7 @@ class SpaceJob:
         if precision:  # weak-typing flags only where the graph itself stays fp32
             graph_fp32 = Condition("precision", ("fp32",))
             knobs = [replace(k, condition=graph_fp32) if k.name in backend.weak_typing_knobs else k for k in knobs]
-        return Space(fusion + precision + knobs), {**backend.versions(), "gpu": _gpu_name()}
+        return Space(fusion + precision + knobs), {**backend.versions(), "gpu": gpu_name()}
 
 
 @dataclass(frozen=True)

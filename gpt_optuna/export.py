@@ -11,6 +11,7 @@ from typing import Any
 import optuna
 
 from gpt_optuna.errors import UserError
+from gpt_optuna.shared_data import artifact_folder
 from gpt_optuna.study import FINGERPRINT_ATTR, first_value, summarize_study
 
 
@@ -80,7 +81,7 @@ def export_trial(study: optuna.Study, number: int | None, out: Path) -> tuple[Pa
         if out.exists():
             out.unlink()
         download_artifact(
-            artifact_store=FileSystemArtifactStore(workdir / "artifacts"), artifact_id=artifact, file_path=str(out)
+            artifact_store=FileSystemArtifactStore(artifact_folder(study)), artifact_id=artifact, file_path=str(out)
         )
     else:  # ONNX Runtime builds no engine file: the model it ran, with the options in the side file
         source = trial_model(study, trial)

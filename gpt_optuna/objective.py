@@ -12,19 +12,23 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 from collections.abc import Callable
 from dataclasses import asdict, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import optuna
 from optuna.artifacts import FileSystemArtifactStore, upload_artifact
 from optuna.trial import FrozenTrial, TrialState
 
+from gpt_optuna import interrupts
 from gpt_optuna.errors import UserError
 from gpt_optuna.evaluate import EvaluateJob, Outcome, TrialResult, run_evaluation
 from gpt_optuna.space import Candidate, Space
 from gpt_optuna.taxonomy import has_own_result, retried_numbers
-from gpt_optuna.worker import Worker
+
+if TYPE_CHECKING:
+    from gpt_optuna.parallel import Lane
 
 HOST = socket.gethostname()
 OWNER = f"{HOST}:{os.getpid()}"
@@ -70,43 +74,41 @@ def result_attrs(result: TrialResult) -> dict[str, Any]:
 
 
 class Objective:
-    """The function Optuna calls for each trial."""
+    """The function Optuna calls for each trial, with the lane (worker process and device) that
+    evaluates it; several lanes may call it at once."""
 
     def __init__(
         self,
         space: Space,
         job: EvaluateJob,
-        worker: Worker,
         trial_timeout_s: float,
         artifacts: FileSystemArtifactStore,
         on_result: Callable[[int, Candidate, TrialResult | None], None] = lambda *_: None,
         objectives: tuple[str, ...] = ("latency",),
-        device: str = "cpu",
     ) -> None:
         self.objectives = objectives
-        self.device = device
         self.space = space
         self.job = job
-        self.worker = worker
         self.trial_timeout_s = trial_timeout_s
         self.artifacts = artifacts
         self.on_result = on_result
         self.consecutive_reuse = 0
-        self.interrupted: int | None = None
+        self.interrupted: list[int] = []
+        """Trials stopped before their candidate was evaluated: the tuner queues them again."""
 
-    def __call__(self, trial: optuna.Trial) -> Any:
+    def __call__(self, trial: optuna.Trial, lane: Lane) -> Any:
         trial.set_user_attr("owner", OWNER)
-        for name, value in (("host", HOST), ("worker", f"{OWNER}/0"), ("gpu", self.device)):
+        for name, value in (("host", HOST), ("worker", lane.worker_id), ("gpu", lane.device)):
             trial.set_user_attr(name, value)  # who measured it, on what
         candidate = self.space.suggest(trial)
-        earlier = find_evaluated(trial.study, candidate, trial.number)
+        earlier = find_evaluated(trial.study, candidate, trial.number) or self._await_twin(trial, candidate)
         if earlier is not None:
             return self._reuse(trial, earlier)
         self.consecutive_reuse = 0
         baseline = bool(trial.user_attrs.get("baseline"))
         job = replace(self.job, candidate=candidate, measure_infeasible=baseline)
         try:
-            result = run_evaluation(self.worker, job, self.trial_timeout_s)
+            result = run_evaluation(lane.worker, job, self.trial_timeout_s)
         except (KeyboardInterrupt, UserError) as exc:
             self._stop(trial, "stopped by the user" if isinstance(exc, KeyboardInterrupt) else f"stopped: {exc}")
             raise
@@ -130,7 +132,23 @@ class Objective:
     def _stop(self, trial: optuna.Trial, reason: str) -> None:
         """Mark a trial whose candidate was not evaluated, so that the tuner queues it again."""
         trial.set_user_attr("interrupted", reason)
-        self.interrupted = trial.number
+        self.interrupted.append(trial.number)
+
+    def _await_twin(self, trial: optuna.Trial, candidate: Candidate) -> FrozenTrial | None:
+        """Where an earlier trial of another worker (of another process, which samples apart from
+        ours) is evaluating the same candidate, wait for its result instead of evaluating it twice."""
+        deadline = time.monotonic() + self.trial_timeout_s
+        while time.monotonic() < deadline:
+            running = trial.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+            if not any(t.number < trial.number and t.params == candidate for t in running):
+                return find_evaluated(trial.study, candidate, trial.number)
+            try:
+                interrupts.check()
+            except KeyboardInterrupt:
+                self._stop(trial, "stopped by the user")
+                raise
+            time.sleep(1.0)
+        return None
 
     def _values(self, result: TrialResult) -> Any:
         """Median latency, or (latency, error, memory MiB, build time, ...) in the order of ``objectives``."""

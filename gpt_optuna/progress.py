@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import threading
 import time
 from typing import TYPE_CHECKING, Any, TextIO
 
@@ -116,6 +117,8 @@ class Progress:
         self._bar: tqdm | None = None
         self._best: tuple[float, int] | None = None
         self._deadline: float | None = None
+        self._workers = 1
+        self._lock = threading.RLock()  # several workers report at once
 
     @property
     def stream(self) -> TextIO:
@@ -130,24 +133,46 @@ class Progress:
         recovered: list[int],
         remaining: int | None,
         deadline: float | None = None,
+        workers: int = 1,
     ) -> None:
-        """Say what is searched; a bar counts the trials, and with --timeout shows the time left."""
+        """Say what is searched; a bar counts the trials, and shows the workers and, with
+        --timeout, the time left."""
         verb = "resuming" if resumed else "new"
-        self.note(f"{verb} study {config.study_name} in {config.storage} ({done} trials done); {len(space)} knobs")
+        self.note(
+            f"{verb} study {config.study_name} in {config.storage} ({done} trials done); {len(space)} knobs"
+            + (f"; {workers} workers" if workers > 1 else "")
+        )
         if recovered:
             self.note(f"trials {', '.join(map(str, recovered))} were interrupted by a killed run; retrying them")
+        self.begin(remaining, deadline, workers)
+
+    def begin(self, remaining: int | None, deadline: float | None, workers: int = 1) -> None:
+        """The bar: trials this process adds (of ``remaining``), its workers, the time left."""
         self._deadline = deadline
+        self._workers = workers
         if self.enabled and remaining != 0:
             self._bar = tqdm(total=remaining, file=self.stream, unit="trial", dynamic_ncols=True)
             self._show()
 
+    def end(self) -> None:
+        """Close the bar."""
+        with self._lock:
+            if self._bar is not None:
+                self._bar.close()
+                self._bar = None
+
     def note(self, text: str) -> None:
-        if self._bar is not None:
-            self._bar.write(text, file=self.stream)
-        else:
-            print(text, file=self.stream)
+        with self._lock:
+            if self._bar is not None:
+                self._bar.write(text, file=self.stream)
+            else:
+                print(text, file=self.stream)
 
     def trial_done(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+        with self._lock:
+            self._trial_done(study, trial)
+
+    def _trial_done(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
         if self._bar is None:
             return
         self._bar.update(1)
@@ -165,6 +190,8 @@ class Progress:
         if self._bar is None:
             return
         parts = [] if self._best is None else [f"best {self._best[0]:.4g} ms (trial {self._best[1]})"]
+        if self._workers > 1:
+            parts.append(f"{self._workers} workers")
         if self._deadline is not None:
             left = max(self._deadline - time.monotonic(), 0.0)
             parts.append(f"{int(left // 3600)}h{int(left % 3600 // 60):02d}m{int(left % 60):02d}s left")
@@ -172,9 +199,7 @@ class Progress:
 
     def finish(self, summary: StudySummary, steps: list[str], note: str = "", elapsed: float | None = None) -> None:
         """The summary, and the commands worth running next (extend, report, export)."""
-        if self._bar is not None:
-            self._bar.close()
-            self._bar = None
+        self.end()
         if note:
             print(note, file=self.stream)
         print(format_summary(summary), file=sys.stdout)

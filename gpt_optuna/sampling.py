@@ -8,11 +8,15 @@ evaluated or waits in the queue, or shares the graph transform of a candidate wh
 failed, it asks again; then tries the proposal's neighbours (one knob changed), then random
 candidates. Only when none is fresh (a covered space) does the wrapped proposal stand, and the
 objective reuses the earlier result.
+
+Several threads may sample at once (parallel workers): a proposal is reserved until its trial
+ends, so that a second thread never proposes it while the first has not yet stored its params.
 """
 
 from __future__ import annotations
 
 import random
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -46,6 +50,8 @@ class FreshSampler(BaseSampler):
         self.space = space
         self._transform_knob = transform_knobs
         self._rng = random.Random(seed)
+        self._lock = threading.Lock()
+        self._reserved: dict[int, frozenset[tuple[str, Any]]] = {}
 
     def reseed_rng(self) -> None:
         self.base.reseed_rng()
@@ -59,7 +65,14 @@ class FreshSampler(BaseSampler):
     ) -> dict[str, Any]:
         if "fixed_params" in trial.system_attrs:  # an enqueued candidate: it is what it is
             return {}
+        with self._lock:
+            proposal = self._propose(study, trial)
+            self._reserved[trial.number] = _key(proposal)
+            return proposal
+
+    def _propose(self, study: optuna.Study, trial: FrozenTrial) -> Candidate:
         taken, failed_transforms = self._seen(study, trial.number)
+        taken |= {key for number, key in self._reserved.items() if number != trial.number}
         suggested = dict(trial.params)  # single-valued knobs, or a retried trial's whole candidate
 
         def fresh(candidate: Candidate) -> bool:
@@ -91,6 +104,8 @@ class FreshSampler(BaseSampler):
     def after_trial(
         self, study: optuna.Study, trial: FrozenTrial, state: TrialState, values: Sequence[float] | None
     ) -> None:
+        with self._lock:
+            self._reserved.pop(trial.number, None)
         self.base.after_trial(study, trial, state, values)
 
     def _ask(self, study: optuna.Study, trial: FrozenTrial, suggested: Candidate) -> Candidate:

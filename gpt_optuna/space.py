@@ -53,6 +53,10 @@ class Condition:
         return [list(v) if isinstance(v, tuple) else v for v in self.values]
 
 
+def _plain(value: Any) -> Any:
+    return list(value) if isinstance(value, tuple) else value
+
+
 @dataclass(frozen=True)
 class Knob:
     """One searchable option: its choices, the engine's default, and when it applies.
@@ -176,6 +180,46 @@ class Space:
 
     def describe(self) -> list[dict[str, Any]]:
         return [k.describe() for k in self.knobs]
+
+    def to_record(self) -> list[dict[str, Any]]:
+        """Every field of every knob as JSON, for :meth:`from_record` (``describe`` is for people)."""
+        return [
+            {
+                "name": k.name,
+                "choices": list(k.choices),
+                "default": k.default,
+                "help": k.help,
+                "conditions": [[_plain(c.parent), [_plain(v) for v in c.values]] for c in k.conditions],
+                "searched": None if k.searched is None else list(k.searched),
+                "selects_engine": k.selects_engine,
+            }
+            for k in self.knobs
+        ]
+
+    @classmethod
+    def from_record(cls, record: list[dict[str, Any]]) -> Space:
+        """The space :meth:`to_record` wrote (a worker joining a study gets it from the storage)."""
+        knobs = []
+        for item in record:
+            conditions = [
+                Condition(parent, tuple(values))
+                if isinstance(parent, str)
+                else Condition(tuple(parent), tuple(tuple(v) for v in values))
+                for parent, values in item["conditions"]
+            ]
+            knobs.append(
+                Knob(
+                    item["name"],
+                    tuple(item["choices"]),
+                    item["default"],
+                    item["help"],
+                    conditions[0] if conditions else None,
+                    tuple(conditions[1:]),
+                    None if item["searched"] is None else tuple(item["searched"]),
+                    item["selects_engine"],
+                )
+            )
+        return cls(knobs)
 
     def table(self) -> str:
         """A readable listing: each knob, what is searched, its default and when it applies."""

@@ -35,6 +35,10 @@ from gpt_optuna.taxonomy import (
 FINGERPRINT_ATTR = "gpt_optuna"
 MEASURE_ATTR = "measure_settings"
 """The latency protocol of the latest search (it may change between resumes, so it is not in the fingerprint)."""
+SPACE_ATTR = "space_record"
+"""The whole search space (:meth:`Space.to_record`), for workers that join from other hosts."""
+SEARCH_ATTR = "search"
+"""The latest search's sampler and trial target, which joining workers follow."""
 _HEARTBEAT_S = 30
 _GRACE_S = 120
 _MAX_RETRY = 3
@@ -87,6 +91,8 @@ def open_storage(
             from optuna.storages.journal import JournalFileBackend
 
             return optuna.storages.JournalStorage(JournalFileBackend(str(path)))
+        if url.startswith("grpc://"):
+            return _grpc_storage(url)
         if path is None:
             return _rdb_storage(url, create, heartbeat=True)
         if read_only:
@@ -104,6 +110,42 @@ def open_storage(
     except Exception as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise UserError(f"cannot open storage {url!r}: {first}") from exc
+
+
+GRPC_WAIT_S = 10.0
+
+
+def _grpc_storage(url: str) -> optuna.storages.BaseStorage:
+    """A client of ``gpt-optuna storage-proxy`` (Optuna's gRPC storage proxy) at ``grpc://HOST:PORT``."""
+    host, _, port = url.removeprefix("grpc://").rstrip("/").rpartition(":")
+    if not host or not port.isdigit():
+        raise UserError(f"malformed storage {url!r}: use grpc://HOST:PORT")
+    try:
+        from optuna.storages import GrpcStorageProxy
+
+        proxy = GrpcStorageProxy(host=host, port=int(port))
+    except ImportError as exc:
+        raise MissingDependencyError("gRPC (for grpc:// storages)", "grpc") from exc
+    try:
+        proxy.wait_server_ready(timeout=GRPC_WAIT_S)
+    except Exception as exc:
+        raise UserError(f"no storage proxy answers at {url} (start one with gpt-optuna storage-proxy)") from exc
+    return proxy
+
+
+def serve_storage(url: str, host: str, port: int) -> int:
+    """Serve a storage to many workers with Optuna's gRPC proxy until stopped (Ctrl-C)."""
+    if url.startswith(("grpc://", "journal:")):
+        raise UserError("the storage proxy serves a database storage (postgresql://, mysql://, sqlite:///)")
+    storage = open_storage(url, make_dirs=False)
+    try:
+        from optuna.storages import run_grpc_proxy_server
+    except ImportError as exc:
+        raise MissingDependencyError("gRPC (for the storage proxy)", "grpc") from exc
+    print(f"serving {url} at grpc://{host}:{port}; workers use --storage grpc://{host}:{port}", flush=True)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    run_grpc_proxy_server(storage, host=host, port=port)
+    return 0
 
 
 def storage_file(url: str) -> Path | None:
@@ -194,7 +236,8 @@ def _base_sampler(name: str, seed: int | None) -> optuna.samplers.BaseSampler:
         return optuna.samplers.GPSampler(seed=seed)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        return optuna.samplers.TPESampler(seed=seed, multivariate=True, n_startup_trials=5)
+        # constant liar: a running trial counts as a bad result, so parallel workers spread out
+        return optuna.samplers.TPESampler(seed=seed, multivariate=True, n_startup_trials=5, constant_liar=True)
 
 
 def load_study(
@@ -332,15 +375,28 @@ def tuner_presence(workdir: Path) -> Iterator[bool]:
 
 
 def _owner_is_dead(trial: FrozenTrial, alone: bool) -> bool:
-    """Whether the tuner that runs a RUNNING trial is gone: no tuner but this one on this host, a
-    dead owner process, or no owner named long after the trial started."""
+    """Whether the process that runs a RUNNING trial is gone: a dead process on this host, one
+    that no longer runs gpt-optuna (its number reused) while no tuner but this one runs here, or
+    none named long after the trial started. Owners on other hosts are the heartbeat's to judge."""
     owner = trial.user_attrs.get("owner")
     if not owner:
         started = trial.datetime_start
         return alone or started is not None and (datetime.datetime.now() - started).total_seconds() > ORPHAN_AFTER_S
     host, _, pid = owner.rpartition(":")
-    same_host = host == socket.gethostname()
-    return same_host and (alone or pid.isdigit() and int(pid) != os.getpid() and not _process_alive(int(pid)))
+    if host != socket.gethostname():
+        return False
+    if not pid.isdigit() or int(pid) == os.getpid():
+        return alone  # this process's own earlier run (in a notebook, say)
+    return not _process_alive(int(pid)) or alone and not _runs_gpt_optuna(int(pid))
+
+
+def _runs_gpt_optuna(pid: int) -> bool:
+    """Whether process ``pid`` runs gpt-optuna (true where that cannot be read)."""
+    try:
+        command = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return True
+    return b"gpt_optuna" in command or b"gpt-optuna" in command
 
 
 def recover_interrupted(study: optuna.Study, alone: bool = False) -> list[int]:

@@ -31,13 +31,17 @@ from gpt_optuna.evaluate import (
     SpaceJob,
     TrialResult,
 )
-from gpt_optuna.objective import CandidateFailed, Objective
+from gpt_optuna.objective import Objective
+from gpt_optuna.parallel import TrialBudget, check_devices, lane_gpus, open_lanes, pinned, run_lanes, study_device
 from gpt_optuna.precision import QUANTIZED
 from gpt_optuna.progress import Progress
+from gpt_optuna.shared_data import artifact_folder, publish
 from gpt_optuna.space import Candidate, Space
 from gpt_optuna.space_check import check_space
 from gpt_optuna.study import (
     MEASURE_ATTR,
+    SEARCH_ATTR,
+    SPACE_ATTR,
     finished_count,
     make_sampler,
     open_storage,
@@ -250,23 +254,28 @@ def tune(config: TuneConfig, progress: Progress | None = None, argv: list[str] |
     storage = open_storage(config.storage, make_dirs=storage_path is not None and storage_path.parent == STUDIES)
     check_resumable(storage, config, inputs)
     with contextlib.ExitStack() as stack:
-        worker = stack.enter_context(Worker(config.workdir / "worker.log"))
+        gpus, gpu_names = lane_gpus(config.workers, config.gpus, config.workdir / "worker.log")
+        worker = stack.enter_context(Worker(config.workdir / "worker.log", pinned(gpus[0])))
         prepared = prepare(config, worker, inputs, notes, progress.note)
+        sampler = make_sampler(config.sampler, config.seed, prepared.space)
         study, resumed = open_study(
             storage,
             config.study_name,
-            make_sampler(config.sampler, config.seed, prepared.space),
+            sampler,
             fingerprint(config, prepared),
             prepared.space.default(),
             len(config.objectives),
             [(prepared.space.fitted(values), why) for values, why in config.seeds],
         )
+        device = functools.partial(measuring_device, prepared)
+        lanes = open_lanes(stack, worker, gpus, gpu_names, device, config.workdir)
+        notes += check_devices(lanes, study_device(study), config.allow_mixed_gpus)
         alone = stack.enter_context(tuner_presence(config.workdir))
         recovered = recover_interrupted(study, alone)
         done = finished_count(study)
         remaining = None if config.n_trials is None else max(config.n_trials - done, 0)
         deadline = None if config.timeout_s is None else started + config.timeout_s
-        progress.start(config, prepared.space, resumed, done, recovered, remaining, deadline)
+        progress.start(config, prepared.space, resumed, done, recovered, remaining, deadline, len(lanes))
         for note in notes:
             progress.note(note)
         if remaining == 0:
@@ -274,7 +283,7 @@ def tune(config: TuneConfig, progress: Progress | None = None, argv: list[str] |
                 summarize_study(study), next_steps(config, args, done), note="the study already has its trials"
             )
             return 0
-        study.set_user_attr(MEASURE_ATTR, asdict(config.measure))  # for re-measuring later, as searched
+        record_search(study, config, prepared)
         job = EvaluateJob.in_study(
             config.workdir,
             config.backend,
@@ -286,8 +295,8 @@ def tune(config: TuneConfig, progress: Progress | None = None, argv: list[str] |
             config.dry_run,
             config.metric,
         )
-        artifacts_dir = config.workdir / "artifacts"
-        artifacts_dir.mkdir(parents=True, exist_ok=True)
+        store = artifact_folder(study, config.artifacts)
+        publish(study, store, config.workdir)
 
         def on_result(number: int, candidate: Candidate, result: TrialResult | None) -> None:
             if result is not None and result.outcome.is_failure:
@@ -298,24 +307,25 @@ def tune(config: TuneConfig, progress: Progress | None = None, argv: list[str] |
         objective = Objective(
             prepared.space,
             job,
-            worker,
             config.trial_timeout_s,
-            FileSystemArtifactStore(artifacts_dir),
+            FileSystemArtifactStore(store),
             on_result,
             config.objectives,
-            measuring_device(prepared),
         )
         try:
-            study.optimize(
+            run_lanes(
+                config.study_name,
+                storage,
+                sampler,
+                lanes,
                 objective,
-                n_trials=remaining,
-                timeout=None if deadline is None else max(deadline - time.monotonic(), 0.001),
-                catch=(CandidateFailed,),
-                callbacks=[lambda s, t: progress.trial_done(s, t), lambda *_: interrupts.check()],
+                TrialBudget(study, config.n_trials, deadline),
+                [progress.trial_done, lambda *_: interrupts.check()],
             )
         except (KeyboardInterrupt, UserError) as exc:
-            if objective.interrupted is not None:  # the next run retries the stopped candidate
-                retry_trial(study, study.get_trials(deepcopy=False)[objective.interrupted])
+            trials = study.get_trials(deepcopy=False)
+            for number in objective.interrupted:  # the next run retries the stopped candidates
+                retry_trial(study, trials[number])
             if isinstance(exc, UserError):
                 raise
             progress.finish(
@@ -332,7 +342,7 @@ def tune(config: TuneConfig, progress: Progress | None = None, argv: list[str] |
         )
         if not config.dry_run and config.confirm_top > 0:
             try:
-                note = confirm_finalists(config, study, job, deadline, progress) or note
+                note = confirm_finalists(config, study, job, deadline, progress, pinned(gpus[0])) or note
                 interrupts.check()
             except KeyboardInterrupt:
                 note = "the finalists' re-measurement was stopped by Ctrl-C: run gpt-optuna confirm to redo it"
@@ -346,11 +356,23 @@ def tune(config: TuneConfig, progress: Progress | None = None, argv: list[str] |
     return EXIT_NO_FEASIBLE if summary.best is None else 0
 
 
-def measuring_device(prepared: Prepared) -> str:
-    """The GPU's name where candidates run on one, else ``cpu``."""
-    gpu = prepared.versions.get("gpu", "none")
+def measuring_device(prepared: Prepared, gpu: str = "") -> str:
+    """The name of the GPU candidates run on (``gpu``, or the one the space was discovered on),
+    ``cpu`` where they run on none."""
+    gpu = gpu or prepared.versions.get("gpu", "none")
     on_cpu = prepared.space.default().get("provider") == "CPUExecutionProvider"
     return "cpu" if gpu == "none" or on_cpu else gpu
+
+
+def record_search(study: optuna.Study, config: TuneConfig, prepared: Prepared) -> None:
+    """What a worker joining from another host needs besides the fingerprint: the latency protocol
+    of this search, its whole space, sampler and trial target."""
+    study.set_user_attr(MEASURE_ATTR, asdict(config.measure))
+    study.set_user_attr(SPACE_ATTR, prepared.space.to_record())
+    study.set_user_attr(
+        SEARCH_ATTR,
+        {"sampler": config.sampler, "n_trials": config.n_trials, "trial_timeout_s": config.trial_timeout_s},
+    )
 
 
 CONFIRM_MIN_S = 10.0
@@ -358,9 +380,15 @@ CONFIRM_MIN_S = 10.0
 
 
 def confirm_finalists(
-    config: TuneConfig, study: optuna.Study, job: EvaluateJob, deadline: float | None, progress: Progress
+    config: TuneConfig,
+    study: optuna.Study,
+    job: EvaluateJob,
+    deadline: float | None,
+    progress: Progress,
+    env: dict[str, str],
 ) -> str:
-    """Re-measure the finalists within what is left of --timeout; a note where that could not be done."""
+    """Re-measure the finalists within what is left of --timeout, on the first worker's device
+    (``env`` pins it); a note where that could not be done."""
     left = None if deadline is None else deadline - time.monotonic()
     if left is not None and left < CONFIRM_MIN_S:
         return "no time left before --timeout to re-measure the finalists: run gpt-optuna confirm"
@@ -378,6 +406,7 @@ def confirm_finalists(
             config.confirm_processes,
             **({} if per_process is None else {"timeout_s": per_process}),
             say=progress.note,
+            env=env,
         )
     except JobFailure as failure:
         return f"the finalists could not be re-measured: {failure}"

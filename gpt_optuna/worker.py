@@ -15,6 +15,7 @@ import faulthandler
 import multiprocessing
 import os
 import signal
+import time
 import traceback
 from collections.abc import Callable
 from multiprocessing.connection import Connection
@@ -60,7 +61,8 @@ def _die_with_parent() -> None:
         pass
 
 
-def _child_main(conn: Connection, log_path: str) -> None:
+def _child_main(conn: Connection, log_path: str, env: dict[str, str]) -> None:
+    os.environ.update(env)  # before any job imports a GPU library (CUDA_VISIBLE_DEVICES pins a device)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     _die_with_parent()
     log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
@@ -84,11 +86,17 @@ def _child_main(conn: Connection, log_path: str) -> None:
             return
 
 
-class Worker:
-    """Runs jobs one at a time in a reusable child process."""
+_POLL_S = 0.2
+"""How often a job's wait looks for a Ctrl-C pressed while another thread holds the terminal."""
 
-    def __init__(self, log_path: Path) -> None:
+
+class Worker:
+    """Runs jobs one at a time in a reusable child process; ``env`` is set in the child before
+    its first job (e.g. ``CUDA_VISIBLE_DEVICES`` to pin it to one GPU)."""
+
+    def __init__(self, log_path: Path, env: dict[str, str] | None = None) -> None:
         self.log_path = log_path
+        self.env = dict(env or {})
         log_path.parent.mkdir(parents=True, exist_ok=True)
         self._context = multiprocessing.get_context("spawn")
         self._process: multiprocessing.process.BaseProcess | None = None
@@ -102,7 +110,7 @@ class Worker:
         offset = self._log_size()
         try:
             self._conn.send(job)
-            if not self._conn.poll(timeout):
+            if not self._answered(timeout):
                 self._kill()
                 raise JobFailure(
                     FailureKind.TIMEOUT, f"no answer within {timeout:g} s; worker killed", self._log_tail(offset)
@@ -123,9 +131,22 @@ class Worker:
             raise JobFailure(FailureKind.EXCEPTION, first, (rest + self._log_tail(offset))[-_LOG_TAIL_CHARS:])
         return payload  # type: ignore[no-any-return]
 
+    def _answered(self, timeout: float | None) -> bool:
+        """Wait for the child's answer up to ``timeout``; a Ctrl-C (seen by any thread) raises."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            left = _POLL_S if deadline is None else min(_POLL_S, deadline - time.monotonic())
+            if left <= 0:
+                return False
+            if self._conn.poll(left):  # type: ignore[union-attr]
+                return True
+            interrupts.check()
+
     def _start(self) -> None:
         parent_conn, child_conn = self._context.Pipe()
-        process = self._context.Process(target=_child_main, args=(child_conn, str(self.log_path)), daemon=True)
+        process = self._context.Process(
+            target=_child_main, args=(child_conn, str(self.log_path), self.env), daemon=True
+        )
         # a Ctrl-C before the child has read its start-up data from us would make it print a
         # traceback (EOFError) on the terminal: the interrupt waits until the child has started
         with interrupts.deferred():

@@ -1,0 +1,167 @@
+"""``gpt-optuna worker``: join a study's search from any host that reaches its storage.
+
+Everything the worker needs comes from the study: the model's hash, backend, criterion, shapes
+and metric (its fingerprint), the whole space, the latency protocol, the sampler and the trial
+target; the inputs, reference outputs and calibration samples come from the study's artifact
+store. Only the model file is the host's own, and it must have the recorded hash.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import optuna
+from optuna.artifacts import FileSystemArtifactStore
+
+from gpt_optuna import interrupts
+from gpt_optuna.config import DEFAULT_TRIAL_TIMEOUT_S, STUDIES
+from gpt_optuna.confirm import template_from_study
+from gpt_optuna.errors import EXIT_INTERRUPTED, UserError
+from gpt_optuna.evaluate import gpu_name
+from gpt_optuna.model import load_model_info
+from gpt_optuna.objective import OWNER, Objective
+from gpt_optuna.parallel import TrialBudget, check_devices, lane_gpus, open_lanes, pinned, run_lanes, study_device
+from gpt_optuna.progress import Progress, format_summary
+from gpt_optuna.shared_data import artifact_folder, fetch
+from gpt_optuna.space import Space
+from gpt_optuna.study import (
+    FINGERPRINT_ATTR,
+    SEARCH_ATTR,
+    SPACE_ATTR,
+    finished_count,
+    load_study,
+    make_sampler,
+    open_storage,
+    retry_trial,
+    summarize_study,
+    tuner_presence,
+)
+from gpt_optuna.worker import Worker
+
+
+@dataclass(frozen=True)
+class JoinConfig:
+    """What ``gpt-optuna worker`` is told; the rest is read from the study."""
+
+    storage: str
+    study_name: str
+    model: Path | None = None
+    n_trials: int | None = None
+    timeout_s: float | None = None
+    artifacts: Path | None = None
+    workers: int | None = None
+    gpus: str | None = None
+    allow_mixed_gpus: bool = False
+
+
+def checked_model(recorded: dict[str, object], given: Path | None) -> Path:
+    """The model file this worker runs: ``given`` or the recorded path, with the recorded hash."""
+    path = given or Path(str(recorded["model"]))
+    if not path.is_file():
+        raise UserError(f"no model file at {path}" + ("" if given else " (the path the study recorded): give --model"))
+    if load_model_info(path).sha256 != recorded["model_sha256"]:
+        raise UserError(
+            f"{path} is not the study's model (its content hash differs from "
+            f"{str(recorded['model_sha256'])[:12]}): give the same file with --model"
+        )
+    return path
+
+
+def join(config: JoinConfig, progress: Progress) -> int:
+    """Search with this host's workers until the study holds its target of trials."""
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    logging.getLogger("optuna").setLevel(logging.ERROR)
+    interrupts.install()
+    if config.n_trials is not None and config.n_trials < 1:
+        raise UserError(f"--n-trials must be at least 1, got {config.n_trials}")
+    started = time.monotonic()
+    storage = open_storage(config.storage, create=False)
+    study = load_study(storage, config.study_name)
+    recorded = study.user_attrs.get(FINGERPRINT_ATTR)
+    if recorded is None or SPACE_ATTR not in study.user_attrs:
+        raise UserError(f"study {config.study_name!r} has no search to join: start it with gpt-optuna tune")
+    if recorded.get("objective") == "build_s":
+        raise UserError(f"study {config.study_name!r} is a dry run: workers join searches that measure latency")
+    model = checked_model(recorded, config.model)
+    workdir = STUDIES / config.study_name
+    store = artifact_folder(study, config.artifacts)
+    fetch(study, store, workdir)
+    job = template_from_study(study, model, workdir)
+    space = Space.from_record(study.user_attrs[SPACE_ATTR])
+    search = study.user_attrs.get(SEARCH_ATTR, {})
+    target = config.n_trials or search.get("n_trials")
+    sampler = make_sampler(search.get("sampler", "tpe"), None, space)
+    notes: list[str] = []
+    with contextlib.ExitStack() as stack:
+        log = f"worker-{OWNER.replace(':', '-')}"
+        gpus, names = lane_gpus(config.workers, config.gpus, workdir / f"{log}.log")
+        first = stack.enter_context(Worker(workdir / f"{log}.log", pinned(gpus[0])))
+        versions = recorded.get("versions", {})
+        on_cpu = space.default().get("provider") == "CPUExecutionProvider"
+
+        def device(gpu: str) -> str:
+            name = gpu or first.run(gpu_name, 120.0)
+            return "cpu" if name == "none" or on_cpu else name
+
+        lanes = open_lanes(stack, first, gpus, names, device, workdir, log)
+        stack.enter_context(tuner_presence(workdir))  # a tuner starting on this host leaves our trials be
+        notes += check_devices(lanes, study_device(study) or _study_gpu(versions, on_cpu), config.allow_mixed_gpus)
+        done = finished_count(study)
+        remaining = None if target is None else max(target - done, 0)
+        deadline = None if config.timeout_s is None else started + config.timeout_s
+        progress.note(
+            f"joining study {config.study_name} in {config.storage} ({done} trials done"
+            + (f" of {target}" if target else "")
+            + f"); {len(lanes)} worker{'s' if len(lanes) > 1 else ''} on {lanes[0].device}"
+        )
+        for note in notes:
+            progress.note(note)
+        objective = Objective(
+            space,
+            job,
+            search.get("trial_timeout_s", DEFAULT_TRIAL_TIMEOUT_S),
+            FileSystemArtifactStore(store),
+            objectives=_objectives(recorded),
+        )
+        progress.begin(remaining, deadline, len(lanes))
+        try:
+            run_lanes(
+                config.study_name,
+                storage,
+                sampler,
+                lanes,
+                objective,
+                TrialBudget(study, target, deadline),
+                [progress.trial_done, lambda *_: interrupts.check()],
+            )
+        except (KeyboardInterrupt, UserError) as exc:
+            trials = study.get_trials(deepcopy=False)
+            for number in objective.interrupted:
+                retry_trial(study, trials[number])
+            progress.end()
+            if isinstance(exc, UserError):
+                raise
+            print(format_summary(summarize_study(study)))
+            return EXIT_INTERRUPTED
+    progress.end()
+    mine = sum(1 for t in study.get_trials(deepcopy=False) if t.user_attrs.get("owner") == OWNER)
+    print(format_summary(summarize_study(study)))
+    print(f"this host's workers evaluated {mine} trials in {time.monotonic() - started:.1f} s")
+    return 0
+
+
+def _study_gpu(versions: dict[str, str], on_cpu: bool) -> str | None:
+    """The device the study's creator measured on, from the versions it recorded."""
+    gpu = versions.get("gpu")
+    if gpu is None:
+        return None
+    return "cpu" if gpu == "none" or on_cpu else gpu
+
+
+def _objectives(recorded: dict[str, object]) -> tuple[str, ...]:
+    objectives = recorded.get("objectives") or ["latency"]
+    return tuple(str(o) for o in objectives)  # type: ignore[union-attr]

@@ -1,0 +1,256 @@
+"""Several evaluation workers on one study: one thread per worker, each driving its own worker
+process pinned to its GPU, all drawing on one trial budget that other processes share too.
+
+A study ends with exactly its target of trials that hold a result, however many workers on
+however many hosts search it: a worker starts a trial only while the study's finished and running
+trials fall short of the target, and waits (rather than leaves) while the last ones run, in case
+one of them is interrupted and its candidate comes back to the queue.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from gpt_optuna import interrupts
+from gpt_optuna.errors import UserError
+from gpt_optuna.evaluate import gpu_names
+from gpt_optuna.objective import OWNER, CandidateFailed, Objective
+from gpt_optuna.study import recover_interrupted
+from gpt_optuna.taxonomy import has_own_result, retried_numbers
+from gpt_optuna.worker import Worker
+
+WAIT_S = 1.0
+"""How often a worker with nothing to start looks at the study again."""
+
+
+@dataclass(frozen=True)
+class Lane:
+    """One evaluation worker: its process, the GPU it is pinned to (``CUDA_VISIBLE_DEVICES``;
+    None: the default device) and the name of the device its trials are measured on."""
+
+    index: int
+    worker: Worker
+    gpu: str | None
+    device: str
+
+    @property
+    def worker_id(self) -> str:
+        return f"{OWNER}/{self.index}"
+
+
+def pinned(gpu: str | None) -> dict[str, str]:
+    """The environment that pins a worker process to one GPU."""
+    return {} if gpu is None else {"CUDA_VISIBLE_DEVICES": gpu}
+
+
+def lane_gpus(workers: int | None, gpus: str | None, log: Path) -> tuple[list[str | None], dict[str, str]]:
+    """The GPU of each worker (None: the default device) and the name of each listed GPU.
+
+    ``gpus`` is ``all`` or a comma-separated list of CUDA device indices; each listed GPU gets
+    one worker, or ``workers`` are spread over them in turn.
+    """
+    if workers is not None and workers < 1:
+        raise UserError(f"--workers must be at least 1, got {workers}")
+    if gpus is None:
+        return [None] * (workers or 1), {}
+    with Worker(log) as probe:
+        names = probe.run(gpu_names, 120.0)
+    if not names:
+        raise UserError("--gpus: no GPU is visible here (no CUDA driver, device or CuPy)")
+    if gpus.strip() == "all":
+        listed = [str(i) for i in range(len(names))]
+    else:
+        listed = [g.strip() for g in gpus.split(",") if g.strip()]
+        known = ", ".join(f"{i} {n}" for i, n in enumerate(names))
+        bad = [g for g in listed if not g.isdigit() or int(g) >= len(names)]
+        if not listed or bad:
+            raise UserError(f"--gpus {gpus!r}: no GPU {bad[0] if bad else gpus!r} here; this host has {known}")
+        if len(set(listed)) != len(listed):
+            raise UserError(f"--gpus {gpus!r} lists a GPU twice")
+    count = workers or len(listed)
+    return [listed[i % len(listed)] for i in range(count)], {g: names[int(g)] for g in listed}
+
+
+def open_lanes(
+    stack: contextlib.ExitStack,
+    first: Worker,
+    gpus: Sequence[str | None],
+    names: dict[str, str],
+    device: Callable[[str], str],
+    log_dir: Path,
+    log_name: str = "worker",
+) -> list[Lane]:
+    """The workers: ``first`` (already started, pinned to ``gpus[0]``) and one more per further
+    entry, logging to ``log_dir/<log_name>-<index>.log``; ``device`` maps a GPU's name (empty for
+    the default device) to the name of the device trials are measured on."""
+    lanes = []
+    for index, gpu in enumerate(gpus):
+        log = log_dir / f"{log_name}-{index}.log"
+        worker = first if index == 0 else stack.enter_context(Worker(log, pinned(gpu)))
+        name = names.get(gpu, "none") if gpu is not None else ""
+        lanes.append(Lane(index, worker, gpu, device(name)))
+    return lanes
+
+
+def check_devices(lanes: Sequence[Lane], study_device: str | None, allow_mixed: bool) -> list[str]:
+    """Refuse workers whose devices differ from each other or from the study's (latencies of
+    different GPU models are never ranked together) unless ``allow_mixed``; warnings to show."""
+    devices = sorted({lane.device for lane in lanes})
+    mixed = len(devices) > 1 or (study_device is not None and devices != [study_device])
+    if mixed and not allow_mixed:
+        seen = ", ".join(devices)
+        where = f"; the study was measured on {study_device}" if study_device and devices != [study_device] else ""
+        raise UserError(
+            f"workers on different devices ({seen}{where}): their latencies cannot be ranked together; "
+            "use GPUs of one model, or --allow-mixed-gpus"
+        )
+    shared: dict[str | None, int] = {}
+    for lane in lanes:
+        shared[lane.gpu] = shared.get(lane.gpu, 0) + 1
+    crowded = [gpu for gpu, count in shared.items() if count > 1]
+    if not crowded:
+        return []
+    which = "the default device" if crowded == [None] else f"GPU {', '.join(str(g) for g in crowded)}"
+    return [
+        f"warning: {len(lanes)} workers share {which}: candidates timed at the same moment on one device "
+        "disturb each other's latency; give each worker its own GPU with --gpus"
+    ]
+
+
+def study_device(study: optuna.Study) -> str | None:
+    """The device the study's baseline was measured on (None before it ran)."""
+    trials = study.get_trials(deepcopy=False)
+    retried = retried_numbers(trials)
+    baseline = next((t for t in trials if t.user_attrs.get("baseline") and has_own_result(t, retried)), None)
+    return None if baseline is None else baseline.user_attrs.get("gpu")
+
+
+class TrialBudget:
+    """Which trials this process may start: while the study holds fewer finished and running
+    trials than ``target`` (None: no limit) and before ``deadline`` (``time.monotonic``)."""
+
+    def __init__(self, study: optuna.Study, target: int | None, deadline: float | None) -> None:
+        self.study = study
+        self.target = target
+        self.deadline = deadline
+        self._lock = threading.Lock()
+        self._starting = 0  # claimed by a worker of this process, whose trial may not be RUNNING yet
+        self._stopped = threading.Event()
+
+    def stop(self) -> None:
+        self._stopped.set()
+
+    def claim(self) -> bool:
+        """Whether a worker may start one more trial; waits while the study's last trials run."""
+        while True:
+            with self._lock:
+                if self._stopped.is_set() or self.deadline is not None and time.monotonic() >= self.deadline:
+                    return False
+                finished, running = self._counts()
+                if self.target is None or finished + running + self._starting < self.target:
+                    self._starting += 1
+                    return True
+                if finished >= self.target:
+                    return False
+            interrupts.check()
+            time.sleep(WAIT_S)
+
+    def started(self) -> None:
+        """The claimed trial is in the storage, RUNNING, named as this process's."""
+        with self._lock:
+            self._starting -= 1
+
+    def _counts(self) -> tuple[int, int]:
+        """Trials holding a result, and trials running in other processes (this process's own are
+        counted as they start). Trials of dead processes are recovered first."""
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            optuna.storages.fail_stale_trials(self.study)  # a lost host, where the storage keeps heartbeats
+        recover_interrupted(self.study)  # a dead process on this host
+        trials = self.study.get_trials(deepcopy=False)
+        retried = retried_numbers(trials)
+        finished = sum(1 for t in trials if has_own_result(t, retried))
+        running = sum(1 for t in trials if t.state is TrialState.RUNNING and t.user_attrs.get("owner") != OWNER)
+        return finished, running
+
+
+def run_lanes(
+    study_name: str,
+    storage: optuna.storages.BaseStorage,
+    sampler: optuna.samplers.BaseSampler,
+    lanes: Sequence[Lane],
+    objective: Objective,
+    budget: TrialBudget,
+    callbacks: Sequence[Callable[[optuna.Study, FrozenTrial], None]],
+) -> None:
+    """Search with every lane at once until the budget is spent; the first error (a Ctrl-C before
+    any other) is raised once every lane has stopped."""
+    errors: list[BaseException] = []
+
+    def lane_main(lane: Lane) -> None:
+        study = optuna.load_study(study_name=study_name, storage=storage, sampler=sampler)
+        began: list[int] = []
+
+        def evaluate(trial: optuna.Trial) -> Any:
+            budget.started()
+            began.append(trial.number)
+            return objective(trial, lane)
+
+        try:
+            while budget.claim():
+                began.clear()
+                try:
+                    study.optimize(evaluate, n_trials=1, catch=(CandidateFailed,), callbacks=list(callbacks))
+                finally:
+                    if not began:  # no trial was started after all
+                        budget.started()
+                if objective.space_exhausted:
+                    budget.stop()
+        except BaseException as exc:
+            errors.append(exc)
+            budget.stop()
+
+    ended = [threading.Event() for _ in lanes]
+
+    def lane_thread(lane: Lane, done: threading.Event) -> None:
+        try:
+            lane_main(lane)
+        finally:
+            done.set()
+
+    threads = [
+        threading.Thread(target=lane_thread, args=(lane, done), name=f"worker-{lane.index}")
+        for lane, done in zip(lanes, ended, strict=True)
+    ]
+    for thread in threads:
+        thread.start()
+    try:
+        _wait_all(ended)
+    except KeyboardInterrupt:
+        budget.stop()  # the workers see the press themselves (interrupts.check) and stop their trials
+        _wait_all(ended)
+        raise
+    finally:
+        for thread in threads:
+            thread.join()
+    interrupted = [e for e in errors if isinstance(e, KeyboardInterrupt)]
+    if interrupted or errors:
+        raise (interrupted or errors)[0]
+
+
+def _wait_all(events: Sequence[threading.Event]) -> None:
+    """Wait until every event is set. (Not ``Thread.join``: a Ctrl-C inside a join can leave the
+    thread looking finished while it runs on.)"""
+    for event in events:
+        while not event.wait(0.2):
+            pass
