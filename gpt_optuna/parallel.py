@@ -144,7 +144,7 @@ class TrialBudget:
         self.target = target
         self.deadline = deadline
         self._lock = threading.Lock()
-        self._starting = 0  # claimed by a worker of this process, whose trial may not be RUNNING yet
+        self._starting = 0  # claimed by a worker of this process, whose trial may not be in the storage yet
         self._stopped = threading.Event()
 
     def stop(self) -> None:
@@ -171,8 +171,8 @@ class TrialBudget:
             self._starting -= 1
 
     def _counts(self) -> tuple[int, int]:
-        """Trials holding a result, and trials running in other processes (this process's own are
-        counted as they start). Trials of dead processes are recovered first."""
+        """Trials holding a result, and trials running (in any process). Trials of dead processes
+        are recovered first."""
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             optuna.storages.fail_stale_trials(self.study)  # a lost host, where the storage keeps heartbeats
@@ -180,7 +180,7 @@ class TrialBudget:
         trials = self.study.get_trials(deepcopy=False)
         retried = retried_numbers(trials)
         finished = sum(1 for t in trials if has_own_result(t, retried))
-        running = sum(1 for t in trials if t.state is TrialState.RUNNING and t.user_attrs.get("owner") != OWNER)
+        running = sum(1 for t in trials if t.state is TrialState.RUNNING)
         return finished, running
 
 

@@ -123,7 +123,9 @@ def _grpc_storage(url: str) -> optuna.storages.BaseStorage:
     try:
         from optuna.storages import GrpcStorageProxy
 
-        proxy = GrpcStorageProxy(host=host, port=int(port))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            proxy = GrpcStorageProxy(host=host, port=int(port))
     except ImportError as exc:
         raise MissingDependencyError("gRPC (for grpc:// storages)", "grpc") from exc
     try:

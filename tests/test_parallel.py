@@ -1,0 +1,286 @@
+"""Several workers on one study: threads of one tuner, and worker processes joining from another
+folder over a journal file, PostgreSQL or the gRPC storage proxy; real processes and real kills."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections import Counter
+from pathlib import Path
+
+import optuna
+import pytest
+from conftest import SYNTHETIC, matmul_model, save, synthetic_config, tune
+from optuna.trial import FrozenTrial, TrialState
+
+from gpt_optuna.cli import main
+from gpt_optuna.errors import UserError
+from gpt_optuna.parallel import Lane, check_devices
+from gpt_optuna.study import SPACE_ATTR, open_storage
+from gpt_optuna.taxonomy import has_own_result, retried_numbers
+from gpt_optuna.worker import Worker
+
+SLOW = 'mode = ["ok"]\nbuild_ms = [1000]'
+"""Every candidate sleeps a second in its build: trials overlap only if workers run in parallel."""
+
+
+def cli(*args: str) -> list[str]:
+    return [sys.executable, "-m", "gpt_optuna.cli", *args]
+
+
+def evaluated(trials: list[FrozenTrial]) -> list[FrozenTrial]:
+    retried = retried_numbers(trials)
+    return [t for t in trials if has_own_result(t, retried)]
+
+
+def assert_one_search(trials: list[FrozenTrial], n_trials: int) -> None:
+    """Exactly ``n_trials`` results, the baseline once, no candidate evaluated twice."""
+    done = evaluated(trials)
+    assert len(done) == n_trials, [(t.number, t.state) for t in trials]
+    assert sum(1 for t in done if t.user_attrs.get("baseline")) == 1
+    own = [tuple(sorted(t.params.items())) for t in done if "reused_from" not in t.user_attrs]
+    assert len(own) == len(set(own)), Counter(own).most_common(2)
+    assert not [t for t in trials if t.state in (TrialState.RUNNING, TrialState.WAITING)]
+
+
+def overlapping(trials: list[FrozenTrial]) -> int:
+    """Pairs of trials of different workers that ran at the same time."""
+    spans = [(t.datetime_start, t.datetime_complete, t.user_attrs["worker"]) for t in evaluated(trials)]
+    return sum(
+        1 for i, (a0, a1, wa) in enumerate(spans) for b0, b1, wb in spans[i + 1 :] if wa != wb and a0 < b1 and b0 < a1
+    )
+
+
+def test_workers_of_one_tuner_search_at_once_without_duplicates(cnn_path: Path, tmp_path: Path) -> None:
+    config = synthetic_config(tmp_path, SLOW)
+    started = time.monotonic()
+    args = ["--backend", SYNTHETIC, "--config", str(config), "--n-trials", "9", "--workers", "3", "--confirm-top", "0"]
+    assert tune(str(cnn_path), *args) == 0
+    elapsed = time.monotonic() - started
+    study = optuna.load_study(study_name="cnn-syntheticbackend", storage="sqlite:///studies/cnn-syntheticbackend.db")
+    trials = study.get_trials()
+    assert_one_search(trials, 9)
+    workers = Counter(t.user_attrs["worker"] for t in trials)
+    assert len(workers) == 3 and all(w.startswith(f"{socket.gethostname()}:") for w in workers)
+    assert {t.user_attrs["gpu"] for t in trials} == {"cpu"}
+    assert overlapping(trials) >= 3
+    assert elapsed < 9 * 1.0 + 15  # nine one-second builds did not run one after the other plus start-up
+    # a resumed search with more workers than trials left ends at the target, not beyond it
+    assert tune(str(cnn_path), *args[:-4], "--n-trials", "11", "--workers", "4", "--confirm-top", "0") == 0
+    assert_one_search(study.get_trials(), 11)
+
+
+def lane(index: int, device: str, gpu: str | None = None) -> Lane:
+    return Lane(index, Worker(Path("unused.log")), gpu, device)
+
+
+def test_workers_on_different_gpu_models_are_refused_unless_allowed() -> None:
+    same = [lane(0, "NVIDIA H200", "0"), lane(1, "NVIDIA H200", "1")]
+    assert check_devices(same, "NVIDIA H200", allow_mixed=False) == []
+    mixed = [lane(0, "NVIDIA H200", "0"), lane(1, "NVIDIA A100-SXM4-80GB", "1")]
+    with pytest.raises(UserError, match="NVIDIA A100-SXM4-80GB, NVIDIA H200.*--allow-mixed-gpus"):
+        check_devices(mixed, None, allow_mixed=False)
+    with pytest.raises(UserError, match="the study was measured on NVIDIA H100"):
+        check_devices(same, "NVIDIA H100 80GB HBM3", allow_mixed=False)
+    assert check_devices(mixed, "NVIDIA H200", allow_mixed=True) == []
+    crowded = check_devices([lane(0, "cpu"), lane(1, "cpu")], "cpu", allow_mixed=False)
+    assert len(crowded) == 1 and "2 workers share the default device" in crowded[0]
+
+
+def wait_for(condition, what: str, limit_s: float = 120, procs: tuple[subprocess.Popen, ...] = ()) -> None:  # noqa: ANN001
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        for proc in procs:
+            assert proc.poll() is None, proc.communicate()
+        try:
+            if condition():
+                return
+        except (UserError, KeyError, ValueError):  # the study is not there yet
+            pass
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def study_of(url: str, name: str) -> optuna.Study:
+    return optuna.load_study(study_name=name, storage=open_storage(url, create=False))
+
+
+def joined_search(cnn_path: Path, tmp_path: Path, url: str, name: str, n_trials: int) -> None:
+    """A tuner and a worker joining from another folder (no study folder of its own there: the data
+    comes from the artifact store); the worker is killed with SIGKILL mid-trial, a second worker
+    joins, and the study still ends with exactly its trials, the killed one's candidate retried."""
+    config = synthetic_config(tmp_path, SLOW)
+    tuner = subprocess.Popen(
+        cli("tune", str(cnn_path), "--backend", SYNTHETIC, "--config", str(config), "--n-trials", str(n_trials),
+            "--storage", url, "--study-name", name, "--quiet", "--confirm-top", "0", "--sampler", "random"),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    elsewhere = tmp_path / "other-host"
+    elsewhere.mkdir()
+    model = shutil.copy(cnn_path, elsewhere / "model-copy.onnx")
+    wait_for(lambda: SPACE_ATTR in study_of(url, name).user_attrs, "the search to start", procs=(tuner,))
+    join = cli("worker", "--storage", url, "--study-name", name, "--model", str(model), "--quiet")
+    worker = subprocess.Popen(join, cwd=elsewhere, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def worker_running() -> bool:
+        return any(
+            t.state is TrialState.RUNNING and t.user_attrs.get("owner", "").endswith(f":{worker.pid}")
+            for t in study_of(url, name).get_trials()
+        )
+
+    wait_for(worker_running, "the worker to run a trial", procs=(tuner, worker))
+    time.sleep(0.3)  # well inside the trial's one-second build
+    worker.send_signal(signal.SIGKILL)
+    worker.wait(timeout=30)
+    second = subprocess.run(join, cwd=elsewhere, capture_output=True, text=True, timeout=300)
+    assert second.returncode == 0, second.stderr
+    out, err = tuner.communicate(timeout=300)
+    assert tuner.returncode == 0, err
+    trials = study_of(url, name).get_trials()
+    assert_one_search(trials, n_trials)
+    killed = [
+        t
+        for t in trials
+        if t.user_attrs.get("owner", "").endswith(f":{worker.pid}") and not has_own_result(t, retried_numbers(trials))
+    ]
+    assert len(killed) == 1 and killed[0].state is TrialState.FAIL
+    retry = [t for t in trials if t.system_attrs.get("failed_trial") == killed[0].number]
+    assert len(retry) == 1 and retry[0].params == killed[0].params and has_own_result(retry[0], set())
+    owners = {t.user_attrs["owner"].rpartition(":")[2] for t in evaluated(trials)}
+    assert str(tuner.pid) in owners and owners - {str(tuner.pid), str(worker.pid)}, owners  # the second worker too
+    assert (elsewhere / "studies" / name / "inputs.npz").is_file()  # fetched from the artifact store
+
+
+def test_a_worker_joins_over_a_journal_file_and_a_killed_one_loses_nothing(cnn_path: Path, tmp_path: Path) -> None:
+    joined_search(cnn_path, tmp_path, f"journal:{tmp_path / 'search.journal'}", "joined", 10)
+
+
+def test_a_worker_with_another_model_or_no_search_is_refused(
+    cnn_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = synthetic_config(tmp_path, 'mode = ["ok"]')
+    url = f"journal:{tmp_path / 'search.journal'}"
+    base = ["--backend", SYNTHETIC, "--config", str(config), "--storage", url, "--study-name", "s"]
+    assert tune(str(cnn_path), *base, "--n-trials", "2", "--confirm-top", "0") == 0
+    other = save(matmul_model(), tmp_path / "other.onnx")
+    capsys.readouterr()
+    assert main(["worker", "--storage", url, "--study-name", "s", "--model", str(other), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "is not the study's model" in err
+    assert main(["worker", "--storage", url, "--study-name", "nothing", "--quiet"]) == 2
+    assert "no study named 'nothing'; studies there: s" in capsys.readouterr().err
+    cnn_path.rename(tmp_path / "moved.onnx")
+    assert main(["worker", "--storage", url, "--study-name", "s", "--quiet"]) == 2
+    assert "(the path the study recorded): give --model" in capsys.readouterr().err
+    # the study already holds its two trials: a worker that joins has nothing to do
+    assert (
+        main(["worker", "--storage", url, "--study-name", "s", "--model", str(tmp_path / "moved.onnx"), "--quiet"]) == 0
+    )
+    assert len(evaluated(study_of(url, "s").get_trials())) == 2
+
+
+POSTGRES = os.environ.get("GPT_OPTUNA_TEST_POSTGRES")
+
+
+@pytest.mark.skipif(not POSTGRES, reason="no PostgreSQL server: .ci/run starts one and sets GPT_OPTUNA_TEST_POSTGRES")
+def test_a_tuner_and_workers_share_a_study_on_postgresql(cnn_path: Path, tmp_path: Path) -> None:
+    assert POSTGRES is not None
+    joined_search(cnn_path, tmp_path, POSTGRES, f"pg-{uuid.uuid4().hex[:8]}", 10)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        return int(s.getsockname()[1])
+
+
+def test_workers_share_a_study_through_the_grpc_storage_proxy(cnn_path: Path, tmp_path: Path) -> None:
+    pytest.importorskip("grpc")
+    port = free_port()
+    proxy = subprocess.Popen(
+        cli("storage-proxy", "--storage", f"sqlite:///{tmp_path / 'served.db'}", "--port", str(port)),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        wait_for(lambda: proxy.stdout is not None and "serving" in proxy.stdout.readline(), "the proxy", procs=(proxy,))
+        url = f"grpc://localhost:{port}"
+        config = synthetic_config(tmp_path, SLOW)
+        tuner = subprocess.Popen(
+            cli("tune", str(cnn_path), "--backend", SYNTHETIC, "--config", str(config), "--n-trials", "8",
+                "--storage", url, "--study-name", "proxied", "--quiet", "--confirm-top", "0", "--workers", "2"),
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        wait_for(lambda: SPACE_ATTR in study_of(url, "proxied").user_attrs, "the search to start", procs=(tuner,))
+        worker = subprocess.run(
+            cli("worker", "--storage", url, "--study-name", "proxied", "--workers", "2", "--quiet"),
+            capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        assert worker.returncode == 0, worker.stderr
+        out, err = tuner.communicate(timeout=300)
+        assert tuner.returncode == 0, err
+        trials = study_of(url, "proxied").get_trials()
+        assert_one_search(trials, 8)
+        assert len({t.user_attrs["worker"] for t in evaluated(trials)}) >= 3
+        assert "this host's workers evaluated" in worker.stdout
+    finally:
+        proxy.send_signal(signal.SIGINT)
+        proxy.wait(timeout=30)
+
+
+@pytest.mark.gpu
+def test_one_worker_pinned_to_each_listed_gpu(cnn_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from gpt_optuna.evaluate import gpu_names
+    from gpt_optuna.parallel import pinned
+
+    names = gpu_names()
+    for index, name in enumerate(names):
+        with Worker(Path(f"probe-{index}.log"), pinned(str(index))) as probe:
+            assert probe.run(gpu_names, 120.0) == [name]  # the worker process sees its GPU alone
+    assert tune(str(cnn_path), "--gpus", "all", "--n-trials", "6", "--confirm-top", "0") == 0
+    trials = optuna.load_study(
+        study_name="cnn-onnxruntime", storage="sqlite:///studies/cnn-onnxruntime.db"
+    ).get_trials()
+    assert_one_search(trials, 6)
+    assert {t.user_attrs["gpu"] for t in trials} == {names[0]}
+    assert len({t.user_attrs["worker"] for t in trials}) == min(len(names), 6)
+    assert tune(str(cnn_path), "--gpus", str(len(names)), "--n-trials", "7") == 2
+    assert f"no GPU {len(names)} here; this host has 0 {names[0]}" in capsys.readouterr().err
+
+
+def test_ctrl_c_stops_every_worker_and_the_rerun_retries_their_candidates(cnn_path: Path, tmp_path: Path) -> None:
+    config = synthetic_config(tmp_path, SLOW)
+    url = f"journal:{tmp_path / 'search.journal'}"
+    command = cli("tune", str(cnn_path), "--backend", SYNTHETIC, "--config", str(config), "--n-trials", "8",
+                  "--workers", "3", "--storage", url, "--study-name", "s", "--quiet", "--confirm-top", "0")  # fmt: skip
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def three_running() -> bool:  # each in its one-second build (the baseline builds at once)
+        trials = study_of(url, "s").get_trials()
+        return sum(t.state is TrialState.RUNNING and t.params.get("build_ms") == 1000 for t in trials) == 3
+
+    wait_for(three_running, "three trials running at once", procs=(proc,))
+    time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "stopped by Ctrl-C" in err and "Traceback" not in err
+    stopped = [t for t in study_of(url, "s").get_trials() if t.user_attrs.get("interrupted") == "stopped by the user"]
+    assert len(stopped) == 3, [(t.number, t.state, t.user_attrs) for t in study_of(url, "s").get_trials()]
+    rerun = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert rerun.returncode == 0, rerun.stderr
+    trials = study_of(url, "s").get_trials()
+    assert_one_search(trials, 8)
+    for trial in stopped:
+        assert [t.params for t in trials if t.system_attrs.get("failed_trial") == trial.number] == [trial.params]
+
+
+@pytest.mark.skipif(bool(__import__("gpt_optuna.evaluate").evaluate.gpu_names()), reason="this host has a GPU")
+def test_gpus_without_a_gpu_is_one_line(cnn_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert tune(str(cnn_path), "--gpus", "0", "--n-trials", "2") == 2
+    assert "--gpus: no GPU is visible here" in capsys.readouterr().err
