@@ -24,7 +24,16 @@ from gpt_optuna.errors import EXIT_INTERRUPTED, UserError
 from gpt_optuna.evaluate import gpu_name
 from gpt_optuna.model import load_model_info
 from gpt_optuna.objective import OWNER, Objective
-from gpt_optuna.parallel import TrialBudget, check_devices, lane_gpus, open_lanes, pinned, run_lanes, study_device
+from gpt_optuna.parallel import (
+    TrialBudget,
+    check_devices,
+    lane_gpus,
+    measured_on,
+    open_lanes,
+    pinned,
+    run_lanes,
+    study_device,
+)
 from gpt_optuna.progress import Progress, format_summary
 from gpt_optuna.shared_data import artifact_folder, fetch
 from gpt_optuna.space import Space
@@ -36,7 +45,6 @@ from gpt_optuna.study import (
     load_study,
     make_sampler,
     open_storage,
-    retry_trial,
     summarize_study,
     tuner_presence,
 )
@@ -104,12 +112,12 @@ def join(config: JoinConfig, progress: Progress) -> int:
         on_cpu = space.default().get("provider") == "CPUExecutionProvider"
 
         def device(gpu: str) -> str:
-            name = gpu or first.run(gpu_name, 120.0)
-            return "cpu" if name == "none" or on_cpu else name
+            return measured_on(gpu or first.run(gpu_name, 120.0), on_cpu)
 
         lanes = open_lanes(stack, first, gpus, names, device, workdir, log)
         stack.enter_context(tuner_presence(workdir))  # a tuner starting on this host leaves our trials be
-        notes += check_devices(lanes, study_device(study) or _study_gpu(versions, on_cpu), config.allow_mixed_gpus)
+        creator = measured_on(versions["gpu"], on_cpu) if "gpu" in versions else None
+        notes += check_devices(lanes, study_device(study) or creator, config.allow_mixed_gpus)
         done = finished_count(study)
         remaining = None if target is None else max(target - done, 0)
         deadline = None if config.timeout_s is None else started + config.timeout_s
@@ -139,9 +147,6 @@ def join(config: JoinConfig, progress: Progress) -> int:
                 [progress.trial_done, lambda *_: interrupts.check()],
             )
         except (KeyboardInterrupt, UserError) as exc:
-            trials = study.get_trials(deepcopy=False)
-            for number in objective.interrupted:
-                retry_trial(study, trials[number])
             progress.end()
             if isinstance(exc, UserError):
                 raise
@@ -152,14 +157,6 @@ def join(config: JoinConfig, progress: Progress) -> int:
     print(format_summary(summarize_study(study)))
     print(f"this host's workers evaluated {mine} trials in {time.monotonic() - started:.1f} s")
     return 0
-
-
-def _study_gpu(versions: dict[str, str], on_cpu: bool) -> str | None:
-    """The device the study's creator measured on, from the versions it recorded."""
-    gpu = versions.get("gpu")
-    if gpu is None:
-        return None
-    return "cpu" if gpu == "none" or on_cpu else gpu
 
 
 def _objectives(recorded: dict[str, object]) -> tuple[str, ...]:

@@ -25,7 +25,7 @@ from gpt_optuna import interrupts
 from gpt_optuna.errors import UserError
 from gpt_optuna.evaluate import gpu_names
 from gpt_optuna.objective import OWNER, CandidateFailed, Objective
-from gpt_optuna.study import recover_interrupted
+from gpt_optuna.study import recover_interrupted, retry_trial
 from gpt_optuna.taxonomy import has_own_result, retried_numbers
 from gpt_optuna.worker import Worker
 
@@ -46,6 +46,12 @@ class Lane:
     @property
     def worker_id(self) -> str:
         return f"{OWNER}/{self.index}"
+
+
+def measured_on(gpu: str, on_cpu: bool) -> str:
+    """The device trials are measured on: the GPU's name (``none`` where there is none), or
+    ``cpu`` where the candidates run there (ONNX Runtime's CPU provider)."""
+    return "cpu" if gpu == "none" or on_cpu else gpu
 
 
 def pinned(gpu: str | None) -> dict[str, str]:
@@ -193,8 +199,8 @@ def run_lanes(
     budget: TrialBudget,
     callbacks: Sequence[Callable[[optuna.Study, FrozenTrial], None]],
 ) -> None:
-    """Search with every lane at once until the budget is spent; the first error (a Ctrl-C before
-    any other) is raised once every lane has stopped."""
+    """Search with every lane at once until the budget is spent. After an error (a Ctrl-C before
+    any other), once every lane has stopped, the trials it stopped are queued again and it is raised."""
     errors: list[BaseException] = []
 
     def lane_main(lane: Lane) -> None:
@@ -236,16 +242,18 @@ def run_lanes(
         thread.start()
     try:
         _wait_all(ended)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
         budget.stop()  # the workers see the press themselves (interrupts.check) and stop their trials
         _wait_all(ended)
-        raise
+        errors.insert(0, exc)
     finally:
         for thread in threads:
             thread.join()
-    interrupted = [e for e in errors if isinstance(e, KeyboardInterrupt)]
-    if interrupted or errors:
-        raise (interrupted or errors)[0]
+    if errors:
+        trials = budget.study.get_trials(deepcopy=False)
+        for number in objective.interrupted:  # the next run (or another worker) retries them
+            retry_trial(budget.study, trials[number])
+        raise next((e for e in errors if isinstance(e, KeyboardInterrupt)), errors[0])
 
 
 def _wait_all(events: Sequence[threading.Event]) -> None:

@@ -32,7 +32,16 @@ from gpt_optuna.evaluate import (
     TrialResult,
 )
 from gpt_optuna.objective import Objective
-from gpt_optuna.parallel import TrialBudget, check_devices, lane_gpus, open_lanes, pinned, run_lanes, study_device
+from gpt_optuna.parallel import (
+    TrialBudget,
+    check_devices,
+    lane_gpus,
+    measured_on,
+    open_lanes,
+    pinned,
+    run_lanes,
+    study_device,
+)
 from gpt_optuna.precision import QUANTIZED
 from gpt_optuna.progress import Progress
 from gpt_optuna.shared_data import artifact_folder, publish
@@ -49,7 +58,6 @@ from gpt_optuna.study import (
     recorded_fingerprint,
     recover_interrupted,
     refuse_if_different,
-    retry_trial,
     storage_file,
     summarize_study,
     tuner_presence,
@@ -323,9 +331,6 @@ def tune(config: TuneConfig, progress: Progress | None = None, argv: list[str] |
                 [progress.trial_done, lambda *_: interrupts.check()],
             )
         except (KeyboardInterrupt, UserError) as exc:
-            trials = study.get_trials(deepcopy=False)
-            for number in objective.interrupted:  # the next run retries the stopped candidates
-                retry_trial(study, trials[number])
             if isinstance(exc, UserError):
                 raise
             progress.finish(
@@ -359,9 +364,8 @@ def tune(config: TuneConfig, progress: Progress | None = None, argv: list[str] |
 def measuring_device(prepared: Prepared, gpu: str = "") -> str:
     """The name of the GPU candidates run on (``gpu``, or the one the space was discovered on),
     ``cpu`` where they run on none."""
-    gpu = gpu or prepared.versions.get("gpu", "none")
     on_cpu = prepared.space.default().get("provider") == "CPUExecutionProvider"
-    return "cpu" if gpu == "none" or on_cpu else gpu
+    return measured_on(gpu or prepared.versions.get("gpu", "none"), on_cpu)
 
 
 def record_search(study: optuna.Study, config: TuneConfig, prepared: Prepared) -> None:
