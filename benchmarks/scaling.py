@@ -4,7 +4,8 @@ MobileNetV2 (torchvision's ImageNet weights) at batch 8, judged on 24 photo crop
 photographs shipped with scikit-image (three batches), ``cosine>=0.999``, on ONNX Runtime's
 default space. Each setting runs ``gpt-optuna tune --gpus G`` in a fresh study with the same
 sampler seed; the table gives the command's wall time, the span from the first trial's start to
-the last one's end, trials per hour over that span, and the best trial. The speedup is the ratio
+the last one's end, the share of it the workers spent inside trials, trials per hour over the
+span, and the best trial. The speedup is the ratio
 of the spans. Then the best candidate of each search is re-measured in one process on the first
 GPU, interleaved, with a bootstrap 95 % interval of their latency ratio: two searches that found
 equally good configurations give an interval that includes 1.
@@ -74,6 +75,14 @@ def span_s(study: optuna.Study) -> float:
     return (max(t.datetime_complete for t in trials) - min(t.datetime_start for t in trials)).total_seconds()
 
 
+def busy_share(study: optuna.Study) -> float:
+    """The share of the span the workers spent inside trials, averaged over workers."""
+    trials = [t for t in study.get_trials(deepcopy=False) if t.datetime_start and t.datetime_complete]
+    workers = {t.user_attrs.get("worker") for t in trials}
+    busy = sum((t.datetime_complete - t.datetime_start).total_seconds() for t in trials)
+    return busy / len(workers) / span_s(study)
+
+
 def best(study: optuna.Study) -> optuna.trial.FrozenTrial:
     return min((t for t in study.get_trials(deepcopy=False) if t.values), key=lambda t: t.values[0])
 
@@ -98,11 +107,14 @@ def main() -> None:
             devices = sorted({str(t.user_attrs.get("gpu")) for t in trials})
             rows.append((gpus, workers, evaluated, wall, span_s(study), best(study), devices, study))
         print(f"\nMobileNetV2 at batch {BATCH}, {CRITERION} on 24 photo crops, ONNX Runtime's default space")
-        print(f"{'--gpus':<8}{'workers':>8}{'trials':>8}{'wall s':>9}{'span s':>9}{'trials/h':>10}  best (search)")
-        for gpus, workers, evaluated, wall, span, top, devices, _ in rows:
+        print(
+            f"{'--gpus':<8}{'workers':>8}{'trials':>8}{'wall s':>9}{'span s':>9}{'busy':>7}{'trials/h':>10}"
+            "  best (search)"
+        )
+        for gpus, workers, evaluated, wall, span, top, devices, study in rows:
             print(
-                f"{gpus:<8}{workers:>8}{evaluated:>8}{wall:>9.1f}{span:>9.1f}{3600 * evaluated / span:>10.0f}"
-                f"  trial {top.number}: {top.values[0]:.4g} ms on {', '.join(devices)}"
+                f"{gpus:<8}{workers:>8}{evaluated:>8}{wall:>9.1f}{span:>9.1f}{busy_share(study):>7.0%}"
+                f"{3600 * evaluated / span:>10.0f}  trial {top.number}: {top.values[0]:.4g} ms on {', '.join(devices)}"
             )
         reference = rows[0]
         for row in rows[1:]:

@@ -149,6 +149,18 @@ class TrialResult:
 
 
 @dataclass(frozen=True)
+class WarmUpJob:
+    """Load the backend's libraries in a new worker process, before its first candidate; returns
+    the name of the GPU it sees (``none`` without one)."""
+
+    backend: str
+
+    def __call__(self) -> str:
+        _backend(self.backend)
+        return gpu_name()
+
+
+@dataclass(frozen=True)
 class SpaceJob:
     """Discover the backend's search space for a model, with the library versions.
 

@@ -21,18 +21,18 @@ from gpt_optuna import interrupts
 from gpt_optuna.config import DEFAULT_TRIAL_TIMEOUT_S, STUDIES
 from gpt_optuna.confirm import template_from_study
 from gpt_optuna.errors import EXIT_INTERRUPTED, UserError
-from gpt_optuna.evaluate import gpu_name
 from gpt_optuna.model import load_model_info
 from gpt_optuna.objective import OWNER, Objective
 from gpt_optuna.parallel import (
     TrialBudget,
     check_devices,
     lane_gpus,
+    make_lanes,
     measured_on,
-    open_lanes,
-    pinned,
+    open_workers,
     run_lanes,
     study_device,
+    warming,
 )
 from gpt_optuna.progress import Progress, format_summary
 from gpt_optuna.shared_data import artifact_folder, fetch
@@ -48,7 +48,6 @@ from gpt_optuna.study import (
     summarize_study,
     tuner_presence,
 )
-from gpt_optuna.worker import Worker
 
 
 @dataclass(frozen=True)
@@ -105,17 +104,14 @@ def join(config: JoinConfig, progress: Progress) -> int:
     sampler = make_sampler(search.get("sampler", "tpe"), None, space)
     notes: list[str] = []
     with contextlib.ExitStack() as stack:
-        log = f"worker-{OWNER.replace(':', '-')}"
-        gpus, names = lane_gpus(config.workers, config.gpus, workdir / f"{log}.log")
-        first = stack.enter_context(Worker(workdir / f"{log}.log", pinned(gpus[0])))
-        versions = recorded.get("versions", {})
+        gpus = lane_gpus(config.workers, config.gpus, workdir / "worker.log")
+        workers = open_workers(stack, gpus, workdir, f"worker-{OWNER.replace(':', '-')}")
+        with warming(workers, recorded["backend"]) as names:
+            pass  # nothing to do meanwhile: the names are there once every worker has started
         on_cpu = space.default().get("provider") == "CPUExecutionProvider"
-
-        def device(gpu: str) -> str:
-            return measured_on(gpu or first.run(gpu_name, 120.0), on_cpu)
-
-        lanes = open_lanes(stack, first, gpus, names, device, workdir, log)
+        lanes = make_lanes(workers, gpus, names, on_cpu)
         stack.enter_context(tuner_presence(workdir))  # a tuner starting on this host leaves our trials be
+        versions = recorded.get("versions", {})
         creator = measured_on(versions["gpu"], on_cpu) if "gpu" in versions else None
         notes += check_devices(lanes, study_device(study) or creator, config.allow_mixed_gpus)
         done = finished_count(study)

@@ -7,7 +7,9 @@ instead of redoing minutes of work on every trial that asks for it.
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
 import traceback
 from collections.abc import Callable
 from pathlib import Path
@@ -31,17 +33,26 @@ def produce(out: Path, make: Callable[[Path], None]) -> Path:
     """``out``, made by ``make(tmp)`` unless it exists; a failure is kept and raised as TransformFailed.
 
     ``make`` writes the model to the temporary path it is given, which is removed whatever
-    happens. Missing libraries (a UserError) and the machine's own trouble (disk full, out of
+    happens. Worker processes that ask for the same model at once make it once: the others wait.
+    Missing libraries (a UserError) and the machine's own trouble (disk full, out of
     memory) are raised as they are and not kept: they are not the graph's fault.
     """
+    if out.is_file():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with out.with_name(out.name + ".lock").open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # another worker making the same model: wait for it, not redo it
+        return _produce(out, make)
+
+
+def _produce(out: Path, make: Callable[[Path], None]) -> Path:
     if out.is_file():
         return out
     failed = _failure_path(out)
     if failed.is_file():
         record = json.loads(failed.read_text())
         raise TransformFailed(record["error"], record["traceback"])
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.stem + ".tmp.onnx")
+    tmp = out.with_name(f"{out.stem}.{os.getpid()}.tmp.onnx")
     try:
         make(tmp)
         tmp.replace(out)

@@ -9,11 +9,12 @@ one of them is interrupted and its candidate comes back to the queue.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import threading
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from gpt_optuna import interrupts
 from gpt_optuna.errors import UserError
-from gpt_optuna.evaluate import gpu_names
+from gpt_optuna.evaluate import WarmUpJob, gpu_names
 from gpt_optuna.objective import OWNER, CandidateFailed, Objective
 from gpt_optuna.study import recover_interrupted, retry_trial
 from gpt_optuna.taxonomy import has_own_result, retried_numbers
@@ -31,6 +32,7 @@ from gpt_optuna.worker import Worker
 
 WAIT_S = 1.0
 """How often a worker with nothing to start looks at the study again."""
+WARM_UP_S = 300.0
 
 
 @dataclass(frozen=True)
@@ -59,8 +61,8 @@ def pinned(gpu: str | None) -> dict[str, str]:
     return {} if gpu is None else {"CUDA_VISIBLE_DEVICES": gpu}
 
 
-def lane_gpus(workers: int | None, gpus: str | None, log: Path) -> tuple[list[str | None], dict[str, str]]:
-    """The GPU of each worker (None: the default device) and the name of each listed GPU.
+def lane_gpus(workers: int | None, gpus: str | None, log: Path) -> list[str | None]:
+    """The GPU of each worker (None: the default device).
 
     ``gpus`` is ``all`` or a comma-separated list of CUDA device indices; each listed GPU gets
     one worker, or ``workers`` are spread over them in turn.
@@ -68,7 +70,7 @@ def lane_gpus(workers: int | None, gpus: str | None, log: Path) -> tuple[list[st
     if workers is not None and workers < 1:
         raise UserError(f"--workers must be at least 1, got {workers}")
     if gpus is None:
-        return [None] * (workers or 1), {}
+        return [None] * (workers or 1)
     with Worker(log) as probe:
         names = probe.run(gpu_names, 120.0)
     if not names:
@@ -80,32 +82,40 @@ def lane_gpus(workers: int | None, gpus: str | None, log: Path) -> tuple[list[st
         known = ", ".join(f"{i} {n}" for i, n in enumerate(names))
         bad = [g for g in listed if not g.isdigit() or int(g) >= len(names)]
         if not listed or bad:
-            raise UserError(f"--gpus {gpus!r}: no GPU {bad[0] if bad else gpus!r} here; this host has {known}")
+            raise UserError(f"--gpus {gpus!r}: no GPU {bad[0] if bad else repr(gpus)} here; this host has {known}")
         if len(set(listed)) != len(listed):
             raise UserError(f"--gpus {gpus!r} lists a GPU twice")
     count = workers or len(listed)
-    return [listed[i % len(listed)] for i in range(count)], {g: names[int(g)] for g in listed}
+    return [listed[i % len(listed)] for i in range(count)]
 
 
-def open_lanes(
-    stack: contextlib.ExitStack,
-    first: Worker,
-    gpus: Sequence[str | None],
-    names: dict[str, str],
-    device: Callable[[str], str],
-    log_dir: Path,
-    log_name: str = "worker",
-) -> list[Lane]:
-    """The workers: ``first`` (already started, pinned to ``gpus[0]``) and one more per further
-    entry, logging to ``log_dir/<log_name>-<index>.log``; ``device`` maps a GPU's name (empty for
-    the default device) to the name of the device trials are measured on."""
-    lanes = []
-    for index, gpu in enumerate(gpus):
-        log = log_dir / f"{log_name}-{index}.log"
-        worker = first if index == 0 else stack.enter_context(Worker(log, pinned(gpu)))
-        name = names.get(gpu, "none") if gpu is not None else ""
-        lanes.append(Lane(index, worker, gpu, device(name)))
-    return lanes
+def open_workers(stack: contextlib.ExitStack, gpus: Sequence[str | None], log_dir: Path, log_name: str) -> list[Worker]:
+    """One worker process per entry of ``gpus``, pinned to it, logging to ``log_dir/<log_name>.log``
+    (the first) and ``<log_name>-<index>.log``."""
+    return [
+        stack.enter_context(Worker(log_dir / (f"{log_name}-{index}.log" if index else f"{log_name}.log"), pinned(gpu)))
+        for index, gpu in enumerate(gpus)
+    ]
+
+
+@contextlib.contextmanager
+def warming(workers: Sequence[Worker], backend: str) -> Iterator[list[str]]:
+    """Start ``workers`` and load the backend in each, in the background while the block runs
+    (the first trial of a cold worker would otherwise pay for it); yields the list that then holds
+    the name of each one's GPU (``none`` without one)."""
+    names: list[str] = []
+    with concurrent.futures.ThreadPoolExecutor(max(len(workers), 1)) as pool:
+        futures = [pool.submit(worker.run, WarmUpJob(backend), WARM_UP_S) for worker in workers]
+        yield names
+        names += [future.result() for future in futures]
+
+
+def make_lanes(workers: Sequence[Worker], gpus: Sequence[str | None], names: Sequence[str], on_cpu: bool) -> list[Lane]:
+    """The lanes of ``workers``, each measuring on its GPU (``names``), or on the CPU."""
+    return [
+        Lane(index, worker, gpu, measured_on(name, on_cpu))
+        for index, (worker, gpu, name) in enumerate(zip(workers, gpus, names, strict=True))
+    ]
 
 
 def check_devices(lanes: Sequence[Lane], study_device: str | None, allow_mixed: bool) -> list[str]:

@@ -36,11 +36,12 @@ from gpt_optuna.parallel import (
     TrialBudget,
     check_devices,
     lane_gpus,
-    measured_on,
-    open_lanes,
+    make_lanes,
+    open_workers,
     pinned,
     run_lanes,
     study_device,
+    warming,
 )
 from gpt_optuna.precision import QUANTIZED
 from gpt_optuna.progress import Progress
@@ -262,9 +263,12 @@ def tune(config: TuneConfig, progress: Progress | None = None, argv: list[str] |
     storage = open_storage(config.storage, make_dirs=storage_path is not None and storage_path.parent == STUDIES)
     check_resumable(storage, config, inputs)
     with contextlib.ExitStack() as stack:
-        gpus, gpu_names = lane_gpus(config.workers, config.gpus, config.workdir / "worker.log")
-        worker = stack.enter_context(Worker(config.workdir / "worker.log", pinned(gpus[0])))
-        prepared = prepare(config, worker, inputs, notes, progress.note)
+        gpus = lane_gpus(config.workers, config.gpus, config.workdir / "worker.log")
+        workers = open_workers(stack, gpus, config.workdir, "worker")
+        with warming(workers[1:], config.backend) as names:  # the others start while the first finds the space
+            prepared = prepare(config, workers[0], inputs, notes, progress.note)
+        on_cpu = prepared.space.default().get("provider") == "CPUExecutionProvider"
+        lanes = make_lanes(workers, gpus, [prepared.versions.get("gpu", "none"), *names], on_cpu)
         sampler = make_sampler(config.sampler, config.seed, prepared.space)
         study, resumed = open_study(
             storage,
@@ -275,8 +279,6 @@ def tune(config: TuneConfig, progress: Progress | None = None, argv: list[str] |
             len(config.objectives),
             [(prepared.space.fitted(values), why) for values, why in config.seeds],
         )
-        device = functools.partial(measuring_device, prepared)
-        lanes = open_lanes(stack, worker, gpus, gpu_names, device, config.workdir)
         notes += check_devices(lanes, study_device(study), config.allow_mixed_gpus)
         alone = stack.enter_context(tuner_presence(config.workdir))
         recovered = recover_interrupted(study, alone)
@@ -359,13 +361,6 @@ def tune(config: TuneConfig, progress: Progress | None = None, argv: list[str] |
         steps = next_steps(config, args, finished_count(study))
         progress.finish(summary, steps, note=note, elapsed=time.monotonic() - started)
     return EXIT_NO_FEASIBLE if summary.best is None else 0
-
-
-def measuring_device(prepared: Prepared, gpu: str = "") -> str:
-    """The name of the GPU candidates run on (``gpu``, or the one the space was discovered on),
-    ``cpu`` where they run on none."""
-    on_cpu = prepared.space.default().get("provider") == "CPUExecutionProvider"
-    return measured_on(gpu or prepared.versions.get("gpu", "none"), on_cpu)
 
 
 def record_search(study: optuna.Study, config: TuneConfig, prepared: Prepared) -> None:
