@@ -101,7 +101,7 @@ def open_storage(
             raise UserError(f"{path} is read-only: the study can be read (status, best, report), not searched")
         _use_write_ahead_log(path)
         storage = _rdb_storage(url, create, heartbeat=False)
-        _sync_normally(storage)
+        _configure_sqlite(storage)
         return storage
     except UserError:
         raise
@@ -113,6 +113,7 @@ def open_storage(
 
 
 GRPC_WAIT_S = 10.0
+SQLITE_WAIT_S = 60.0
 
 
 def _grpc_storage(url: str) -> optuna.storages.BaseStorage:
@@ -181,13 +182,15 @@ def _rdb_storage(url: str, create: bool, heartbeat: bool) -> optuna.storages.RDB
         if heartbeat
         else {}
     )
+    # a SQLite writer waits this long for another's transaction (many workers write at once)
+    waiting = {"engine_kwargs": {"connect_args": {"timeout": SQLITE_WAIT_S}}} if url.startswith("sqlite") else {}
     import sqlalchemy.exc
 
     for attempt in range(5):
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-                return optuna.storages.RDBStorage(url, skip_table_creation=not create, **beat)
+                return optuna.storages.RDBStorage(url, skip_table_creation=not create, **beat, **waiting)
         except (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.OperationalError) as exc:
             racing = isinstance(exc, sqlalchemy.exc.IntegrityError) or "already exists" in str(exc)
             if not racing or attempt == 4:
@@ -205,14 +208,22 @@ def _use_write_ahead_log(path: Path) -> None:
         connection.close()
 
 
-def _sync_normally(storage: optuna.storages.RDBStorage) -> None:
-    """In WAL mode, synchronous=NORMAL is still safe against a killed process; it saves an fsync per write."""
+def _configure_sqlite(storage: optuna.storages.RDBStorage) -> None:
+    """Every transaction takes the write lock as it begins (``BEGIN IMMEDIATE``): Optuna reads a
+    waiting trial's state and then marks it running, and on SQLite (no ``SELECT ... FOR UPDATE``)
+    two workers could otherwise both take the same trial. In WAL mode, synchronous=NORMAL is still
+    safe against a killed process, and saves an fsync per write."""
     import sqlalchemy
 
     def on_connect(connection: Any, _record: Any) -> None:
+        connection.isolation_level = None  # the driver begins no transaction of its own
         connection.execute("PRAGMA synchronous=NORMAL")
 
+    def on_begin(connection: Any) -> None:
+        connection.exec_driver_sql("BEGIN IMMEDIATE")
+
     sqlalchemy.event.listen(storage.engine, "connect", on_connect)
+    sqlalchemy.event.listen(storage.engine, "begin", on_begin)
     storage.engine.dispose()
 
 

@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections import Counter
@@ -74,6 +75,28 @@ def test_workers_of_one_tuner_search_at_once_without_duplicates(cnn_path: Path, 
     # a resumed search with more workers than trials left ends at the target, not beyond it
     assert tune(str(cnn_path), *args[:-4], "--n-trials", "11", "--workers", "4", "--confirm-top", "0") == 0
     assert_one_search(study.get_trials(), 11)
+
+
+def test_threads_asking_at_once_never_take_the_same_queued_trial(tmp_path: Path) -> None:
+    storage = open_storage(f"sqlite:///{tmp_path / 'race.db'}")
+    study = optuna.create_study(storage=storage, study_name="race")
+    for value in range(40):
+        study.enqueue_trial({"x": value})
+    taken: list[int] = []
+
+    def ask_five() -> None:
+        own = optuna.load_study(study_name="race", storage=storage)
+        for _ in range(5):
+            trial = own.ask()
+            taken.append(trial.number)
+            trial.suggest_int("x", 0, 100)
+
+    threads = [threading.Thread(target=ask_five) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(taken) == list(range(40))  # SQLite has no SELECT ... FOR UPDATE: BEGIN IMMEDIATE stands in
 
 
 def lane(index: int, device: str, gpu: str | None = None) -> Lane:
