@@ -217,6 +217,39 @@ def test_a_tuner_and_workers_share_a_study_on_postgresql(cnn_path: Path, tmp_pat
     joined_search(cnn_path, tmp_path, POSTGRES, f"pg-{uuid.uuid4().hex[:8]}", 10)
 
 
+@pytest.mark.skipif(not POSTGRES, reason="no PostgreSQL server: .ci/run starts one and sets GPT_OPTUNA_TEST_POSTGRES")
+@pytest.mark.filterwarnings("ignore:Heartbeat of storage is supposed to be used with Study.optimize")
+def test_a_lost_hosts_trial_is_failed_by_the_heartbeat_and_its_candidate_retried(
+    cnn_path: Path, tmp_path: Path
+) -> None:
+    import sqlalchemy
+
+    assert POSTGRES is not None
+    name = f"lost-{uuid.uuid4().hex[:8]}"
+    config = synthetic_config(tmp_path, 'mode = ["ok"]')
+    args = [str(cnn_path), "--backend", SYNTHETIC, "--config", str(config), "--storage", POSTGRES, "--study-name", name]
+    assert tune(*args, "--n-trials", "3", "--confirm-top", "0") == 0
+    storage = open_storage(POSTGRES)
+    study = optuna.load_study(study_name=name, storage=storage)
+    earlier = study.get_trials()[1]
+    lost = study.ask(fixed_distributions=earlier.distributions)  # a trial of a host that is gone
+    lost.set_user_attr("owner", "a-host-that-is-gone:4242")
+    storage.record_heartbeat(lost._trial_id)
+    with storage.engine.begin() as connection:  # its last heartbeat, ten minutes ago
+        connection.execute(
+            sqlalchemy.text(
+                "UPDATE trial_heartbeats SET heartbeat = heartbeat - interval '10 minutes' WHERE trial_id = :id"
+            ),
+            {"id": lost._trial_id},
+        )
+    assert tune(*args, "--n-trials", "5", "--confirm-top", "0") == 0
+    trials = study.get_trials()
+    assert trials[lost.number].state is TrialState.FAIL
+    retries = [t for t in trials if t.system_attrs.get("failed_trial") == lost.number]
+    assert len(retries) == 1 and retries[0].params == lost.params and retries[0].state is TrialState.COMPLETE
+    assert_one_search(trials, 5)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("localhost", 0))
