@@ -124,24 +124,13 @@ def join(config: JoinConfig, progress: Progress) -> int:
         )
         for note in notes:
             progress.note(note)
-        objective = Objective(
-            space,
-            job,
-            search.get("trial_timeout_s", DEFAULT_TRIAL_TIMEOUT_S),
-            FileSystemArtifactStore(store),
-            objectives=_objectives(recorded),
-        )
+        timeout = search.get("trial_timeout_s", DEFAULT_TRIAL_TIMEOUT_S)
+        artifacts = FileSystemArtifactStore(store)
+        objective = Objective(space, job, timeout, artifacts, progress.result, _objectives(recorded))
         progress.begin(remaining, deadline, len(lanes))
         try:
-            run_lanes(
-                config.study_name,
-                storage,
-                sampler,
-                lanes,
-                objective,
-                TrialBudget(study, target, deadline),
-                [progress.trial_done, lambda *_: interrupts.check()],
-            )
+            budget = TrialBudget(study, target, deadline)
+            run_lanes(config.study_name, storage, sampler, lanes, objective, budget, progress.trial_done)
         except (KeyboardInterrupt, UserError) as exc:
             progress.end()
             if isinstance(exc, UserError):

@@ -207,10 +207,11 @@ def run_lanes(
     lanes: Sequence[Lane],
     objective: Objective,
     budget: TrialBudget,
-    callbacks: Sequence[Callable[[optuna.Study, FrozenTrial], None]],
+    on_trial: Callable[[optuna.Study, FrozenTrial], None],
 ) -> None:
-    """Search with every lane at once until the budget is spent. After an error (a Ctrl-C before
-    any other), once every lane has stopped, the trials it stopped are queued again and it is raised."""
+    """Search with every lane at once until the budget is spent, telling ``on_trial`` as each trial
+    ends. After an error (a Ctrl-C before any other), once every lane has stopped, the trials it
+    stopped are queued again and it is raised."""
     errors: list[BaseException] = []
 
     def lane_main(lane: Lane) -> None:
@@ -226,7 +227,7 @@ def run_lanes(
             while budget.claim():
                 began.clear()
                 try:
-                    study.optimize(evaluate, n_trials=1, catch=(CandidateFailed,), callbacks=list(callbacks))
+                    study.optimize(evaluate, n_trials=1, catch=(CandidateFailed,), callbacks=[on_trial, stop_on_ctrl_c])
                 finally:
                     if not began:  # no trial was started after all
                         budget.started()
@@ -264,6 +265,10 @@ def run_lanes(
         for number in objective.interrupted:  # the next run (or another worker) retries them
             retry_trial(budget.study, trials[number])
         raise next((e for e in errors if isinstance(e, KeyboardInterrupt)), errors[0])
+
+
+def stop_on_ctrl_c(*_: object) -> None:
+    interrupts.check()
 
 
 def _wait_all(events: Sequence[threading.Event]) -> None:

@@ -10,13 +10,14 @@ from typing import TYPE_CHECKING, Any, TextIO
 from optuna.trial import TrialState
 from tqdm import tqdm
 
+from gpt_optuna.evaluate import Outcome, TrialResult
 from gpt_optuna.study import first_value
 
 if TYPE_CHECKING:
     import optuna
 
     from gpt_optuna.config import TuneConfig
-    from gpt_optuna.space import Space
+    from gpt_optuna.space import Candidate, Space
     from gpt_optuna.study import StudySummary
 
 
@@ -167,6 +168,13 @@ class Progress:
                 self._bar.write(text, file=self.stream)
             else:
                 print(text, file=self.stream)
+
+    def result(self, number: int, candidate: Candidate, result: TrialResult | None) -> None:
+        """A note for a candidate that failed or was infeasible (None: an earlier result reused)."""
+        if result is not None and result.outcome.is_failure:
+            self.note(f"trial {number} failed ({result.outcome.value}): {result.detail.splitlines()[0][:160]}")
+        elif result is not None and result.outcome is Outcome.INFEASIBLE:
+            self.note(f"trial {number} infeasible: {result.detail[:160]}")
 
     def trial_done(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
         with self._lock:

@@ -27,9 +27,7 @@ from gpt_optuna.evaluate import (
     INPUTS_FILE,
     REFERENCE_FILE,
     EvaluateJob,
-    Outcome,
     SpaceJob,
-    TrialResult,
 )
 from gpt_optuna.objective import Objective
 from gpt_optuna.parallel import (
@@ -46,7 +44,7 @@ from gpt_optuna.parallel import (
 from gpt_optuna.precision import QUANTIZED
 from gpt_optuna.progress import Progress
 from gpt_optuna.shared_data import artifact_folder, publish
-from gpt_optuna.space import Candidate, Space
+from gpt_optuna.space import Space
 from gpt_optuna.space_check import check_space
 from gpt_optuna.study import (
     MEASURE_ATTR,
@@ -307,31 +305,12 @@ def tune(config: TuneConfig, progress: Progress | None = None, argv: list[str] |
         )
         store = artifact_folder(study, config.artifacts)
         publish(study, store, config.workdir)
-
-        def on_result(number: int, candidate: Candidate, result: TrialResult | None) -> None:
-            if result is not None and result.outcome.is_failure:
-                progress.note(f"trial {number} failed ({result.outcome.value}): {result.detail.splitlines()[0][:160]}")
-            elif result is not None and result.outcome is Outcome.INFEASIBLE:
-                progress.note(f"trial {number} infeasible: {result.detail[:160]}")
-
-        objective = Objective(
-            prepared.space,
-            job,
-            config.trial_timeout_s,
-            FileSystemArtifactStore(store),
-            on_result,
-            config.objectives,
-        )
+        artifacts = FileSystemArtifactStore(store)
+        timeout = config.trial_timeout_s
+        objective = Objective(prepared.space, job, timeout, artifacts, progress.result, config.objectives)
         try:
-            run_lanes(
-                config.study_name,
-                storage,
-                sampler,
-                lanes,
-                objective,
-                TrialBudget(study, config.n_trials, deadline),
-                [progress.trial_done, lambda *_: interrupts.check()],
-            )
+            budget = TrialBudget(study, config.n_trials, deadline)
+            run_lanes(config.study_name, storage, sampler, lanes, objective, budget, progress.trial_done)
         except (KeyboardInterrupt, UserError) as exc:
             if isinstance(exc, UserError):
                 raise

@@ -326,8 +326,13 @@ def test_ctrl_c_stops_every_worker_and_the_rerun_retries_their_candidates(cnn_pa
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
     assert "stopped by Ctrl-C" in err and "Traceback" not in err
-    stopped = [t for t in study_of(url, "s").get_trials() if t.user_attrs.get("interrupted") == "stopped by the user"]
-    assert len(stopped) == 3, [(t.number, t.state, t.user_attrs) for t in study_of(url, "s").get_trials()]
+    after = study_of(url, "s").get_trials()
+    stopped = [t for t in after if t.user_attrs.get("interrupted") == "stopped by the user"]
+    # every worker inside a trial stopped it (one may have been between trials on a slow machine)
+    assert len(stopped) >= 2 and not [t for t in after if t.state is TrialState.RUNNING]
+    assert sorted(t.params["delay_us"] for t in after if t.state is TrialState.WAITING) == sorted(
+        t.params["delay_us"] for t in stopped
+    )
     rerun = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert rerun.returncode == 0, rerun.stderr
     trials = study_of(url, "s").get_trials()
