@@ -22,6 +22,7 @@ from gpt_optuna.backends.onnxruntime import (
     model_ops,
     provider_options,
     session_options,
+    session_settings,
     thread_choices,
     usable_providers,
 )
@@ -127,26 +128,26 @@ ALL_KEYS = frozenset(key for option in CUDA_OPTIONS for key in option.keys)
 
 
 def test_extra_cuda_options_apply_where_the_version_has_them_and_the_model_uses_them() -> None:
-    def names(keys: frozenset[str], ops: set[str]) -> set[str]:
-        return {o.knob for o in applicable_cuda_options(keys, frozenset(ops))}
+    def names(keys: frozenset[str], ops: set[str], version: tuple[int, int] = (1, 31)) -> set[str]:
+        return {o.knob for o in applicable_cuda_options(keys, version, frozenset(ops))}
 
     cnn = {"Conv", "Relu", "Gemm", "GlobalAveragePool"}
     encoder = {"MatMul", "Softmax", "LayerNormalization", "Gather", "Erf"}
-    assert names(ALL_KEYS, cnn) == {"cuda.fuse_conv_bias", "cuda.tunable_op", "cuda.unified_stream"}
+    assert names(ALL_KEYS, cnn) == {"cuda.fuse_conv_bias", "cuda.gemm_auto_tune", "cuda.unified_stream"}
     assert names(ALL_KEYS, encoder) == {
-        "cuda.tunable_op",
         "cuda.sdpa_kernel",
         "cuda.skip_layer_norm_strict",
         "cuda.unified_stream",
+        "cuda.gemm_auto_tune",
+        "cuda.gelu_approximation",
     }
     assert "cuda.conv1d_pad_to_nc1d" in names(ALL_KEYS, {"Conv", "Conv1D"})
-    older = ALL_KEYS - {"fuse_conv_bias", "tunable_op_tuning_enable"}  # a version without them
-    assert names(older, cnn) == {"cuda.unified_stream"}
-    knobs = {
-        k.name: k for k in discover_knobs([CUDA, CPU], LEVELS, 4, applicable_cuda_options(ALL_KEYS, frozenset(encoder)))
-    }
+    older = ALL_KEYS - {"fuse_conv_bias"}  # a version without it, and without the GEMM tuner
+    assert names(older, cnn, (1, 24)) == {"cuda.unified_stream"}
+    extras = applicable_cuda_options(ALL_KEYS, (1, 31), frozenset(encoder))
+    knobs = {k.name: k for k in discover_knobs([CUDA, CPU], LEVELS, 4, extras)}
     assert knobs["cuda.sdpa_kernel"].choices == (0, 1, 2, 4, 8, 16) and knobs["cuda.sdpa_kernel"].default == 0
-    assert knobs["cuda.tunable_op"].condition.values == (CUDA,)
+    assert knobs["cuda.gemm_auto_tune"].condition.values == (CUDA,)
 
 
 def test_model_ops_tell_one_dimensional_convolutions(tmp_path: Path) -> None:
@@ -174,11 +175,12 @@ def test_extra_cuda_options_map_onto_the_providers_keys(tmp_path: Path) -> None:
         "cuda.prefer_nhwc": False,
         "cuda.cudnn_conv_use_max_workspace": True,
     }
-    extra = {"cuda.tunable_op": True, "cuda.sdpa_kernel": 8, "cuda.unified_stream": False}
+    extra = {"cuda.gemm_auto_tune": True, "cuda.sdpa_kernel": 8, "cuda.unified_stream": False}
     options = provider_options({**base, **extra}, None, tmp_path)
-    assert options["tunable_op_enable"] == options["tunable_op_tuning_enable"] == "1"
     assert options["sdpa_kernel"] == "8" and options["use_ep_level_unified_stream"] == "0"
     assert "fuse_conv_bias" not in provider_options(base, None, tmp_path)
+    settings = session_settings({**base, **extra, "graph_optimization_level": "ORT_ENABLE_ALL", "mem_pattern": True})
+    assert settings["session_config_entries"] == {"ep.cuda.enable_gemm_auto_tune": "1"}
 
 
 def _prepare(path: Path, flags: list[str]):

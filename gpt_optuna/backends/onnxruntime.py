@@ -35,9 +35,10 @@ _OPTIONAL_GRAPH_LEVELS = ("ORT_DISABLE_ALL", "ORT_ENABLE_BASIC", "ORT_ENABLE_EXT
 
 @dataclass(frozen=True)
 class CudaOption:
-    """A CUDA-provider option searched where the installed ONNX Runtime has it (its ``keys`` are
-    among the provider's options) and where the model has an operator it acts on (``ops``; None:
-    every model). A boolean knob sets each of its keys to 1 or 0; another sets its value."""
+    """A setting of sessions on the CUDA provider beyond the five every version has: provider
+    options (``keys``, searched where the installed provider has them all) or a session config
+    entry (``entry``, searched from ONNX Runtime version ``since``), offered where the model has an
+    operator it acts on (``ops``; None: every model). A boolean knob sets each key to 1 or 0."""
 
     knob: str
     keys: tuple[str, ...]
@@ -45,22 +46,20 @@ class CudaOption:
     default: Value
     help: str
     ops: frozenset[str] | None = None
+    entry: str | None = None
+    since: tuple[int, int] = (0, 0)
 
 
 _ATTENTION = frozenset({"Attention", "MultiHeadAttention", "GroupQueryAttention", "PackedAttention", "Softmax"})
+_GEMM = frozenset({"MatMul", "Gemm", "FusedMatMul"})
 CUDA_OPTIONS = (
     CudaOption(
         "cuda.fuse_conv_bias", ("fuse_conv_bias",), (False, True), False,
-        "convolution, bias and activation as one cuDNN-frontend kernel", frozenset({"Conv", "FusedConv"}),
+        "convolution and bias as one cuDNN-frontend kernel", frozenset({"Conv", "FusedConv"}),
     ),
     CudaOption(
         "cuda.conv1d_pad_to_nc1d", ("cudnn_conv1d_pad_to_nc1d",), (False, True), False,
         "1-D convolutions run as [N, C, 1, D] rather than [N, C, D, 1]", frozenset({"Conv1D"}),
-    ),
-    CudaOption(
-        "cuda.tunable_op", ("tunable_op_enable", "tunable_op_tuning_enable"), (False, True), False,
-        "time the GEMM implementations when the session starts and keep the fastest (TunableOp)",
-        frozenset({"MatMul", "Gemm", "FusedMatMul", "Attention", "MultiHeadAttention"}),
     ),
     CudaOption(
         "cuda.sdpa_kernel", ("sdpa_kernel",), (0, 1, 2, 4, 8, 16), 0,
@@ -69,12 +68,22 @@ CUDA_OPTIONS = (
     ),
     CudaOption(
         "cuda.skip_layer_norm_strict", ("enable_skip_layer_norm_strict_mode",), (False, True), False,
-        "SkipLayerNormalization accumulates in fp32 (slower, more accurate in fp16)",
+        "SkipLayerNormalization through the plain LayerNorm kernel (slower, more accurate in fp16)",
         frozenset({"LayerNormalization", "SkipLayerNormalization", "SkipSimplifiedLayerNormalization"}),
     ),
     CudaOption(
         "cuda.unified_stream", ("use_ep_level_unified_stream",), (False, True), False,
-        "one CUDA stream for the whole provider rather than one per session",
+        "one CUDA stream for every run rather than one per run",
+    ),
+    CudaOption(
+        "cuda.gemm_auto_tune", (), (False, True), False,
+        "time cuBLAS against GEMV kernels for fp16/bf16 GEMMs with few rows, keep the fastest", _GEMM,
+        entry="ep.cuda.enable_gemm_auto_tune", since=(1, 31),
+    ),
+    CudaOption(
+        "cuda.gelu_approximation", (), (False, True), False,
+        "Gelu by its tanh approximation (slightly different results)", frozenset({"Erf", "Gelu", "BiasGelu"}),
+        entry="optimization.enable_gelu_approximation",
     ),
 )  # fmt: skip
 """Options of the CUDA provider that can change latency, beyond the five every version has."""
@@ -217,9 +226,19 @@ def model_ops(model: ModelInfo) -> frozenset[str]:
     return frozenset(ops)
 
 
-def applicable_cuda_options(keys: frozenset[str], ops: frozenset[str]) -> tuple[CudaOption, ...]:
-    """The extra CUDA options the installed version has (``keys``) that act on the model (``ops``)."""
-    return tuple(o for o in CUDA_OPTIONS if set(o.keys) <= keys and (o.ops is None or o.ops & ops))
+def applicable_cuda_options(
+    keys: frozenset[str], version: tuple[int, int], ops: frozenset[str]
+) -> tuple[CudaOption, ...]:
+    """The extra CUDA settings the installed version has (provider option ``keys``, ``version``)
+    that act on the model (``ops``)."""
+    return tuple(
+        o for o in CUDA_OPTIONS if set(o.keys) <= keys and version >= o.since and (o.ops is None or o.ops & ops)
+    )
+
+
+def ort_version() -> tuple[int, int]:
+    major, minor, *_ = _ort().__version__.split(".")
+    return int(major), int(minor)
 
 
 def session_settings(candidate: Candidate) -> dict[str, Any]:
@@ -241,6 +260,9 @@ def session_settings(candidate: Candidate) -> dict[str, Any]:
             "session.intra_op.allow_spinning": "1" if candidate["intra_op_spinning"] else "0",
             "session.set_denormal_as_zero": "1" if candidate["denormal_as_zero"] else "0",
         }
+    for option in CUDA_OPTIONS:  # the CUDA session entries the space has
+        if option.entry is not None and option.knob in candidate:
+            entries[option.entry] = "1" if candidate[option.knob] else "0"
     return {"session_options": attributes, "session_config_entries": entries}
 
 
@@ -281,8 +303,8 @@ def provider_options(candidate: Candidate, stream_ptr: int | None, workdir: Path
             "enable_cuda_graph": flag(candidate.get(CUDA_GRAPH, False)),
             "cudnn_conv_use_max_workspace": flag(candidate["cuda.cudnn_conv_use_max_workspace"]),
         }
-        for option in CUDA_OPTIONS:  # where the space has them
-            if option.knob in candidate:
+        for option in CUDA_OPTIONS:  # the provider options the space has
+            if option.keys and option.knob in candidate:
                 value = candidate[option.knob]
                 options |= {key: flag(value) if isinstance(value, bool) else str(value) for key in option.keys}
     elif provider == TENSORRT:
@@ -314,7 +336,8 @@ class OnnxRuntimeBackend(Backend):
             lvl for lvl in (*_OPTIONAL_GRAPH_LEVELS, "ORT_ENABLE_ALL") if hasattr(ort.GraphOptimizationLevel, lvl)
         ]
         providers = usable_providers()
-        extras = applicable_cuda_options(cuda_option_keys(), model_ops(model)) if CUDA in providers else ()
+        keys = cuda_option_keys() if CUDA in providers else frozenset()
+        extras = applicable_cuda_options(keys, ort_version(), model_ops(model)) if keys else ()
         return Space(discover_knobs(providers, levels, usable_cores(), extras))
 
     def build(self, model: ModelInfo, candidate: Candidate, workdir: Path, shapes: dict[str, ShapeRange]) -> Built:
