@@ -177,10 +177,9 @@ def main() -> None:
                     + (f"  [{params}]" if params else "")
                 )
             print("\n".join(lines[-len(measured) - 1 :]), file=sys.stderr, flush=True)
-    table = "\n".join(lines)
-    print(table)
-    if args.table:
-        args.table.write_text(table + "\n")
+            if args.table:  # after each model: a long run stopped midway keeps what it measured
+                args.table.write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
 
 
 if __name__ == "__main__":
