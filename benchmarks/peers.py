@@ -44,6 +44,7 @@ from gpt_optuna.session import open_session  # noqa: E402
 from gpt_optuna.study import summarize_study  # noqa: E402
 from gpt_optuna.tuner import tune  # noqa: E402
 
+_DTYPES = {"tensor(float16)": np.float16, "tensor(float)": np.float32}
 PEERS = ("eager32", "eager16", "reduce-overhead", "max-autotune")
 CRITERION = "cosine>=0.999"
 
@@ -122,7 +123,10 @@ def onnxruntime_rows(
         assert trial is not None and ms is not None
         written, _ = export_trial(study, trial.number, folder / f"{name}-{trial.number}.onnx")
         session = open_session(written)
-        outputs = session.run(None, {k: v for k, v in feeds.items() if k in {i.name for i in session.get_inputs()}})
+        types = {i.name: i.type for i in session.get_inputs()}  # an fp16 winner may take fp16 inputs
+        outputs = session.run(
+            None, {k: v.astype(_DTYPES.get(types[k], v.dtype)) for k, v in feeds.items() if k in types}
+        )
         params = ", ".join(f"{k}={v}" for k, v in trial.params.items() if k != "provider")
         rows.append((f"{label} ({summary.measurement})", ms, outputs[0], params))
     return rows
@@ -152,6 +156,7 @@ def main() -> None:
     parser.add_argument("--n-trials", type=int, default=40)
     parser.add_argument("--peers", default=",".join(PEERS))
     parser.add_argument("--table", type=Path, help="also write the table here")
+    parser.add_argument("--workdir", type=Path, help="keep the studies here: a rerun reuses finished searches")
     parser.add_argument("--cache", type=Path, default=Path.home() / ".cache" / "gpt_optuna" / "benchmarks")
     args = parser.parse_args()
     args.cache.mkdir(parents=True, exist_ok=True)
@@ -162,7 +167,8 @@ def main() -> None:
         sys.exit(f"unknown peers {unknown}; choose from {', '.join(PEERS)}")
     lines = [f"batch {peer_models.BATCH}, {torch.cuda.get_device_name()}, torch {torch.__version__}"]
     with tempfile.TemporaryDirectory() as tmp:
-        folder = Path(tmp)
+        folder = args.workdir.resolve() if args.workdir else Path(tmp)
+        folder.mkdir(parents=True, exist_ok=True)
         os.chdir(folder)  # the studies go there
         for name in args.models.split(","):
             module, onnx_path, feeds, cnn = models()[name](args.cache)

@@ -255,9 +255,8 @@ def test_cuda_candidates_run_on_cupy_buffers_and_stream(cnn_path: Path, tmp_path
 
 @pytest.mark.gpu
 def test_the_installed_version_has_the_extra_cuda_options_and_each_value_runs(cnn_path: Path, tmp_path: Path) -> None:
-    keys = cuda_option_keys()
-    missing = ALL_KEYS - keys
-    assert not missing, f"onnxruntime lacks {sorted(missing)}"
+    keys = cuda_option_keys()  # 1.31.1 has these; strict SkipLayerNorm mode went before it
+    assert {"fuse_conv_bias", "sdpa_kernel", "use_ep_level_unified_stream", "cudnn_conv1d_pad_to_nc1d"} <= keys
     info, shapes, feeds, reference = _prepare(cnn_path, [])
     backend = OnnxRuntimeBackend()
     space = backend.space(info, {})
