@@ -53,6 +53,8 @@ _TUNE_ONLY = (
     "gpus",
     "artifacts",
     "allow_mixed_gpus",
+    "no_seeds",
+    "warm_start",
 )
 
 
@@ -124,6 +126,17 @@ def build_parser() -> argparse.ArgumentParser:
         "--artifacts",
         help="artifact store folder for engines and the study's data (default studies/<study>/artifacts); "
         "a folder every host mounts lets workers on other hosts join",
+    )
+    tune.add_argument(
+        "--no-seeds",
+        action="store_true",
+        default=None,
+        help="do not try the backend's every-speed-feature-on candidate right after the baseline",
+    )
+    tune.add_argument(
+        "--warm-start",
+        help="try first the best configurations of these studies in the same storage (comma-separated), "
+        "or auto: every finished study of this backend measured on this device",
     )
     tune.add_argument("--quiet", action="store_true", help="no progress bar")
 
@@ -228,6 +241,8 @@ def tune_config(args: argparse.Namespace) -> TuneConfig:
         "gpus": args.gpus,
         "artifacts": Path(args.artifacts) if args.artifacts else None,
         "allow_mixed_gpus": args.allow_mixed_gpus,
+        "no_seeds": args.no_seeds,
+        "warm_start": args.warm_start,
     }
     values.update({k: v for k, v in flags.items() if v is not None})
     if "model" not in values:

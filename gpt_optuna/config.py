@@ -96,6 +96,10 @@ class TuneConfig:
     """The artifact store's folder (default: the study folder's ``artifacts``); a shared one
     lets workers on other hosts join."""
     allow_mixed_gpus: bool = False
+    no_seeds: bool = False
+    """Do not try the backend's every-speed-feature-on candidate right after the baseline."""
+    warm_start: str | None = None
+    """Studies (comma-separated, or ``auto``) whose best configurations are tried first."""
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS and ":" not in self.backend:
@@ -173,6 +177,8 @@ _TOML_KEYS = {
     "gpus": "gpus",
     "artifacts": "artifacts",
     "allow_mixed_gpus": "allow_mixed_gpus",
+    "no_seeds": "no_seeds",
+    "warm_start": "warm_start",
 }
 
 
@@ -201,6 +207,8 @@ _TOML_TYPES: dict[str, tuple[str, tuple[type, ...]]] = {
     "gpus": (_TEXT, (str,)),
     "artifacts": (_TEXT, (str,)),
     "allow_mixed_gpus": (_FLAG, (bool,)),
+    "no_seeds": (_FLAG, (bool,)),
+    "warm_start": (_TEXT, (str,)),
 }
 
 

@@ -35,6 +35,8 @@ def format_summary(summary: StudySummary) -> str:
         + f"{counts['running']} running, {counts['waiting']} waiting"
         + (f" ({summary.reused} reused earlier results)" if summary.reused else "")
     ]
+    if summary.warm_started:
+        lines.append(f"warm start: {warm_summary(list(summary.warm_started))}")
     if summary.failures:
         lines.append("failures by cause:")
         lines += [f"  {count} x {cause}" for count, cause in summary.failures]
@@ -42,6 +44,15 @@ def format_summary(summary: StudySummary) -> str:
     if summary.confirmed:
         lines.extend(format_confirmed(summary.confirmed))
     return "\n".join(lines)
+
+
+def warm_summary(sources: list[str]) -> str:
+    """How many warm-start candidates came from which study (``STUDY:TRIAL`` each)."""
+    counts: dict[str, int] = {}
+    for source in sources:
+        study = source.rpartition(":")[0]
+        counts[study] = counts.get(study, 0) + 1
+    return ", ".join(f"{n} candidate{'s' if n > 1 else ''} from {study}" for study, n in counts.items())
 
 
 def format_verdict(summary: StudySummary) -> list[str]:

@@ -308,10 +308,11 @@ def open_study(
     fingerprint: dict[str, Any],
     baseline: dict[str, Any],
     objectives: int = 1,
-    seeds: Sequence[tuple[dict[str, Any], str]] = (),
+    seeds: Sequence[tuple[dict[str, Any], dict[str, Any]]] = (),
 ) -> tuple[optuna.Study, bool]:
     """Create the study with its baseline trial enqueued, then each seed candidate that differs
-    from it (user attr ``seeded``: why), or resume it if its configuration matches."""
+    from it (with its user attrs: ``seeded`` or ``warm_start_from``), or resume it if its
+    configuration matches."""
     directions = ["minimize"] * objectives
     try:
         study = optuna.create_study(
@@ -325,9 +326,9 @@ def open_study(
             raise UserError(f"study {name!r} exists but was not made by gpt-optuna; choose another --study-name")
         study.set_user_attr(FINGERPRINT_ATTR, fingerprint)
         study.enqueue_trial(baseline, user_attrs={"baseline": True})
-        for seed, why in seeds:
+        for seed, attrs in seeds:
             if seed != baseline:
-                study.enqueue_trial(seed, user_attrs={"seeded": why})
+                study.enqueue_trial(seed, user_attrs=attrs)
         return study, False
     refuse_if_different(name, stored, fingerprint)
     return study, True
@@ -473,6 +474,8 @@ class StudySummary:
     confirmed: dict[str, Any] | None = None
     failures: tuple[tuple[int, str], ...] = ()
     """(count, cause) of the failed candidates."""
+    warm_started: tuple[str, ...] = ()
+    """``STUDY:TRIAL`` of each trial a warm start queued."""
 
     @property
     def unit(self) -> str:
@@ -549,4 +552,5 @@ def summarize_study(study: optuna.Study) -> StudySummary:
         dry_run=study.user_attrs.get(FINGERPRINT_ATTR, {}).get("objective") == "build_s",
         confirmed=confirmed,
         failures=tuple(failure_causes(trials)),
+        warm_started=tuple(str(t.user_attrs["warm_start_from"]) for t in trials if "warm_start_from" in t.user_attrs),
     )

@@ -42,9 +42,10 @@ from gpt_optuna.parallel import (
     warming,
 )
 from gpt_optuna.precision import QUANTIZED
-from gpt_optuna.progress import Progress
+from gpt_optuna.progress import Progress, warm_summary
+from gpt_optuna.seeds import speed_seed, warm_start
 from gpt_optuna.shared_data import artifact_folder, publish
-from gpt_optuna.space import Space
+from gpt_optuna.space import Candidate, Space
 from gpt_optuna.space_check import check_space
 from gpt_optuna.study import (
     MEASURE_ATTR,
@@ -275,7 +276,7 @@ def tune(config: TuneConfig, progress: Progress | None = None, argv: list[str] |
             fingerprint(config, prepared),
             prepared.space.default(),
             len(config.objectives),
-            [(prepared.space.fitted(values), why) for values, why in config.seeds],
+            first_candidates(config, prepared.space, storage, lanes[0].device, notes),
         )
         notes += check_devices(lanes, study_device(study), config.allow_mixed_gpus)
         alone = stack.enter_context(tuner_presence(config.workdir))
@@ -340,6 +341,25 @@ def tune(config: TuneConfig, progress: Progress | None = None, argv: list[str] |
         steps = next_steps(config, args, finished_count(study))
         progress.finish(summary, steps, note=note, elapsed=time.monotonic() - started)
     return EXIT_NO_FEASIBLE if summary.best is None else 0
+
+
+def first_candidates(
+    config: TuneConfig, space: Space, storage: optuna.storages.BaseStorage, device: str, notes: list[str]
+) -> list[tuple[Candidate, dict[str, str]]]:
+    """What a new study tries right after its baseline, with the user attrs that say why: the
+    configurations given (``config.seeds``), every speed feature on (unless ``--no-seeds``), and
+    the best of the ``--warm-start`` studies."""
+    seeds = [(space.fitted(values), {"seeded": why}) for values, why in config.seeds]
+    speed = None if config.no_seeds else speed_seed(space)
+    if speed is not None:
+        seeds.append((speed, {"seeded": "every speed feature on"}))
+    if config.warm_start:
+        assert config.study_name is not None
+        warm = warm_start(storage, config.warm_start, config.study_name, config.backend, device, space)
+        seeds += [(candidate, {"warm_start_from": source}) for candidate, source in warm]
+        if recorded_fingerprint(storage, config.study_name) is None:  # a new study: they are queued
+            notes.append(f"warm start: {warm_summary([source for _, source in warm]) or 'no earlier feasible trial'}")
+    return seeds
 
 
 def record_search(study: optuna.Study, config: TuneConfig, prepared: Prepared) -> None:

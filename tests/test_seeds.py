@@ -1,0 +1,85 @@
+"""Candidates tried first: every speed feature on, and a warm start from earlier studies (real
+SQLite, real tuner runs with the synthetic backend)."""
+
+from pathlib import Path
+
+import optuna
+import pytest
+from conftest import SYNTHETIC, synthetic_config, tune
+
+from gpt_optuna.backends.onnxruntime import CPU, CUDA, discover_knobs
+from gpt_optuna.config import TuneConfig
+from gpt_optuna.precision import precision_knobs
+from gpt_optuna.seeds import WARM_PER_STUDY, speed_seed
+from gpt_optuna.space import Space
+from gpt_optuna.tuner import first_candidates
+
+LEVELS = ["ORT_DISABLE_ALL", "ORT_ENABLE_BASIC", "ORT_ENABLE_ALL"]
+
+
+def gpu_space() -> Space:
+    import onnx
+    from conftest import small_cnn
+
+    precision = precision_knobs(onnx.load_from_string(small_cnn().SerializeToString()), ("fp32", "fp16"))
+    return Space(precision + discover_knobs([CUDA, CPU], LEVELS, 4))
+
+
+def test_the_speed_seed_turns_on_every_speed_feature_the_space_searches() -> None:
+    seed = speed_seed(gpu_space())
+    assert seed is not None
+    assert seed["precision"] == "fp16" and seed["provider"] == CUDA
+    assert seed["cuda.use_tf32"] and seed["cuda.prefer_nhwc"] and seed["cuda.enable_cuda_graph"]
+    assert seed["graph_optimization_level"] == "ORT_ENABLE_ALL"
+    restricted = gpu_space().with_overrides({"cuda.enable_cuda_graph": "default", "precision": "fp32"})
+    assert not restricted.fitted(speed_seed(restricted) or {}).get("cuda.enable_cuda_graph")
+    cpu = Space(discover_knobs([CPU], LEVELS, 4))
+    assert speed_seed(cpu) is None  # on the CPU, every speed feature is the default already
+
+
+def test_no_seeds_leaves_only_the_given_candidates(tmp_path: Path) -> None:
+    model = tmp_path / "m.onnx"
+    model.write_bytes(b"")
+    storage = optuna.storages.InMemoryStorage()
+    config = TuneConfig(model=model, no_seeds=True, seeds=[({"precision": "fp16"}, "the record")])
+    seeds = first_candidates(config, gpu_space(), storage, "cpu", [])
+    assert [attrs for _, attrs in seeds] == [{"seeded": "the record"}]
+    config = TuneConfig(model=model)
+    assert [attrs for _, attrs in first_candidates(config, gpu_space(), storage, "cpu", [])] == [
+        {"seeded": "every speed feature on"}
+    ]
+
+
+def test_a_warm_start_queues_the_best_distinct_configurations_of_earlier_studies(
+    cnn_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = synthetic_config(tmp_path, 'mode = ["ok"]')
+    url = "sqlite:///studies/shared.db"
+    base = [str(cnn_path), "--backend", SYNTHETIC, "--config", str(config), "--storage", url, "--confirm-top", "0"]
+    assert tune(*base, "--study-name", "first", "--n-trials", "8", "--seed", "1") == 0
+    first = optuna.load_study(study_name="first", storage=url)
+    best = sorted((t for t in first.get_trials() if t.values), key=lambda t: t.values[0])
+    capsys.readouterr()
+    assert tune(*base, "--study-name", "second", "--n-trials", "6", "--warm-start", "first") == 0
+    out, err = capsys.readouterr()
+    second = optuna.load_study(study_name="second", storage=url).get_trials()
+    warm = [t for t in second if "warm_start_from" in t.user_attrs]
+    assert len(warm) == WARM_PER_STUDY
+    assert [t.number for t in warm] == [1, 2, 3]  # right after the baseline
+    distinct = []
+    for trial in best:
+        if trial.params not in distinct and trial.params != second[0].params:
+            distinct.append(trial.params)
+    assert [t.params for t in warm] == distinct[:WARM_PER_STUDY]
+    assert [t.user_attrs["warm_start_from"].partition(":")[0] for t in warm] == ["first"] * WARM_PER_STUDY
+    assert "warm start: 3 candidates from first" in err and "warm start: 3 candidates from first" in out
+    # auto: every study of this backend measured on this device, here both earlier ones
+    assert tune(*base, "--study-name", "third", "--n-trials", "4", "--warm-start", "auto") == 0
+    third = optuna.load_study(study_name="third", storage=url).get_trials()
+    sources = {t.user_attrs["warm_start_from"].partition(":")[0] for t in third if "warm_start_from" in t.user_attrs}
+    assert sources <= {"first", "second"} and "first" in sources
+    capsys.readouterr()
+    assert tune(*base, "--study-name", "fourth", "--n-trials", "2", "--warm-start", "nothing") == 2
+    assert "--warm-start: no study 'nothing' in this storage; studies there: first, second, third" in (
+        capsys.readouterr().err
+    )
