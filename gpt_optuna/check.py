@@ -163,6 +163,7 @@ def run_check(
             timeout_s=budget_s,
             study_name=name,
             seeds=[(record["params"], "the recorded configuration")],
+            no_seeds=True,  # the recorded configuration is the one to try first
         )
         code = tune(config, Progress(enabled=not quiet), argv=[])
         if code == EXIT_INTERRUPTED:
