@@ -33,17 +33,20 @@ WARM_PER_STUDY = 3
 
 def speed_seed(space: Space) -> Candidate | None:
     """Every speed feature the space searches switched on (reduced precision only off the CPU,
-    where it is slow), every other knob at a value the search tries; None where that is the
-    baseline itself."""
+    where it is slow), every other knob at a value the search tries; None where no speed feature
+    is searched away from its default."""
     on_cpu = space.default().get("provider") == "CPUExecutionProvider"
     values: dict[str, Value] = {}
+    turned_on = set()
     for knob in space.knobs:
         speed = () if on_cpu and knob.name == "precision" else SPEED_VALUES.get(knob.name, ())
         preferred = next((v for v in speed if v in knob.search_choices), None)
         searched = knob.default if knob.default in knob.search_choices else knob.search_choices[0]
         values[knob.name] = searched if preferred is None else preferred  # a value the search tries
+        if preferred is not None and preferred != knob.default:
+            turned_on.add(knob.name)
     seed = space.fitted(values)
-    return None if seed == space.default() else seed
+    return seed if any(seed.get(name) == values[name] for name in turned_on) else None
 
 
 def warm_start(
