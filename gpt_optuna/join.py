@@ -116,7 +116,9 @@ def join(config: JoinConfig, progress: Progress) -> int:
         notes += check_devices(lanes, study_device(study) or creator, config.allow_mixed_gpus)
         done = finished_count(study)
         remaining = None if target is None else max(target - done, 0)
-        deadline = None if config.timeout_s is None else started + config.timeout_s
+        deadline = search_deadline(
+            search.get("ends_at"), None if config.timeout_s is None else started + config.timeout_s
+        )
         progress.note(
             f"joining study {config.study_name} in {config.storage} ({done} trials done"
             + (f" of {target}" if target else "")
@@ -142,6 +144,13 @@ def join(config: JoinConfig, progress: Progress) -> int:
     print(format_summary(summarize_study(study)))
     print(f"this host's workers evaluated {mine} trials in {time.monotonic() - started:.1f} s")
     return 0
+
+
+def search_deadline(ends_at: float | None, own: float | None) -> float | None:
+    """When this worker stops (``time.monotonic``): at its own ``--timeout`` or when the search it
+    joined ends (``ends_at``, wall-clock time, where the tuner had a ``--timeout``), whichever is first."""
+    shared = None if ends_at is None else time.monotonic() + ends_at - time.time()
+    return min((d for d in (shared, own) if d is not None), default=None)
 
 
 def _objectives(recorded: dict[str, object]) -> tuple[str, ...]:

@@ -292,7 +292,7 @@ def tune(config: TuneConfig, progress: Progress | None = None, argv: list[str] |
                 summarize_study(study), next_steps(config, args, done), note="the study already has its trials"
             )
             return 0
-        record_search(study, config, prepared)
+        record_search(study, config, prepared, deadline)
         job = EvaluateJob.in_study(
             config.workdir,
             config.backend,
@@ -362,15 +362,15 @@ def first_candidates(
     return seeds
 
 
-def record_search(study: optuna.Study, config: TuneConfig, prepared: Prepared) -> None:
+def record_search(study: optuna.Study, config: TuneConfig, prepared: Prepared, deadline: float | None) -> None:
     """What a worker joining from another host needs besides the fingerprint: the latency protocol
-    of this search, its whole space, sampler and trial target."""
+    of this search, its whole space, sampler, trial target and end (``deadline`` on this host's
+    monotonic clock, stored as wall-clock time)."""
     study.set_user_attr(MEASURE_ATTR, asdict(config.measure))
     study.set_user_attr(SPACE_ATTR, prepared.space.to_record())
-    study.set_user_attr(
-        SEARCH_ATTR,
-        {"sampler": config.sampler, "n_trials": config.n_trials, "trial_timeout_s": config.trial_timeout_s},
-    )
+    ends_at = None if deadline is None else time.time() + deadline - time.monotonic()
+    search = {"sampler": config.sampler, "n_trials": config.n_trials, "trial_timeout_s": config.trial_timeout_s}
+    study.set_user_attr(SEARCH_ATTR, search | {"ends_at": ends_at})
 
 
 CONFIRM_MIN_S = 10.0

@@ -345,3 +345,20 @@ def test_ctrl_c_stops_every_worker_and_the_rerun_retries_their_candidates(cnn_pa
 def test_gpus_without_a_gpu_is_one_line(cnn_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert tune(str(cnn_path), "--gpus", "0", "--n-trials", "2") == 2
     assert "--gpus: no GPU is visible here" in capsys.readouterr().err
+
+
+def test_a_worker_stops_when_the_search_it_joined_ends(cnn_path: Path, tmp_path: Path) -> None:
+    from gpt_optuna.join import search_deadline
+
+    now = time.monotonic()
+    assert search_deadline(None, None) is None
+    assert search_deadline(time.time() + 60, now + 10) == now + 10
+    assert abs(search_deadline(time.time() + 5, None) - (now + 5)) < 1  # type: ignore[operator]
+    config = synthetic_config(tmp_path, 'mode = ["ok"]')
+    url = f"journal:{tmp_path / 'search.journal'}"
+    args = ["--backend", SYNTHETIC, "--config", str(config), "--storage", url, "--study-name", "s"]
+    assert tune(str(cnn_path), *args, "--timeout", "3s", "--confirm-top", "0") == 0
+    done = len(study_of(url, "s").get_trials())
+    started = time.monotonic()
+    assert main(["worker", "--storage", url, "--study-name", "s", "--quiet"]) == 0  # its time is over
+    assert time.monotonic() - started < 30 and len(study_of(url, "s").get_trials()) == done
