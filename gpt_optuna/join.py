@@ -104,8 +104,9 @@ def join(config: JoinConfig, progress: Progress) -> int:
     sampler = make_sampler(search.get("sampler", "tpe"), None, space)
     notes: list[str] = []
     with contextlib.ExitStack() as stack:
-        gpus = lane_gpus(config.workers, config.gpus, workdir / "worker.log")
-        workers = open_workers(stack, gpus, workdir, f"worker-{OWNER.replace(':', '-')}")
+        log = f"worker-{OWNER.replace(':', '-')}"  # apart from a tuner's logs in the same folder
+        gpus = lane_gpus(config.workers, config.gpus, workdir / f"{log}.log")
+        workers = open_workers(stack, gpus, workdir, log)
         with warming(workers, recorded["backend"]) as names:
             pass  # nothing to do meanwhile: the names are there once every worker has started
         on_cpu = space.default().get("provider") == "CPUExecutionProvider"
