@@ -338,7 +338,7 @@ def tune(config: TuneConfig, progress: Progress | None = None, argv: list[str] |
         summary = summarize_study(study)
         if summary.best is None:
             note = "no candidate met the accuracy criterion" if not config.dry_run else "no candidate built"
-        steps = next_steps(config, args, finished_count(study))
+        steps = next_steps(config, args, finished_count(study), covered=objective.space_exhausted)
         progress.finish(summary, steps, note=note, elapsed=time.monotonic() - started)
     return EXIT_NO_FEASIBLE if summary.best is None else 0
 
@@ -411,8 +411,9 @@ def confirm_finalists(
     return ""
 
 
-def next_steps(config: TuneConfig, args: list[str], done: int) -> list[str]:
-    """The commands worth running next: extend the search (a larger --n-trials), report, export."""
+def next_steps(config: TuneConfig, args: list[str], done: int, covered: bool = False) -> list[str]:
+    """The commands worth running next: extend the search (a larger --n-trials; not where the
+    space is ``covered``), report, export."""
     extended, skip = [], False
     for index, arg in enumerate(args):
         if skip:
@@ -427,8 +428,9 @@ def next_steps(config: TuneConfig, args: list[str], done: int) -> list[str]:
     where = ["--study-name", str(config.study_name)]
     if config.storage != default_storage(str(config.study_name)):
         where = ["--storage", str(config.storage), *where]
+    extend = [] if covered else [f"extend with: gpt-optuna {shlex.join([*extended, '--n-trials', str(target)])}"]
     return [
-        f"extend with: gpt-optuna {shlex.join([*extended, '--n-trials', str(target)])}",
+        *extend,
         f"report: gpt-optuna report {shlex.join(where)} -o report.html",
         f"export the best: gpt-optuna export {shlex.join(where)} -o best",
     ]
