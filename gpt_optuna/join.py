@@ -109,11 +109,10 @@ def join(config: JoinConfig, progress: Progress) -> int:
         workers = open_workers(stack, gpus, workdir, log)
         with warming(workers, recorded["backend"]) as names:
             pass  # nothing to do meanwhile: the names are there once every worker has started
-        on_cpu = space.default().get("provider") == "CPUExecutionProvider"
-        lanes = make_lanes(workers, gpus, names, on_cpu)
+        lanes = make_lanes(workers, gpus, names, space)
         stack.enter_context(tuner_presence(workdir))  # a tuner starting on this host leaves our trials be
         versions = recorded.get("versions", {})
-        creator = measured_on(versions["gpu"], on_cpu) if "gpu" in versions else None
+        creator = measured_on(versions["gpu"], space) if "gpu" in versions else None
         notes += check_devices(lanes, study_device(study) or creator, config.allow_mixed_gpus)
         done = finished_count(study)
         remaining = None if target is None else max(target - done, 0)

@@ -138,10 +138,13 @@ class Objective:
         """Where an earlier trial of another worker (of another process, which samples apart from
         ours) is evaluating the same candidate, wait for its result instead of evaluating it twice."""
         deadline = time.monotonic() + self.trial_timeout_s
+        waited = False
         while time.monotonic() < deadline:
             running = trial.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
             if not any(t.number < trial.number and t.params == candidate for t in running):
-                return find_evaluated(trial.study, candidate, trial.number)
+                # without a wait, the caller has just looked for an earlier result
+                return find_evaluated(trial.study, candidate, trial.number) if waited else None
+            waited = True
             try:
                 interrupts.check()
             except KeyboardInterrupt:

@@ -26,6 +26,7 @@ from gpt_optuna import interrupts
 from gpt_optuna.errors import UserError
 from gpt_optuna.evaluate import WarmUpJob, gpu_names
 from gpt_optuna.objective import OWNER, CandidateFailed, Objective
+from gpt_optuna.space import Space
 from gpt_optuna.study import recover_interrupted, retry_trial
 from gpt_optuna.taxonomy import has_own_result, retried_numbers
 from gpt_optuna.worker import Worker
@@ -50,10 +51,15 @@ class Lane:
         return f"{OWNER}/{self.index}"
 
 
-def measured_on(gpu: str, on_cpu: bool) -> str:
+def runs_on_cpu(space: Space) -> bool:
+    """Whether the space's candidates run on the CPU (ONNX Runtime's CPU provider) by default."""
+    return space.default().get("provider") == "CPUExecutionProvider"
+
+
+def measured_on(gpu: str, space: Space) -> str:
     """The device trials are measured on: the GPU's name (``none`` where there is none), or
-    ``cpu`` where the candidates run there (ONNX Runtime's CPU provider)."""
-    return "cpu" if gpu == "none" or on_cpu else gpu
+    ``cpu`` where the space's candidates run there."""
+    return "cpu" if gpu == "none" or runs_on_cpu(space) else gpu
 
 
 def pinned(gpu: str | None) -> dict[str, str]:
@@ -110,10 +116,10 @@ def warming(workers: Sequence[Worker], backend: str) -> Iterator[list[str]]:
         names += [future.result() for future in futures]
 
 
-def make_lanes(workers: Sequence[Worker], gpus: Sequence[str | None], names: Sequence[str], on_cpu: bool) -> list[Lane]:
+def make_lanes(workers: Sequence[Worker], gpus: Sequence[str | None], names: Sequence[str], space: Space) -> list[Lane]:
     """The lanes of ``workers``, each measuring on its GPU (``names``), or on the CPU."""
     return [
-        Lane(index, worker, gpu, measured_on(name, on_cpu))
+        Lane(index, worker, gpu, measured_on(name, space))
         for index, (worker, gpu, name) in enumerate(zip(workers, gpus, names, strict=True))
     ]
 

@@ -9,6 +9,7 @@ import optuna
 from optuna.trial import TrialState
 
 from gpt_optuna.errors import UserError
+from gpt_optuna.parallel import runs_on_cpu
 from gpt_optuna.space import Candidate, Space, Value
 
 SPEED_VALUES: dict[str, tuple[Value, ...]] = {
@@ -35,7 +36,7 @@ def speed_seed(space: Space) -> Candidate | None:
     """Every speed feature the space searches switched on (reduced precision only off the CPU,
     where it is slow), every other knob at a value the search tries; None where no speed feature
     is searched away from its default."""
-    on_cpu = space.default().get("provider") == "CPUExecutionProvider"
+    on_cpu = runs_on_cpu(space)
     values: dict[str, Value] = {}
     turned_on = set()
     for knob in space.knobs:

@@ -266,8 +266,7 @@ def tune(config: TuneConfig, progress: Progress | None = None, argv: list[str] |
         workers = open_workers(stack, gpus, config.workdir, "worker")
         with warming(workers[1:], config.backend) as names:  # the others start while the first finds the space
             prepared = prepare(config, workers[0], inputs, notes, progress.note)
-        on_cpu = prepared.space.default().get("provider") == "CPUExecutionProvider"
-        lanes = make_lanes(workers, gpus, [prepared.versions.get("gpu", "none"), *names], on_cpu)
+        lanes = make_lanes(workers, gpus, [prepared.versions.get("gpu", "none"), *names], prepared.space)
         sampler = make_sampler(config.sampler, config.seed, prepared.space)
         study, resumed = open_study(
             storage,
