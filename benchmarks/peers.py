@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import os
 import sys
 import tempfile
@@ -32,6 +33,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 import peer_models  # noqa: E402
+from kernel_profile import kernel_profile  # noqa: E402
 from mobilenet_v2 import PHOTOS, SKIMAGE, crops  # noqa: E402
 from precision import mobilenet_v2 as mobilenet_v2_onnx  # noqa: E402
 from registry import download  # noqa: E402
@@ -73,10 +75,14 @@ def cuda_median_ms(run: Callable[[], Any], warmup: int = 30, launches: int = 300
     return float(np.median([start.elapsed_time(end) for start, end in pairs]))
 
 
+Row = tuple[str, float, np.ndarray, str, Callable[[], Any]]
+"""label, latency ms, outputs, parameters, one inference (for the kernel profile)"""
+
+
 def torch_peers(
     module: torch.nn.Module, feeds: dict[str, np.ndarray], cnn: bool, peers: list[str]
-) -> tuple[np.ndarray, list[tuple[str, float, np.ndarray]]]:
-    """PyTorch fp32 eager's outputs, and each peer's latency and outputs."""
+) -> tuple[np.ndarray, list[Row]]:
+    """PyTorch fp32 eager's outputs, and each peer's row."""
     device = torch.device("cuda")
     inputs = [torch.from_numpy(v).to(device) for v in feeds.values()]
     rows = []
@@ -96,15 +102,31 @@ def torch_peers(
             if peer == "eager32":
                 reference = outputs
             if peer in peers:
-                rows.append((f"torch {peer}", cuda_median_ms(lambda m=model, a=args: m(*a)), outputs))
+                run = functools.partial(_no_grad_call, model, args)
+                rows.append((f"torch {peer}", cuda_median_ms(run), outputs, "", run))
                 print(f"torch {peer}: {rows[-1][1]:.4f} ms", file=sys.stderr, flush=True)  # before the long search
     assert reference is not None
     return reference, rows
 
 
-def onnxruntime_rows(
-    name: str, model: Path, feeds: dict[str, np.ndarray], n_trials: int, folder: Path
-) -> list[tuple[str, float, np.ndarray, str]]:
+def _no_grad_call(model: Callable[..., Any], args: list[torch.Tensor]) -> Any:
+    with torch.inference_mode():
+        return model(*args)
+
+
+def bound_run(session: Any, feeds: dict[str, np.ndarray]) -> Callable[[], Any]:
+    """One inference of ``session`` on inputs and outputs kept on the GPU (no host copies)."""
+    import onnxruntime as ort
+
+    binding = session.io_binding()
+    for name, value in feeds.items():
+        binding.bind_ortvalue_input(name, ort.OrtValue.ortvalue_from_numpy(value, "cuda", 0))
+    for output in session.get_outputs():
+        binding.bind_output(output.name, "cuda")
+    return functools.partial(session.run_with_iobinding, binding)
+
+
+def onnxruntime_rows(name: str, model: Path, feeds: dict[str, np.ndarray], n_trials: int, folder: Path) -> list[Row]:
     """ONNX Runtime's defaults and the tuned winner: confirmed latencies, outputs, parameters."""
     inputs = folder / f"{name}.inputs.npz"
     save_npz(inputs, feeds)
@@ -125,28 +147,35 @@ def onnxruntime_rows(
         written, _ = export_trial(study, trial.number, folder / f"{name}-{trial.number}.onnx")
         session = open_session(written)
         types = {i.name: i.type for i in session.get_inputs()}  # an fp16 winner may take fp16 inputs
-        outputs = session.run(
-            None, {k: v.astype(_DTYPES.get(types[k], v.dtype)) for k, v in feeds.items() if k in types}
-        )
+        typed = {k: v.astype(_DTYPES.get(types[k], v.dtype)) for k, v in feeds.items() if k in types}
+        outputs = session.run(None, typed)
         params = ", ".join(f"{k}={v}" for k, v in trial.params.items() if k != "provider")
-        rows.append((f"{label} ({summary.measurement})", ms, outputs[0], params))
+        rows.append((f"{label} ({summary.measurement})", ms, outputs[0], params, bound_run(session, typed)))
     return rows
 
 
-def models() -> dict[str, Callable[[Path], tuple[torch.nn.Module, Path, dict[str, np.ndarray], bool]]]:
-    def resnet(cache: Path) -> tuple[torch.nn.Module, Path, dict[str, np.ndarray], bool]:
-        module, feeds = peer_models.resnet50(), {"x": photo_batch()}
+Module = Callable[[], torch.nn.Module]
+
+
+def models() -> dict[str, Callable[[Path], tuple[Module, Path, dict[str, np.ndarray], bool]]]:
+    """Per model: what makes its PyTorch module, its ONNX file (made in the cache folder given),
+    its inputs, and whether it is a CNN."""
+
+    def resnet(cache: Path) -> tuple[Module, Path, dict[str, np.ndarray], bool]:
+        feeds = {"x": photo_batch()}
         path = cache / f"resnet50_seed0_b{peer_models.BATCH}.onnx"
         if not path.is_file():  # the same module's weights
             example = torch.from_numpy(feeds["x"])
-            torch.onnx.export(module, example, str(path), input_names=["x"], output_names=["logits"], dynamo=False)
-        return module, path, feeds, True
+            torch.onnx.export(
+                peer_models.resnet50(), example, str(path), input_names=["x"], output_names=["logits"], dynamo=False
+            )
+        return peer_models.resnet50, path, feeds, True
 
-    def mobilenet(cache: Path) -> tuple[torch.nn.Module, Path, dict[str, np.ndarray], bool]:
-        return peer_models.mobilenet_v2(), mobilenet_v2_onnx(cache, peer_models.BATCH), {"input": photo_batch()}, True
+    def mobilenet(cache: Path) -> tuple[Module, Path, dict[str, np.ndarray], bool]:
+        return peer_models.mobilenet_v2, mobilenet_v2_onnx(cache, peer_models.BATCH), {"input": photo_batch()}, True
 
-    def minilm(_: Path) -> tuple[torch.nn.Module, Path, dict[str, np.ndarray], bool]:
-        return peer_models.minilm(), peer_models.minilm_onnx(), peer_models.token_inputs(), False
+    def minilm(_: Path) -> tuple[Module, Path, dict[str, np.ndarray], bool]:
+        return peer_models.minilm, peer_models.minilm_onnx(), peer_models.token_inputs(), False
 
     return {"resnet50": resnet, "mobilenetv2": mobilenet, "minilm": minilm}
 
@@ -158,6 +187,7 @@ def main() -> None:
     parser.add_argument("--peers", default=",".join(PEERS))
     parser.add_argument("--table", type=Path, help="also write the table here")
     parser.add_argument("--workdir", type=Path, help="keep the studies here: a rerun reuses finished searches")
+    parser.add_argument("--profile", action="store_true", help="list the kernels of the winner and best peer")
     parser.add_argument("--cache", type=Path, default=Path.home() / ".cache" / "gpt_optuna" / "benchmarks")
     args = parser.parse_args()
     args.cache.mkdir(parents=True, exist_ok=True)
@@ -173,17 +203,21 @@ def main() -> None:
         os.chdir(folder)  # the studies go there
         for name in args.models.split(","):
             module, onnx_path, feeds, cnn = models()[name](args.cache)
-            reference, rows = torch_peers(module, feeds, cnn, peers)
-            measured = [(label, ms, out, "") for label, ms, out in rows]
+            reference, measured = torch_peers(module(), feeds, cnn, peers)
             measured += onnxruntime_rows(name, onnx_path, feeds, args.n_trials, folder)
-            best_peer = min(ms for label, ms, *_ in measured if label.startswith("torch"))
+            best_peer = min((row for row in measured if row[0].startswith("torch")), key=lambda row: row[1])
+            start = len(lines)
             lines.append(f"\n{name}: {'latency ms':>10} {'/ best peer':>11} {'cosine vs fp32':>15}")
-            for label, ms, out, params in measured:
+            for label, ms, out, params, _ in measured:
                 lines.append(
-                    f"  {label:<42}{ms:>9.4f} {ms / best_peer:>10.3f}x {cosine(out, reference):>15.6f}"
+                    f"  {label:<42}{ms:>9.4f} {ms / best_peer[1]:>10.3f}x {cosine(out, reference):>15.6f}"
                     + (f"  [{params}]" if params else "")
                 )
-            print("\n".join(lines[-len(measured) - 1 :]), file=sys.stderr, flush=True)
+            if args.profile:
+                lines.append(f"{name}: GPU kernels per inference (CUPTI)")
+                for label, *_, run in (best_peer, measured[-1]):
+                    lines += kernel_profile(run).lines(label)
+            print("\n".join(lines[start:]), file=sys.stderr, flush=True)
             if args.table:  # after each model: a long run stopped midway keeps what it measured
                 args.table.write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

@@ -1,0 +1,180 @@
+"""Measure every configuration of a small ONNX Runtime CUDA space for a few models, with the
+tuner itself, and write each model's landscape to ``benchmarks/landscapes/NAME.json`` (the replay
+benchmark's tables).
+
+The space: fp32 or fp16, basic or full graph optimization, each cuDNN algorithm search, TF32,
+NHWC and CUDA graph; the transformer fusion instead of the cuDNN knobs for the encoder; every
+other knob at ONNX Runtime's default. Every candidate is queued in one study and evaluated as a
+trial (build, accuracy against fp32 on the CPU, latency), so the landscape holds what a search
+would have measured; a rerun resumes the studies kept in ``--workdir``.
+
+    python benchmarks/record_landscapes.py [--models minilm,mobilenetv2,resnet50] [--timeout 560]
+                                           [--workdir landscape-studies] [--out benchmarks/landscapes]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.trial import TrialState
+
+from gpt_optuna.config import TuneConfig
+from gpt_optuna.model import save_npz, with_distinct_dims
+from gpt_optuna.progress import Progress
+from gpt_optuna.space import Candidate, Space, Value
+from gpt_optuna.study import FINGERPRINT_ATTR
+from gpt_optuna.tuner import discover_space, load_inputs, tune
+from gpt_optuna.worker import Worker
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from peers import CRITERION, models  # noqa: E402
+
+SEARCHED: dict[str, list[Value]] = {
+    "precision": ["fp32", "fp16"],
+    "graph_fusion": ["none", "transformer"],
+    "graph_optimization_level": ["ORT_ENABLE_BASIC", "ORT_ENABLE_ALL"],
+    "cuda.cudnn_conv_algo_search": ["EXHAUSTIVE", "HEURISTIC", "DEFAULT"],
+    "cuda.use_tf32": [True, False],
+    "cuda.prefer_nhwc": [False, True],
+    "cuda.enable_cuda_graph": [False, True],
+}
+"""The landscape's knobs and values; a model's space may lack some (no fusion for the CNNs)."""
+CNN_ONLY = ("cuda.cudnn_conv_algo_search", "cuda.prefer_nhwc")
+PROVIDER = "CUDAExecutionProvider"
+
+
+def grid(space: Space) -> list[Candidate]:
+    """Every candidate of ``space``: each active knob at each value the search tries."""
+    candidates: list[Candidate] = [{}]
+    for knob in space.knobs:
+        candidates = [
+            {**c, knob.name: v} for c in candidates for v in (knob.search_choices if knob.active(c) else (None,))
+        ]
+        candidates = [{k: v for k, v in c.items() if v is not None} for c in candidates]
+    return candidates
+
+
+def overrides(knobs: list[str], cnn: bool) -> dict[str, Value | list[Value]]:
+    """The ``[space]`` table: the landscape's knobs searched, every other knob at its default."""
+    table: dict[str, Value | list[Value]] = {name: "default" for name in knobs}
+    table["provider"] = PROVIDER
+    for name, values in SEARCHED.items():
+        if name in knobs and (cnn or name not in CNN_ONLY):
+            table[name] = values
+    return table
+
+
+def offered_space(config: TuneConfig) -> Space:
+    """The space ONNX Runtime offers for this model here, found as the tuner finds it (fp16 the
+    only graph transform made)."""
+    probe = TuneConfig(**{**asdict_shallow(config), "space": {"precision": ["fp32", "fp16"]}})
+    notes: list[str] = []
+    inputs = load_inputs(probe, notes)
+    with tempfile.TemporaryDirectory() as tmp, Worker(Path(tmp) / "worker.log") as worker:
+        working = with_distinct_dims(inputs.info, Path(tmp) / "models")
+        space, _, _ = discover_space(probe, worker, inputs, working, Path(tmp), notes, lambda _: None)
+    return space
+
+
+def asdict_shallow(config: TuneConfig) -> dict[str, Any]:
+    return {name: getattr(config, name) for name in config.__dataclass_fields__}
+
+
+def landscape(study: optuna.Study, name: str, space: Space) -> dict[str, Any]:
+    """A finished study as a landscape: every evaluated candidate with its outcome and figures."""
+    fingerprint = study.user_attrs[FINGERPRINT_ATTR]
+    trials = []
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)):
+        if "reused_from" in trial.user_attrs:
+            continue
+        attrs = trial.user_attrs
+        trials.append(
+            {
+                "params": trial.params,
+                "outcome": attrs.get("outcome"),
+                "detail": attrs.get("infeasible") or attrs.get("failure") or "",
+                "latency": attrs.get("latency"),
+                "accuracy": attrs.get("accuracy"),
+                "constraints": trial.constraints,
+                "build_s": attrs.get("build_s"),
+            }
+        )
+    baseline = next(t for t in study.get_trials(deepcopy=False) if t.user_attrs.get("baseline"))
+    return {
+        "model": name,
+        "gpu": baseline.user_attrs.get("gpu"),
+        "versions": fingerprint["versions"],
+        "criterion": fingerprint["accuracy"],
+        "space": space.to_record(),
+        "baseline": baseline.params,
+        "trials": trials,
+    }
+
+
+def record(name: str, folder: Path, out: Path, deadline: float) -> bool:
+    """Measure (or go on measuring) one model's landscape; whether it is complete."""
+    _, onnx_path, feeds, cnn = models()[name](folder)
+    inputs = folder / f"{name}.inputs.npz"
+    save_npz(inputs, feeds)
+    base = TuneConfig(model=onnx_path, inputs=inputs, accuracy=CRITERION, study_name=f"landscape-{name}", seed=0)
+    offered = offered_space(base)
+    table = overrides([k.name for k in offered.knobs], cnn)
+    space = offered.with_overrides(table)
+    candidates = grid(space)
+    remaining = deadline - time.monotonic()
+    if remaining < 30:
+        return False
+    config = TuneConfig(
+        **{
+            **asdict_shallow(base),
+            "space": table,
+            "seeds": [(c, "landscape") for c in candidates],
+            "no_seeds": True,
+            "n_trials": len(candidates),
+            "confirm_top": 0,
+            "timeout_s": remaining,
+        }
+    )
+    print(f"{name}: {len(candidates)} configurations", file=sys.stderr, flush=True)
+    tune(config, Progress(enabled=False), argv=[])
+    study = optuna.load_study(study_name=config.study_name, storage=f"sqlite:///studies/{config.study_name}.db")
+    data = landscape(study, name, space)
+    measured = {tuple(sorted(t["params"].items())) for t in data["trials"]}
+    complete = all(tuple(sorted(c.items())) in measured for c in candidates)
+    if complete:
+        (out / f"{name}.json").write_text(json.dumps(data, indent=1) + "\n")
+    print(f"{name}: {len(measured)} of {len(candidates)} measured", file=sys.stderr, flush=True)
+    return complete
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default="minilm,mobilenetv2,resnet50")
+    parser.add_argument("--timeout", type=float, default=560.0, help="seconds; a rerun goes on where this stopped")
+    parser.add_argument("--workdir", type=Path, default=Path("landscape-studies"))
+    parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "landscapes")
+    parser.add_argument("--cache", type=Path, default=Path.home() / ".cache" / "gpt_optuna" / "benchmarks")
+    args = parser.parse_args()
+    deadline = time.monotonic() + args.timeout
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    args.out = args.out.resolve()
+    args.out.mkdir(parents=True, exist_ok=True)
+    args.cache.mkdir(parents=True, exist_ok=True)
+    args.workdir.mkdir(parents=True, exist_ok=True)
+    os.chdir(args.workdir)  # the studies go there
+    for name in args.models.split(","):
+        if not record(name, args.cache.resolve(), args.out, deadline):
+            print(f"{name}: not complete; run again to go on", file=sys.stderr)
+            break
+
+
+if __name__ == "__main__":
+    main()
