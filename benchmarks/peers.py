@@ -180,6 +180,14 @@ def models() -> dict[str, Callable[[Path], tuple[Module, Path, dict[str, np.ndar
     return {"resnet50": resnet, "mobilenetv2": mobilenet, "minilm": minilm}
 
 
+def emit(lines: list[str], start: int, table: Path | None) -> None:
+    """Show the lines from ``start`` on stderr, and write the whole table so far: a long run
+    stopped midway keeps what it measured."""
+    print("\n".join(lines[start:]), file=sys.stderr, flush=True)
+    if table:
+        table.write_text("\n".join(lines) + "\n")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default="resnet50,mobilenetv2,minilm")
@@ -213,13 +221,14 @@ def main() -> None:
                     f"  {label:<42}{ms:>9.4f} {ms / best_peer[1]:>10.3f}x {cosine(out, reference):>15.6f}"
                     + (f"  [{params}]" if params else "")
                 )
+            emit(lines, start, args.table)
             if args.profile:
+                start = len(lines)
                 lines.append(f"{name}: GPU kernels per inference (CUPTI)")
-                for label, *_, run in (best_peer, measured[-1]):
-                    lines += kernel_profile(run).lines(label)
-            print("\n".join(lines[start:]), file=sys.stderr, flush=True)
-            if args.table:  # after each model: a long run stopped midway keeps what it measured
-                args.table.write_text("\n".join(lines) + "\n")
+                lines += [
+                    line for label, *_, run in (best_peer, measured[-1]) for line in kernel_profile(run).lines(label)
+                ]
+                emit(lines, start, args.table)
     print("\n".join(lines))
 
 
