@@ -15,7 +15,7 @@ KINDS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("copy", ("memcpy", "memset")),
     ("attention", ("fmha", "flash", "attention", "sdpa", "softmax")),
     ("convolution", ("conv", "fprop", "cudnn", "implicit", "winograd", "depthwise")),
-    ("gemm", ("gemm", "cutlass", "cublas", "matmul", "xmma", "mm_", "addmm")),
+    ("gemm", ("gemm", "nvjet", "cutlass", "cublas", "matmul", "xmma", "mm_", "addmm")),
     ("normalization", ("norm",)),
     ("layout", ("transpose", "nchw", "nhwc", "permute", "reorder", "cast", "convert")),
     ("triton fused", ("triton",)),

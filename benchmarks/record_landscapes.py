@@ -2,7 +2,8 @@
 tuner itself, and write each model's landscape to ``benchmarks/landscapes/NAME.json`` (the replay
 benchmark's tables).
 
-The space: fp32 or fp16, basic or full graph optimization, each cuDNN algorithm search, TF32,
+The space: fp32 or fp16, basic or full graph optimization, exhaustive or heuristic cuDNN algorithm
+search, TF32,
 NHWC and CUDA graph; the transformer fusion instead of the cuDNN knobs for the encoder; every
 other knob at ONNX Runtime's default. Every candidate is queued in one study and evaluated as a
 trial (build, accuracy against fp32 on the CPU, latency), so the landscape holds what a search
@@ -41,7 +42,7 @@ SEARCHED: dict[str, list[Value]] = {
     "precision": ["fp32", "fp16"],
     "graph_fusion": ["none", "transformer"],
     "graph_optimization_level": ["ORT_ENABLE_BASIC", "ORT_ENABLE_ALL"],
-    "cuda.cudnn_conv_algo_search": ["EXHAUSTIVE", "HEURISTIC", "DEFAULT"],
+    "cuda.cudnn_conv_algo_search": ["EXHAUSTIVE", "HEURISTIC"],
     "cuda.use_tf32": [True, False],
     "cuda.prefer_nhwc": [False, True],
     "cuda.enable_cuda_graph": [False, True],
@@ -51,15 +52,8 @@ CNN_ONLY = ("cuda.cudnn_conv_algo_search", "cuda.prefer_nhwc")
 PROVIDER = "CUDAExecutionProvider"
 
 
-def grid(space: Space) -> list[Candidate]:
-    """Every candidate of ``space``: each active knob at each value the search tries."""
-    candidates: list[Candidate] = [{}]
-    for knob in space.knobs:
-        candidates = [
-            {**c, knob.name: v} for c in candidates for v in (knob.search_choices if knob.active(c) else (None,))
-        ]
-        candidates = [{k: v for k, v in c.items() if v is not None} for c in candidates]
-    return candidates
+def _key(candidate: Candidate) -> tuple[tuple[str, Value], ...]:
+    return tuple(sorted(candidate.items()))
 
 
 def overrides(knobs: list[str], cnn: bool) -> dict[str, Value | list[Value]]:
@@ -91,9 +85,10 @@ def asdict_shallow(config: TuneConfig) -> dict[str, Any]:
 def landscape(study: optuna.Study, name: str, space: Space) -> dict[str, Any]:
     """A finished study as a landscape: every evaluated candidate with its outcome and figures."""
     fingerprint = study.user_attrs[FINGERPRINT_ATTR]
+    wanted = [_key(c) for c in space.every_candidate()]
     trials = []
     for trial in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)):
-        if "reused_from" in trial.user_attrs:
+        if "reused_from" in trial.user_attrs or _key(trial.params) not in wanted:
             continue
         attrs = trial.user_attrs
         trials.append(
@@ -128,7 +123,7 @@ def record(name: str, folder: Path, out: Path, deadline: float) -> bool:
     offered = offered_space(base)
     table = overrides([k.name for k in offered.knobs], cnn)
     space = offered.with_overrides(table)
-    candidates = grid(space)
+    candidates = space.every_candidate()
     remaining = deadline - time.monotonic()
     if remaining < 30:
         return False
@@ -147,8 +142,8 @@ def record(name: str, folder: Path, out: Path, deadline: float) -> bool:
     tune(config, Progress(enabled=False), argv=[])
     study = optuna.load_study(study_name=config.study_name, storage=f"sqlite:///studies/{config.study_name}.db")
     data = landscape(study, name, space)
-    measured = {tuple(sorted(t["params"].items())) for t in data["trials"]}
-    complete = all(tuple(sorted(c.items())) in measured for c in candidates)
+    measured = {_key(t["params"]) for t in data["trials"]}
+    complete = len(measured) == len(candidates)
     if complete:
         (out / f"{name}.json").write_text(json.dumps(data, indent=1) + "\n")
     print(f"{name}: {len(measured)} of {len(candidates)} measured", file=sys.stderr, flush=True)

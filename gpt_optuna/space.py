@@ -171,6 +171,19 @@ class Space:
         """The space with knob ``name`` active only where ``condition`` also holds."""
         return Space([replace(k, requires=(*k.requires, condition)) if k.name == name else k for k in self.knobs])
 
+    def every_candidate(self) -> list[Candidate]:
+        """Every candidate the search can propose: each active knob at each value it tries."""
+        candidates: list[Candidate] = [{}]
+        for knob in self.knobs:
+            grown: list[Candidate] = []
+            for partial in candidates:
+                if knob.active(partial):
+                    grown += [{**partial, knob.name: value} for value in knob.search_choices]
+                else:
+                    grown.append(partial)
+            candidates = grown
+        return candidates
+
     def suggest(self, trial: optuna.Trial) -> Candidate:
         params: Candidate = {}
         for knob in self.knobs:

@@ -32,6 +32,14 @@ def test_conditional_knob_is_suggested_only_when_its_parent_allows() -> None:
     assert seen_inter[True] and seen_inter[False]
 
 
+def test_every_candidate_covers_the_search_with_inactive_knobs_left_out() -> None:
+    candidates = space().with_overrides({"threads": [1, 2]}).every_candidate()
+    assert len(candidates) == 2 * 1 + 2 * 3  # seq: threads; par: threads x inter
+    assert {"mode": "seq", "threads": 1} in candidates and {"mode": "par", "threads": 2, "inter": 1} in candidates
+    assert all(c["threads"] in (1, 2) for c in candidates)  # the default kept for the baseline alone is not searched
+    assert len({tuple(sorted(c.items())) for c in candidates}) == len(candidates)
+
+
 def test_overrides_restrict_the_search_and_leave_the_baseline_at_the_engine_defaults() -> None:
     s = space().with_overrides({"mode": "par", "threads": [2, 1], "inter": [0, 2]})
     knobs = {k.name: k for k in s.knobs}
