@@ -2,14 +2,13 @@
 tuner itself, and write each model's landscape to ``benchmarks/landscapes/NAME.json`` (the replay
 benchmark's tables).
 
-The space: fp32 or fp16, basic or full graph optimization, exhaustive or heuristic cuDNN algorithm
-search, TF32,
-NHWC and CUDA graph; the transformer fusion instead of the cuDNN knobs for the encoder; every
-other knob at ONNX Runtime's default. Every candidate is queued in one study and evaluated as a
+The space: fp32 or fp16, basic or full graph optimization, TF32 and CUDA graph; for the CNNs
+exhaustive or heuristic cuDNN algorithm search and NHWC, for the encoder the transformer fusion;
+every other knob at ONNX Runtime's default. Every candidate is queued in one study and evaluated as a
 trial (build, accuracy against fp32 on the CPU, latency), so the landscape holds what a search
 would have measured; a rerun resumes the studies kept in ``--workdir``.
 
-    python benchmarks/record_landscapes.py [--models minilm,mobilenetv2,resnet50] [--timeout 560]
+    python benchmarks/record_landscapes.py [--models minilm,mobilenetv2,resnet50] [--timeout SECONDS]
                                            [--workdir landscape-studies] [--out benchmarks/landscapes]
 """
 
@@ -21,22 +20,24 @@ import os
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import optuna
-from optuna.trial import TrialState
 
 from gpt_optuna.config import TuneConfig
 from gpt_optuna.model import save_npz, with_distinct_dims
 from gpt_optuna.progress import Progress
-from gpt_optuna.space import Candidate, Space, Value
+from gpt_optuna.space import Space, Value
 from gpt_optuna.study import FINGERPRINT_ATTR
+from gpt_optuna.taxonomy import has_own_result, retried_numbers
 from gpt_optuna.tuner import discover_space, load_inputs, tune
 from gpt_optuna.worker import Worker
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from peers import CRITERION, models  # noqa: E402
+from replay import key  # noqa: E402
 
 SEARCHED: dict[str, list[Value]] = {
     "precision": ["fp32", "fp16"],
@@ -52,10 +53,6 @@ CNN_ONLY = ("cuda.cudnn_conv_algo_search", "cuda.prefer_nhwc")
 PROVIDER = "CUDAExecutionProvider"
 
 
-def _key(candidate: Candidate) -> tuple[tuple[str, Value], ...]:
-    return tuple(sorted(candidate.items()))
-
-
 def overrides(knobs: list[str], cnn: bool) -> dict[str, Value | list[Value]]:
     """The ``[space]`` table: the landscape's knobs searched, every other knob at its default."""
     table: dict[str, Value | list[Value]] = {name: "default" for name in knobs}
@@ -69,7 +66,7 @@ def overrides(knobs: list[str], cnn: bool) -> dict[str, Value | list[Value]]:
 def offered_space(config: TuneConfig) -> Space:
     """The space ONNX Runtime offers for this model here, found as the tuner finds it (fp16 the
     only graph transform made)."""
-    probe = TuneConfig(**{**asdict_shallow(config), "space": {"precision": ["fp32", "fp16"]}})
+    probe = replace(config, space={"precision": ["fp32", "fp16"]})
     notes: list[str] = []
     inputs = load_inputs(probe, notes)
     with tempfile.TemporaryDirectory() as tmp, Worker(Path(tmp) / "worker.log") as worker:
@@ -78,17 +75,15 @@ def offered_space(config: TuneConfig) -> Space:
     return space
 
 
-def asdict_shallow(config: TuneConfig) -> dict[str, Any]:
-    return {name: getattr(config, name) for name in config.__dataclass_fields__}
-
-
 def landscape(study: optuna.Study, name: str, space: Space) -> dict[str, Any]:
     """A finished study as a landscape: every evaluated candidate with its outcome and figures."""
     fingerprint = study.user_attrs[FINGERPRINT_ATTR]
-    wanted = [_key(c) for c in space.every_candidate()]
+    wanted = {key(c) for c in space.every_candidate()}
+    every = study.get_trials(deepcopy=False)
+    retried = retried_numbers(every)
     trials = []
-    for trial in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)):
-        if "reused_from" in trial.user_attrs or _key(trial.params) not in wanted:
+    for trial in every:
+        if not has_own_result(trial, retried) or "reused_from" in trial.user_attrs or key(trial.params) not in wanted:
             continue
         attrs = trial.user_attrs
         trials.append(
@@ -102,7 +97,7 @@ def landscape(study: optuna.Study, name: str, space: Space) -> dict[str, Any]:
                 "build_s": attrs.get("build_s"),
             }
         )
-    baseline = next(t for t in study.get_trials(deepcopy=False) if t.user_attrs.get("baseline"))
+    baseline = next(t for t in every if t.user_attrs.get("baseline"))
     return {
         "model": name,
         "gpu": baseline.user_attrs.get("gpu"),
@@ -114,7 +109,7 @@ def landscape(study: optuna.Study, name: str, space: Space) -> dict[str, Any]:
     }
 
 
-def record(name: str, folder: Path, out: Path, deadline: float) -> bool:
+def record(name: str, folder: Path, out: Path, deadline: float | None) -> bool:
     """Measure (or go on measuring) one model's landscape; whether it is complete."""
     _, onnx_path, feeds, cnn = models()[name](folder)
     inputs = folder / f"{name}.inputs.npz"
@@ -124,25 +119,23 @@ def record(name: str, folder: Path, out: Path, deadline: float) -> bool:
     table = overrides([k.name for k in offered.knobs], cnn)
     space = offered.with_overrides(table)
     candidates = space.every_candidate()
-    remaining = deadline - time.monotonic()
-    if remaining < 30:
+    remaining = None if deadline is None else deadline - time.monotonic()
+    if remaining is not None and remaining < 30:
         return False
-    config = TuneConfig(
-        **{
-            **asdict_shallow(base),
-            "space": table,
-            "seeds": [(c, "landscape") for c in candidates],
-            "no_seeds": True,
-            "n_trials": len(candidates),
-            "confirm_top": 0,
-            "timeout_s": remaining,
-        }
+    config = replace(
+        base,
+        space=table,
+        seeds=[(c, "landscape") for c in candidates],
+        no_seeds=True,
+        n_trials=len(candidates),
+        confirm_top=0,
+        timeout_s=remaining,
     )
     print(f"{name}: {len(candidates)} configurations", file=sys.stderr, flush=True)
     tune(config, Progress(enabled=False), argv=[])
     study = optuna.load_study(study_name=config.study_name, storage=f"sqlite:///studies/{config.study_name}.db")
     data = landscape(study, name, space)
-    measured = {_key(t["params"]) for t in data["trials"]}
+    measured = {key(t["params"]) for t in data["trials"]}
     complete = len(measured) == len(candidates)
     if complete:
         (out / f"{name}.json").write_text(json.dumps(data, indent=1) + "\n")
@@ -153,12 +146,12 @@ def record(name: str, folder: Path, out: Path, deadline: float) -> bool:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default="minilm,mobilenetv2,resnet50")
-    parser.add_argument("--timeout", type=float, default=560.0, help="seconds; a rerun goes on where this stopped")
+    parser.add_argument("--timeout", type=float, help="stop after this many seconds; a rerun goes on where it stopped")
     parser.add_argument("--workdir", type=Path, default=Path("landscape-studies"))
     parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "landscapes")
     parser.add_argument("--cache", type=Path, default=Path.home() / ".cache" / "gpt_optuna" / "benchmarks")
     args = parser.parse_args()
-    deadline = time.monotonic() + args.timeout
+    deadline = None if args.timeout is None else time.monotonic() + args.timeout
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     args.out = args.out.resolve()
     args.out.mkdir(parents=True, exist_ok=True)

@@ -78,8 +78,7 @@ class Landscape:
 
     def latency(self, candidate: Candidate) -> float | None:
         """The median latency of a feasible configuration; None for any other."""
-        result = self.results[key(candidate)]
-        return result.latency.median_ms if result.outcome is Outcome.OK and result.latency else None
+        return _ok_ms(self.results[key(candidate)])
 
     def good_enough(self, within: float) -> Callable[[float | None], bool]:
         best = min(ms for r in self.results.values() if (ms := _ok_ms(r)) is not None)

@@ -20,6 +20,8 @@ from gpt_optuna.backends.onnxruntime import (
     cuda_option_keys,
     discover_knobs,
     model_ops,
+    operator_limits,
+    optimized_ops,
     provider_options,
     session_options,
     session_settings,
@@ -164,7 +166,48 @@ def test_model_ops_tell_one_dimensional_convolutions(tmp_path: Path) -> None:
     )
     path = tmp_path / "conv1d.onnx"
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
-    assert model_ops(m.load_model_info(path)) == {"Conv", "Conv1D"}
+    assert model_ops(path) == {"Conv", "Conv1D"}
+
+
+def test_attention_settings_are_offered_from_a_softmax_and_kept_where_an_attention_operator_runs() -> None:
+    extras = applicable_cuda_options(ALL_KEYS, (1, 31), frozenset({"MatMul", "Softmax", "Erf"}))
+    space = Space(discover_knobs([CUDA], LEVELS, 4, extras))
+    assert "cuda.sdpa_kernel" in {k.name for k in space.knobs}
+    (limit,) = operator_limits(space, frozenset({"MatMul", "Softmax", "Erf"}))  # a plain Softmax: no kernel to pick
+    assert limit.knob == "cuda.sdpa_kernel" and limit.allowed is None and "Attention" in limit.reason
+    assert operator_limits(space, frozenset({"MatMul", "Attention", "BiasGelu"})) == []
+    assert "cuda.sdpa_kernel" not in {o.knob for o in applicable_cuda_options(ALL_KEYS, (1, 31), frozenset({"MatMul"}))}
+
+
+def test_optimized_ops_include_what_onnx_runtime_fuses_at_session_creation(tmp_path: Path) -> None:
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    constants = [
+        numpy_helper.from_array(np.array(v, np.float32), n) for n, v in (("r2", 2**0.5), ("one", 1.0), ("half", 0.5))
+    ]
+    nodes = [  # Gelu written out: 0.5 * x * (1 + erf(x / sqrt(2)))
+        helper.make_node("Div", ["x", "r2"], ["d"]),
+        helper.make_node("Erf", ["d"], ["e"]),
+        helper.make_node("Add", ["e", "one"], ["a"]),
+        helper.make_node("Mul", ["x", "a"], ["p"]),
+        helper.make_node("Mul", ["p", "half"], ["y"]),
+    ]
+    io = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [2, 8]) for n in ("x", "y")]
+    path = tmp_path / "gelu.onnx"
+    model = helper.make_model(
+        helper.make_graph(nodes, "gelu", io[:1], io[1:], constants), opset_imports=[helper.make_opsetid("", 17)]
+    )
+    model.ir_version = 8
+    onnx.save(model, path)
+    info = m.load_model_info(path)
+    backend = OnnxRuntimeBackend()
+    candidate = backend.space(info, {}).default()
+    assert "Gelu" not in model_ops(path)
+    assert {"Gelu", "Erf"} <= optimized_ops(info, candidate, tmp_path)  # the graph's own, and the fused one
+    basic = optimized_ops(info, {**candidate, "graph_optimization_level": "ORT_ENABLE_BASIC"}, tmp_path)
+    assert "Gelu" not in basic
+    assert list(tmp_path.iterdir()) == [path]  # the optimized copy is gone
 
 
 def test_extra_cuda_options_map_onto_the_providers_keys(tmp_path: Path) -> None:
@@ -290,3 +333,25 @@ def test_cuda_graph_replays_each_new_sample_not_the_first(cnn_path: Path, tmp_pa
             verdict = criterion.evaluate(outputs, references)
             assert verdict.feasible, (candidate, verdict.reason)
             assert not np.allclose(outputs[0]["logits"], outputs[1]["logits"], atol=1e-3)
+
+
+@pytest.mark.gpu
+def test_checking_a_plain_softmax_graph_on_cuda_drops_the_attention_kernel_setting(tmp_path: Path) -> None:
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = numpy_helper.from_array(np.eye(8, dtype=np.float32), "w")
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["s"]), helper.make_node("Softmax", ["s"], ["y"], axis=-1)]
+    io = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [2, 8]) for n in ("x", "y")]
+    model = helper.make_model(
+        helper.make_graph(nodes, "softmax", io[:1], io[1:], [w]), opset_imports=[helper.make_opsetid("", 17)]
+    )
+    model.ir_version = 8
+    path = tmp_path / "softmax.onnx"
+    onnx.save(model, path)
+    info = m.load_model_info(path)
+    backend = OnnxRuntimeBackend()
+    space = backend.space(info, {})
+    assert "cuda.sdpa_kernel" in {k.name for k in space.knobs}  # offered from the Softmax, then checked
+    limits = backend.check_model(info, space, space.default(), tmp_path, {})
+    assert [(x.knob, x.allowed) for x in limits if x.knob == "cuda.sdpa_kernel"] == [("cuda.sdpa_kernel", None)]

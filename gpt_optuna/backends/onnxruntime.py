@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,7 +39,9 @@ class CudaOption:
     """A setting of sessions on the CUDA provider beyond the five every version has: provider
     options (``keys``, searched where the installed provider has them all) or a session config
     entry (``entry``, searched from ONNX Runtime version ``since``), offered where the model has an
-    operator it acts on (``ops``; None: every model). A boolean knob sets each key to 1 or 0."""
+    operator it acts on (``ops``; None: every model), or one that fusions make those from
+    (``precursors``): checking the space then keeps it for the graphs that run such an operator
+    after ONNX Runtime's own optimizations. A boolean knob sets each key to 1 or 0."""
 
     knob: str
     keys: tuple[str, ...]
@@ -48,9 +51,12 @@ class CudaOption:
     ops: frozenset[str] | None = None
     entry: str | None = None
     since: tuple[int, int] = (0, 0)
+    precursors: frozenset[str] = frozenset()
 
 
-_ATTENTION = frozenset({"Attention", "MultiHeadAttention", "GroupQueryAttention", "PackedAttention", "Softmax"})
+_ATTENTION = frozenset(
+    {"Attention", "MultiHeadAttention", "GroupQueryAttention", "PackedAttention", "PackedMultiHeadAttention"}
+)
 _GEMM = frozenset({"MatMul", "Gemm", "FusedMatMul"})
 CUDA_OPTIONS = (
     CudaOption(
@@ -65,6 +71,7 @@ CUDA_OPTIONS = (
         "cuda.sdpa_kernel", ("sdpa_kernel",), (0, 1, 2, 4, 8, 16), 0,
         "attention kernel: 0 ONNX Runtime's choice, 1 flash, 2 memory-efficient, 4 TensorRT fused, 8 cuDNN flash,"
         " 16 unfused (the others fall back to it where they do not apply)", _ATTENTION,
+        precursors=frozenset({"Softmax"}),
     ),
     CudaOption(
         "cuda.skip_layer_norm_strict", ("enable_skip_layer_norm_strict_mode",), (False, True), False,
@@ -214,11 +221,11 @@ def cuda_option_keys() -> frozenset[str]:
     return frozenset(session.get_provider_options().get(CUDA, {}))
 
 
-def model_ops(model: ModelInfo) -> frozenset[str]:
+def model_ops(path: Path) -> frozenset[str]:
     """The operator types of a model, with ``Conv1D`` for a convolution over one spatial axis."""
     import onnx
 
-    graph = onnx.load(str(model.path), load_external_data=False).graph
+    graph = onnx.load(str(path), load_external_data=False).graph
     ranks = {t.name: len(t.dims) for t in graph.initializer}
     ops = {node.op_type for node in graph.node}
     if any(node.op_type == "Conv" and ranks.get(node.input[1]) == 3 for node in graph.node if len(node.input) > 1):
@@ -232,8 +239,38 @@ def applicable_cuda_options(
     """The extra CUDA settings the installed version has (provider option ``keys``, ``version``)
     that act on the model (``ops``)."""
     return tuple(
-        o for o in CUDA_OPTIONS if set(o.keys) <= keys and version >= o.since and (o.ops is None or o.ops & ops)
+        o
+        for o in CUDA_OPTIONS
+        if set(o.keys) <= keys and version >= o.since and (o.ops is None or (o.ops | o.precursors) & ops)
     )
+
+
+def optimized_ops(model: ModelInfo, candidate: Candidate, workdir: Path) -> frozenset[str]:
+    """The operator types a session of ``model`` configured as ``candidate`` runs: the graph's own
+    and those ONNX Runtime's optimizations make at session creation (``Gelu``, ``Attention``...)."""
+    ort = _ort()
+    options = session_options(candidate)
+    providers = [(candidate["provider"], provider_options(candidate, None, workdir))]
+    with tempfile.TemporaryDirectory(dir=workdir) as folder:
+        optimized = Path(folder) / "optimized.onnx"
+        options.optimized_model_filepath = str(optimized)
+        options.add_session_config_entry("session.optimized_model_external_initializers_file_name", "weights.bin")
+        options.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes", "1024")
+        try:
+            ort.InferenceSession(str(model.path), options, providers=providers)
+        except Exception as exc:
+            raise BuildError(f"ONNX Runtime could not create the session: {exc}", str(exc)) from exc
+        return model_ops(model.path) | model_ops(optimized)
+
+
+def operator_limits(space: Space, ops: frozenset[str]) -> list[KnobLimit]:
+    """The CUDA settings of ``space`` that act on operators none of ``ops`` is: not for this graph."""
+    names = {k.name for k in space.knobs}
+    return [
+        KnobLimit(o.knob, None, f"no {'/'.join(sorted(o.ops))} operator runs in this graph")
+        for o in CUDA_OPTIONS
+        if o.knob in names and o.ops is not None and not o.ops & ops
+    ]
 
 
 def ort_version() -> tuple[int, int]:
@@ -337,7 +374,7 @@ class OnnxRuntimeBackend(Backend):
         ]
         providers = usable_providers()
         keys = cuda_option_keys() if CUDA in providers else frozenset()
-        extras = applicable_cuda_options(keys, ort_version(), model_ops(model)) if keys else ()
+        extras = applicable_cuda_options(keys, ort_version(), model_ops(model.path)) if keys else ()
         return Space(discover_knobs(providers, levels, usable_cores(), extras))
 
     def build(self, model: ModelInfo, candidate: Candidate, workdir: Path, shapes: dict[str, ShapeRange]) -> Built:
@@ -361,13 +398,17 @@ class OnnxRuntimeBackend(Backend):
     def check_model(
         self, model: ModelInfo, space: Space, candidate: Candidate, workdir: Path, shapes: dict[str, ShapeRange]
     ) -> list[KnobLimit]:
-        """Create the default session; where the space offers CUDA graphs, find the graph levels and
-        layouts (NHWC places some nodes on the CPU) at which a session can capture one: every
-        node on the CUDA provider."""
+        """Create the default session; keep the CUDA settings that act on particular operators for
+        the graphs that run one (after ONNX Runtime's optimizations); where the space offers CUDA
+        graphs, find the graph levels and layouts (NHWC places some nodes on the CPU) at which a
+        session can capture one: every node on the CUDA provider."""
         self.build(model, candidate, workdir, shapes)
         knobs = {k.name: k for k in space.knobs}
-        if candidate.get("provider") != CUDA or CUDA_GRAPH not in knobs or len(knobs[CUDA_GRAPH].choices) < 2:
+        if candidate.get("provider") != CUDA:
             return []
+        limits = operator_limits(space, optimized_ops(model, candidate, workdir))
+        if CUDA_GRAPH not in knobs or len(knobs[CUDA_GRAPH].choices) < 2:
+            return limits
         axes = tuple(name for name in (GRAPH_LEVEL, NHWC) if name in knobs)
         settings = tuple(itertools.product(*(knobs[name].choices for name in axes)))
         refused: dict[tuple[Value, ...], str] = {}
@@ -379,14 +420,13 @@ class OnnxRuntimeBackend(Backend):
             except BuildError as exc:
                 refused[setting] = str(exc).splitlines()[0]
         if not refused:
-            return []
+            return limits
         capturing = tuple(s for s in settings if s not in refused)
         where = "; ".join(", ".join(f"{a}={v}" for a, v in zip(axes, s, strict=True)) for s in refused)
         allowed = Condition(axes, capturing) if capturing else None
         first = next(iter(refused.values()))
-        return [
-            KnobLimit(CUDA_GRAPH, allowed, f"{where}: {first}" if capturing else f"with any {'/'.join(axes)}: {first}")
-        ]
+        reason = f"{where}: {first}" if capturing else f"with any {'/'.join(axes)}: {first}"
+        return [*limits, KnobLimit(CUDA_GRAPH, allowed, reason)]
 
     def open(self, built: Built, feeds: Feeds, outputs: Feeds) -> Runner:
         session, stream = built.engine
