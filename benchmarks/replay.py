@@ -193,11 +193,19 @@ def search(
     )
     seeds = first_candidates(config, space, storage, landscape.gpu, [])
     study, _ = open_study(storage, landscape.name, sampler, {"backend": "onnxruntime"}, space.default(), 1, seeds)
-    job = EvaluateJob(
-        "onnxruntime", None, {}, folder, {}, folder, folder, parse_criterion(landscape.criterion), MeasureSettings()
-    )  # type: ignore[arg-type]  # the lookup reads the candidate alone
+    job = EvaluateJob(  # the lookup reads the candidate alone: no model, inputs or reference files
+        backend="onnxruntime",
+        model=None,
+        candidate={},
+        workdir=folder,
+        shapes={},
+        feeds_path=folder,
+        reference_path=folder,
+        criterion=parse_criterion(landscape.criterion),
+        settings=MeasureSettings(),
+    )
     objective = Objective(space, job, 600.0, FileSystemArtifactStore(str(folder)))
-    lane = Lane(0, LookupWorker(landscape), None, landscape.gpu)  # type: ignore[arg-type]
+    lane = Lane(0, LookupWorker(landscape), None, landscape.gpu)
     cap = 3 * len(landscape.results)
     budget = TrialBudget(study, cap, None)
     found: list[int] = []
