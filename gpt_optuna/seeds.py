@@ -28,8 +28,12 @@ SPEED_VALUES: dict[str, tuple[Value, ...]] = {
     "runtime.cuda_graph_strategy": ("WHOLE_GRAPH_CAPTURE",),
 }
 """Per knob, the values that make engines fast, in order of preference (each backend's names)."""
+Key = tuple[tuple[str, Value], ...]
 WARM_PER_STUDY = 3
 """The best distinct feasible configurations a warm start takes from each earlier study."""
+WARM_LIMIT = 6
+"""The most warm-start candidates queued in all: with many earlier studies, the configurations
+most of them agree on, then the largest speedups over their own baselines."""
 
 
 def speed_seed(space: Space) -> Candidate | None:
@@ -55,7 +59,9 @@ def warm_start(
 ) -> list[tuple[Candidate, str]]:
     """The best distinct feasible configurations of the studies ``spec`` names (comma-separated),
     or of every other study with this backend measured on this device (``auto``), mapped onto
-    ``space`` by knob name; each with ``STUDY:TRIAL`` where it came from."""
+    ``space`` by knob name; each with ``STUDY:TRIAL`` where it came from. Each study offers its
+    best :data:`WARM_PER_STUDY`; of those, at most :data:`WARM_LIMIT` are taken, first the ones
+    most studies offer, then by speedup over their study's baseline."""
     names = [s.study_name for s in optuna.get_all_study_summaries(storage, include_best_trial=False)]
     if spec.strip() == "auto":
         chosen = [n for n in names if n != this and _same_kind(storage, n, backend, device)]
@@ -64,19 +70,31 @@ def warm_start(
         unknown = [n for n in chosen if n not in names]
         if unknown:
             raise UserError(f"--warm-start: no study {unknown[0]!r} in this storage; studies there: {', '.join(names)}")
-    seeds: list[tuple[Candidate, str]] = []
-    seen = {_key(space.default())}
+    baseline = _key(space.default())
+    offers: dict[Key, list[tuple[float, Candidate, str]]] = {}
     for name in chosen:
-        study = optuna.load_study(study_name=name, storage=storage)
-        complete = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)) if t.values]
-        taken = 0
-        for trial in sorted(complete, key=lambda t: t.values[0]):
-            candidate = space.fitted(trial.params)
-            if taken < WARM_PER_STUDY and _key(candidate) not in seen:
-                seen.add(_key(candidate))
-                seeds.append((candidate, f"{name}:{trial.number}"))
-                taken += 1
-    return seeds
+        for speedup, candidate, source in _best_of(
+            optuna.load_study(study_name=name, storage=storage), space, baseline
+        ):
+            offers.setdefault(_key(candidate), []).append((speedup, candidate, source))
+    ranked = sorted(offers.values(), key=lambda found: (-len(found), -max(speedup for speedup, *_ in found)))
+    return [max(found, key=lambda offer: offer[0])[1:] for found in ranked[:WARM_LIMIT]]
+
+
+def _best_of(study: optuna.Study, space: Space, skip: Key) -> list[tuple[float, Candidate, str]]:
+    """A study's best :data:`WARM_PER_STUDY` distinct feasible configurations mapped onto ``space``
+    (other than ``skip``, this space's baseline), each with its speedup over that study's baseline
+    (1 where the baseline has no latency)."""
+    trials = study.get_trials(deepcopy=False)
+    base = next((t.values[0] for t in trials if t.user_attrs.get("baseline") and t.values), None)
+    complete = sorted((t for t in trials if t.state is TrialState.COMPLETE and t.values), key=lambda t: t.values[0])
+    best: dict[Key, tuple[float, Candidate, str]] = {}
+    for trial in complete:
+        candidate = space.fitted(trial.params)
+        if len(best) < WARM_PER_STUDY and _key(candidate) not in best and _key(candidate) != skip:
+            speedup = base / trial.values[0] if base else 1.0
+            best[_key(candidate)] = (speedup, candidate, f"{study.study_name}:{trial.number}")
+    return list(best.values())
 
 
 def _same_kind(storage: optuna.storages.BaseStorage, name: str, backend: str, device: str) -> bool:
@@ -89,5 +107,5 @@ def _same_kind(storage: optuna.storages.BaseStorage, name: str, backend: str, de
     return recorded.get("backend") == backend and baseline is not None and baseline.user_attrs.get("gpu") == device
 
 
-def _key(candidate: Candidate) -> tuple[tuple[str, Value], ...]:
+def _key(candidate: Candidate) -> Key:
     return tuple(sorted(candidate.items()))

@@ -83,3 +83,33 @@ def test_a_warm_start_queues_the_best_distinct_configurations_of_earlier_studies
     assert "--warm-start: no study 'nothing' in this storage; studies there: first, second, third" in (
         capsys.readouterr().err
     )
+
+
+def test_a_warm_start_from_many_studies_takes_what_most_agree_on_then_the_largest_speedups() -> None:
+    from optuna.distributions import CategoricalDistribution
+
+    from gpt_optuna.seeds import WARM_LIMIT, warm_start
+    from gpt_optuna.space import Knob
+
+    space = Space([Knob("a", tuple(range(8)), 0), Knob("b", ("x", "y"), "x")])
+    distributions = {"a": CategoricalDistribution(tuple(range(8))), "b": CategoricalDistribution(("x", "y"))}
+    storage = optuna.storages.InMemoryStorage()
+    studies = {  # per study: its baseline latency, then (a, latency) of its trials
+        "s0": (10.0, [(1, 5.0), (2, 6.0), (3, 7.0)]),
+        "s1": (10.0, [(1, 4.0), (4, 4.5), (5, 9.0), (6, 9.9)]),  # its fourth best is not offered
+        "s2": (16.0, [(1, 8.0), (4, 8.5), (6, 7.6)]),
+        "s3": (10.0, [(7, 1.0), (0, 0.5)]),  # its very best is the new space's baseline
+    }
+    for name, (base, trials) in studies.items():
+        study = optuna.create_study(study_name=name, storage=storage)
+        for a, ms in [(0, base), *trials]:
+            params = {"a": a, "b": "x"}
+            user_attrs = {"baseline": ms == base and a == 0}
+            study.add_trial(
+                optuna.trial.create_trial(params=params, distributions=distributions, value=ms, user_attrs=user_attrs)
+            )
+    warm = warm_start(storage, "s0,s1,s2,s3", "new", "synthetic", "cpu", space)
+    assert len(warm) == WARM_LIMIT == 6
+    # a=1 is offered by three studies, a=4 by two; then one-study offers by speedup: 10, 2.1, 1.67, 1.43 (not 1.11)
+    assert [c["a"] for c, _ in warm] == [1, 4, 7, 6, 2, 3]
+    assert warm[0][1] == "s1:1" and warm[2][1] == "s3:1"  # each from the study where it gained most
