@@ -1,6 +1,6 @@
-"""Measure every configuration of a small ONNX Runtime CUDA space for a few models, with the
-tuner itself, and write each model's landscape to ``benchmarks/landscapes/NAME.json`` (the replay
-benchmark's tables).
+"""Record landscapes: every configuration of a small ONNX Runtime CUDA space, measured by the tuner.
+
+Each model's landscape goes to ``benchmarks/landscapes/NAME.json``, the replay benchmark's tables.
 
 The space: fp32 or fp16, basic or full graph optimization, TF32 and CUDA graph; for the CNNs
 exhaustive or heuristic cuDNN algorithm search and NHWC, for the encoder the transformer fusion;

@@ -1,5 +1,6 @@
-"""How fast each way of searching finds a near-optimal configuration, replayed on landscapes
-measured exhaustively on a GPU (``benchmarks/landscapes/*.json``, written by
+"""Trials each way of searching takes to a near-optimal configuration, on recorded landscapes.
+
+The landscapes were measured exhaustively on a GPU (``benchmarks/landscapes/*.json``, written by
 ``record_landscapes.py``).
 
 The tuner's strategies run through the real search: the study, its queue of baseline and seeds,
