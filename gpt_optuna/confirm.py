@@ -74,12 +74,14 @@ def summarize_rounds(numbers: list[int], medians: np.ndarray, processes: np.ndar
     for column, number in enumerate(numbers):
         _, low, high = bootstrap_ratio(medians[:, 0], medians[:, column], processes)
         median_ms = float(np.median(medians[:, column]))
+        speedup = baseline_ms / median_ms  # the ratio of the two medians shown beside it
+        low, high = min(low, speedup), max(high, speedup)  # resampled percentiles can miss a tight estimate
         rows.append(
             {
                 "number": number,
                 "median_ms": median_ms,
                 "process_ms": [float(np.median(medians[processes == p, column])) for p in labels],
-                "speedup": baseline_ms / median_ms,  # the ratio of the two medians shown beside it
+                "speedup": speedup,
                 "ci_low": low,
                 "ci_high": high,
                 "significant": low > 1.0,

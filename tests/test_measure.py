@@ -133,3 +133,14 @@ def test_a_confirmation_recorded_without_per_process_figures_still_prints() -> N
     lines = format_confirmed(recorded)
     assert lines[0] == "confirmed in 30 interleaved rounds in 1 fresh process (baseline trial 0: 2 ms):"
     assert lines[1] == "  trial 3: 1 ms, speedup 2.000x [95% CI 1.900-2.100]"
+
+
+def test_the_confirmed_interval_holds_the_speedup_it_is_shown_beside() -> None:
+    """Rounds so steady that the resampled ratio equals the estimate, but for float rounding."""
+    from gpt_optuna.confirm import summarize_rounds
+
+    base = [2.0001, 2.0001, 2.0, 2.0, 2.0, 2.0001]
+    candidate = [1.0003, 1.0003, 1.0003, 1.0, 1.0001, 1.0003]
+    rounds = np.stack([base, candidate], axis=1)
+    (row,) = summarize_rounds([0, 1], rounds, np.repeat(np.arange(2), 3))["ranking"]
+    assert row["ci_low"] <= row["speedup"] <= row["ci_high"] and row["significant"]
