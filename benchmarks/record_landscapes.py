@@ -18,7 +18,6 @@ import argparse
 import json
 import os
 import sys
-import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -27,17 +26,15 @@ from typing import Any
 import optuna
 
 from gpt_optuna.config import TuneConfig
-from gpt_optuna.model import save_npz, with_distinct_dims
+from gpt_optuna.model import save_npz
 from gpt_optuna.progress import Progress
-from gpt_optuna.space import Space, Value
+from gpt_optuna.space import Space, Value, candidate_key
 from gpt_optuna.study import FINGERPRINT_ATTR
 from gpt_optuna.taxonomy import has_own_result, retried_numbers
-from gpt_optuna.tuner import discover_space, load_inputs, tune
-from gpt_optuna.worker import Worker
+from gpt_optuna.tuner import offered_space, tune
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from peers import CRITERION, models  # noqa: E402
-from replay import key  # noqa: E402
 
 SEARCHED: dict[str, list[Value]] = {
     "precision": ["fp32", "fp16"],
@@ -63,27 +60,26 @@ def overrides(knobs: list[str], cnn: bool) -> dict[str, Value | list[Value]]:
     return table
 
 
-def offered_space(config: TuneConfig) -> Space:
+def fp16_space(config: TuneConfig) -> Space:
     """The space ONNX Runtime offers for this model here, found as the tuner finds it (fp16 the
     only graph transform made)."""
-    probe = replace(config, space={"precision": ["fp32", "fp16"]})
-    notes: list[str] = []
-    inputs = load_inputs(probe, notes)
-    with tempfile.TemporaryDirectory() as tmp, Worker(Path(tmp) / "worker.log") as worker:
-        working = with_distinct_dims(inputs.info, Path(tmp) / "models")
-        space, _, _ = discover_space(probe, worker, inputs, working, Path(tmp), notes, lambda _: None)
+    space, _ = offered_space(replace(config, space={"precision": ["fp32", "fp16"]}), [], lambda _: None)
     return space
 
 
 def landscape(study: optuna.Study, name: str, space: Space) -> dict[str, Any]:
     """A finished study as a landscape: every evaluated candidate with its outcome and figures."""
     fingerprint = study.user_attrs[FINGERPRINT_ATTR]
-    wanted = {key(c) for c in space.every_candidate()}
+    wanted = {candidate_key(c) for c in space.every_candidate()}
     every = study.get_trials(deepcopy=False)
     retried = retried_numbers(every)
     trials = []
     for trial in every:
-        if not has_own_result(trial, retried) or "reused_from" in trial.user_attrs or key(trial.params) not in wanted:
+        if (
+            not has_own_result(trial, retried)
+            or "reused_from" in trial.user_attrs
+            or candidate_key(trial.params) not in wanted
+        ):
             continue
         attrs = trial.user_attrs
         trials.append(
@@ -115,7 +111,7 @@ def record(name: str, folder: Path, out: Path, deadline: float | None) -> bool:
     inputs = folder / f"{name}.inputs.npz"
     save_npz(inputs, feeds)
     base = TuneConfig(model=onnx_path, inputs=inputs, accuracy=CRITERION, study_name=f"landscape-{name}", seed=0)
-    offered = offered_space(base)
+    offered = fp16_space(base)
     table = overrides([k.name for k in offered.knobs], cnn)
     space = offered.with_overrides(table)
     candidates = space.every_candidate()
@@ -135,7 +131,7 @@ def record(name: str, folder: Path, out: Path, deadline: float | None) -> bool:
     tune(config, Progress(enabled=False), argv=[])
     study = optuna.load_study(study_name=config.study_name, storage=f"sqlite:///studies/{config.study_name}.db")
     data = landscape(study, name, space)
-    measured = {key(t["params"]) for t in data["trials"]}
+    measured = {candidate_key(t["params"]) for t in data["trials"]}
     complete = len(measured) == len(candidates)
     if complete:
         (out / f"{name}.json").write_text(json.dumps(data, indent=1) + "\n")

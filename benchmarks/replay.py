@@ -47,18 +47,13 @@ from gpt_optuna.evaluate import EvaluateJob, Outcome, TrialResult
 from gpt_optuna.measure import LatencyStats, MeasureSettings
 from gpt_optuna.objective import Objective
 from gpt_optuna.parallel import Lane, TrialBudget, run_lanes
-from gpt_optuna.space import Candidate, Space, Value
+from gpt_optuna.space import Candidate, CandidateKey, Space, Value, candidate_key
 from gpt_optuna.study import FINGERPRINT_ATTR, make_sampler, open_study
 from gpt_optuna.tuner import first_candidates
 
 STRATEGIES = ("random order", "grid", "optuna random", "default", "seeds", "transfer only", "transfer")
 TARGET_RATIO = 0.4
 """The target: transfer at most this times random order's median trials, and never above grid."""
-Key = tuple[tuple[str, Value], ...]
-
-
-def key(candidate: Candidate) -> Key:
-    return tuple(sorted(candidate.items()))
 
 
 @dataclass
@@ -69,17 +64,17 @@ class Landscape:
     gpu: str
     criterion: str
     space: Space
-    results: dict[Key, TrialResult]
+    results: dict[CandidateKey, TrialResult]
 
     @classmethod
     def read(cls, path: Path) -> Landscape:
         data = json.loads(path.read_text())
-        results = {key(t["params"]): _result(t) for t in data["trials"]}
+        results = {candidate_key(t["params"]): _result(t) for t in data["trials"]}
         return cls(data["model"], data["gpu"], data["criterion"], Space.from_record(data["space"]), results)
 
     def latency(self, candidate: Candidate) -> float | None:
         """The median latency of a feasible configuration; None for any other."""
-        return _ok_ms(self.results[key(candidate)])
+        return _ok_ms(self.results[candidate_key(candidate)])
 
     def good_enough(self, within: float) -> Callable[[float | None], bool]:
         best = min(ms for r in self.results.values() if (ms := _ok_ms(r)) is not None)
@@ -108,7 +103,7 @@ class LookupWorker:
         self.landscape = landscape
 
     def run(self, job: EvaluateJob, timeout: float | None) -> TrialResult:
-        return self.landscape.results[key(job.candidate)]
+        return self.landscape.results[candidate_key(job.candidate)]
 
 
 def random_order(configurations: int, hits: int) -> int:
@@ -149,7 +144,7 @@ def earlier_study(storage: optuna.storages.BaseStorage, landscape: Landscape) ->
     study = optuna.create_study(storage=storage, study_name=landscape.name)
     study.set_user_attr(FINGERPRINT_ATTR, {"backend": "onnxruntime"})
     distributions = {k.name: CategoricalDistribution(k.choices) for k in landscape.space.knobs}
-    baseline = key(landscape.space.default())
+    baseline = candidate_key(landscape.space.default())
     for k in sorted(landscape.results, key=lambda k: k != baseline):
         result, params = landscape.results[k], dict(k)
         ms = _ok_ms(result)

@@ -300,18 +300,11 @@ def _open_existing(args: argparse.Namespace) -> Any:
 
 
 def print_space(config: TuneConfig, as_json: bool) -> int:
-    import tempfile
-
-    from gpt_optuna.model import with_distinct_dims
-    from gpt_optuna.tuner import discover_space, load_inputs
-    from gpt_optuna.worker import Worker
+    from gpt_optuna.tuner import offered_space
 
     notes: list[str] = []
-    inputs = load_inputs(config, notes)
-    with tempfile.TemporaryDirectory() as tmp, Worker(Path(tmp) / "worker.log") as worker:
-        working = with_distinct_dims(inputs.info, Path(tmp) / "models")
-        say = (lambda text: print(text, file=sys.stderr)) if not as_json else (lambda _: None)
-        space, versions, _ = discover_space(config, worker, inputs, working, Path(tmp), notes, say)
+    say = (lambda text: print(text, file=sys.stderr)) if not as_json else (lambda _: None)
+    space, versions = offered_space(config, notes, say)
     for note in notes:
         print(note, file=sys.stderr)
     if as_json:

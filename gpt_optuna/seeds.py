@@ -10,7 +10,7 @@ from optuna.trial import TrialState
 
 from gpt_optuna.errors import UserError
 from gpt_optuna.parallel import runs_on_cpu
-from gpt_optuna.space import Candidate, Space, Value
+from gpt_optuna.space import Candidate, CandidateKey, Space, Value, candidate_key
 
 SPEED_VALUES: dict[str, tuple[Value, ...]] = {
     "graph_fusion": ("transformer",),
@@ -28,7 +28,6 @@ SPEED_VALUES: dict[str, tuple[Value, ...]] = {
     "runtime.cuda_graph_strategy": ("WHOLE_GRAPH_CAPTURE",),
 }
 """Per knob, the values that make engines fast, in order of preference (each backend's names)."""
-Key = tuple[tuple[str, Value], ...]
 WARM_PER_STUDY = 3
 """The best distinct feasible configurations a warm start takes from each earlier study."""
 WARM_LIMIT = 6
@@ -70,30 +69,30 @@ def warm_start(
         unknown = [n for n in chosen if n not in names]
         if unknown:
             raise UserError(f"--warm-start: no study {unknown[0]!r} in this storage; studies there: {', '.join(names)}")
-    baseline = _key(space.default())
-    offers: dict[Key, list[tuple[float, Candidate, str]]] = {}
+    baseline = candidate_key(space.default())
+    offers: dict[CandidateKey, list[tuple[float, Candidate, str]]] = {}
     for name in chosen:
         for speedup, candidate, source in _best_of(
             optuna.load_study(study_name=name, storage=storage), space, baseline
         ):
-            offers.setdefault(_key(candidate), []).append((speedup, candidate, source))
+            offers.setdefault(candidate_key(candidate), []).append((speedup, candidate, source))
     ranked = sorted(offers.values(), key=lambda found: (-len(found), -max(speedup for speedup, *_ in found)))
     return [max(found, key=lambda offer: offer[0])[1:] for found in ranked[:WARM_LIMIT]]
 
 
-def _best_of(study: optuna.Study, space: Space, skip: Key) -> list[tuple[float, Candidate, str]]:
+def _best_of(study: optuna.Study, space: Space, skip: CandidateKey) -> list[tuple[float, Candidate, str]]:
     """A study's best :data:`WARM_PER_STUDY` distinct feasible configurations mapped onto ``space``
     (other than ``skip``, this space's baseline), each with its speedup over that study's baseline
     (1 where the baseline has no latency)."""
     trials = study.get_trials(deepcopy=False)
     base = next((t.values[0] for t in trials if t.user_attrs.get("baseline") and t.values), None)
     complete = sorted((t for t in trials if t.state is TrialState.COMPLETE and t.values), key=lambda t: t.values[0])
-    best: dict[Key, tuple[float, Candidate, str]] = {}
+    best: dict[CandidateKey, tuple[float, Candidate, str]] = {}
     for trial in complete:
         candidate = space.fitted(trial.params)
-        if len(best) < WARM_PER_STUDY and _key(candidate) not in best and _key(candidate) != skip:
+        if len(best) < WARM_PER_STUDY and candidate_key(candidate) not in best and candidate_key(candidate) != skip:
             speedup = base / trial.values[0] if base else 1.0
-            best[_key(candidate)] = (speedup, candidate, f"{study.study_name}:{trial.number}")
+            best[candidate_key(candidate)] = (speedup, candidate, f"{study.study_name}:{trial.number}")
     return list(best.values())
 
 
@@ -105,7 +104,3 @@ def _same_kind(storage: optuna.storages.BaseStorage, name: str, backend: str, de
     recorded: dict[str, Any] = study.user_attrs.get(FINGERPRINT_ATTR) or {}
     baseline = next((t for t in study.get_trials(deepcopy=False) if t.user_attrs.get("baseline")), None)
     return recorded.get("backend") == backend and baseline is not None and baseline.user_attrs.get("gpu") == device
-
-
-def _key(candidate: Candidate) -> Key:
-    return tuple(sorted(candidate.items()))

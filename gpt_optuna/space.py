@@ -57,6 +57,14 @@ def _plain(value: Any) -> Any:
     return list(value) if isinstance(value, tuple) else value
 
 
+CandidateKey = tuple[tuple[str, Value], ...]
+
+
+def candidate_key(candidate: Candidate) -> CandidateKey:
+    """A candidate as a hashable, order-independent value (to count or look up candidates)."""
+    return tuple(sorted(candidate.items()))
+
+
 @dataclass(frozen=True)
 class Knob:
     """One searchable option: its choices, the engine's default, and when it applies.

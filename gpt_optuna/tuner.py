@@ -7,6 +7,7 @@ import functools
 import logging
 import shlex
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -172,6 +173,16 @@ def discover_space(
     )
     space = check_space(space, template, worker, config.trial_timeout_s, notes.append, say)
     return space, versions, calibration_sha256
+
+
+def offered_space(config: TuneConfig, notes: list[str], say: Callable[[str], None]) -> tuple[Space, dict[str, str]]:
+    """The space a search of ``config`` would have, with the library versions: found and checked
+    as :func:`tune` does, in a scratch folder removed afterwards."""
+    inputs = load_inputs(config, notes)
+    with tempfile.TemporaryDirectory() as tmp, Worker(Path(tmp) / "worker.log") as worker:
+        working = model_io.with_distinct_dims(inputs.info, Path(tmp) / "models")
+        space, versions, _ = discover_space(config, worker, inputs, working, Path(tmp), notes, say)
+    return space, versions
 
 
 def check_resumable(storage: optuna.storages.BaseStorage, config: TuneConfig, inputs: Inputs) -> None:
