@@ -39,11 +39,12 @@ from precision import mobilenet_v2 as mobilenet_v2_onnx  # noqa: E402
 from registry import download  # noqa: E402
 
 from gpt_optuna.config import TuneConfig  # noqa: E402
+from gpt_optuna.confirm import confirm, template_from_study  # noqa: E402
 from gpt_optuna.export import export_trial  # noqa: E402
 from gpt_optuna.model import save_npz  # noqa: E402
 from gpt_optuna.progress import Progress  # noqa: E402
 from gpt_optuna.session import open_session  # noqa: E402
-from gpt_optuna.study import summarize_study  # noqa: E402
+from gpt_optuna.study import finished_count, summarize_study  # noqa: E402
 from gpt_optuna.tuner import tune  # noqa: E402
 
 _DTYPES = {"tensor(float16)": np.float16, "tensor(float)": np.float32}
@@ -104,7 +105,7 @@ def torch_peers(
             if peer in peers:
                 run = functools.partial(_no_grad_call, model, args)
                 rows.append((f"torch {peer}", cuda_median_ms(run), outputs, "", run))
-                print(f"torch {peer}: {rows[-1][1]:.4f} ms", file=sys.stderr, flush=True)  # before the long search
+                print(f"torch {peer}: {rows[-1][1]:.4f} ms", file=sys.stderr, flush=True)  # amid long compile logs
     assert reference is not None
     return reference, rows
 
@@ -133,10 +134,16 @@ def onnxruntime_rows(name: str, model: Path, feeds: dict[str, np.ndarray], n_tri
     config = TuneConfig(
         model=model, inputs=inputs, accuracy=CRITERION, n_trials=n_trials, study_name=f"peers-{name}", seed=0
     )
+    storage = f"sqlite:///studies/peers-{name}.db"
+    searched = (
+        Path(f"studies/peers-{name}.db").is_file()
+        and finished_count(optuna.load_study(study_name=f"peers-{name}", storage=storage)) >= n_trials
+    )
     with contextlib.redirect_stdout(sys.stderr):
         tune(config, Progress(enabled=False), argv=[])
-    storage = f"sqlite:///studies/peers-{name}.db"
     study = optuna.load_study(study_name=f"peers-{name}", storage=storage)
+    if searched:  # a finished search from an earlier run: its finalists are re-measured in this one
+        confirm(study, template_from_study(study, model), folder / f"{name}.confirm.log")
     summary = summarize_study(study)
     rows = []
     for label, trial, ms in (
@@ -194,7 +201,9 @@ def main() -> None:
     parser.add_argument("--n-trials", type=int, default=40)
     parser.add_argument("--peers", default=",".join(PEERS))
     parser.add_argument("--table", type=Path, help="also write the table here")
-    parser.add_argument("--workdir", type=Path, help="keep the studies here: a rerun reuses finished searches")
+    parser.add_argument(
+        "--workdir", type=Path, help="keep the studies here: a rerun resumes the search, or re-measures a finished one"
+    )
     parser.add_argument("--profile", action="store_true", help="list the kernels of the winner and best peer")
     parser.add_argument("--cache", type=Path, default=Path.home() / ".cache" / "gpt_optuna" / "benchmarks")
     args = parser.parse_args()
@@ -211,8 +220,9 @@ def main() -> None:
         os.chdir(folder)  # the studies go there
         for name in args.models.split(","):
             module, onnx_path, feeds, cnn = models()[name](args.cache)
+            tuned = onnxruntime_rows(name, onnx_path, feeds, args.n_trials, folder)  # first: a rerun resumes it
             reference, measured = torch_peers(module(), feeds, cnn, peers)
-            measured += onnxruntime_rows(name, onnx_path, feeds, args.n_trials, folder)
+            measured += tuned
             best_peer = min((row for row in measured if row[0].startswith("torch")), key=lambda row: row[1])
             start = len(lines)
             lines.append(f"\n{name}: {'latency ms':>10} {'/ best peer':>11} {'cosine vs fp32':>15}")
