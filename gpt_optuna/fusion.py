@@ -5,7 +5,11 @@ optimizer rewrites the decomposed patterns into fused contrib operators (SkipLay
 BiasGelu, Attention, ...), which cut the kernel count and run well in fp16. The fused graph uses
 ``com.microsoft`` operators, so only ONNX Runtime can run it. Constants are folded first (ONNX
 Runtime's basic level, on the CPU), so weights stored compressed and expanded in the graph become
-plain initializers the fusion patterns recognise. Auto-detects head count and hidden size.
+plain initializers the fusion patterns recognise, and attention as torch's dynamo exporter writes
+it is rewritten into the form the attention fusion matches (:mod:`gpt_optuna.attention_rewrite`).
+Auto-detects head count and hidden size. ``transformer-mha`` fuses attention into
+MultiHeadAttention instead of Attention (the operator the CUDA provider runs with its flash,
+memory-efficient and cuDNN kernels).
 """
 
 from __future__ import annotations
@@ -21,13 +25,19 @@ from pathlib import Path
 from typing import Any
 
 from gpt_optuna import opset
+from gpt_optuna.attention_rewrite import rewrite_attention
 from gpt_optuna.errors import MissingDependencyError
 from gpt_optuna.model import ModelInfo
 from gpt_optuna.model_cache import TransformFailed, produce
 from gpt_optuna.space import Knob
 
-FUSIONS = ("none", "transformer")
+FUSIONS = ("none", "transformer", "transformer-mha")
 FUSION_KNOB = "graph_fusion"
+FUSED_VERSION = "v2"
+"""In the fused models' file names: a new version is made anew, not read from the cache."""
+MULTI_HEAD = "MultiHeadAttention"
+
+logger = logging.getLogger(__name__)
 
 
 @contextlib.contextmanager
@@ -55,13 +65,15 @@ def fold_constants(source: Path, out: Path) -> None:
     ort.InferenceSession(str(source), options, providers=["CPUExecutionProvider"])
 
 
-def fuse_transformer(source: Path, out: Path) -> dict[str, int]:
-    """Write the transformer-fused model to ``out``; return how many of each fused op it gained
-    (the optimizer's statistics also count those the model had already, e.g. LayerNormalization)."""
+def fuse_transformer(source: Path, out: Path, multi_head: bool = False) -> dict[str, int]:
+    """Write the transformer-fused model to ``out``, attention fused into MultiHeadAttention where
+    ``multi_head``; return how many of each fused op it gained (the optimizer's statistics also
+    count those the model had already, e.g. LayerNormalization)."""
     if importlib.util.find_spec("sympy") is None:  # the optimizer's shape inference needs it
         raise MissingDependencyError("sympy (ONNX Runtime's transformer optimizer)", "cpu")
     import onnx
     from onnxruntime.transformers import optimizer
+    from onnxruntime.transformers.fusion_options import FusionOptions
 
     raised, folded = (out.with_name(f"{out.stem}.{step}.onnx") for step in ("raised", "folded"))
     original = onnx.load(str(source))
@@ -69,12 +81,20 @@ def fuse_transformer(source: Path, out: Path) -> dict[str, int]:
         # the optimizer writes ONNX's LayerNormalization, an operator of opset 17
         onnx.save(opset.at_least(original, opset.LAYER_NORMALIZATION), str(raised))
         fold_constants(raised, folded)
-        with _quiet():
-            fused = optimizer.optimize_model(str(folded), model_type="bert", opt_level=0, use_gpu=True)
-        fused.save_model_to_file(str(out))
+        model = onnx.load(str(folded))
     finally:
         raised.unlink(missing_ok=True)
         folded.unlink(missing_ok=True)
+    rewritten, skipped = rewrite_attention(model)
+    logger.debug("attention blocks rewritten: %d; left: %s", rewritten, skipped)
+    options = FusionOptions("bert")
+    options.use_raw_attention_mask(True)  # a mask index (sequence lengths) would assume right padding
+    options.use_multi_head_attention = multi_head
+    with _quiet():
+        fused = optimizer.optimize_model(
+            model, model_type="bert", opt_level=0, use_gpu=True, optimization_options=options
+        )
+    fused.save_model_to_file(str(out))
     onnx.checker.check_model(str(out), full_check=True)
     had = Counter(node.op_type for node in original.graph.node)
     return {op: n - had[op] for op, n in fused.get_fused_operator_statistics().items() if n > had[op]}
@@ -87,24 +107,46 @@ def fused_path(base_path: Path, base_sha256: str, fusion: str, cache_dir: Path) 
         return base_path
     if fusion not in FUSIONS:
         raise ValueError(f"unknown graph fusion {fusion!r}; known: {', '.join(FUSIONS)}")
-    out = cache_dir / f"{fusion}-{base_sha256[:24]}.onnx"
-    return produce(out, lambda tmp: out.with_suffix(".json").write_text(json.dumps(fuse_transformer(base_path, tmp))))
+    out = cache_dir / f"{fusion}-{FUSED_VERSION}-{base_sha256[:24]}.onnx"
+    multi_head = fusion == "transformer-mha"
+    return produce(
+        out, lambda tmp: out.with_suffix(".json").write_text(json.dumps(fuse_transformer(base_path, tmp, multi_head)))
+    )
+
+
+def fused_ops(path: Path) -> dict[str, int]:
+    """The fused-op counts kept beside a model :func:`fused_path` made."""
+    return json.loads(path.with_suffix(".json").read_text())
 
 
 def fusion_knobs(model: ModelInfo, fusions: tuple[str, ...], cache_dir: Path) -> list[Knob]:
-    """A ``graph_fusion`` knob where the backend runs fused graphs and the fusion changes this model.
+    """A ``graph_fusion`` knob where the backend runs fused graphs and the fusion changes this model:
+    ``transformer`` where it fuses anything, ``transformer-mha`` too where that fuses attention into
+    MultiHeadAttention (only then does it differ).
 
-    The fused model is made here, once, in ``cache_dir``: the candidates that use it find it there.
-    A graph the optimizer fails on gets the knob too: checking the space drops the value and says why.
+    The fused models are made here, once, in ``cache_dir``: the candidates that use them find them
+    there. A graph the optimizer fails on keeps the value: checking the space drops it and says why.
     """
     if "transformer" not in fusions:
         return []
-    knob = Knob(FUSION_KNOB, FUSIONS, "none", "ONNX Runtime transformer fusions (SkipLayerNorm, Gelu, Attention)")
     try:
-        fused = fused_path(model.path, model.sha256, "transformer", cache_dir)
+        counts = fused_ops(fused_path(model.path, model.sha256, "transformer", cache_dir))
     except TransformFailed:
-        return [knob]
-    return [knob] if json.loads(fused.with_suffix(".json").read_text()) else []
+        return [_knob(("none", "transformer"))]
+    if not counts:
+        return []
+    if "transformer-mha" not in fusions or "Attention" not in counts:
+        return [_knob(("none", "transformer"))]
+    try:
+        multi_head = MULTI_HEAD in fused_ops(fused_path(model.path, model.sha256, "transformer-mha", cache_dir))
+    except TransformFailed:
+        multi_head = True
+    return [_knob(FUSIONS if multi_head else ("none", "transformer"))]
+
+
+def _knob(values: tuple[str, ...]) -> Knob:
+    what = "ONNX Runtime transformer fusions (SkipLayerNorm, Gelu, Attention; -mha: attention as MultiHeadAttention)"
+    return Knob(FUSION_KNOB, values, "none", what)
 
 
 def fusion_of(candidate: dict[str, Any]) -> str:

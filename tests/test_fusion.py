@@ -53,6 +53,7 @@ def test_transformer_fusion_rewrites_a_real_encoder_and_keeps_its_outputs(minilm
     ops = Counter(node.op_type for node in graph.graph.node)
     assert ops["SkipLayerNormalization"] == 12  # 6 layers x (attention, feed-forward) residual + LayerNorm
     assert ops["BiasGelu"] == 6
+    assert ops["Attention"] == 6  # the dynamo export's attention, rewritten into the fusable form
     assert len(graph.graph.node) < len(onnx.load(str(minilm_path)).graph.node)
     assert {node.domain for node in graph.graph.node if node.op_type == "BiasGelu"} == {"com.microsoft"}
     feeds = encoder_feeds()
@@ -75,12 +76,25 @@ def test_fusion_is_offered_only_where_it_changes_the_model_and_the_backend_runs_
     minilm, cnn = m.load_model_info(minilm_path), m.load_model_info(cnn_path)
     assert fusion_knobs(minilm, (), tmp_path / "none") == []  # a backend that cannot run com.microsoft operators
     assert not (tmp_path / "none").exists()
-    (knob,) = fusion_knobs(minilm, ("transformer",), tmp_path / "models")
-    assert (knob.name, knob.choices, knob.default) == ("graph_fusion", ("none", "transformer"), "none")
+    (knob,) = fusion_knobs(minilm, ("transformer", "transformer-mha"), tmp_path / "models")
+    assert (knob.name, knob.choices, knob.default) == (
+        "graph_fusion",
+        ("none", "transformer", "transformer-mha"),
+        "none",
+    )
     # the fused model made while looking is the one candidates use: not made again
     fused = fused_path(minilm_path, minilm.sha256, "transformer", tmp_path / "models")
     mtime = fused.stat().st_mtime_ns
-    assert json.loads(fused.with_suffix(".json").read_text()) == {"SkipLayerNormalization": 12, "BiasGelu": 6}
+    assert json.loads(fused.with_suffix(".json").read_text()) == {
+        "Attention": 6,
+        "SkipLayerNormalization": 12,
+        "BiasGelu": 6,
+    }
+    mha = fused_path(minilm_path, minilm.sha256, "transformer-mha", tmp_path / "models")
+    assert json.loads(mha.with_suffix(".json").read_text())["MultiHeadAttention"] == 6
+    # a backend without the MultiHeadAttention variant gets the knob without it
+    (plain,) = fusion_knobs(minilm, ("transformer",), tmp_path / "models")
+    assert plain.choices == ("none", "transformer")
     assert fusion_knobs(cnn, ("transformer",), tmp_path / "models") == []  # nothing to fuse in a CNN
     # a LayerNormalization the model already has is not something the fusion did
     norm = helper.make_graph(
@@ -120,7 +134,7 @@ def test_a_search_runs_fused_fp16_candidates_with_nodes_ranked_on_the_fused_grap
     assert all(t.user_attrs["transformed_model"].startswith("fp16-") for t in tuned)
     assert all(t.user_attrs["accuracy"]["cosine"] > 0.9999 for t in tuned)
     folder = Path("studies/model-onnxruntime")
-    (fused,) = folder.glob("models/transformer-*.onnx")
+    (fused,) = folder.glob("models/transformer-v2-*.onnx")
     assert "SkipLayerNormalization" in {n.op_type for n in onnx.load(str(fused)).graph.node}
     if any(t.params["keep_fp32_nodes"] for t in tuned):  # ranked on the graph the candidate converts
         assert (folder / f"sensitivity-{m.load_model_info(fused).sha256[:16]}.json").is_file()
@@ -135,7 +149,7 @@ def test_fused_fp16_encoder_runs_on_the_cuda_provider_through_a_cuda_graph(minil
     base = space.default()
     assert base["provider"] == "CUDAExecutionProvider"
     results = {}
-    for fusion in ("none", "transformer"):
+    for fusion in ("none", "transformer", "transformer-mha"):
         candidate = {**base, "graph_fusion": fusion, "precision": "fp16", "cuda.enable_cuda_graph": True}
         job = EvaluateJob(
             backend="onnxruntime",

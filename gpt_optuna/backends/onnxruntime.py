@@ -444,7 +444,7 @@ class OnnxRuntimeBackend(Backend):
 
     def fusions(self) -> tuple[str, ...]:
         """The transformer fusions emit ONNX Runtime's own contrib operators."""
-        return ("transformer",)
+        return ("transformer", "transformer-mha")
 
 
 class _HostRunner(Runner):
