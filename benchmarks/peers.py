@@ -23,6 +23,7 @@ import os
 import sys
 import tempfile
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -40,14 +41,11 @@ from registry import download  # noqa: E402
 
 from gpt_optuna.config import TuneConfig  # noqa: E402
 from gpt_optuna.confirm import confirm, template_from_study  # noqa: E402
-from gpt_optuna.export import export_trial  # noqa: E402
 from gpt_optuna.model import save_npz  # noqa: E402
 from gpt_optuna.progress import Progress  # noqa: E402
-from gpt_optuna.session import open_session  # noqa: E402
 from gpt_optuna.study import finished_count, summarize_study  # noqa: E402
 from gpt_optuna.tuner import tune  # noqa: E402
 
-_DTYPES = {"tensor(float16)": np.float16, "tensor(float)": np.float32}
 PEERS = ("eager32", "eager16", "reduce-overhead", "max-autotune")
 CRITERION = "cosine>=0.999"
 
@@ -115,20 +113,11 @@ def _no_grad_call(model: Callable[..., Any], args: list[torch.Tensor]) -> Any:
         return model(*args)
 
 
-def bound_run(session: Any, feeds: dict[str, np.ndarray]) -> Callable[[], Any]:
-    """One inference of ``session`` on inputs and outputs kept on the GPU (no host copies)."""
-    import onnxruntime as ort
-
-    binding = session.io_binding()
-    for name, value in feeds.items():
-        binding.bind_ortvalue_input(name, ort.OrtValue.ortvalue_from_numpy(value, "cuda", 0))
-    for output in session.get_outputs():
-        binding.bind_output(output.name, "cuda")
-    return functools.partial(session.run_with_iobinding, binding)
-
-
-def onnxruntime_rows(name: str, model: Path, feeds: dict[str, np.ndarray], n_trials: int, folder: Path) -> list[Row]:
-    """ONNX Runtime's defaults and the tuned winner: confirmed latencies, outputs, parameters."""
+def onnxruntime_rows(
+    name: str, model: Path, feeds: dict[str, np.ndarray], n_trials: int, folder: Path, stack: contextlib.ExitStack
+) -> list[Row]:
+    """ONNX Runtime's defaults and the tuned winner: confirmed latencies, outputs, parameters, and
+    one inference as the tuner times it (its runner, open until ``stack`` closes)."""
     inputs = folder / f"{name}.inputs.npz"
     save_npz(inputs, feeds)
     config = TuneConfig(
@@ -142,8 +131,9 @@ def onnxruntime_rows(name: str, model: Path, feeds: dict[str, np.ndarray], n_tri
     with contextlib.redirect_stdout(sys.stderr):
         tune(config, Progress(enabled=False), argv=[])
     study = optuna.load_study(study_name=f"peers-{name}", storage=storage)
+    template = template_from_study(study, model)
     if searched:  # a finished search from an earlier run: its finalists are re-measured in this one
-        confirm(study, template_from_study(study, model), folder / f"{name}.confirm.log")
+        confirm(study, template, folder / f"{name}.confirm.log")
     summary = summarize_study(study)
     rows = []
     for label, trial, ms in (
@@ -151,13 +141,10 @@ def onnxruntime_rows(name: str, model: Path, feeds: dict[str, np.ndarray], n_tri
         ("onnxruntime tuned", summary.best, summary.best_value),
     ):
         assert trial is not None and ms is not None
-        written, _ = export_trial(study, trial.number, folder / f"{name}-{trial.number}.onnx")
-        session = open_session(written)
-        types = {i.name: i.type for i in session.get_inputs()}  # an fp16 winner may take fp16 inputs
-        typed = {k: v.astype(_DTYPES.get(types[k], v.dtype)) for k, v in feeds.items() if k in types}
-        outputs = session.run(None, typed)
+        runner = stack.enter_context(replace(template, candidate=dict(trial.params)).open_candidate())
+        outputs = next(iter(runner.infer().values()))
         params = ", ".join(f"{k}={v}" for k, v in trial.params.items() if k != "provider")
-        rows.append((f"{label} ({summary.measurement})", ms, outputs[0], params, bound_run(session, typed)))
+        rows.append((f"{label} ({summary.measurement})", ms, outputs, params, runner.launch))
     return rows
 
 
@@ -214,13 +201,13 @@ def main() -> None:
     if unknown:
         sys.exit(f"unknown peers {unknown}; choose from {', '.join(PEERS)}")
     lines = [f"batch {peer_models.BATCH}, {torch.cuda.get_device_name()}, torch {torch.__version__}"]
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
         folder = args.workdir.resolve() if args.workdir else Path(tmp)
         folder.mkdir(parents=True, exist_ok=True)
         os.chdir(folder)  # the studies go there
         for name in args.models.split(","):
             module, onnx_path, feeds, cnn = models()[name](args.cache)
-            tuned = onnxruntime_rows(name, onnx_path, feeds, args.n_trials, folder)  # first: a rerun resumes it
+            tuned = onnxruntime_rows(name, onnx_path, feeds, args.n_trials, folder, stack)  # first: a rerun resumes it
             reference, measured = torch_peers(module(), feeds, cnn, peers)
             measured += tuned
             best_peer = min((row for row in measured if row[0].startswith("torch")), key=lambda row: row[1])
