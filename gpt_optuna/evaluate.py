@@ -107,8 +107,9 @@ class Outcome(enum.StrEnum):
 
     @property
     def is_deterministic(self) -> bool:
-        """A failure of the candidate itself (its graph cannot be made or built), which happens
-        again on every try; a crash, a hang or an exception may be the machine's or ours."""
+        """A failure of the candidate itself (its graph cannot be made, built or run by the
+        engine), which happens again on every try; a crash, a hang or an exception may be the
+        machine's or ours."""
         return self in (Outcome.TRANSFORM_ERROR, Outcome.BUILD_ERROR, Outcome.METRIC_ERROR)
 
 
@@ -279,7 +280,13 @@ class EvaluateJob:
             for index, feeds in enumerate(samples):
                 if index:
                     runner.set_inputs(feeds)
-                outputs.append(runner.infer())
+                try:
+                    outputs.append(runner.infer())
+                except Exception as exc:
+                    reason = backend.refused_run(exc)
+                    if reason is None:
+                        raise
+                    return _failure(Outcome.BUILD_ERROR, f"the engine cannot run it: {reason}", traceback.format_exc())
             try:
                 verdict = self.criterion.evaluate(outputs, references, self._user_metric(outputs, references))
             except MetricFailed as exc:

@@ -2,7 +2,7 @@
 
 Outcomes map onto Optuna in one place: a feasible candidate COMPLETEs with its median latency;
 an infeasible one is PRUNED with its error metrics and a positive ``accuracy`` constraint; one
-that cannot be made or built (a transform or build error: it would fail again) is PRUNED with a
+that cannot be made, built or run (a transform or build error: it would fail again) is PRUNED with a
 larger ``failure`` constraint, so that the samplers steer away from it as from infeasible ones;
 a crash, hang or exception FAILs with its kind and detail. A candidate already evaluated in the
 study is not built again: the trial copies the earlier result and names it in ``reused_from``.

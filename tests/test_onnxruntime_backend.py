@@ -14,6 +14,7 @@ from gpt_optuna.backends.onnxruntime import (
     CPU,
     CUDA,
     CUDA_OPTIONS,
+    OPERATOR_FAILED,
     TENSORRT,
     OnnxRuntimeBackend,
     applicable_cuda_options,
@@ -28,6 +29,7 @@ from gpt_optuna.backends.onnxruntime import (
     thread_choices,
     usable_providers,
 )
+from gpt_optuna.evaluate import EvaluateJob, Outcome
 from gpt_optuna.measure import MeasureSettings, measure
 from gpt_optuna.space import Space
 
@@ -269,6 +271,67 @@ def test_unsupported_model_is_a_build_error(tmp_path: Path) -> None:
     backend = OnnxRuntimeBackend()
     with pytest.raises(BuildError, match="could not create the session"):
         backend.build(info, backend.space(info, {}).default(), tmp_path, {})
+
+
+def out_of_bounds_gather(path: Path) -> Path:
+    """A graph ONNX Runtime loads and then refuses to run: its Gather reads index 5 of 3."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    graph = helper.make_graph(
+        [helper.make_node("Gather", ["x", "index"], ["y"], axis=1)],
+        "gather",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1])],
+        [numpy_helper.from_array(np.array([5], np.int64), "index")],
+    )
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return path
+
+
+def test_an_operator_that_fails_on_its_inputs_is_the_candidates_refusal_and_memory_is_not(tmp_path: Path) -> None:
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(out_of_bounds_gather(tmp_path / "gather.onnx")), providers=[CPU])
+    with pytest.raises(Exception) as plain:
+        session.run(None, {"x": np.zeros((1, 3), np.float32)})
+    binding = session.io_binding()
+    binding.bind_cpu_input("x", np.zeros((1, 3), np.float32))
+    binding.bind_output("y")
+    with pytest.raises(RuntimeError) as bound:
+        session.run_with_iobinding(binding)
+    backend = OnnxRuntimeBackend()
+    for error in (plain.value, bound.value):
+        reason = backend.refused_run(error)
+        assert reason is not None and reason.startswith("Non-zero status code returned while running Gather node")
+        assert "out of data bounds" in reason
+    oom = RuntimeError(
+        f"Error in execution: {OPERATOR_FAILED} Conv node. Status Message: CUDA failure 2: out of memory"
+    )
+    assert backend.refused_run(oom) is None
+    assert backend.refused_run(ValueError("a fault of ours")) is None
+
+
+def test_a_candidate_the_engine_refuses_to_run_fails_as_deterministically_as_a_build(tmp_path: Path) -> None:
+    info = m.load_model_info(out_of_bounds_gather(tmp_path / "gather.onnx"))
+    shapes = m.resolve_shapes(info, {})
+    m.save_npz(tmp_path / "inputs.npz", m.stack([{"x": np.zeros((1, 3), np.float32)}]))
+    m.save_npz(tmp_path / "reference.npz", m.stack([{"y": np.zeros((1, 1), np.float32)}]))
+    job = EvaluateJob(
+        backend="onnxruntime",
+        model=info,
+        candidate={**OnnxRuntimeBackend().space(info, shapes).default(), "provider": CPU},
+        workdir=tmp_path,
+        shapes=shapes,
+        feeds_path=tmp_path / "inputs.npz",
+        reference_path=tmp_path / "reference.npz",
+        criterion=parse_criterion("cosine>=0.99"),
+        settings=MeasureSettings(budget_s=0.05),
+    )
+    result = job()
+    assert result.outcome is Outcome.BUILD_ERROR and result.outcome.is_deterministic
+    assert result.detail.startswith("the engine cannot run it: Non-zero status code returned while running Gather")
+    assert "Traceback" in result.log
 
 
 @pytest.mark.gpu

@@ -130,6 +130,12 @@ class Backend(abc.ABC):
         and dtypes size the output buffers.
         """
 
+    def refused_run(self, error: Exception) -> str | None:
+        """Why the engine cannot run this candidate, where ``error`` (raised by an inference of a
+        built candidate) says so: a refusal that comes again on every try, like a build error.
+        None for anything else (out of memory, a fault of ours), which stays an exception."""
+        return None
+
     def check_model(
         self, model: ModelInfo, space: Space, candidate: Candidate, workdir: Path, shapes: dict[str, ShapeRange]
     ) -> list[KnobLimit]:

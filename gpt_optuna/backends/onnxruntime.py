@@ -363,10 +363,28 @@ def provider_options(candidate: Candidate, stream_ptr: int | None, workdir: Path
     return options
 
 
+OPERATOR_FAILED = "Non-zero status code returned while running"
+"""How ONNX Runtime words an operator's kernel failing on its inputs."""
+MACHINE_TROUBLE = ("out of memory", "failed to allocate", "alloc_failed", "cuda failure", "cuda error")
+"""Words of an operator failure that may be the machine's (memory, a CUDA fault), not the candidate's."""
+
+
+def refusal(error: Exception) -> str | None:
+    """The operator failure ``error`` reports, where it is the candidate's: the same graph and
+    settings fail the same way on every try (an operator the settings cannot run). None otherwise."""
+    message = str(error)
+    if OPERATOR_FAILED not in message or any(word in message.lower() for word in MACHINE_TROUBLE):
+        return None
+    return message[message.index(OPERATOR_FAILED) :].splitlines()[0]
+
+
 class OnnxRuntimeBackend(Backend):
     """ONNX Runtime with whichever of the CPU, CUDA and TensorRT providers work here."""
 
     name = "onnxruntime"
+
+    def refused_run(self, error: Exception) -> str | None:
+        return refusal(error)
 
     def space(self, model: ModelInfo, shapes: dict[str, ShapeRange]) -> Space:
         ort = _ort()
