@@ -4,10 +4,11 @@ Optuna's samplers propose configurations already tried, often, in small categori
 a failed trial teaches them little. :class:`FreshSampler` wraps any Optuna sampler: it lets the
 wrapped sampler propose a whole candidate (its relative proposal, completed knob by knob in the
 order of the space, as Optuna itself would), and when that candidate was evaluated, is being
-evaluated or waits in the queue, or shares the graph transform of a candidate whose transform
-failed, it asks again; then tries the proposal's neighbours (one knob changed), then random
-candidates. Only when none is fresh (a covered space) does the wrapped proposal stand, and the
-objective reuses the earlier result.
+evaluated or waits in the queue, shares the graph transform of a candidate whose transform
+failed, or holds the settings that the candidates the engine refused with one same error all
+share (and no candidate it ran has: their likely cause), it asks again; then tries the
+proposal's neighbours (one knob changed), then random candidates. Only when none is fresh (a
+covered space) does the wrapped proposal stand, and the objective reuses the earlier result.
 
 Several threads may sample at once (parallel workers): a proposal is reserved until its trial
 ends, so that a second thread never proposes it while the first has not yet stored its params.
@@ -17,7 +18,8 @@ from __future__ import annotations
 
 import random
 import threading
-from collections.abc import Callable, Sequence
+from collections import defaultdict
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import optuna
@@ -34,8 +36,22 @@ RANDOM_TRIES = 200
 """Random candidates tried before accepting a repeat."""
 
 
-def _key(candidate: Candidate) -> frozenset[tuple[str, Any]]:
+Key = frozenset[tuple[str, Any]]
+
+
+def _key(candidate: Candidate) -> Key:
     return frozenset(candidate.items())
+
+
+def refusal_causes(refused: Mapping[str, list[Key]], ran: list[Key]) -> list[Key]:
+    """Per error the engine refused two or more candidates with, the settings they all share,
+    where no candidate the engine ran has them all: a candidate holding them would be refused too."""
+    causes = []
+    for candidates in refused.values():
+        shared = frozenset.intersection(*candidates) if len(candidates) > 1 else frozenset()
+        if shared and not any(shared <= other for other in ran):
+            causes.append(shared)
+    return causes
 
 
 class FreshSampler(BaseSampler):
@@ -51,7 +67,7 @@ class FreshSampler(BaseSampler):
         self._transform_knob = transform_knobs
         self._rng = random.Random(seed)
         self._lock = threading.Lock()
-        self._reserved: dict[int, frozenset[tuple[str, Any]]] = {}
+        self._reserved: dict[int, Key] = {}
 
     def reseed_rng(self) -> None:
         self.base.reseed_rng()
@@ -71,14 +87,16 @@ class FreshSampler(BaseSampler):
             return proposal
 
     def _propose(self, study: optuna.Study, trial: FrozenTrial) -> Candidate:
-        taken, failed_transforms = self._seen(study, trial.number)
+        taken, failed_transforms, causes = self._seen(study, trial.number)
         taken |= {key for number, key in self._reserved.items() if number != trial.number}
         suggested = dict(trial.params)  # single-valued knobs, or a retried trial's whole candidate
 
         def fresh(candidate: Candidate) -> bool:
+            key = _key(candidate)
             return (
-                _key(candidate) not in taken
+                key not in taken
                 and self._transform_of(candidate) not in failed_transforms
+                and not any(cause <= key for cause in causes)
                 and self._searched(candidate, suggested)
             )
 
@@ -126,9 +144,12 @@ class FreshSampler(BaseSampler):
                 candidate[knob.name] = self.base.sample_independent(study, trial, knob.name, distribution)
         return candidate
 
-    def _seen(self, study: optuna.Study, number: int) -> tuple[set[frozenset[tuple[str, Any]]], set[Any]]:
-        """Candidates the study holds (any state but interrupted), and the failed transforms."""
+    def _seen(self, study: optuna.Study, number: int) -> tuple[set[Key], set[Key], list[Key]]:
+        """Candidates the study holds (any state but interrupted), the failed transforms, and the
+        causes of the engine's refusals (:func:`refusal_causes`)."""
         taken, failed = set(), set()
+        refused: dict[str, list[Key]] = defaultdict(list)
+        ran: list[Key] = []
         trials = study.get_trials(deepcopy=False)
         retried = retried_numbers(trials)
         for other in trials:
@@ -136,9 +157,14 @@ class FreshSampler(BaseSampler):
                 continue  # an interrupted trial's retry is queued with the same parameters
             params = other.params or other.system_attrs.get("fixed_params", {})  # queued: not started yet
             taken.add(_key(params))
-            if other.user_attrs.get("outcome") == "transform_error":
+            outcome = other.user_attrs.get("outcome")
+            if outcome == "transform_error":
                 failed.add(self._transform_of(params))
-        return taken, failed
+            elif outcome == "build_error":
+                refused[str(other.user_attrs.get("failure", ""))].append(_key(params))
+            elif outcome in ("ok", "infeasible"):
+                ran.append(_key(params))
+        return taken, failed, refusal_causes(refused, ran)
 
     def _searched(self, candidate: Candidate, suggested: Candidate) -> bool:
         """Whether every value the sampler chose is one the search tries (a ``[space]`` restriction
@@ -149,7 +175,7 @@ class FreshSampler(BaseSampler):
             if k.name in candidate and k.name not in suggested
         )
 
-    def _transform_of(self, candidate: Candidate) -> frozenset[tuple[str, Any]]:
+    def _transform_of(self, candidate: Candidate) -> Key:
         return frozenset((k, v) for k, v in candidate.items() if self._transform_knob(k))
 
     def _neighbours(self, candidate: Candidate, suggested: Candidate) -> list[Candidate]:

@@ -31,7 +31,7 @@ from gpt_optuna.precision import (
     rank_sensitive_nodes,
     transform,
 )
-from gpt_optuna.sampling import FreshSampler
+from gpt_optuna.sampling import FreshSampler, refusal_causes
 from gpt_optuna.space import Knob, Space
 
 ALL = ("fp32", "fp16", "bf16", "int8", "fp8")
@@ -182,6 +182,57 @@ def test_a_failed_transform_rules_out_every_candidate_that_shares_it() -> None:
     proposed = [t.params for t in study.get_trials()[1:]]
     assert not [p for p in proposed if p["precision"] == "int8" and p["keep_io_fp32"]]
     assert len({json.dumps(p, sort_keys=True) for p in proposed}) == 30
+
+
+CUDNN_REFUSED = (
+    "the engine cannot run it: Non-zero status code returned while running Conv node. Name:'/conv1/Conv' "
+    "Status Message: Failed to initialize CUDNN Frontend"
+)
+"""How ONNX Runtime 1.31 refused ResNet-50 in fp16, NCHW, with the cuDNN conv-bias fusion, on an H200."""
+
+
+def test_the_cause_of_refusals_is_what_those_with_one_error_share_and_no_candidate_that_ran_has() -> None:
+    def key(**settings: object) -> frozenset[tuple[str, object]]:
+        return frozenset(settings.items())
+
+    refused = [key(precision="fp16", nhwc=False, fuse=True, level=level) for level in ("basic", "all")]
+    ran = [key(precision="fp16", nhwc=True, fuse=True, level="basic")]
+    assert refusal_causes({CUDNN_REFUSED: refused}, ran) == [key(precision="fp16", nhwc=False, fuse=True)]
+    assert refusal_causes({CUDNN_REFUSED: refused[:1]}, ran) == []  # one refusal: only that candidate
+    assert refusal_causes({CUDNN_REFUSED: refused}, [*ran, key(precision="fp16", nhwc=False, fuse=True)]) == []
+    assert refusal_causes({"one error": refused[:1], "another": refused[1:]}, ran) == []  # not one cause
+    unrelated = [key(precision="fp16", nhwc=False), key(precision="int8", nhwc=True)]
+    assert refusal_causes({CUDNN_REFUSED: unrelated}, ran) == []  # nothing shared
+
+
+def test_settings_refused_twice_with_one_error_are_not_proposed_again() -> None:
+    space = Space(
+        [
+            Knob("precision", ("fp32", "fp16", "int8"), "fp32"),
+            Knob("nhwc", (False, True), False),
+            Knob("fuse", (False, True), False),
+            Knob("threads", tuple(range(4)), 0),
+        ]
+    )
+    sampler = FreshSampler(optuna.samplers.TPESampler(seed=0, n_startup_trials=2), space, is_transform_knob, 0)
+    study = optuna.create_study(sampler=sampler)
+    dists = {k.name: optuna.distributions.CategoricalDistribution(k.choices) for k in space.knobs}
+    for threads, outcome, nhwc in ((0, "build_error", False), (3, "build_error", False), (1, "ok", True)):
+        study.add_trial(
+            optuna.trial.create_trial(
+                state=TrialState.PRUNED if outcome == "build_error" else TrialState.COMPLETE,
+                params={"precision": "fp16", "nhwc": nhwc, "fuse": True, "threads": threads},
+                distributions=dists,
+                user_attrs={"outcome": outcome, "failure": CUDNN_REFUSED if outcome == "build_error" else ""},
+                value=None if outcome == "build_error" else 1.0,
+            )
+        )
+    study.optimize(lambda t: float(space.suggest(t)["threads"]), n_trials=40)
+    proposed = [t.params for t in study.get_trials()[3:]]
+    assert not [p for p in proposed if p["precision"] == "fp16" and not p["nhwc"] and p["fuse"]]
+    assert [p for p in proposed if p["precision"] == "fp16" and not p["nhwc"]]  # the rest of fp16 NCHW stays
+    assert [p for p in proposed if not p["nhwc"] and p["fuse"]]  # and NCHW with the fusion elsewhere
+    assert len({json.dumps(p, sort_keys=True) for p in proposed}) == 40
 
 
 def test_keep_groups_name_real_operators() -> None:
