@@ -81,13 +81,15 @@ def test_check_passes_the_record_and_fails_a_slower_or_changed_model(
     assert Path("record.onnx.inputs.npz").is_file() and Path("record.onnx.reference.npz").is_file()
     check = ["check", "--baseline", "record.onnx.json", "--budget", "8s", "--quiet", *config]
 
+    # sub-millisecond CPU latencies of one model move by tens of percent between runs on a busy
+    # host: a tolerance of 90% still tells the unchanged model from the one made ten times slower
     capsys.readouterr()
-    assert main([*check, str(cnn_path), "--tolerance", "50%", "--junit", "same.xml"]) == 0
-    assert "ok: latency within 50%" in capsys.readouterr().out and junit_failures(Path("same.xml")) == []
+    assert main([*check, str(cnn_path), "--tolerance", "90%", "--junit", "same.xml"]) == 0
+    assert "ok: latency within 90%" in capsys.readouterr().out and junit_failures(Path("same.xml")) == []
 
     model = onnx.load(str(cnn_path))
     onnx.save(slowed(model), "slow.onnx")
-    assert main([*check, "slow.onnx", "--tolerance", "50%", "--junit", "slow.xml"]) == 1
+    assert main([*check, "slow.onnx", "--tolerance", "90%", "--junit", "slow.xml"]) == 1
     out = capsys.readouterr().out
     assert "FAILED: latency regression" in out and "ok: the model's outputs meet" in out
     (failure,) = junit_failures(Path("slow.xml"))
