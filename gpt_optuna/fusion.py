@@ -32,6 +32,8 @@ from gpt_optuna.model_cache import TransformFailed, produce
 from gpt_optuna.space import Knob
 
 FUSIONS = ("none", "transformer", "transformer-mha")
+WITHOUT_MULTI_HEAD = FUSIONS[:2]
+"""The values where attention is not, or cannot be, fused into MultiHeadAttention."""
 FUSION_KNOB = "graph_fusion"
 FUSED_VERSION = "v2"
 """In the fused models' file names: a new version is made anew, not read from the cache."""
@@ -132,16 +134,16 @@ def fusion_knobs(model: ModelInfo, fusions: tuple[str, ...], cache_dir: Path) ->
     try:
         counts = fused_ops(fused_path(model.path, model.sha256, "transformer", cache_dir))
     except TransformFailed:
-        return [_knob(("none", "transformer"))]
+        return [_knob(WITHOUT_MULTI_HEAD)]
     if not counts:
         return []
     if "transformer-mha" not in fusions or "Attention" not in counts:
-        return [_knob(("none", "transformer"))]
+        return [_knob(WITHOUT_MULTI_HEAD)]
     try:
         multi_head = MULTI_HEAD in fused_ops(fused_path(model.path, model.sha256, "transformer-mha", cache_dir))
     except TransformFailed:
         multi_head = True
-    return [_knob(FUSIONS if multi_head else ("none", "transformer"))]
+    return [_knob(FUSIONS if multi_head else WITHOUT_MULTI_HEAD)]
 
 
 def _knob(values: tuple[str, ...]) -> Knob:

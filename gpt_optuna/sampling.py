@@ -28,7 +28,7 @@ from optuna.samplers import BaseSampler
 from optuna.trial import FrozenTrial, TrialState
 
 from gpt_optuna.space import Candidate, Space
-from gpt_optuna.taxonomy import is_interrupted, retried_numbers
+from gpt_optuna.taxonomy import is_interrupted, retried_numbers, trial_status
 
 ASKS = 4
 """Proposals asked of the wrapped sampler before looking elsewhere."""
@@ -162,7 +162,7 @@ class FreshSampler(BaseSampler):
                 failed.add(self._transform_of(params))
             elif outcome == "build_error":
                 refused[str(other.user_attrs.get("failure", ""))].append(_key(params))
-            elif outcome in ("ok", "infeasible"):
+            elif trial_status(other, retried) in ("feasible", "infeasible"):
                 ran.append(_key(params))
         return taken, failed, refusal_causes(refused, ran)
 
