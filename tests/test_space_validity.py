@@ -272,6 +272,76 @@ def test_cuda_graphs_are_offered_exactly_where_a_session_captures_one(name: str,
                 np.testing.assert_allclose(outputs[key], value, rtol=1e-2, atol=1e-3)
 
 
+def test_a_knob_is_limited_to_the_settings_where_it_works() -> None:
+    from gpt_optuna.backends.onnxruntime import where_it_works
+
+    knobs = {k.name: k for k in (Knob("level", ("basic", "all"), "all"), Knob("nhwc", (False, True), False))}
+    refused = {("basic", False): "no plan", ("all", False): "no plan"}
+    limit = where_it_works("fuse", ("level", "nhwc"), knobs, lambda s: refused.get((s["level"], s["nhwc"])))
+    assert limit is not None and limit.allowed is not None
+    assert limit.allowed.combos() == (("basic", True), ("all", True))
+    assert limit.reason == "level=basic, nhwc=False; level=all, nhwc=False: no plan"
+    assert where_it_works("fuse", ("level", "nhwc"), knobs, lambda s: None) is None
+    nowhere = where_it_works("fuse", ("nhwc",), knobs, lambda s: "no plan")
+    assert nowhere is not None and nowhere.allowed is None and nowhere.reason == "with any nhwc: no plan"
+    alone = where_it_works("fuse", (), knobs, lambda s: "no plan")
+    assert alone is not None and alone.allowed is None and alone.reason == "no plan"
+
+
+def fp16_convolution(tmp_path: Path) -> Path:
+    """ResNet's stem in fp16 (8x3x224x224, 7x7 stride 2, bias, ReLU): in NCHW, cuDNN's frontend
+    finds no plan for it with the conv-bias fusion on an H200."""
+    rng = np.random.default_rng(0)
+    weights = [
+        onnx.numpy_helper.from_array((rng.standard_normal((64, 3, 7, 7)) * 0.1).astype(np.float16), "w"),
+        onnx.numpy_helper.from_array(rng.standard_normal(64).astype(np.float16), "b"),
+    ]
+    nodes = [
+        onnx.helper.make_node("Conv", ["x", "w", "b"], ["y"], kernel_shape=[7, 7], strides=[2, 2], pads=[3] * 4),
+        onnx.helper.make_node("Relu", ["y"], ["z"]),
+    ]
+    x = onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT16, [8, 3, 224, 224])
+    z = onnx.helper.make_tensor_value_info("z", onnx.TensorProto.FLOAT16, [8, 64, 112, 112])
+    model = onnx.helper.make_model(
+        onnx.helper.make_graph(nodes, "stem", [x], [z], weights), opset_imports=[onnx.helper.make_opsetid("", 17)]
+    )
+    model.ir_version = 8
+    return save(model, tmp_path / "stem.onnx")
+
+
+@pytest.mark.gpu
+def test_conv_bias_fusion_is_offered_exactly_where_a_session_runs_it(tmp_path: Path) -> None:
+    """The check's verdict per layout against what ONNX Runtime does: a refused layout fails at
+    the first inference; an offered one runs and gives the unfused outputs."""
+    from gpt_optuna.backends.onnxruntime import CUDA, FUSE_CONV_BIAS, NHWC, OnnxRuntimeBackend
+
+    info = m.load_model_info(fp16_convolution(tmp_path))
+    shapes = m.resolve_shapes(info, {})
+    feeds = m.synthetic_feeds(info, shapes)
+    backend = OnnxRuntimeBackend()
+    space = backend.space(info, shapes)
+    base = space.default()
+    assert base["provider"] == CUDA and FUSE_CONV_BIAS in {k.name for k in space.knobs}
+    limits = backend.check_model(info, space, base, tmp_path, shapes)
+    limit = next((x for x in limits if x.knob == FUSE_CONV_BIAS), None)
+    offered = [
+        (nhwc,)
+        for nhwc in space.choices(NHWC)
+        if limit is None or (limit.allowed and limit.allowed.holds({NHWC: nhwc}))
+    ]
+    print("conv-bias fusion refused at", [n for n in space.choices(NHWC) if (n,) not in offered], limit)
+    for nhwc in space.choices(NHWC):
+        session, _ = backend.build(info, {**base, NHWC: nhwc}, tmp_path, shapes).engine
+        (expected,) = session.run(None, feeds)
+        fused, _ = backend.build(info, {**base, NHWC: nhwc, FUSE_CONV_BIAS: True}, tmp_path, shapes).engine
+        if (nhwc,) not in offered:
+            with pytest.raises(Exception, match="Non-zero status code returned while running"):
+                fused.run(None, feeds)
+            continue
+        (outputs,) = fused.run(None, feeds)
+        np.testing.assert_allclose(outputs.astype(np.float32), expected.astype(np.float32), rtol=2e-2, atol=2e-2)
+
+
 OCR = "rapidocr-onnxruntime==1.4.4"
 REAL_MODELS = {
     "ppocr_det": (OCR, "rapidocr_onnxruntime/models/ch_PP-OCRv4_det_infer.onnx", ["x:1x3x64x96"]),

@@ -12,6 +12,7 @@ import itertools
 import os
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,7 @@ import numpy as np
 
 from gpt_optuna.backends.base import Backend, BuildError, Built, KnobLimit, Runner, import_cupy
 from gpt_optuna.errors import MissingDependencyError
-from gpt_optuna.model import Feeds, ModelInfo, ShapeRange
+from gpt_optuna.model import Feeds, ModelInfo, ShapeRange, synthetic_feeds
 from gpt_optuna.space import Candidate, Condition, Knob, Space, Value
 
 CPU = "CPUExecutionProvider"
@@ -29,6 +30,7 @@ TENSORRT = "TensorrtExecutionProvider"
 GPU_PROVIDERS = (CUDA, TENSORRT)
 CUDA_GRAPH = "cuda.enable_cuda_graph"
 NHWC = "cuda.prefer_nhwc"
+FUSE_CONV_BIAS = "cuda.fuse_conv_bias"
 GRAPH_LEVEL = "graph_optimization_level"
 
 _OPTIONAL_GRAPH_LEVELS = ("ORT_DISABLE_ALL", "ORT_ENABLE_BASIC", "ORT_ENABLE_EXTENDED", "ORT_ENABLE_LAYOUT")
@@ -60,7 +62,7 @@ _ATTENTION = frozenset(
 _GEMM = frozenset({"MatMul", "Gemm", "FusedMatMul"})
 CUDA_OPTIONS = (
     CudaOption(
-        "cuda.fuse_conv_bias", ("fuse_conv_bias",), (False, True), False,
+        FUSE_CONV_BIAS, ("fuse_conv_bias",), (False, True), False,
         "convolution and bias as one cuDNN-frontend kernel", frozenset({"Conv", "FusedConv"}),
     ),
     CudaOption(
@@ -274,6 +276,23 @@ def operator_limits(space: Space, ops: frozenset[str]) -> list[KnobLimit]:
     ]
 
 
+def where_it_works(
+    knob: str, axes: tuple[str, ...], knobs: dict[str, Knob], works: Callable[[Candidate], str | None]
+) -> KnobLimit | None:
+    """``knob``'s limit from trying it at every setting of ``axes`` (``works`` says why not, or
+    None where it works): None where it works everywhere."""
+    settings = tuple(itertools.product(*(knobs[name].choices for name in axes)))
+    refused = {s: why for s in settings if (why := works(dict(zip(axes, s, strict=True)))) is not None}
+    if not refused:
+        return None
+    working = tuple(s for s in settings if s not in refused)
+    first = next(iter(refused.values()))
+    if not working:
+        return KnobLimit(knob, None, f"with any {'/'.join(axes)}: {first}" if axes else first)
+    where = "; ".join(", ".join(f"{a}={v}" for a, v in zip(axes, s, strict=True)) for s in refused)
+    return KnobLimit(knob, Condition(axes, working), f"{where}: {first}")
+
+
 def ort_version() -> tuple[int, int]:
     major, minor, *_ = _ort().__version__.split(".")
     return int(major), int(minor)
@@ -408,6 +427,7 @@ class OnnxRuntimeBackend(Backend):
         except Exception as exc:
             raise BuildError(f"ONNX Runtime could not create the session: {exc}", str(exc)) from exc
         build_s = time.perf_counter() - start
+        session.disable_fallback()  # a provider failing at a run fails the run: no silent retry on the CPU
         if session.get_providers()[:1] != [provider]:
             raise BuildError(
                 f"{provider} could not take the model; ONNX Runtime fell back to {session.get_providers()[0]}"
@@ -420,32 +440,40 @@ class OnnxRuntimeBackend(Backend):
         """Create the default session; keep the CUDA settings that act on particular operators for
         the graphs that run one (after ONNX Runtime's optimizations); where the space offers CUDA
         graphs, find the graph levels and layouts (NHWC places some nodes on the CPU) at which a
-        session can capture one: every node on the CUDA provider."""
+        session can capture one: every node on the CUDA provider; where it offers cuDNN's conv-bias
+        fusion for a graph with convolutions, find the layouts at which one inference runs with it
+        (cuDNN's frontend finds no plan for some convolutions, and says so only when they run)."""
         self.build(model, candidate, workdir, shapes)
         knobs = {k.name: k for k in space.knobs}
         if candidate.get("provider") != CUDA:
             return []
         limits = operator_limits(space, optimized_ops(model, candidate, workdir))
-        if CUDA_GRAPH not in knobs or len(knobs[CUDA_GRAPH].choices) < 2:
-            return limits
-        axes = tuple(name for name in (GRAPH_LEVEL, NHWC) if name in knobs)
-        settings = tuple(itertools.product(*(knobs[name].choices for name in axes)))
-        refused: dict[tuple[Value, ...], str] = {}
-        for setting in settings:
+        limited = {limit.knob for limit in limits}
+        base = {**candidate, CUDA_GRAPH: False} if CUDA_GRAPH in candidate else candidate
+
+        def captures(setting: Candidate) -> str | None:
             try:
-                self.build(
-                    model, {**candidate, **dict(zip(axes, setting, strict=True)), CUDA_GRAPH: True}, workdir, shapes
-                )
+                self.build(model, {**base, **setting, CUDA_GRAPH: True}, workdir, shapes)
             except BuildError as exc:
-                refused[setting] = str(exc).splitlines()[0]
-        if not refused:
-            return limits
-        capturing = tuple(s for s in settings if s not in refused)
-        where = "; ".join(", ".join(f"{a}={v}" for a, v in zip(axes, s, strict=True)) for s in refused)
-        allowed = Condition(axes, capturing) if capturing else None
-        first = next(iter(refused.values()))
-        reason = f"{where}: {first}" if capturing else f"with any {'/'.join(axes)}: {first}"
-        return [*limits, KnobLimit(CUDA_GRAPH, allowed, reason)]
+                return str(exc).splitlines()[0]
+            return None
+
+        def runs_fused(setting: Candidate) -> str | None:
+            try:
+                session, _ = self.build(model, {**base, **setting, FUSE_CONV_BIAS: True}, workdir, shapes).engine
+                session.run(None, synthetic_feeds(model, shapes))
+            except BuildError as exc:
+                return str(exc).splitlines()[0]
+            except Exception as exc:  # a refusal, or a fault that keeps the knob out where it came
+                reason = refusal(exc)
+                return (f"the engine cannot run it: {reason}" if reason else f"{type(exc).__name__}: {exc}")[:300]
+            return None
+
+        for knob, axes, works in ((CUDA_GRAPH, (GRAPH_LEVEL, NHWC), captures), (FUSE_CONV_BIAS, (NHWC,), runs_fused)):
+            if knob in knobs and len(knobs[knob].choices) > 1 and knob not in limited:
+                limit = where_it_works(knob, tuple(a for a in axes if a in knobs), knobs, works)
+                limits += [limit] if limit else []
+        return limits
 
     def open(self, built: Built, feeds: Feeds, outputs: Feeds) -> Runner:
         session, stream = built.engine
