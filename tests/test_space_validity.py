@@ -324,17 +324,14 @@ def test_conv_bias_fusion_is_offered_exactly_where_a_session_runs_it(tmp_path: P
     assert base["provider"] == CUDA and FUSE_CONV_BIAS in {k.name for k in space.knobs}
     limits = backend.check_model(info, space, base, tmp_path, shapes)
     limit = next((x for x in limits if x.knob == FUSE_CONV_BIAS), None)
-    offered = [
-        (nhwc,)
-        for nhwc in space.choices(NHWC)
-        if limit is None or (limit.allowed and limit.allowed.holds({NHWC: nhwc}))
-    ]
-    print("conv-bias fusion refused at", [n for n in space.choices(NHWC) if (n,) not in offered], limit)
-    for nhwc in space.choices(NHWC):
+    layouts = space.choices(NHWC)
+    offered = [n for n in layouts if limit is None or (limit.allowed is not None and limit.allowed.holds({NHWC: n}))]
+    print("conv-bias fusion refused at", [n for n in layouts if n not in offered], limit)
+    for nhwc in layouts:
         session, _ = backend.build(info, {**base, NHWC: nhwc}, tmp_path, shapes).engine
         (expected,) = session.run(None, feeds)
         fused, _ = backend.build(info, {**base, NHWC: nhwc, FUSE_CONV_BIAS: True}, tmp_path, shapes).engine
-        if (nhwc,) not in offered:
+        if nhwc not in offered:
             with pytest.raises(Exception, match="Non-zero status code returned while running"):
                 fused.run(None, feeds)
             continue
