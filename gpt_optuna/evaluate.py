@@ -18,6 +18,7 @@ from typing import Any
 
 from gpt_optuna.accuracy import Criterion, Verdict
 from gpt_optuna.backends import Backend, BuildError, Runner, load_backend
+from gpt_optuna.backends.base import CANNOT_RUN
 from gpt_optuna.errors import UserError
 from gpt_optuna.fusion import FUSION_KNOB, fused_path, fusion_knobs, fusion_of
 from gpt_optuna.measure import LatencyStats, MeasureSettings, measure
@@ -286,7 +287,7 @@ class EvaluateJob:
                     reason = backend.refused_run(exc)
                     if reason is None:
                         raise
-                    return _failure(Outcome.BUILD_ERROR, f"the engine cannot run it: {reason}", traceback.format_exc())
+                    return _failure(Outcome.BUILD_ERROR, f"{CANNOT_RUN}: {reason}", traceback.format_exc())
             try:
                 verdict = self.criterion.evaluate(outputs, references, self._user_metric(outputs, references))
             except MetricFailed as exc:

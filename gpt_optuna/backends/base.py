@@ -45,6 +45,11 @@ class BuildError(GptOptunaError):
         self.log = log
 
 
+CANNOT_RUN = "the engine cannot run it"
+"""How a refusal at inference (:meth:`Backend.refused_run`) is told: in a trial's failure, and
+where checking the space keeps a knob out."""
+
+
 @dataclass
 class Built:
     """A built candidate: the engine object (process-local), build time and facts to record."""

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from gpt_optuna.backends.base import Backend, BuildError, Built, KnobLimit, Runner, import_cupy
+from gpt_optuna.backends.base import CANNOT_RUN, Backend, BuildError, Built, KnobLimit, Runner, import_cupy
 from gpt_optuna.errors import MissingDependencyError
 from gpt_optuna.model import Feeds, ModelInfo, ShapeRange, synthetic_feeds
 from gpt_optuna.space import Candidate, Condition, Knob, Space, Value
@@ -466,7 +466,7 @@ class OnnxRuntimeBackend(Backend):
                 return str(exc).splitlines()[0]
             except Exception as exc:  # a refusal, or a fault that keeps the knob out where it came
                 reason = refusal(exc)
-                return (f"the engine cannot run it: {reason}" if reason else f"{type(exc).__name__}: {exc}")[:300]
+                return (f"{CANNOT_RUN}: {reason}" if reason else f"{type(exc).__name__}: {exc}")[:300]
             return None
 
         for knob, axes, works in ((CUDA_GRAPH, (GRAPH_LEVEL, NHWC), captures), (FUSE_CONV_BIAS, (NHWC,), runs_fused)):
