@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from gpt_optuna import __version__, interrupts
-from gpt_optuna.config import SAMPLERS, TuneConfig, default_storage, parse_duration, read_toml
+from gpt_optuna.config import SAMPLERS, TuneConfig, default_storage, parse_duration, read_toml, study_flags
 from gpt_optuna.errors import EXIT_INTERRUPTED, EXIT_USER_ERROR, UserError, environment_fault
 
 
@@ -25,6 +25,16 @@ def _worker_flags(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         default=None,
         help="let workers on different GPU models search one study (their latencies are ranked together)",
+    )
+
+
+def _io_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--allow-io-change",
+        action="store_true",
+        default=None,
+        help="let fp16/bf16 candidates take and return fp16/bf16 tensors (TOML: allow_io_change = true); "
+        "by default every candidate keeps the model's input and output names, dtypes and ranks",
     )
 
 
@@ -55,6 +65,7 @@ _TUNE_ONLY = (
     "allow_mixed_gpus",
     "no_seeds",
     "warm_start",
+    "allow_io_change",
 )
 
 
@@ -138,6 +149,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="try first the best configurations of these studies in the same storage (comma-separated), "
         "or auto: every finished study of this backend measured on this device",
     )
+    _io_flag(tune)
     tune.add_argument("--quiet", action="store_true", help="no progress bar")
 
     space = commands.add_parser("space", help="print the search space for a model, building nothing")
@@ -147,7 +159,8 @@ def build_parser() -> argparse.ArgumentParser:
     space.add_argument("--inputs", help="input data: .npz keyed by input name")
     space.add_argument("--config", help="tune.toml; its [space] table is applied")
     space.add_argument("--json", action="store_true", help="print the knobs as JSON")
-    space.set_defaults(**dict.fromkeys(_TUNE_ONLY))
+    _io_flag(space)
+    space.set_defaults(**dict.fromkeys(set(_TUNE_ONLY) - {"allow_io_change"}))
 
     worker = commands.add_parser(
         "worker", help="join a study's search from this host (its storage must be reachable from here)"
@@ -208,6 +221,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="file (default): the engine or model; triton: REPO/<model>/config.pbtxt and REPO/<model>/1/model.*",
     )
     export.add_argument("--model-name", help="the model's name in the Triton repository (default: the model file's)")
+    export.add_argument("--force", action="store_true", help="overwrite files (or a Triton model folder) that exist")
 
     best = commands.add_parser("best", help="the best feasible trial")
     _storage_flags(best)
@@ -243,6 +257,7 @@ def tune_config(args: argparse.Namespace) -> TuneConfig:
         "allow_mixed_gpus": args.allow_mixed_gpus,
         "no_seeds": args.no_seeds,
         "warm_start": args.warm_start,
+        "allow_io_change": args.allow_io_change,
     }
     values.update({k: v for k, v in flags.items() if v is not None})
     if "model" not in values:
@@ -325,23 +340,29 @@ def writable_file(path: Path) -> Path:
 
 
 def best_record(summary: Any) -> dict[str, Any]:
-    """The winner as ``best --json`` prints it: latencies of one measurement and their ratio."""
-    from gpt_optuna.study import first_value
+    """The winner as ``best --json`` prints it: the verdict, the latencies of one measurement and
+    their ratio (the export's side file states them alike)."""
+    from gpt_optuna.export import figures_record
+    from gpt_optuna.progress import headline
 
     best = summary.best
+    figures = figures_record(summary, best)
+    if summary.dry_run:
+        figures |= {"latency_ms": None, "baseline_latency_ms": None, "speedup": None, "search_latency_ms": None}
+    stability = summary.stability
     return {
         "number": best.number,
         "params": best.params,
+        "headline": headline(summary),
         "baseline_wins": summary.baseline_wins,
-        "measurement": summary.measurement,
-        "latency_ms": None if summary.dry_run else summary.best_value,
-        "baseline_latency_ms": None if summary.dry_run else summary.baseline_value,
-        "speedup": summary.speedup,
-        "search_latency_ms": None if summary.dry_run else first_value(best),
+        **figures,
         "build_s": best.user_attrs.get("build_s"),
         "dry_run": summary.dry_run,
         "confirmed": summary.confirmed,
         "accuracy": best.user_attrs.get("accuracy", {}),
+        "allow_io_change": summary.allow_io_change,
+        "io_changes": summary.io_changes,
+        "unstable_measurements": None if stability is None else [stability.unstable, stability.measured],
     }
 
 
@@ -390,15 +411,17 @@ def run(argv: list[str]) -> int:
         from gpt_optuna.study import serve_storage
 
         return serve_storage(args.storage, args.host, args.port)
-    from gpt_optuna.progress import format_summary, format_verdict
+    from gpt_optuna.progress import format_summary, format_verdict, headline
     from gpt_optuna.study import summarize_study
 
     study = _open_existing(args)
     if args.command == "report":
+        import shlex
+
         from gpt_optuna.report import render
 
         output = writable_file(Path(args.output))
-        output.write_text(render(study))
+        output.write_text(render(study, shlex.join(study_flags(_resolve_storage(args)[0], study.study_name))))
         print(f"wrote {output}")
         return 0
     if args.command == "export":
@@ -414,15 +437,17 @@ def run(argv: list[str]) -> int:
             return 0
         from gpt_optuna.export import export_trial
 
-        written, side = export_trial(study, args.trial, writable_file(Path(args.output)))
-        print(f"wrote {written} and {side}")
+        written, side = export_trial(study, args.trial, writable_file(Path(args.output)), args.force)
+        print("\n".join(export_lines(written, side)))
         return 0
     if args.command == "confirm":
         from gpt_optuna.confirm import confirm, template_from_study
 
         if args.top < 1 or args.processes < 1:
             raise UserError("--top and --processes must be at least 1")
-        log = Path("studies") / study.study_name / "confirm.log"
+        from gpt_optuna.study import study_folder
+
+        log = study_folder(study) / "confirm.log"
         print(f"re-measuring the {args.top} best candidates and the baseline in {args.processes} processes ...")
         say = lambda text: print(text, flush=True)  # noqa: E731
         if confirm(study, template_from_study(study), log, args.top, args.processes, say=say) is None:
@@ -437,10 +462,35 @@ def run(argv: list[str]) -> int:
     if args.json:
         print(json.dumps(record))
         return 0
-    print("\n".join(format_verdict(summary)))
+    print("\n".join([headline(summary), *format_verdict(summary)]))
     if record["accuracy"]:
         print("accuracy: " + ", ".join(f"{k}={v:.6g}" for k, v in record["accuracy"].items()))
     return 0
+
+
+def export_lines(written: Path, side: Path) -> list[str]:
+    """What ``export`` says: the files, the trial's figures as the side file states them, and
+    what a user must know before deploying it (an interface that changed, no real improvement)."""
+    from gpt_optuna.interface import describe_changes
+
+    record = json.loads(side.read_text())
+    lines = [f"wrote {written} and {side}"]
+    if record.get("speedup") is not None:
+        interval = record.get("speedup_ci95")
+        lines.append(
+            f"trial {record['trial']}: {record['latency_ms']:.4g} ms against the baseline's "
+            f"{record['baseline_latency_ms']:.4g} ms, {record['speedup']:.3f}x"
+            + (f" [95% CI {interval[0]:.3f}-{interval[1]:.3f}]" if interval else "")
+            + f" ({record['measurement']})"
+        )
+    if record.get("verdict") in ("not_significant", "baseline", "unconfirmed"):
+        lines.append(f"note: the study's verdict for this trial is {record['verdict'].replace('_', ' ')} (see status)")
+    if record["interface"]["changed"]:
+        lines.append(
+            f"note: {written.name} {describe_changes(record['interface']['changes'])}: its study allowed"
+            " I/O dtype changes (--allow-io-change); gpt_optuna.open_session converts"
+        )
+    return lines
 
 
 EXIT_CODES = """exit codes:

@@ -59,6 +59,20 @@ def default_storage(study_name: str) -> str:
     return f"sqlite:///{STUDIES}/{study_name}.db"
 
 
+def absolute_storage(url: str) -> str:
+    """The storage URL with a relative SQLite or journal file made absolute: the same study from any folder."""
+    for prefix in ("sqlite:///", "journal:"):
+        rest = url.removeprefix(prefix)
+        if url.startswith(prefix) and rest and not rest.startswith(("/", ":memory:", "file:")):
+            return prefix + str(Path(rest).resolve())
+    return url
+
+
+def study_flags(storage: str, study_name: str) -> list[str]:
+    """``--storage URL --study-name NAME``: what names a study in a command run from any folder."""
+    return ["--storage", absolute_storage(storage), "--study-name", study_name]
+
+
 @dataclass
 class TuneConfig:
     """Everything a tuning run needs, after defaults are filled in and values are checked."""
@@ -100,6 +114,11 @@ class TuneConfig:
     """Do not try the backend's every-speed-feature-on candidate right after the baseline."""
     warm_start: str | None = None
     """Studies (comma-separated, or ``auto``) whose best configurations are tried first."""
+    folder: Path | None = None
+    """The study folder, where the study recorded one (default ``studies/<study-name>``)."""
+    allow_io_change: bool = False
+    """Let reduced-precision candidates take and return reduced-precision tensors (``keep_io_fp32``
+    is searched); by default every candidate keeps the model's input and output dtypes."""
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS and ":" not in self.backend:
@@ -147,9 +166,9 @@ class TuneConfig:
 
     @property
     def workdir(self) -> Path:
-        """The study folder: cached inputs, reference outputs, worker log."""
+        """The study folder: cached inputs, reference outputs, transformed models, worker log."""
         assert self.study_name is not None
-        return STUDIES / self.study_name
+        return self.folder or STUDIES / self.study_name
 
 
 _TOML_KEYS = {
@@ -179,6 +198,7 @@ _TOML_KEYS = {
     "allow_mixed_gpus": "allow_mixed_gpus",
     "no_seeds": "no_seeds",
     "warm_start": "warm_start",
+    "allow_io_change": "allow_io_change",
 }
 
 
@@ -209,6 +229,7 @@ _TOML_TYPES: dict[str, tuple[str, tuple[type, ...]]] = {
     "allow_mixed_gpus": (_FLAG, (bool,)),
     "no_seeds": (_FLAG, (bool,)),
     "warm_start": (_TEXT, (str,)),
+    "allow_io_change": (_FLAG, (bool,)),
 }
 
 

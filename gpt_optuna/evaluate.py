@@ -21,6 +21,7 @@ from gpt_optuna.backends import Backend, BuildError, Runner, load_backend
 from gpt_optuna.backends.base import CANNOT_RUN
 from gpt_optuna.errors import UserError
 from gpt_optuna.fusion import FUSION_KNOB, fused_path, fusion_knobs, fusion_of
+from gpt_optuna.interface import IO_CHANGE_ATTR, check_interface, dtype_changes
 from gpt_optuna.measure import LatencyStats, MeasureSettings, measure
 from gpt_optuna.model import (
     Feeds,
@@ -173,13 +174,15 @@ class SpaceJob:
     model: ModelInfo
     shapes: dict[str, ShapeRange]
     cache_dir: Path
+    allow_io_change: bool = False
+    """Offer reduced-precision inputs and outputs (``keep_io_fp32``); the interface stays otherwise."""
 
     def __call__(self) -> tuple[Space, dict[str, str]]:
         import onnx
 
         backend = _backend(self.backend)
         graph = onnx.load(str(self.model.path), load_external_data=False)
-        precision = precision_knobs(graph, backend.precisions())
+        precision = precision_knobs(graph, backend.precisions(), self.allow_io_change)
         fusion = fusion_knobs(self.model, backend.fusions(), self.cache_dir)
         knobs = list(backend.space(self.model, self.shapes).knobs)
         if precision:  # weak-typing flags only where the graph itself stays fp32
@@ -271,6 +274,9 @@ class EvaluateJob:
             return _build_failure(exc)
         if model is not self.model:
             built.attrs["transformed_model"] = model.path.name
+            changes = dtype_changes(self.model, model)
+            if changes:
+                built.attrs[IO_CHANGE_ATTR] = changes
         engine = self._save_engine(backend.serialize(built))
         if self.dry_run:
             return TrialResult(Outcome.OK, "", build_s=built.build_s, attrs=built.attrs, engine_path=engine)
@@ -370,6 +376,7 @@ class EvaluateJob:
         cache = self.workdir / "models"
         fused = fused_path(self.model.path, self.model.sha256, fusion_of(self.candidate), cache)
         base = self.model if fused == self.model.path else _model_info(fused)
+        check_interface(self.model, base, dtypes_may_change=False)
         setting = PrecisionSetting.from_candidate(self.candidate)
         if setting.precision == "fp32":
             return base
@@ -381,8 +388,9 @@ class EvaluateJob:
             stacked = _npz(self.calibration_path)
             samples = unstack(stacked)
             calibration_sha = feeds_sha256(stacked)
-        path = transform(base.path, base.sha256, setting, ranking, samples, calibration_sha, cache)
-        return _model_info(path)
+        made = _model_info(transform(base.path, base.sha256, setting, ranking, samples, calibration_sha, cache))
+        check_interface(self.model, made, dtypes_may_change=not setting.keep_io)
+        return made
 
     def _transforms(self) -> str:
         """The candidate's graph transforms, e.g. ``transformer+fp16``."""

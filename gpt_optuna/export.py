@@ -9,10 +9,12 @@ from pathlib import Path
 from typing import Any
 
 import optuna
+from optuna.trial import FrozenTrial
 
 from gpt_optuna.errors import UserError
+from gpt_optuna.interface import IO_CHANGE_ATTR, dtype_changes, io_record
 from gpt_optuna.shared_data import artifact_folder
-from gpt_optuna.study import FINGERPRINT_ATTR, first_value, summarize_study
+from gpt_optuna.study import FINGERPRINT_ATTR, StudySummary, first_value, study_folder, summarize_study
 
 
 def onnxruntime_settings(candidate: dict[str, Any], folder: Path) -> dict[str, Any]:
@@ -29,7 +31,7 @@ def trial_model(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> Path:
     """The ONNX model a trial ran: its transformed copy in the study folder, else the study's model."""
     transformed = trial.user_attrs.get("transformed_model")
     if transformed:
-        return Path("studies") / study.study_name / "models" / transformed
+        return study_folder(study) / "models" / transformed
     return Path(study.user_attrs[FINGERPRINT_ATTR]["model"])
 
 
@@ -45,7 +47,7 @@ def build_commands(
 
     recorded = study.user_attrs[FINGERPRINT_ATTR]
     parsed = engine.with_name(engine.name + ".onnx")
-    models = Path("studies") / study.study_name / "models"
+    models = study_folder(study) / "models"
     shutil.copyfile(folded(load_model_info(trial_model(study, trial)), models).path, parsed)
     lines = [
         make(parsed.name, engine.name, trial.params, defaults, recorded.get("shapes", {}))
@@ -58,9 +60,28 @@ def _beside(out: Path, kind: str) -> str:
     return f"{out.name}.{kind}.npz"
 
 
-def export_trial(study: optuna.Study, number: int | None, out: Path) -> tuple[Path, Path]:
-    """The chosen trial (default: the best, confirmed ranking first) to ``out`` and ``out``.json."""
-    summary = summarize_study(study)
+def export_suffix(trial: optuna.trial.FrozenTrial) -> str:
+    """The file extension of what a trial exports: ``.plan`` for an engine, ``.onnx`` for a model."""
+    return ".plan" if trial.user_attrs.get("engine_artifact") is not None else ".onnx"
+
+
+def written_files(out: Path, engine: bool, backend: str | None) -> list[Path]:
+    """Every file an export to ``out`` writes: the file, its side file, the recorded inputs and
+    reference outputs, and for a TensorRT engine the ONNX model it parses."""
+    files = [out, out.with_name(out.name + ".json"), *(out.with_name(_beside(out, k)) for k in ("inputs", "reference"))]
+    return files + ([out.with_name(out.name + ".onnx")] if engine and backend == "tensorrt" else [])
+
+
+def refuse_overwrite(files: list[Path], force: bool) -> None:
+    """A UserError naming the files that exist, unless ``force``."""
+    existing = [str(f) for f in files if f.exists()]
+    if existing and not force:
+        verb = "exists" if len(existing) == 1 else "exist"
+        raise UserError(f"{', '.join(existing)} already {verb}: choose another -o, or overwrite with --force")
+
+
+def chosen_trial(study: optuna.Study, summary: StudySummary, number: int | None) -> FrozenTrial:
+    """The trial ``--trial`` names, else the study's winner; only a feasible one."""
     trials = study.get_trials(deepcopy=False)
     if number is None:
         if summary.best is None:
@@ -72,21 +93,51 @@ def export_trial(study: optuna.Study, number: int | None, out: Path) -> tuple[Pa
         raise UserError(f"study {study.study_name} has no trial {number}")
     if trial.state is not optuna.trial.TrialState.COMPLETE:
         raise UserError(f"trial {trial.number} is {trial.state.name.lower()}: only feasible trials are exported")
+    return trial
+
+
+def figures_record(summary: StudySummary, trial: FrozenTrial) -> dict[str, Any]:
+    """The trial's latency, the baseline's and their ratio, from one named measurement, as every
+    reader states them (``best --json``, the side file)."""
+    figures = summary.figures(trial)
+    return {
+        "measurement": figures.measurement,
+        "latency_ms": figures.latency_ms,
+        "baseline_latency_ms": figures.baseline_ms,
+        "speedup": figures.speedup,
+        "speedup_ci95": list(figures.ci) if figures.ci is not None else None,
+        "significant": figures.significant if figures.ci is not None else None,
+        "search_latency_ms": first_value(trial),
+        "winner": summary.best is not None and trial.number == summary.best.number,
+        "verdict": summary.verdict if summary.best is not None and trial.number == summary.best.number else None,
+    }
+
+
+def export_trial(study: optuna.Study, number: int | None, out: Path, force: bool = False) -> tuple[Path, Path]:
+    """The chosen trial (default: the study's winner) to ``out`` (given the extension of what it
+    is where it has none) and ``out``.json, overwriting nothing without ``force``."""
+    summary = summarize_study(study)
+    trial = chosen_trial(study, summary, number)
     recorded = study.user_attrs.get(FINGERPRINT_ATTR, {})
-    workdir = Path("studies") / study.study_name
     artifact = trial.user_attrs.get("engine_artifact")
+    if out.suffix in (".json", ".npz"):
+        kind = "engine" if artifact else "model"
+        raise UserError(f"-o names the {kind} file to write; its record FILE.json is written beside it")
+    if not out.suffix:
+        out = out.with_name(out.name + export_suffix(trial))
+    refuse_overwrite(written_files(out, artifact is not None, recorded.get("backend")), force)
+    workdir = study_folder(study)
+    source = trial_model(study, trial)
+    if not source.is_file():
+        raise UserError(f"the model of trial {trial.number} is gone: {source} (the study folder was moved or removed)")
     if artifact is not None:
         from optuna.artifacts import FileSystemArtifactStore, download_artifact
 
-        if out.exists():
-            out.unlink()
+        out.unlink(missing_ok=True)
         download_artifact(
             artifact_store=FileSystemArtifactStore(artifact_folder(study)), artifact_id=artifact, file_path=str(out)
         )
     else:  # ONNX Runtime builds no engine file: the model it ran, with the options in the side file
-        source = trial_model(study, trial)
-        if not source.is_file():
-            raise UserError(f"the model of trial {trial.number} is gone: {source}")
         shutil.copyfile(source, out)
     defaults = {knob["name"]: knob["default"] for knob in recorded.get("space", [])}
     confirmed = next((r for r in (summary.confirmed or {}).get("ranking", []) if r["number"] == trial.number), None)
@@ -95,17 +146,14 @@ def export_trial(study: optuna.Study, number: int | None, out: Path) -> tuple[Pa
         "trial": trial.number,
         "backend": recorded.get("backend"),
         "params": trial.params,
-        "latency_ms": first_value(trial),
+        **figures_record(summary, trial),
         "latency": trial.user_attrs.get("latency"),
         "accuracy": trial.user_attrs.get("accuracy"),
         "accuracy_criterion": recorded.get("accuracy"),
         "metric": recorded.get("metric"),
         "shapes": recorded.get("shapes"),
+        "interface": model_interface(study, trial, source),
         "samples": {"inputs": _beside(out, "inputs"), "reference": _beside(out, "reference")},
-        "baseline_latency_ms": summary.baseline_search_value,
-        "speedup": summary.baseline_search_value / first_value(trial)  # the search's two figures
-        if summary.baseline_search_value and first_value(trial)
-        else None,
         "confirmed": confirmed,
         "confirmed_baseline": (summary.confirmed or {}).get("baseline") if confirmed else None,
         "versions": recorded.get("versions", {}),
@@ -121,3 +169,18 @@ def export_trial(study: optuna.Study, number: int | None, out: Path) -> tuple[Pa
     side_path = out.with_name(out.name + ".json")
     side_path.write_text(json.dumps(side, indent=2))
     return out, side_path
+
+
+def model_interface(study: optuna.Study, trial: FrozenTrial, model: Path) -> dict[str, Any]:
+    """The inputs and outputs of the model a trial ran (an engine's are those of the ONNX graph it
+    was built from), with the dtypes it changed against the study's model: the side file's ``interface``."""
+    from gpt_optuna.model import load_model_info
+
+    recorded = study.user_attrs.get(FINGERPRINT_ATTR, {})
+    made = load_model_info(model)
+    original = Path(recorded.get("model", ""))
+    if original.is_file():
+        changes = dtype_changes(load_model_info(original), made)
+    else:  # the model file moved: the changes the evaluation recorded
+        changes = trial.user_attrs.get(IO_CHANGE_ATTR, {})
+    return io_record(made, changes, bool(recorded.get("allow_io_change")))

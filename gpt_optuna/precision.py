@@ -91,8 +91,9 @@ def op_types(model: Any) -> set[str]:
     return {node.op_type for node in model.graph.node}
 
 
-def precision_knobs(model: Any, precisions: tuple[str, ...]) -> list[Knob]:
-    """The precision dimension and what stays in fp32 or gets quantized, for this model."""
+def precision_knobs(model: Any, precisions: tuple[str, ...], allow_io_change: bool = False) -> list[Knob]:
+    """The precision dimension and what stays in fp32 or gets quantized, for this model; inputs
+    and outputs stay fp32 unless ``allow_io_change`` (then ``keep_io_fp32`` is searched)."""
     offered = tuple(p for p in PRECISIONS if p in precisions)
     if offered == ("fp32",):
         return []
@@ -107,7 +108,8 @@ def precision_knobs(model: Any, precisions: tuple[str, ...]) -> list[Knob]:
         nodes = len(candidate_nodes(model))
         counts = tuple(c for c in KEEP_NODE_COUNTS if c <= nodes)
         knobs.append(Knob("keep_fp32_nodes", counts, 0, "keep the N most sensitive nodes in fp32", on))
-        knobs.append(Knob("keep_io_fp32", (True, False), True, "keep model inputs/outputs fp32", on))
+        if allow_io_change:
+            knobs.append(Knob("keep_io_fp32", (True, False), True, "keep model inputs/outputs fp32", on))
     quantized = tuple(p for p in offered if p in QUANTIZED)
     groups = [g for g, ops in QUANTIZE_GROUPS.items() if present & set(ops)]
     if quantized and groups:

@@ -11,6 +11,7 @@ from optuna.trial import TrialState
 from tqdm import tqdm
 
 from gpt_optuna.evaluate import Outcome, TrialResult
+from gpt_optuna.interface import describe_changes
 from gpt_optuna.study import first_value
 
 if TYPE_CHECKING:
@@ -18,7 +19,7 @@ if TYPE_CHECKING:
 
     from gpt_optuna.config import TuneConfig
     from gpt_optuna.space import Candidate, Space
-    from gpt_optuna.study import StudySummary
+    from gpt_optuna.study import Figures, StudySummary
 
 
 def format_params(params: dict[str, object]) -> str:
@@ -26,14 +27,15 @@ def format_params(params: dict[str, object]) -> str:
 
 
 def format_summary(summary: StudySummary) -> str:
-    """The lines status, best and tune print about a study."""
+    """The lines status, confirm and tune print about a study: the verdict first."""
     counts = summary.counts
     lines = [
+        headline(summary),
         f"study {summary.name}: {counts['feasible']} complete, {counts['infeasible']} infeasible, "
         f"{counts['failed']} failed, "
         + (f"{counts['interrupted']} interrupted, " if counts["interrupted"] else "")
         + f"{counts['running']} running, {counts['waiting']} waiting"
-        + (f" ({summary.reused} reused earlier results)" if summary.reused else "")
+        + (f" ({summary.reused} reused earlier results)" if summary.reused else ""),
     ]
     if summary.warm_started:
         lines.append(f"warm start: {warm_summary(list(summary.warm_started))}")
@@ -43,7 +45,80 @@ def format_summary(summary: StudySummary) -> str:
     lines += format_verdict(summary)
     if summary.confirmed:
         lines.extend(format_confirmed(summary.confirmed))
+    warning = stability_warning(summary)
+    if warning:
+        lines.append(warning)
     return "\n".join(lines)
+
+
+def _interval(figures: Figures) -> str:
+    return f" [95% CI {figures.ci[0]:.3f}-{figures.ci[1]:.3f}]" if figures.ci is not None else ""
+
+
+def headline(summary: StudySummary) -> str:
+    """The study's verdict in one line, said first by every reader: whether the winner is really
+    faster than the baseline, in which measurement, by how much."""
+    winner, verdict = summary.winner, summary.verdict
+    if verdict == "dry_run":
+        return "dry run: builds only, no latency measured" + (
+            f"; the fastest build was trial {winner.number}" if winner is not None else ""
+        )
+    if verdict == "none":
+        return "verdict: no feasible candidate yet: none has met the accuracy criterion"
+    assert winner is not None
+    if winner.speedup is None:  # the baseline has no latency: it failed
+        return (
+            f"verdict: trial {winner.number} is the fastest feasible candidate ({winner.latency_ms:.4g} ms);"
+            " the baseline has no latency to compare it with"
+        )
+    if verdict == "baseline":
+        why = (
+            "the baseline was significantly faster than every finalist (confirmed)"
+            if winner.measurement == "confirmed"
+            else "no feasible candidate was faster than the baseline in the search"
+        )
+        return f"verdict: keep the default configuration: {why}"
+    figures = f"{winner.latency_ms:.4g} ms against the baseline's {winner.baseline_ms:.4g} ms"
+    if verdict == "not_significant":
+        return (
+            f"verdict: no significant improvement: the best finalist, trial {winner.number}, measured"
+            f" {winner.speedup:.3f}x the baseline{_interval(winner)}, an interval that includes 1.0 ({figures},"
+            " confirmed); keep the default configuration"
+        )
+    if verdict == "unconfirmed":
+        return (
+            f"verdict: not confirmed: trial {winner.number} measured {winner.speedup:.3f}x the baseline in the"
+            f" search ({figures}, one measurement each); re-measure the finalists with gpt-optuna confirm"
+        )
+    return (
+        f"verdict: faster: trial {winner.number} is {winner.speedup:.3f}x the baseline{_interval(winner)}"
+        f" ({figures}, confirmed)"
+    )
+
+
+def stability_warning(summary: StudySummary) -> str:
+    """A warning where search measurements missed their precision target, with what to do."""
+    found = summary.stability
+    if found is None or not found.unstable:
+        return ""
+    whose = ", the winner's among them" if found.winner_unstable else ""
+    return (
+        f"warning: unstable measurements: {found.unstable} of {found.measured} search latencies missed their"
+        f" +-{found.target:.0%} precision target (worst +-{found.worst:.0%}){whose}: the machine was busy or its"
+        " clocks changed. The confirmed figures, timed interleaved, are the ones to trust; for steadier"
+        " numbers stop other work on the machine, lock the GPU clocks (nvidia-smi --lock-gpu-clocks), or give"
+        " each measurement more time ([measure] budget_s)"
+    )
+
+
+def format_interface(summary: StudySummary) -> list[str]:
+    """Where the study allowed I/O dtype changes (``--allow-io-change``): what the winner takes and returns."""
+    if not summary.allow_io_change or summary.best is None:
+        return []
+    changes = summary.io_changes
+    if not changes:
+        return ["  interface: the model's own input and output dtypes (the study allowed changes: --allow-io-change)"]
+    return [f"  interface: changed by --allow-io-change: {describe_changes(changes)}"]
 
 
 def warm_summary(sources: list[str]) -> str:
@@ -76,11 +151,11 @@ def format_verdict(summary: StudySummary) -> list[str]:
     search = first_value(summary.best)
     lines.append(
         f"best (trial {summary.best.number}): {best:.4g} {unit} ({which})"
-        + (f", {speedup:.3f}x the baseline" if speedup is not None else "")
+        + (f", {speedup:.3f}x the baseline{_interval(summary.winner)}" if speedup is not None else "")
         + (f"; {search:.4g} {unit} in the search" if which == "confirmed" and search is not None else "")
     )
     lines.append(f"  params: {format_params(summary.best.params)}")
-    return lines
+    return lines + format_interface(summary)
 
 
 def format_confirmed(confirmed: dict[str, Any]) -> list[str]:

@@ -89,6 +89,43 @@ def collect(study: optuna.Study) -> list[TrialRow]:
     return rows
 
 
+@dataclass(frozen=True)
+class Mark:
+    """The baseline or the winner as every plot places it: at its latency in the measurement that
+    judges the study (the one the summary names), with its error."""
+
+    label: str
+    trial: int
+    latency_ms: float
+    error: float | None
+    measurement: str
+
+    @property
+    def name(self) -> str:
+        return f"{self.label} (trial {self.trial}, {self.measurement})"
+
+    @property
+    def hover(self) -> str:
+        return html.escape(f"{self.name}: {self.latency_ms:.4g} ms")
+
+
+def marks(rows: list[TrialRow], summary: StudySummary) -> list[Mark]:
+    """The baseline and the winner at the summary's figures (one mark where the baseline wins)."""
+    if summary.dry_run or summary.baseline is None:
+        return []
+    error = {r.number: r.error for r in rows}
+    winner = summary.winner
+    measurement = winner.measurement if winner is not None else "search"
+    base = winner.baseline_ms if winner is not None else summary.baseline_search_value
+    found = []
+    if base is not None:
+        label = "baseline, the winner" if summary.baseline_wins else "baseline"
+        found.append(Mark(label, summary.baseline.number, base, error.get(summary.baseline.number), measurement))
+    if winner is not None and not summary.baseline_wins and winner.latency_ms is not None:
+        found.append(Mark("winner", winner.number, winner.latency_ms, error.get(winner.number), measurement))
+    return found
+
+
 def pareto_front(rows: list[TrialRow]) -> list[TrialRow]:
     """Feasible trials that no other feasible trial beats on both latency and error."""
     points = [r for r in rows if r.status == "feasible" and r.latency_ms is not None and r.error is not None]
@@ -103,7 +140,9 @@ def pareto_front(rows: list[TrialRow]) -> list[TrialRow]:
     return sorted(front, key=lambda r: r.latency_ms)  # type: ignore[arg-type, return-value]
 
 
-def pareto_figure(rows: list[TrialRow], error_name: str = "error") -> Any:
+def pareto_figure(rows: list[TrialRow], error_name: str = "error", marked: list[Mark] | None = None) -> Any:
+    """Latency against error of every trial (search latencies), the Pareto front, and the
+    baseline and winner where the summary places them."""
     import plotly.graph_objects as go
 
     figure = go.Figure()
@@ -124,23 +163,25 @@ def pareto_figure(rows: list[TrialRow], error_name: str = "error") -> Any:
     figure.add_trace(
         go.Scatter(x=[r.latency_ms for r in front], y=[r.error for r in front], mode="lines", name="Pareto front")
     )
-    baseline = [r for r in rows if r.baseline and r.latency_ms is not None and r.error is not None]
-    figure.add_trace(
-        go.Scatter(
-            x=[r.latency_ms for r in baseline],
-            y=[r.error for r in baseline],
-            mode="markers",
-            marker={"symbol": "star", "size": 14},
-            name="baseline",
-            hovertext=[r.hover for r in baseline],
-            hoverinfo="text",
+    for mark in marked or []:
+        figure.add_trace(
+            go.Scatter(
+                x=[mark.latency_ms],
+                y=[mark.error],
+                mode="markers",
+                marker={"symbol": "star" if mark.label.startswith("baseline") else "diamond", "size": 14},
+                name=mark.name,
+                hovertext=[mark.hover],
+                hoverinfo="text",
+            )
         )
-    )
     figure.update_layout(title="Latency against error", xaxis_title="latency (ms)", yaxis_title=error_name)
     return figure
 
 
-def history_figure(rows: list[TrialRow], baseline_ms: float | None) -> Any:
+def history_figure(rows: list[TrialRow], marked: list[Mark] | None = None) -> Any:
+    """Each feasible trial's search latency and the best so far, with the baseline's and the
+    winner's latencies as the summary states them."""
     import plotly.graph_objects as go
 
     feasible = [r for r in rows if r.status == "feasible" and r.latency_ms is not None]
@@ -156,8 +197,9 @@ def history_figure(rows: list[TrialRow], baseline_ms: float | None) -> Any:
             go.Scatter(x=[r.number for r in feasible], y=best, mode="lines", name="best so far"),
         ]
     )
-    if baseline_ms is not None:
-        figure.add_hline(y=baseline_ms, line_dash="dash", annotation_text="baseline")
+    for mark in marked or []:
+        dash = "dash" if mark.label.startswith("baseline") else "dot"
+        figure.add_hline(y=mark.latency_ms, line_dash=dash, annotation_text=f"{mark.name}: {mark.latency_ms:.4g} ms")
     figure.update_layout(title="Optimization history", xaxis_title="trial", yaxis_title="latency (ms)")
     return figure
 
@@ -218,51 +260,57 @@ def accuracy_rows(rows: list[TrialRow], criterion: Criterion | None) -> list[dic
 
 
 def best_rows(
-    rows: list[TrialRow], summary: StudySummary, criterion: Criterion | None = None, limit: int = 10
+    rows: list[TrialRow],
+    summary: StudySummary,
+    criterion: Criterion | None = None,
+    limit: int = 10,
+    where: str = "",
 ) -> list[dict[str, Any]]:
     """The best distinct feasible candidates, the study's winner first, then the other confirmed
     finalists by speedup, then the rest by search latency. Each speedup is the ratio of the two
-    latencies of one measurement, named in the row: confirmed ones against the confirmed baseline,
-    the others against the baseline's search latency."""
-    confirmed = {row["number"]: row for row in (summary.confirmed or {}).get("ranking", [])}
-    confirmed_base = (summary.confirmed or {}).get("baseline", {}).get("median_ms")
-    search_base = summary.baseline_search_value
+    latencies of one measurement, named in the row (:meth:`StudySummary.figures`): confirmed ones
+    against the confirmed baseline, the others against the baseline's search latency. ``where``
+    (``--storage URL --study-name NAME``) goes into each row's export command."""
+    trials = {t.number: t for t in summary.trials}
     feasible = [r for r in rows if r.status == "feasible" and r.latency_ms is not None and r.reused_from is None]
+    figures = {r.number: summary.figures(trials[r.number]) for r in feasible}
     winner = summary.best.number if summary.best is not None else None
 
     def order(r: TrialRow) -> tuple[int, float]:
         if r.number == winner:
             return (0, 0.0)
-        if r.number in confirmed:
-            return (1, -confirmed[r.number]["speedup"])
+        if figures[r.number].measurement == "confirmed":
+            return (1, -(figures[r.number].speedup or 0.0))
         return (2, r.latency_ms)  # type: ignore[return-value]
 
     table = []
     names = metric_names(rows, criterion)
     for r in sorted(feasible, key=order)[:limit]:
-        row: dict[str, Any] = {"trial": r.number}
-        if r.number in confirmed:
-            c = confirmed[r.number]
-            row |= {"latency_ms": c["median_ms"], "baseline_ms": confirmed_base, "measured": "confirmed"}
-            row["speedup"] = f"{c['speedup']:.3f}x [{c['ci_low']:.3f}, {c['ci_high']:.3f}]"
-        else:
-            row |= {"latency_ms": r.latency_ms, "baseline_ms": search_base, "measured": "search"}
-            row["speedup"] = f"{search_base / r.latency_ms:.3f}x" if search_base else ""  # type: ignore[operator]
+        f = figures[r.number]
+        row: dict[str, Any] = {"trial": r.number, "winner": "yes" if r.number == winner else ""}
+        row |= {"latency_ms": f.latency_ms, "baseline_ms": f.baseline_ms, "measured": f.measurement}
+        interval = f" [{f.ci[0]:.3f}, {f.ci[1]:.3f}]" if f.ci is not None else ""
+        row["speedup"] = f"{f.speedup:.3f}x{interval}" if f.speedup is not None else ""
         row |= {name: r.accuracy.get(name) for name in names}
         row["measured on"] = r.measured_on
-        row["export"] = f"gpt-optuna export --study-name {summary.name} --trial {r.number} -o trial{r.number}"
+        suffix = ".plan" if trials[r.number].user_attrs.get("engine_artifact") is not None else ".onnx"
+        row["export"] = (
+            f"gpt-optuna export {where or '--study-name ' + summary.name} --trial {r.number} -o trial{r.number}{suffix}"
+        )
         row["params"] = r.params
         table.append(row)
     return table
 
 
-def render(study: optuna.Study) -> str:
-    """One self-contained HTML page (plotly.js embedded once): it opens offline."""
+def render(study: optuna.Study, where: str = "") -> str:
+    """One self-contained HTML page (plotly.js embedded once): it opens offline. ``where`` names
+    the study in the export commands it shows (``--storage URL --study-name NAME``)."""
     rows = collect(study)
     summary = summarize_study(study)
     criterion = criterion_of(study)
     error_name = criterion.error_name if criterion is not None else "error"
-    figures = [pareto_figure(rows, error_name), history_figure(rows, summary.baseline_search_value), build_figure(rows)]
+    marked = marks(rows, summary)
+    figures = [pareto_figure(rows, error_name, marked), history_figure(rows, marked), build_figure(rows)]
     importance = importance_figure(study)
     if importance is not None:
         figures.insert(2, importance)
@@ -285,7 +333,7 @@ def render(study: optuna.Study) -> str:
 <p>{counts["feasible"]} feasible, {counts["infeasible"]} infeasible, {counts["failed"]} failed trials.</p>
 <p id="criterion">{html.escape(criterion_sentence(study, rows))}</p>
 {"".join(parts)}
-<h2>Best trials</h2>{_table(best_rows(rows, summary, criterion))}
+<h2>Best trials</h2>{_table(best_rows(rows, summary, criterion, where=where))}
 <h2>Accuracy of every trial</h2>
 <details id="accuracy"><summary>{len(per_trial)} trials</summary>{_table(per_trial)}</details>
 <h2>Failed trials</h2><ul>{failures or "<li>none</li>"}</ul>

@@ -14,6 +14,7 @@ from optuna.artifacts import FileSystemArtifactStore, download_artifact, upload_
 
 from gpt_optuna.errors import UserError
 from gpt_optuna.evaluate import CALIBRATION_FILE, INPUTS_FILE, REFERENCE_FILE
+from gpt_optuna.study import study_folder
 
 ARTIFACTS_ATTR = "artifact_store"
 """The artifact store's folder, as the study's creator gave it (absolute)."""
@@ -28,7 +29,7 @@ def artifact_folder(study: optuna.Study, given: Path | None = None) -> Path:
     if given is not None:
         return given.resolve()
     recorded = study.user_attrs.get(ARTIFACTS_ATTR)
-    return Path(recorded) if recorded else (Path("studies") / study.study_name / "artifacts").resolve()
+    return Path(recorded) if recorded else study_folder(study) / "artifacts"
 
 
 def _sha256(path: Path) -> str:

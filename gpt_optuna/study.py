@@ -19,8 +19,10 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from gpt_optuna.config import STUDIES
 from gpt_optuna.errors import MissingDependencyError, UserError
 from gpt_optuna.evaluate import is_transform_knob
+from gpt_optuna.interface import IO_CHANGE_ATTR
 from gpt_optuna.sampling import FreshSampler
 from gpt_optuna.space import Space
 from gpt_optuna.taxonomy import (
@@ -39,6 +41,8 @@ SPACE_ATTR = "space_record"
 """The whole search space (:meth:`Space.to_record`), for workers that join from other hosts."""
 SEARCH_ATTR = "search"
 """The latest search's sampler and trial target, which joining workers follow."""
+FOLDER_ATTR = "study_folder"
+"""The study folder (absolute): cached data, transformed models and logs, found from any directory."""
 _HEARTBEAT_S = 30
 _GRACE_S = 120
 _MAX_RETRY = 3
@@ -277,10 +281,13 @@ def fingerprint_differences(stored: Mapping[str, Any], current: Mapping[str, Any
         "objective": "the objective (--dry-run)",
         "objectives": "the objectives (--objectives)",
         "calibration_sha256": "the calibration data",
+        "allow_io_change": "I/O precision changes (--allow-io-change)",
     }
     diffs = []
     for key, label in labels.items():
         old, new = stored.get(key), current.get(key)
+        if key == "allow_io_change":  # studies made before it was recorded kept their I/O dtypes
+            old, new = bool(old), bool(new)
         if old == new:
             continue
         if key == "space":
@@ -354,6 +361,16 @@ def recorded_fingerprint(storage: optuna.storages.BaseStorage, name: str) -> dic
     if recorded is None and storage.get_all_trials(study_id, deepcopy=False):
         raise UserError(f"study {name!r} exists but was not made by gpt-optuna; choose another --study-name")
     return recorded
+
+
+def recorded_folder(storage: optuna.storages.BaseStorage, name: str) -> Path | None:
+    """The study folder a study of that name recorded, or None (no such study, or made before it was)."""
+    try:
+        study_id = storage.get_study_id_from_name(name)
+    except KeyError:
+        return None
+    recorded = storage.get_study_user_attrs(study_id).get(FOLDER_ATTR)
+    return Path(recorded) if recorded else None
 
 
 def _process_alive(pid: int) -> bool:
@@ -449,9 +466,55 @@ def finished_count(study: optuna.Study) -> int:
     return sum(1 for t in trials if has_own_result(t, retried))
 
 
+def study_folder(study: optuna.Study) -> Path:
+    """The folder of the study's cached data and transformed models: the one it recorded, else
+    ``studies/<name>`` here (studies made before it was recorded)."""
+    recorded = study.user_attrs.get(FOLDER_ATTR)
+    return Path(recorded) if recorded else (STUDIES / study.study_name).resolve()
+
+
 def first_value(trial: FrozenTrial) -> float | None:
     """The trial's first objective: latency (or build time in a dry run), in any number of objectives."""
     return trial.values[0] if trial.values else None
+
+
+@dataclass(frozen=True)
+class Figures:
+    """A trial's latency beside the baseline's, both from one named measurement, and their ratio:
+    ``confirmed`` (the finalists' interleaved re-measurement, with a 95 % interval) where the
+    trial was a finalist, else ``search``."""
+
+    number: int
+    measurement: str
+    latency_ms: float | None
+    baseline_ms: float | None
+    ci: tuple[float, float] | None = None
+    """The bootstrap 95 % interval of the speedup (confirmed finalists only)."""
+    process_ms: tuple[float, ...] = ()
+    """The trial's median in each confirmation process."""
+
+    @property
+    def speedup(self) -> float | None:
+        """``baseline_ms / latency_ms``: the ratio of the two figures shown beside it."""
+        return self.baseline_ms / self.latency_ms if self.baseline_ms and self.latency_ms else None
+
+    @property
+    def significant(self) -> bool:
+        """The interval lies above 1.0: a real improvement over the baseline."""
+        return self.ci is not None and self.ci[0] > 1.0
+
+
+@dataclass(frozen=True)
+class Stability:
+    """How many of the search's latency measurements missed their precision target."""
+
+    unstable: int
+    measured: int
+    target: float
+    """The target: the median's 95 % half-width as a fraction of it."""
+    worst: float
+    """The largest half-width among the unstable ones."""
+    winner_unstable: bool
 
 
 @dataclass(frozen=True)
@@ -476,6 +539,11 @@ class StudySummary:
     """(count, cause) of the failed candidates."""
     warm_started: tuple[str, ...] = ()
     """``STUDY:TRIAL`` of each trial a warm start queued."""
+    allow_io_change: bool = False
+    """The study let candidates change the model's input and output dtypes (``--allow-io-change``)."""
+    stability: Stability | None = None
+    trials: tuple[FrozenTrial, ...] = ()
+    """Every trial of the study, by number."""
 
     @property
     def unit(self) -> str:
@@ -491,6 +559,24 @@ class StudySummary:
         latency = self.baseline.user_attrs.get("latency")
         return float(latency["median_ms"]) if latency else None
 
+    def figures(self, trial: FrozenTrial) -> Figures:
+        """The trial's figures beside the baseline's: confirmed where it was a finalist (or is the
+        confirmed baseline), else the search's."""
+        confirmed = self.confirmed or {}
+        rows = [confirmed["baseline"], *confirmed.get("ranking", [])] if confirmed.get("baseline") else []
+        row = next((r for r in rows if r["number"] == trial.number), None)
+        if row is None:
+            return Figures(trial.number, "search", first_value(trial), self.baseline_search_value)
+        base = float(confirmed["baseline"]["median_ms"])
+        ci = (float(row["ci_low"]), float(row["ci_high"])) if "ci_low" in row else None
+        each = tuple(float(v) for v in row.get("process_ms", []))
+        return Figures(trial.number, "confirmed", float(row["median_ms"]), base, ci, each)
+
+    @property
+    def winner(self) -> Figures | None:
+        """The winner's figures (None before any feasible trial)."""
+        return None if self.best is None else self.figures(self.best)
+
     @property
     def confirmed_row(self) -> dict[str, Any] | None:
         """The confirmation's row for ``best`` (the baseline's row when the baseline won)."""
@@ -502,33 +588,61 @@ class StudySummary:
     @property
     def measurement(self) -> str:
         """Which measurement the figures come from: ``confirmed`` or ``search``."""
-        return "confirmed" if self.confirmed_row is not None else "search"
+        return self.winner.measurement if self.winner is not None else "search"
 
     @property
     def baseline_value(self) -> float | None:
         """The baseline's latency in the measurement the winner is judged by."""
-        if self.confirmed_row is not None:
-            return float(self.confirmed["baseline"]["median_ms"])  # type: ignore[index]
-        return self.baseline_search_value
+        return self.winner.baseline_ms if self.winner is not None else self.baseline_search_value
 
     @property
     def best_value(self) -> float | None:
         """The winner's latency (or build time) in that same measurement."""
-        if self.confirmed_row is not None:
-            return float(self.confirmed_row["median_ms"])
-        return first_value(self.best) if self.best is not None else None
+        return self.winner.latency_ms if self.winner is not None else None
 
     @property
     def speedup(self) -> float | None:
         """``baseline_value / best_value``: the ratio of the two figures shown beside it."""
-        base, best = self.baseline_value, self.best_value
-        return base / best if base and best else None
+        return self.winner.speedup if self.winner is not None else None
 
     @property
     def baseline_wins(self) -> bool:
         """The baseline is the winner: the confirmation found it significantly faster than every
         finalist, or (unconfirmed) no feasible candidate was faster in the search."""
         return bool(self.best is not None and self.baseline is not None and self.best.number == self.baseline.number)
+
+    @property
+    def verdict(self) -> str:
+        """What the study found, in one word: ``faster`` (the winner is significantly faster than
+        the baseline in the confirmation), ``not_significant`` (its interval includes 1.0),
+        ``baseline`` (keep the default configuration), ``unconfirmed`` (search figures only),
+        ``none`` (no feasible candidate yet) or ``dry_run``."""
+        if self.dry_run:
+            return "dry_run"
+        winner = self.winner
+        if winner is None:
+            return "none"
+        if self.baseline_wins:
+            return "baseline"
+        if winner.measurement == "search":
+            return "unconfirmed"
+        return "faster" if winner.significant else "not_significant"
+
+    @property
+    def io_changes(self) -> dict[str, dict[str, list[str]]]:
+        """The winner's input and output dtypes that differ from the model's (``--allow-io-change``)."""
+        return dict(self.best.user_attrs.get(IO_CHANGE_ATTR, {})) if self.best is not None else {}
+
+
+def stability(trials: Sequence[FrozenTrial], target: float, winner: FrozenTrial | None) -> Stability | None:
+    """The search's measurements that missed the precision target (None where none was measured)."""
+    measured = [t for t in trials if "latency" in t.user_attrs and "reused_from" not in t.user_attrs]
+    if not measured:
+        return None
+    unstable = [t for t in measured if not t.user_attrs["latency"].get("stable", True)]
+    worst = max((float(t.user_attrs["latency"].get("rel_ci", 0.0)) for t in unstable), default=0.0)
+    flagged = winner is not None and any(t.number == winner.number for t in unstable)
+    return Stability(len(unstable), len(measured), target, worst, flagged)
 
 
 def summarize_study(study: optuna.Study) -> StudySummary:
@@ -542,6 +656,8 @@ def summarize_study(study: optuna.Study) -> StudySummary:
     if confirmed and confirmed.get("ranking"):  # the interleaved re-measurement decides the winner
         top = max(confirmed["ranking"], key=lambda row: row["speedup"])
         best = trials[confirmed["baseline"]["number"] if top["ci_high"] < 1.0 else top["number"]]
+    recorded = study.user_attrs.get(FINGERPRINT_ATTR, {})
+    target = float(study.user_attrs.get(MEASURE_ATTR, {}).get("target_rel_ci", 0.01))
     return StudySummary(
         name=study.study_name,
         counts=counts,
@@ -549,8 +665,11 @@ def summarize_study(study: optuna.Study) -> StudySummary:
         baseline=next((t for t in baselines if t.state is TrialState.COMPLETE or "latency" in t.user_attrs), None)
         or (baselines[0] if baselines else None),
         best=best,
-        dry_run=study.user_attrs.get(FINGERPRINT_ATTR, {}).get("objective") == "build_s",
+        dry_run=recorded.get("objective") == "build_s",
         confirmed=confirmed,
         failures=tuple(failure_causes(trials)),
         warm_started=tuple(str(t.user_attrs["warm_start_from"]) for t in trials if "warm_start_from" in t.user_attrs),
+        allow_io_change=bool(recorded.get("allow_io_change")),
+        stability=stability(trials, target, best),
+        trials=tuple(trials),
     )

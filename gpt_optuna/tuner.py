@@ -10,7 +10,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +20,7 @@ from optuna.artifacts import FileSystemArtifactStore
 
 from gpt_optuna import interrupts
 from gpt_optuna import model as model_io
-from gpt_optuna.config import STUDIES, TuneConfig, default_storage
+from gpt_optuna.config import STUDIES, TuneConfig, study_flags
 from gpt_optuna.confirm import confirm
 from gpt_optuna.errors import EXIT_INTERRUPTED, EXIT_NO_FEASIBLE, UserError
 from gpt_optuna.evaluate import (
@@ -30,6 +30,7 @@ from gpt_optuna.evaluate import (
     EvaluateJob,
     SpaceJob,
 )
+from gpt_optuna.export import export_suffix
 from gpt_optuna.objective import Objective
 from gpt_optuna.parallel import (
     TrialBudget,
@@ -49,14 +50,17 @@ from gpt_optuna.shared_data import artifact_folder, publish
 from gpt_optuna.space import Candidate, Space
 from gpt_optuna.space_check import check_space
 from gpt_optuna.study import (
+    FOLDER_ATTR,
     MEASURE_ATTR,
     SEARCH_ATTR,
     SPACE_ATTR,
+    StudySummary,
     finished_count,
     make_sampler,
     open_storage,
     open_study,
     recorded_fingerprint,
+    recorded_folder,
     recover_interrupted,
     refuse_if_different,
     storage_file,
@@ -150,7 +154,7 @@ def discover_space(
     library versions and the calibration data's hash (empty without int8/fp8). Transformed
     models and the calibration data are kept in ``workdir``; what was dropped goes to ``notes``."""
     try:
-        job = SpaceJob(config.backend, working, inputs.shapes, workdir / "models")
+        job = SpaceJob(config.backend, working, inputs.shapes, workdir / "models", config.allow_io_change)
         space, versions = worker.run(job, SPACE_TIMEOUT_S)
     except JobFailure as failure:
         raise UserError(f"backend {config.backend!r} could not describe its search space: {failure}") from None
@@ -241,6 +245,7 @@ def run_identity(config: TuneConfig, inputs: Inputs) -> dict[str, Any]:
         "shapes": inputs.shapes_record,
         "objective": "build_s" if config.dry_run else "latency_ms",
         "objectives": list(config.objectives),
+        "allow_io_change": config.allow_io_change,
     }
 
 
@@ -272,6 +277,9 @@ def tune(config: TuneConfig, progress: Progress | None = None, argv: list[str] |
     storage_path = storage_file(config.storage)
     storage = open_storage(config.storage, make_dirs=storage_path is not None and storage_path.parent == STUDIES)
     check_resumable(storage, config, inputs)
+    folder = recorded_folder(storage, config.study_name)
+    if folder is not None and folder.is_dir():  # a study resumed from another directory keeps its folder
+        config = replace(config, folder=folder)
     with contextlib.ExitStack() as stack:
         gpus = lane_gpus(config.workers, config.gpus, config.workdir / "worker.log")
         workers = open_workers(stack, gpus, config.workdir, "worker")
@@ -298,9 +306,9 @@ def tune(config: TuneConfig, progress: Progress | None = None, argv: list[str] |
         for note in notes:
             progress.note(note)
         if remaining == 0:
-            progress.finish(
-                summarize_study(study), next_steps(config, args, done), note="the study already has its trials"
-            )
+            summary = summarize_study(study)
+            steps = next_steps(config, args, done, summary)
+            progress.finish(summary, steps, note="the study already has its trials")
             return 0
         record_search(study, config, prepared, deadline)
         job = EvaluateJob.in_study(
@@ -325,12 +333,9 @@ def tune(config: TuneConfig, progress: Progress | None = None, argv: list[str] |
         except (KeyboardInterrupt, UserError) as exc:
             if isinstance(exc, UserError):
                 raise
-            progress.finish(
-                summarize_study(study),
-                next_steps(config, args, finished_count(study)),
-                note="stopped by Ctrl-C",
-                elapsed=time.monotonic() - started,
-            )
+            summary = summarize_study(study)
+            steps = next_steps(config, args, finished_count(study), summary)
+            progress.finish(summary, steps, note="stopped by Ctrl-C", elapsed=time.monotonic() - started)
             return EXIT_INTERRUPTED
         note = (
             "the sampler kept proposing evaluated candidates: the space looks covered"
@@ -343,12 +348,13 @@ def tune(config: TuneConfig, progress: Progress | None = None, argv: list[str] |
                 interrupts.check()
             except KeyboardInterrupt:
                 note = "the finalists' re-measurement was stopped by Ctrl-C: run gpt-optuna confirm to redo it"
-                progress.finish(summarize_study(study), next_steps(config, args, finished_count(study)), note=note)
+                summary = summarize_study(study)
+                progress.finish(summary, next_steps(config, args, finished_count(study), summary), note=note)
                 return EXIT_INTERRUPTED
         summary = summarize_study(study)
         if summary.best is None:
             note = "no candidate met the accuracy criterion" if not config.dry_run else "no candidate built"
-        steps = next_steps(config, args, finished_count(study), covered=objective.space_exhausted)
+        steps = next_steps(config, args, finished_count(study), summary, covered=objective.space_exhausted)
         progress.finish(summary, steps, note=note, elapsed=time.monotonic() - started)
     return EXIT_NO_FEASIBLE if summary.best is None else 0
 
@@ -373,9 +379,12 @@ def first_candidates(
 
 
 def record_search(study: optuna.Study, config: TuneConfig, prepared: Prepared, deadline: float | None) -> None:
-    """What a worker joining from another host needs besides the fingerprint: the latency protocol
+    """Where the study folder is, and what a worker joining from another host needs besides the
+    fingerprint: the latency protocol
     of this search, its whole space, sampler, trial target and end (``deadline`` on this host's
     monotonic clock, stored as wall-clock time)."""
+    if study.user_attrs.get(FOLDER_ATTR) is None:
+        study.set_user_attr(FOLDER_ATTR, str(config.workdir.resolve()))
     study.set_user_attr(MEASURE_ATTR, asdict(config.measure))
     study.set_user_attr(SPACE_ATTR, prepared.space.to_record())
     ends_at = None if deadline is None else time.time() + deadline - time.monotonic()
@@ -399,7 +408,7 @@ def confirm_finalists(
     (``env`` pins it); a note where that could not be done."""
     left = None if deadline is None else deadline - time.monotonic()
     if left is not None and left < CONFIRM_MIN_S:
-        return "no time left before --timeout to re-measure the finalists: run gpt-optuna confirm"
+        return "no time left before --timeout to re-measure the finalists"
     progress.note(
         f"re-measuring the {config.confirm_top} best candidates and the baseline, interleaved,"
         f" in {config.confirm_processes} fresh processes ..."
@@ -421,9 +430,12 @@ def confirm_finalists(
     return ""
 
 
-def next_steps(config: TuneConfig, args: list[str], done: int, covered: bool = False) -> list[str]:
-    """The commands worth running next: extend the search (a larger --n-trials; not where the
-    space is ``covered``), report, export."""
+def next_steps(
+    config: TuneConfig, args: list[str], done: int, summary: StudySummary, covered: bool = False
+) -> list[str]:
+    """The commands worth running next, each runnable as printed from any folder: extend the search
+    (a larger --n-trials; not where the space is ``covered``), confirm the finalists where they were
+    not, report, and export the winner where it is a real improvement."""
     extended, skip = [], False
     for index, arg in enumerate(args):
         if skip:
@@ -435,12 +447,14 @@ def next_steps(config: TuneConfig, args: list[str], done: int, covered: bool = F
         if not arg.startswith("--n-trials="):
             extended.append(arg)
     target = max(done, config.n_trials or 0) + max(10, done // 2)
-    where = ["--study-name", str(config.study_name)]
-    if config.storage != default_storage(str(config.study_name)):
-        where = ["--storage", str(config.storage), *where]
-    extend = [] if covered else [f"extend with: gpt-optuna {shlex.join([*extended, '--n-trials', str(target)])}"]
-    return [
-        *extend,
-        f"report: gpt-optuna report {shlex.join(where)} -o report.html",
-        f"export the best: gpt-optuna export {shlex.join(where)} -o best",
-    ]
+    here = shlex.quote(str(Path.cwd()))
+    where = shlex.join(study_flags(str(config.storage), str(config.study_name)))
+    extend = shlex.join([*extended, "--n-trials", str(target)])
+    steps = [] if covered else [f"extend with: cd {here} && gpt-optuna {extend}"]
+    if summary.verdict == "unconfirmed":
+        steps.append(f"confirm the finalists: gpt-optuna confirm {where}")
+    steps.append(f"report: gpt-optuna report {where} -o {shlex.quote(str(Path('report.html').resolve()))}")
+    if summary.verdict == "faster" and summary.best is not None:
+        out = Path("best").resolve().with_suffix(export_suffix(summary.best))
+        steps.append(f"export the winner: gpt-optuna export {where} -o {shlex.quote(str(out))}")
+    return steps
