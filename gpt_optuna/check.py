@@ -12,6 +12,8 @@ tolerance; it improves when every process measured it faster by more than the to
 
 from __future__ import annotations
 
+import json
+import shlex
 import time
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass
@@ -22,11 +24,9 @@ import numpy as np
 
 from gpt_optuna import model as model_io
 from gpt_optuna.accuracy import parse_criterion
-from gpt_optuna.config import TuneConfig
-from gpt_optuna.errors import EXIT_INTERRUPTED, EXIT_NO_FEASIBLE, UserError
+from gpt_optuna.config import TuneConfig, default_storage, study_flags
+from gpt_optuna.errors import EXIT_INTERRUPTED, EXIT_NO_FEASIBLE, EXIT_REGRESSION, UserError
 from gpt_optuna.session import read_record
-
-EXIT_REGRESSION = 1
 
 
 @dataclass(frozen=True)
@@ -39,35 +39,88 @@ class Outcome:
     better: bool = False
 
 
+def _malformed(path: Path, what: str) -> UserError:
+    return UserError(f"{path} is not a record gpt-optuna export writes: {what}; export the study again")
+
+
 def load_record(path: Path) -> dict[str, Any]:
-    """The export's side file, with the paths of its sample files resolved beside it."""
+    """The export's side file, checked field by field (each problem one line, a user error), with
+    the paths of its sample files resolved beside it."""
     if path.suffix != ".json":
         raise UserError(f"--baseline takes the record FILE.json that gpt-optuna export -o FILE wrote, not {path}")
     record = read_record(path.with_suffix(""))
-    missing = [k for k in ("backend", "params", "accuracy_criterion", "samples") if not record.get(k)]
-    if missing:
-        raise UserError(f"{path} lacks {', '.join(missing)}: export the study again with this version")
-    for kind, name in record["samples"].items():
-        record["samples"][kind] = path.parent / name
-        if not record["samples"][kind].is_file():
-            raise UserError(f"{path} needs {record['samples'][kind]} beside it (written by the same export)")
+    if not isinstance(record, dict):
+        raise _malformed(path, f"it holds {json.dumps(record)[:40]}, not an object")
+    for key, kinds, what in _FIELDS:
+        if (
+            key not in record
+            or not isinstance(record[key], kinds)
+            or isinstance(record[key], bool)
+            and bool not in kinds
+        ):
+            raise _malformed(path, f"{key} must be {what}, got {json.dumps(record.get(key))[:80]}")
+    if record.get("latency_ms") is None:
+        raise UserError(f"{path} has no latency (a dry-run study?): export a measured trial")
+    if not record["latency_ms"] > 0:
+        raise _malformed(path, f"latency_ms must be positive, got {record['latency_ms']}")
+    params = record["params"]
+    if not all(isinstance(v, str | int | float | bool) or v is None for v in params.values()):
+        raise _malformed(path, "params must map knob names to plain values")
+    samples = record["samples"]
+    if set(samples) != {"inputs", "reference"} or not all(isinstance(v, str) for v in samples.values()):
+        raise _malformed(path, 'samples must be {"inputs": FILE, "reference": FILE}')
+    for kind, name in samples.items():
+        samples[kind] = path.parent / name
+        if not samples[kind].is_file():
+            raise UserError(f"{path} needs {samples[kind]} beside it (written by the same export)")
+    try:
+        parse_criterion(record["accuracy_criterion"], user_metrics=record.get("metric") is not None)
+    except UserError as exc:
+        raise _malformed(path, f"accuracy_criterion: {exc}") from None
     return record
 
 
+_FIELDS: tuple[tuple[str, tuple[type, ...], str], ...] = (
+    ("backend", (str,), "an engine name"),
+    ("params", (dict,), "an object of knob values"),
+    ("accuracy_criterion", (str,), "a criterion such as cosine>=0.9999"),
+    ("samples", (dict,), "an object naming the sample files"),
+    ("latency_ms", (int, float, type(None)), "a number of milliseconds"),
+    ("shapes", (dict, type(None)), "an object of input shape ranges"),
+    ("metric", (str, type(None)), "module:function"),
+    ("interface", (dict, type(None)), "an object describing the inputs and outputs"),
+)
+"""The record's fields a check reads: name, accepted types, what they must be."""
+
+
 def recorded_latency(record: dict[str, Any]) -> float:
-    """The record's latency: its confirmed median where the study confirmed it, else the search's."""
-    confirmed = record.get("confirmed")
-    value = confirmed["median_ms"] if confirmed else record.get("latency_ms")
-    if not value:
-        raise UserError("the record has no latency (a dry-run study?): export a measured trial")
-    return float(value)
+    """The record's latency: the one its study judged its winner by (confirmed where it was confirmed)."""
+    return float(record["latency_ms"])
+
+
+def read_samples(record: dict[str, Any], info: model_io.ModelInfo) -> tuple[list[model_io.Feeds], list[model_io.Feeds]]:
+    """The recorded inputs and reference outputs, checked against the model's inputs and outputs."""
+    loaded = []
+    for kind in ("inputs", "reference"):
+        try:
+            loaded.append(model_io.read_npz(record["samples"][kind]))
+        except Exception as exc:  # a truncated or foreign file
+            raise UserError(f"cannot read the record's {record['samples'][kind]}: {exc}") from None
+    inputs, references = loaded
+    for kind, arrays, specs in (("inputs", inputs, info.inputs), ("outputs", references, info.outputs)):
+        names = sorted(spec.name for spec in specs)
+        if sorted(arrays) != names:
+            raise UserError(
+                f"the record's {kind} ({', '.join(sorted(arrays))}) are not the model's ({', '.join(names)}):"
+                " check the model against its own record"
+            )
+    return model_io.unstack(inputs), model_io.unstack(references)
 
 
 def outputs_unchanged(model: Path, record: dict[str, Any]) -> Outcome:
     """The model in fp32 on the recorded inputs, judged against the recorded outputs."""
     info = model_io.load_model_info(model)
-    inputs = model_io.unstack(dict(np.load(record["samples"]["inputs"])))
-    references = model_io.unstack(dict(np.load(record["samples"]["reference"])))
+    inputs, references = read_samples(record, info)
     metric_spec = record.get("metric")
     criterion = parse_criterion(record["accuracy_criterion"], user_metrics=metric_spec is not None)
     outputs = [model_io.reference_outputs(info, feeds) for feeds in inputs]
@@ -150,8 +203,9 @@ def run_check(
     record = load_record(record_path)
     record_ms = recorded_latency(record)
     outcomes = [outputs_unchanged(model, record)]
+    study_name = None
     if outcomes[0].passed:
-        name = f"check-{model.stem}-{time.strftime('%Y%m%d-%H%M%S')}"
+        name = study_name = f"check-{model.stem}-{time.strftime('%Y%m%d-%H%M%S')}"
         config = TuneConfig(
             **base,
             model=model,
@@ -164,8 +218,9 @@ def run_check(
             study_name=name,
             seeds=[(record["params"], "the recorded configuration")],
             no_seeds=True,  # the recorded configuration is the one to try first
+            allow_io_change=bool((record.get("interface") or {}).get("allow_io_change")),
         )
-        code = tune(config, Progress(enabled=not quiet), argv=[])
+        code = tune(config, Progress(enabled=not quiet), argv=[], summarize=False)
         if code == EXIT_INTERRUPTED:
             return code
         study = load_study(open_storage(config.storage, create=False), name)
@@ -193,7 +248,7 @@ def run_check(
             if outcomes[-1].better and update:
                 from gpt_optuna.export import export_trial
 
-                export_trial(study, None, record_path.with_name(record_path.name.removesuffix(".json")))
+                export_trial(study, None, record_path.with_name(record_path.name.removesuffix(".json")), force=True)
                 outcomes[-1] = Outcome("latency", True, outcomes[-1].message + "; the record is updated")
             elif outcomes[-1].better:
                 outcomes[-1] = Outcome("latency", True, outcomes[-1].message + "; --update records it", True)
@@ -201,4 +256,7 @@ def run_check(
         write_junit(junit, outcomes, time.monotonic() - started)
     for outcome in outcomes:
         print(("ok: " if outcome.passed else "FAILED: ") + outcome.message)
+    if study_name is not None:
+        where = shlex.join(study_flags(default_storage(study_name), study_name))
+        print(f"the check's own study, for a closer look: gpt-optuna report {where} -o {study_name}.html")
     return 0 if all(o.passed for o in outcomes) else EXIT_REGRESSION

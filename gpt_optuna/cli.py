@@ -7,12 +7,13 @@ import json
 import logging
 import os
 import sys
+import traceback
 from pathlib import Path
 from typing import Any
 
 from gpt_optuna import __version__, interrupts
 from gpt_optuna.config import SAMPLERS, TuneConfig, default_storage, parse_duration, read_toml, study_flags
-from gpt_optuna.errors import EXIT_INTERRUPTED, EXIT_USER_ERROR, UserError, environment_fault
+from gpt_optuna.errors import EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_USER_ERROR, UserError, environment_fault
 
 
 def _worker_flags(parser: argparse.ArgumentParser) -> None:
@@ -468,6 +469,14 @@ def run(argv: list[str]) -> int:
     return 0
 
 
+EXPORT_CAVEATS = {
+    "not_significant": "is not significantly faster than the baseline: its 95% interval includes 1.0",
+    "baseline": "is the baseline, the engine's default configuration: no candidate was faster",
+    "unconfirmed": "has search figures only: the finalists were not re-measured (gpt-optuna confirm)",
+}
+"""What ``export`` says of a winner that is no real improvement, by the study's verdict."""
+
+
 def export_lines(written: Path, side: Path) -> list[str]:
     """What ``export`` says: the files, the trial's figures as the side file states them, and
     what a user must know before deploying it (an interface that changed, no real improvement)."""
@@ -483,8 +492,9 @@ def export_lines(written: Path, side: Path) -> list[str]:
             + (f" [95% CI {interval[0]:.3f}-{interval[1]:.3f}]" if interval else "")
             + f" ({record['measurement']})"
         )
-    if record.get("verdict") in ("not_significant", "baseline", "unconfirmed"):
-        lines.append(f"note: the study's verdict for this trial is {record['verdict'].replace('_', ' ')} (see status)")
+    caveat = EXPORT_CAVEATS.get(record.get("verdict") or "")
+    if caveat:
+        lines.append(f"note: trial {record['trial']} {caveat}")
     if record["interface"]["changed"]:
         lines.append(
             f"note: {written.name} {describe_changes(record['interface']['changes'])}: its study allowed"
@@ -494,10 +504,11 @@ def export_lines(written: Path, side: Path) -> list[str]:
 
 
 EXIT_CODES = """exit codes:
-  0    success
-  1    internal error (a bug: the traceback is printed); for check: a regression, named in one line
-  2    user error or a fault of the machine (bad input, full disk, read-only files): one line says which
+  0    success (for check: accuracy held and latency is within the tolerance)
+  1    check only: a regression (slower beyond the tolerance, or accuracy lost), named in one line
+  2    user error or a fault of the machine (bad input, bad record, full disk, read-only files): one line
   3    the search finished without any feasible candidate
+  4    internal error (a bug): the traceback is printed
   130  interrupted (Ctrl-C); the summary and the command that resumes are printed"""
 
 
@@ -520,7 +531,11 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:
         fault = environment_fault(exc)
         if fault is None:
-            raise
+            traceback.print_exc()
+            print(
+                f"gpt-optuna: internal error (a bug, please report it with the traceback above): {exc}", file=sys.stderr
+            )
+            return EXIT_INTERNAL
         print(f"gpt-optuna: error: {fault}", file=sys.stderr)
         return EXIT_USER_ERROR
 

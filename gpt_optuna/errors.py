@@ -1,8 +1,12 @@
 """The project's exception hierarchy: one root, and user errors that print as one line."""
 
+EXIT_REGRESSION = 1
+"""``check``: the model regressed (slower beyond the tolerance, or accuracy lost)."""
 EXIT_USER_ERROR = 2
 EXIT_NO_FEASIBLE = 3
 """The exit code of a search that finished without any feasible candidate."""
+EXIT_INTERNAL = 4
+"""An internal error (a bug of ours): the traceback is printed."""
 EXIT_INTERRUPTED = 130
 
 

@@ -291,6 +291,10 @@ class Progress:
             parts.append(f"{int(left // 3600)}h{int(left % 3600 // 60):02d}m{int(left % 60):02d}s left")
         self._bar.set_postfix_str(", ".join(parts))
 
+    def quiet_finish(self, *_: Any, **__: Any) -> None:
+        """Close the bar and print nothing (for a caller that judges the study itself)."""
+        self.end()
+
     def finish(self, summary: StudySummary, steps: list[str], note: str = "", elapsed: float | None = None) -> None:
         """The summary, and the commands worth running next (extend, report, export)."""
         self.end()

@@ -260,10 +260,14 @@ def fingerprint(config: TuneConfig, prepared: Prepared) -> dict[str, Any]:
     }
 
 
-def tune(config: TuneConfig, progress: Progress | None = None, argv: list[str] | None = None) -> int:
+def tune(
+    config: TuneConfig, progress: Progress | None = None, argv: list[str] | None = None, summarize: bool = True
+) -> int:
     """Run or resume a search; returns the process exit code (130 after Ctrl-C).
 
-    ``argv`` are the command's arguments, printed at the end as the command that resumes.
+    ``argv`` are the command's arguments, printed at the end as the command that resumes. Without
+    ``summarize`` (a caller that judges the study itself, as ``check`` does) nothing is printed at
+    the end: no summary, no next steps.
     """
     args = list(sys.argv[1:] if argv is None else argv)
     optuna.logging.set_verbosity(optuna.logging.ERROR)
@@ -272,6 +276,7 @@ def tune(config: TuneConfig, progress: Progress | None = None, argv: list[str] |
     assert config.storage is not None and config.study_name is not None
     started = time.monotonic()
     progress = progress or Progress()
+    finish = progress.finish if summarize else progress.quiet_finish
     notes: list[str] = []
     inputs = load_inputs(config, notes)
     storage_path = storage_file(config.storage)
@@ -308,7 +313,7 @@ def tune(config: TuneConfig, progress: Progress | None = None, argv: list[str] |
         if remaining == 0:
             summary = summarize_study(study)
             steps = next_steps(config, args, done, summary)
-            progress.finish(summary, steps, note="the study already has its trials")
+            finish(summary, steps, note="the study already has its trials")
             return 0
         record_search(study, config, prepared, deadline)
         job = EvaluateJob.in_study(
@@ -335,7 +340,7 @@ def tune(config: TuneConfig, progress: Progress | None = None, argv: list[str] |
                 raise
             summary = summarize_study(study)
             steps = next_steps(config, args, finished_count(study), summary)
-            progress.finish(summary, steps, note="stopped by Ctrl-C", elapsed=time.monotonic() - started)
+            finish(summary, steps, note="stopped by Ctrl-C", elapsed=time.monotonic() - started)
             return EXIT_INTERRUPTED
         note = (
             "the sampler kept proposing evaluated candidates: the space looks covered"
@@ -347,15 +352,16 @@ def tune(config: TuneConfig, progress: Progress | None = None, argv: list[str] |
                 note = confirm_finalists(config, study, job, deadline, progress, pinned(gpus[0])) or note
                 interrupts.check()
             except KeyboardInterrupt:
-                note = "the finalists' re-measurement was stopped by Ctrl-C: run gpt-optuna confirm to redo it"
+                note = "the finalists' re-measurement was stopped by Ctrl-C"
                 summary = summarize_study(study)
-                progress.finish(summary, next_steps(config, args, finished_count(study), summary), note=note)
+                steps = next_steps(config, args, finished_count(study), summary, reconfirm=True)
+                finish(summary, steps, note=note)
                 return EXIT_INTERRUPTED
         summary = summarize_study(study)
         if summary.best is None:
             note = "no candidate met the accuracy criterion" if not config.dry_run else "no candidate built"
         steps = next_steps(config, args, finished_count(study), summary, covered=objective.space_exhausted)
-        progress.finish(summary, steps, note=note, elapsed=time.monotonic() - started)
+        finish(summary, steps, note=note, elapsed=time.monotonic() - started)
     return EXIT_NO_FEASIBLE if summary.best is None else 0
 
 
@@ -431,11 +437,16 @@ def confirm_finalists(
 
 
 def next_steps(
-    config: TuneConfig, args: list[str], done: int, summary: StudySummary, covered: bool = False
+    config: TuneConfig,
+    args: list[str],
+    done: int,
+    summary: StudySummary,
+    covered: bool = False,
+    reconfirm: bool = False,
 ) -> list[str]:
     """The commands worth running next, each runnable as printed from any folder: extend the search
     (a larger --n-trials; not where the space is ``covered``), confirm the finalists where they were
-    not, report, and export the winner where it is a real improvement."""
+    not (or ``reconfirm``), report, and export the winner where it is a real improvement."""
     extended, skip = [], False
     for index, arg in enumerate(args):
         if skip:
@@ -451,7 +462,7 @@ def next_steps(
     where = shlex.join(study_flags(str(config.storage), str(config.study_name)))
     extend = shlex.join([*extended, "--n-trials", str(target)])
     steps = [] if covered else [f"extend with: cd {here} && gpt-optuna {extend}"]
-    if summary.verdict == "unconfirmed":
+    if summary.verdict == "unconfirmed" or reconfirm:
         steps.append(f"confirm the finalists: gpt-optuna confirm {where}")
     steps.append(f"report: gpt-optuna report {where} -o {shlex.quote(str(Path('report.html').resolve()))}")
     if summary.verdict == "faster" and summary.best is not None:

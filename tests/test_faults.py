@@ -278,8 +278,10 @@ def test_ctrl_c_during_the_finalists_prints_the_summary_and_what_next(cnn_path: 
     run.send_signal(signal.SIGINT)
     out, err = run.communicate(timeout=120)
     assert run.returncode == 130 and "Traceback" not in err, err
-    assert "stopped by Ctrl-C: run gpt-optuna confirm" in err
-    assert "study cnn-syntheticbackend: 4 complete" in out and "extend with: gpt-optuna tune" in out
+    assert (
+        "re-measurement was stopped by Ctrl-C" in err and "confirm the finalists: gpt-optuna confirm --storage" in out
+    )
+    assert "study cnn-syntheticbackend: 4 complete" in out and "&& gpt-optuna tune" in out
 
 
 def test_timeout_bounds_the_whole_run_and_long_phases_say_what_they_do(cnn_path: Path, tmp_path: Path) -> None:

@@ -106,7 +106,7 @@ def test_ctrl_c_marks_the_trial_prints_the_summary_and_how_to_resume(tmp_path: P
     assert "stopped by Ctrl-C" in err
     assert "Traceback" not in err
     assert f"study {STUDY}:" in out
-    assert "extend with: gpt-optuna tune" in out
+    assert "&& gpt-optuna tune" in out
     after = trials()
     stopped = [t for t in after if t.user_attrs.get("interrupted") == "stopped by the user"]
     assert len(stopped) == 1 and stopped[0].state is TrialState.FAIL

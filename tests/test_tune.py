@@ -16,8 +16,10 @@ def test_search_starts_with_the_baseline_and_reports_the_best(
 ) -> None:
     assert tune(str(cnn_path), "--n-trials", "6", "--seed", "0", "--confirm-top", "0") == 0
     out = capsys.readouterr().out
-    assert "baseline (trial 0)" in out and "extend with: gpt-optuna tune" in out and "--n-trials 16" in out
-    assert "report: gpt-optuna report --study-name cnn-onnxruntime -o report.html" in out
+    assert out.startswith("verdict: ") and "baseline (trial 0)" in out and "--n-trials 16" in out
+    assert f"extend with: cd {Path.cwd()} && gpt-optuna tune" in out
+    storage = f"sqlite:///{Path.cwd()}/studies/cnn-onnxruntime.db"
+    assert f"report: gpt-optuna report --storage {storage} --study-name cnn-onnxruntime -o" in out
     study = load("cnn-onnxruntime")
     trials = study.get_trials()
     assert len(trials) == 6
