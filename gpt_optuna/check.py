@@ -198,6 +198,7 @@ def run_check(
     from gpt_optuna.progress import Progress
     from gpt_optuna.study import load_study, open_storage, summarize_study
     from gpt_optuna.tuner import tune
+    from gpt_optuna.winner import record_winner
 
     started = time.monotonic()
     record = load_record(record_path)
@@ -237,7 +238,7 @@ def run_check(
                 config.confirm_top,
                 config.confirm_processes,
             )
-            summary = summarize_study(study)
+            summary = record_winner(study)
         failed = seeded_failure(study)
         if failed is not None:
             outcomes.append(failed)

@@ -449,11 +449,17 @@ def run(argv: list[str]) -> int:
         from gpt_optuna.study import study_folder
 
         log = study_folder(study) / "confirm.log"
-        print(f"re-measuring the {args.top} best candidates and the baseline in {args.processes} processes ...")
+        plural = "es" if args.processes > 1 else ""
+        print(f"re-measuring the {args.top} best candidates and the baseline in {args.processes} process{plural} ...")
         say = lambda text: print(text, flush=True)  # noqa: E731
         if confirm(study, template_from_study(study), log, args.top, args.processes, say=say) is None:
             raise UserError(f"study {study.study_name} has no measured baseline and feasible candidate to confirm")
-    summary = summarize_study(study)
+    if args.command == "confirm":
+        from gpt_optuna.winner import record_winner
+
+        summary = record_winner(study)
+    else:
+        summary = summarize_study(study)
     if args.command in ("status", "confirm"):
         print(format_summary(summary))
         return 0

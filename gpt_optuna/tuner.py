@@ -64,9 +64,9 @@ from gpt_optuna.study import (
     recover_interrupted,
     refuse_if_different,
     storage_file,
-    summarize_study,
     tuner_presence,
 )
+from gpt_optuna.winner import name_objectives, record_winner
 from gpt_optuna.worker import JobFailure, Worker
 
 SPACE_TIMEOUT_S = 300.0
@@ -301,6 +301,7 @@ def tune(
             len(config.objectives),
             first_candidates(config, prepared.space, storage, lanes[0].device, notes),
         )
+        name_objectives(study)
         notes += check_devices(lanes, study_device(study), config.allow_mixed_gpus)
         alone = stack.enter_context(tuner_presence(config.workdir))
         recovered = recover_interrupted(study, alone)
@@ -311,7 +312,7 @@ def tune(
         for note in notes:
             progress.note(note)
         if remaining == 0:
-            summary = summarize_study(study)
+            summary = record_winner(study)
             steps = next_steps(config, args, done, summary)
             finish(summary, steps, note="the study already has its trials")
             return 0
@@ -338,7 +339,7 @@ def tune(
         except (KeyboardInterrupt, UserError) as exc:
             if isinstance(exc, UserError):
                 raise
-            summary = summarize_study(study)
+            summary = record_winner(study)
             steps = next_steps(config, args, finished_count(study), summary)
             finish(summary, steps, note="stopped by Ctrl-C", elapsed=time.monotonic() - started)
             return EXIT_INTERRUPTED
@@ -353,11 +354,11 @@ def tune(
                 interrupts.check()
             except KeyboardInterrupt:
                 note = "the finalists' re-measurement was stopped by Ctrl-C"
-                summary = summarize_study(study)
+                summary = record_winner(study)
                 steps = next_steps(config, args, finished_count(study), summary, reconfirm=True)
                 finish(summary, steps, note=note)
                 return EXIT_INTERRUPTED
-        summary = summarize_study(study)
+        summary = record_winner(study)
         if summary.best is None:
             note = "no candidate met the accuracy criterion" if not config.dry_run else "no candidate built"
         steps = next_steps(config, args, finished_count(study), summary, covered=objective.space_exhausted)
