@@ -344,7 +344,6 @@ def best_record(summary: Any) -> dict[str, Any]:
     """The winner as ``best --json`` prints it: the verdict, the latencies of one measurement and
     their ratio (the export's side file states them alike)."""
     from gpt_optuna.export import figures_record
-    from gpt_optuna.progress import headline
 
     best = summary.best
     figures = figures_record(summary, best)
@@ -354,7 +353,6 @@ def best_record(summary: Any) -> dict[str, Any]:
     return {
         "number": best.number,
         "params": best.params,
-        "headline": headline(summary),
         "baseline_wins": summary.baseline_wins,
         **figures,
         "build_s": best.user_attrs.get("build_s"),
@@ -429,17 +427,18 @@ def run(argv: list[str]) -> int:
         if args.format == "triton":
             from gpt_optuna.triton import model_name, write_repository
 
-            folder, left_out = write_repository(
-                study, args.trial, Path(args.output), args.model_name or model_name(study)
+            folder, left_out, side = write_repository(
+                study, args.trial, Path(args.output), args.model_name or model_name(study), args.force
             )
             print(f"wrote {folder}/config.pbtxt and the model in {folder}/1")
+            print("\n".join(export_lines(side)[1:]))
             for item in left_out:
                 print(f"note: Triton's model configuration has no field for {item}; the model runs without it")
             return 0
         from gpt_optuna.export import export_trial
 
-        written, side = export_trial(study, args.trial, writable_file(Path(args.output)), args.force)
-        print("\n".join(export_lines(written, side)))
+        _, side = export_trial(study, args.trial, writable_file(Path(args.output)), args.force)
+        print("\n".join(export_lines(side)))
         return 0
     if args.command == "confirm":
         from gpt_optuna.confirm import confirm, template_from_study
@@ -475,22 +474,17 @@ def run(argv: list[str]) -> int:
     return 0
 
 
-EXPORT_CAVEATS = {
-    "not_significant": "is not significantly faster than the baseline: its 95% interval includes 1.0",
-    "baseline": "is the baseline, the engine's default configuration: no candidate was faster",
-    "unconfirmed": "has search figures only: the finalists were not re-measured (gpt-optuna confirm)",
-}
-"""What ``export`` says of a winner that is no real improvement, by the study's verdict."""
-
-
-def export_lines(written: Path, side: Path) -> list[str]:
-    """What ``export`` says: the files, the trial's figures as the side file states them, and
-    what a user must know before deploying it (an interface that changed, no real improvement)."""
+def export_lines(side: Path) -> list[str]:
+    """What ``export`` says: the files, the study's verdict (for its winner) or the trial's figures
+    as the side file states them, and an interface that changed (``--allow-io-change``)."""
     from gpt_optuna.interface import describe_changes
 
     record = json.loads(side.read_text())
+    written = side.with_name(side.name.removesuffix(".json"))
     lines = [f"wrote {written} and {side}"]
-    if record.get("speedup") is not None:
+    if record.get("headline"):  # the study's winner: its verdict, as every reader says it
+        lines.append(record["headline"])
+    elif record.get("speedup") is not None:
         interval = record.get("speedup_ci95")
         lines.append(
             f"trial {record['trial']}: {record['latency_ms']:.4g} ms against the baseline's "
@@ -498,9 +492,6 @@ def export_lines(written: Path, side: Path) -> list[str]:
             + (f" [95% CI {interval[0]:.3f}-{interval[1]:.3f}]" if interval else "")
             + f" ({record['measurement']})"
         )
-    caveat = EXPORT_CAVEATS.get(record.get("verdict") or "")
-    if caveat:
-        lines.append(f"note: trial {record['trial']} {caveat}")
     if record["interface"]["changed"]:
         lines.append(
             f"note: {written.name} {describe_changes(record['interface']['changes'])}: its study allowed"

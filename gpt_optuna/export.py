@@ -99,8 +99,12 @@ def chosen_trial(study: optuna.Study, summary: StudySummary, number: int | None)
 def figures_record(summary: StudySummary, trial: FrozenTrial) -> dict[str, Any]:
     """The trial's latency, the baseline's and their ratio, from one named measurement, as every
     reader states them (``best --json``, the side file)."""
+    from gpt_optuna.progress import headline
+
     figures = summary.figures(trial)
+    winner = summary.best is not None and trial.number == summary.best.number
     return {
+        "headline": headline(summary) if winner else None,
         "measurement": figures.measurement,
         "latency_ms": figures.latency_ms,
         "baseline_latency_ms": figures.baseline_ms,
@@ -108,8 +112,8 @@ def figures_record(summary: StudySummary, trial: FrozenTrial) -> dict[str, Any]:
         "speedup_ci95": list(figures.ci) if figures.ci is not None else None,
         "significant": figures.significant if figures.ci is not None else None,
         "search_latency_ms": first_value(trial),
-        "winner": summary.best is not None and trial.number == summary.best.number,
-        "verdict": summary.verdict if summary.best is not None and trial.number == summary.best.number else None,
+        "winner": winner,
+        "verdict": summary.verdict if winner else None,
     }
 
 
@@ -183,4 +187,7 @@ def model_interface(study: optuna.Study, trial: FrozenTrial, model: Path) -> dic
         changes = dtype_changes(load_model_info(original), made)
     else:  # the model file moved: the changes the evaluation recorded
         changes = trial.user_attrs.get(IO_CHANGE_ATTR, {})
-    return io_record(made, changes, bool(recorded.get("allow_io_change")))
+    record = io_record(made, changes, bool(recorded.get("allow_io_change")))
+    if "engine_io" in trial.user_attrs:  # the dtypes the engine itself was built to take and return
+        record["engine"] = trial.user_attrs["engine_io"]
+    return record

@@ -24,6 +24,7 @@ from optuna.trial import FrozenTrial, TrialState
 from gpt_optuna import interrupts
 from gpt_optuna.errors import UserError
 from gpt_optuna.evaluate import EvaluateJob, Outcome, TrialResult, run_evaluation
+from gpt_optuna.interface import IO_CHANGE_ATTR
 from gpt_optuna.space import Candidate, Space
 from gpt_optuna.taxonomy import has_own_result, retried_numbers
 
@@ -43,6 +44,8 @@ _COPIED_ATTRS = (
     "latency",
     "engine_artifact",
     "transformed_model",
+    IO_CHANGE_ATTR,
+    "engine_io",
     "log",
 )
 _MAX_CONSECUTIVE_REUSE = 30

@@ -22,6 +22,7 @@ import optuna
 
 from gpt_optuna.errors import UserError
 from gpt_optuna.export import export_trial, trial_model
+from gpt_optuna.interface import describe_changes
 from gpt_optuna.model import ModelInfo, TensorSpec, load_model_info
 from gpt_optuna.study import FINGERPRINT_ATTR
 
@@ -69,22 +70,27 @@ def model_name(study: optuna.Study) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]", "_", stem)
 
 
-def write_repository(study: optuna.Study, number: int | None, repo: Path, name: str) -> tuple[Path, list[str]]:
-    """Write the trial's model directory in ``repo``; returns it and the settings left out."""
+def write_repository(
+    study: optuna.Study, number: int | None, repo: Path, name: str, force: bool = False
+) -> tuple[Path, list[str], Path]:
+    """Write the trial's model directory in ``repo`` (an existing one only with ``force``); returns
+    it, the settings left out and the export's side file."""
     if not repo.is_dir():
         raise UserError(f"{repo} is not a folder: create the model repository first")
-    version = repo / name / "1"
-    version.mkdir(parents=True, exist_ok=True)
     backend = study.user_attrs.get(FINGERPRINT_ATTR, {}).get("backend")
     if backend not in ("onnxruntime", "tensorrt"):
         raise UserError(f"Triton serves ONNX Runtime and TensorRT models; study {study.study_name} used {backend}")
+    if (repo / name).exists() and not force:
+        raise UserError(f"{repo / name} already exists: choose another --model-name, or overwrite with --force")
+    version = repo / name / "1"
+    version.mkdir(parents=True, exist_ok=True)
     plan = backend == "tensorrt"
-    written, side = export_trial(study, number, version / ("model.plan" if plan else "model.onnx"))
+    written, side = export_trial(study, number, version / ("model.plan" if plan else "model.onnx"), force=True)
     exported = json.loads(side.read_text())
     info = load_model_info(trial_model(study, study.trials[exported["trial"]]) if plan else written)
     text, left_out = config_text(name, info, exported, plan)
     (repo / name / "config.pbtxt").write_text(text)
-    return repo / name, left_out
+    return repo / name, left_out, side
 
 
 def config_text(name: str, info: ModelInfo, record: dict[str, Any], plan: bool) -> tuple[str, list[str]]:
@@ -109,6 +115,10 @@ def config_text(name: str, info: ModelInfo, record: dict[str, Any], plan: bool) 
         lines += optimization + parameters
         left_out += more
     header = [f"# gpt-optuna: study {record['study']}, trial {record['trial']}"]
+    interface = record.get("interface") or {}
+    if interface.get("changed"):
+        changed = describe_changes(interface["changes"])
+        header.append(f"# the interface differs from the original model's (--allow-io-change): {changed}")
     header += [f"# not expressible in Triton's model configuration: {item}" for item in left_out]
     return "\n".join([*header, *lines]) + "\n", left_out
 

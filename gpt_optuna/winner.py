@@ -45,7 +45,7 @@ def winner_record(summary: StudySummary) -> dict[str, Any] | None:
     """The winner as the study records it: the trial, its figures and the verdict (None: no winner yet)."""
     if summary.best is None:
         return None
-    return {"trial": summary.best.number, "headline": headline(summary), **figures_record(summary, summary.best)}
+    return {"trial": summary.best.number, **figures_record(summary, summary.best)}
 
 
 def record_winner(study: optuna.Study) -> StudySummary:

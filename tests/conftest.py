@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import os
+import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -123,6 +126,34 @@ def token_model() -> onnx.ModelProto:
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     return model
+
+
+def run_notebook(database: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """Run notebooks/pareto.ipynb top to bottom on a study database, from a notebooks/ folder as
+    Jupyter would, with a real kernel on this interpreter; returns its cells' outputs."""
+    nbformat = pytest.importorskip("nbformat")
+    nbclient = pytest.importorskip("nbclient")
+    pytest.importorskip("ipykernel")
+    spec = tmp_path / "jupyter" / "kernels" / "python3"
+    spec.mkdir(parents=True, exist_ok=True)
+    argv = [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"]
+    (spec / "kernel.json").write_text(json.dumps({"argv": argv, "display_name": "Python 3", "language": "python"}))
+    monkeypatch.setenv("JUPYTER_PATH", str(tmp_path / "jupyter"))
+    notebook = nbformat.read(Path(__file__).resolve().parent.parent / "notebooks" / "pareto.ipynb", as_version=4)
+    notebook.cells[1].source = f'STUDY_DB = "{database}"\nSTUDY_NAME = None'
+    Path("notebooks").mkdir(exist_ok=True)
+    nbclient.NotebookClient(
+        notebook, timeout=300, kernel_name="python3", resources={"metadata": {"path": "notebooks"}}
+    ).execute()
+    outputs = [o for cell in notebook.cells if cell.cell_type == "code" for o in cell.outputs]
+    errors = [o for o in outputs if o.output_type == "error"]
+    assert not errors, errors
+    return outputs
+
+
+def printed(outputs: list[Any]) -> str:
+    """What notebook cells printed."""
+    return "".join(o.get("text", "") for o in outputs)
 
 
 def cpu_count() -> int:

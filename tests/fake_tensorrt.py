@@ -135,7 +135,7 @@ class FakeTensorRT:
         return self._make("IBuilderConfig", **state)
 
     def _Builder_create_network(self, obj: Strict, flags: int) -> Strict:
-        return self._make("INetworkDefinition")
+        return self._make("INetworkDefinition", num_inputs=0, num_outputs=0)  # ITensor is not in the API list
 
     def _Builder_create_optimization_profile(self, obj: Strict) -> Strict:
         return self._make("IOptimizationProfile")

@@ -1,5 +1,7 @@
-"""One truth in every number: the summary, status, best, best --json, the report and export name
-the same winner, and every ratio is the ratio of the two latencies shown beside it."""
+"""One truth for one study: the summary, status, best, best --json, the export (its side file and
+its words), the report (text, best table, every plot's baseline and winner), the notebook,
+optuna-dashboard's attributes and notes, and check name the same winner with the same two
+latencies of one named measurement, the same speedup and interval; the verdict comes first."""
 
 from __future__ import annotations
 
@@ -7,63 +9,31 @@ import json
 import re
 from pathlib import Path
 
+import optuna
 import pytest
-from conftest import SYNTHETIC, load, synthetic_config, tune
+from conftest import SYNTHETIC, load, printed, run_notebook, synthetic_config, tune
+from optuna.trial import TrialState
 
 from gpt_optuna.cli import main
-from gpt_optuna.report import best_rows, collect
+from gpt_optuna.report import best_rows, collect, history_figure, marks, pareto_figure
 from gpt_optuna.study import summarize_study
 
-
-def confirmed_study(tmp_path: Path, delays: str, trials: str = "8") -> None:
-    config = synthetic_config(tmp_path, f'mode = "ok"\ndelay_us = [{delays}]\nbuild_ms = [0]\na = [0, 1]\nb = [0]')
-    argv = [str(Path(__file__).parent.parent / "gpt_optuna/data/small_cnn.onnx"), "--backend", SYNTHETIC]
-    assert tune(*argv, "--config", str(config), "--n-trials", trials, "--confirm-top", "3") in (0, 3)
-
-
-def verdict(text: str) -> tuple[float, float, float]:
-    """(baseline ms, best ms, speedup) from the lines the summary, status and best print."""
-    base = float(re.search(r"baseline \(trial \d+\): ([\d.e-]+) ms \(confirmed\)", text)[1])  # type: ignore[index]
-    best = re.search(r"best \(trial \d+\): ([\d.e-]+) ms \(confirmed\), ([\d.]+)x the baseline", text)
-    return base, float(best[1]), float(best[2])  # type: ignore[index]
+CNN = str(Path(__file__).parent.parent / "gpt_optuna/data/small_cnn.onnx")
+STUDY = "small_cnn-syntheticbackend"
+REORDERED = 'mode = "ok"\ndelay_us = [200, 100]\ncontention_us = [0, 60]\nbuild_ms = [0]\na = [0]\nb = [0]\nc = "x"'
+"""Four candidates; the one with contention runs 60 µs faster alone (the search) and 60 µs slower
+beside the other finalists (the confirmation): the search's fastest loses the confirmation."""
 
 
-def test_every_reader_names_the_same_winner_with_consistent_numbers(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    confirmed_study(tmp_path, "100, 50")
-    tuned = capsys.readouterr().out
-    summary = summarize_study(load("small_cnn-syntheticbackend"))
-    assert summary.measurement == "confirmed" and not summary.baseline_wins
-    for text in (tuned, run("status", capsys), run("best", capsys)):
-        base, best, speedup = verdict(text)
-        assert speedup == pytest.approx(base / best, rel=2e-3)  # the ratio of what is shown (to 4 digits)
-        assert f"best (trial {summary.best.number})" in text
-    record = json.loads(run("best", capsys, "--json"))
-    assert record["number"] == summary.best.number and record["measurement"] == "confirmed"
-    assert record["speedup"] == pytest.approx(record["baseline_latency_ms"] / record["latency_ms"])
-    ranking = record["confirmed"]["ranking"]
-    assert [r["speedup"] for r in ranking] == sorted((r["speedup"] for r in ranking), reverse=True)
-    table = best_rows(collect(load("small_cnn-syntheticbackend")), summary)
-    assert table[0]["trial"] == summary.best.number and table[0]["measured"] == "confirmed"
-    assert len({row["trial"] for row in table}) == len(table)
-    assert all(row["trial"] not in reused_numbers() for row in table)  # duplicates collapsed
-    assert main(["export", "-o", str(tmp_path / "w.onnx")]) == 0
-    assert json.loads((tmp_path / "w.onnx.json").read_text())["trial"] == summary.best.number
-
-
-def test_when_the_baseline_wins_every_reader_says_so(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """Every searched candidate is slower than the engine's default (200 µs): keep the default."""
-    confirmed_study(tmp_path, "800, 1600", trials="4")
-    study = load("small_cnn-syntheticbackend")
-    summary = summarize_study(study)
-    assert summary.baseline_wins and summary.best.number == summary.baseline.number
-    status = run("status", capsys)
-    assert "best: the baseline itself" in status and "keep the default configuration" in status
-    record = json.loads(run("best", capsys, "--json"))
-    assert record["baseline_wins"] and record["number"] == summary.baseline.number and record["speedup"] == 1.0
-    assert main(["export", "-o", str(tmp_path / "w.onnx")]) == 0
-    assert json.loads((tmp_path / "w.onnx.json").read_text())["trial"] == summary.baseline.number
+def figures(text: str) -> tuple[int, float, float, float, str]:
+    """(winner, its ms, the baseline's ms, speedup, measurement) from the verdict line."""
+    found = re.search(
+        r"verdict: faster: trial (\d+) is ([\d.]+)x the baseline \[95% CI [\d.-]+\] \(([\d.e-]+) ms against the"
+        r" baseline's ([\d.e-]+) ms, (\w+)\)",
+        text,
+    )
+    assert found, text
+    return int(found[1]), float(found[3]), float(found[4]), float(found[2]), found[5]
 
 
 def run(command: str, capsys: pytest.CaptureFixture[str], *flags: str) -> str:
@@ -72,5 +42,106 @@ def run(command: str, capsys: pytest.CaptureFixture[str], *flags: str) -> str:
     return capsys.readouterr().out
 
 
-def reused_numbers() -> set[int]:
-    return {t.number for t in load("small_cnn-syntheticbackend").get_trials() if "reused_from" in t.user_attrs}
+def test_every_reader_names_the_winner_the_confirmation_chose_over_the_searchs_fastest(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = synthetic_config(tmp_path, REORDERED)
+    argv = [CNN, "--backend", SYNTHETIC, "--config", str(config), "--n-trials", "4", "--confirm-top", "3"]
+    assert tune(*argv, "--no-seeds") == 0
+    tuned = capsys.readouterr().out
+    study = load(STUDY)
+    complete = [t for t in study.trials if t.state is TrialState.COMPLETE]
+    searched_best = min(complete, key=lambda t: t.value)
+    summary = summarize_study(study)
+    assert (searched_best.params["delay_us"], searched_best.params["contention_us"]) == (100, 60)
+    assert (summary.best.params["delay_us"], summary.best.params["contention_us"]) == (100, 0)  # reordered
+    assert summary.verdict == "faster" and summary.winner.ci[0] > 1.0
+    truth = (summary.best.number, summary.best_value, summary.baseline_value, summary.speedup, "confirmed")
+
+    said = {"tune": tuned, "status": run("status", capsys), "best": run("best", capsys)}
+    assert all(text.startswith("verdict: faster: trial") for text in said.values())  # the verdict first
+    record = json.loads(run("best", capsys, "--json"))
+    exported = run("export", capsys, "-o", "winner")  # no extension given: the model's
+    side = json.loads(Path("winner.onnx.json").read_text())
+    said |= {"export": exported}
+    readers = {name: figures(text) for name, text in said.items()}
+    for name, source in (("best --json", record), ("side file", side)):
+        readers[name] = (
+            source.get("number", source.get("trial")),
+            source["latency_ms"],
+            source["baseline_latency_ms"],
+            source["speedup"],
+            source["measurement"],
+        )
+        assert source["speedup_ci95"] == pytest.approx(list(summary.winner.ci)) and source["verdict"] == "faster"
+
+    page = run("report", capsys, "-o", "report.html") and Path("report.html").read_text()
+    readers["report text"] = figures(page.replace("&#x27;", "'"))
+    rows = collect(study)
+    table = best_rows(rows, summary)[0]
+    readers["report table"] = (table["trial"], table["latency_ms"], table["baseline_ms"], None, table["measured"])
+    baseline_mark, winner_mark = marks(rows, summary)
+    for figure in (
+        pareto_figure(rows, "error", [baseline_mark, winner_mark]),
+        history_figure(rows, [baseline_mark, winner_mark]),
+    ):
+        shown = json.dumps(figure.to_plotly_json())
+        assert f"winner (trial {summary.best.number}, confirmed)" in shown
+        assert f"baseline (trial {summary.baseline.number}, confirmed)" in shown
+    readers["plots"] = (
+        winner_mark.trial,
+        winner_mark.latency_ms,
+        baseline_mark.latency_ms,
+        None,
+        winner_mark.measurement,
+    )
+
+    notebook = printed(run_notebook(Path("studies") / f"{STUDY}.db", tmp_path, monkeypatch))
+    readers["notebook"] = figures(notebook)
+    first_row = re.search(r"^(\d+) [\d.e-]+ ms .*<- winner$", notebook, re.MULTILINE)
+    assert first_row and int(first_row[1]) == summary.best.number, notebook
+
+    stored = optuna.load_study(study_name=STUDY, storage=f"sqlite:///studies/{STUDY}.db")
+    winner = stored.user_attrs["winner"]
+    readers["study attrs"] = (
+        winner["trial"],
+        winner["latency_ms"],
+        winner["baseline_latency_ms"],
+        winner["speedup"],
+        winner["measurement"],
+    )
+    assert stored.metric_names == ["latency_ms"]
+    from optuna_dashboard._note import get_note_from_system_attrs
+
+    system = stored._storage.get_study_system_attrs(stored._study_id)
+    note = get_note_from_system_attrs(system, study.trials[summary.best.number]._trial_id)["body"]
+    assert f"verdict: faster: trial {summary.best.number}" in note
+
+    for name, seen in readers.items():
+        assert seen[0] == truth[0] and seen[4] == truth[4], name
+        assert seen[1] == pytest.approx(truth[1], rel=1e-3) and seen[2] == pytest.approx(truth[2], rel=1e-3), name
+        if seen[3] is not None:
+            assert seen[3] == pytest.approx(truth[3], rel=2e-3), name
+
+    check = ["check", CNN, "--baseline", "winner.onnx.json", "--budget", "4s", "--tolerance", "90%", "--quiet"]
+    out = run(*check[:1], capsys, *check[1:], "--config", str(config))
+    recorded = re.search(r"against the recorded ([\d.e-]+) ms", out)
+    assert recorded and float(recorded[1]) == pytest.approx(truth[1], rel=1e-3), out
+    assert "extend with" not in out and "confirm" not in out.replace("confirmed", "")
+
+
+def test_when_the_baseline_wins_every_reader_says_so_first(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Every searched candidate is slower than the engine's default (200 µs): keep the default."""
+    config = synthetic_config(tmp_path, 'mode = "ok"\ndelay_us = [800, 1600]\nbuild_ms = [0]\na = [0, 1]\nb = [0]')
+    assert tune(CNN, "--backend", SYNTHETIC, "--config", str(config), "--n-trials", "4", "--confirm-top", "3") in (0, 3)
+    tuned = capsys.readouterr().out
+    summary = summarize_study(load(STUDY))
+    assert summary.baseline_wins and summary.best.number == summary.baseline.number
+    for text in (tuned, run("status", capsys), run("best", capsys)):
+        assert text.startswith("verdict: keep the default configuration: the baseline was significantly faster")
+    assert "export" not in tuned  # nothing worth exporting is suggested
+    record = json.loads(run("best", capsys, "--json"))
+    assert record["baseline_wins"] and record["number"] == summary.baseline.number and record["speedup"] == 1.0
+    out = run("export", capsys, "-o", "w.onnx")
+    assert "verdict: keep the default configuration" in out
+    assert json.loads(Path("w.onnx.json").read_text())["trial"] == summary.baseline.number

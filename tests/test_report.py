@@ -7,14 +7,13 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
 import onnx
 import optuna
 import pytest
-from conftest import SYNTHETIC, save
+from conftest import SYNTHETIC, printed, run_notebook, save
 
 from gpt_optuna.cli import main
 from gpt_optuna.data.make_small_cnn import small_cnn
@@ -163,25 +162,12 @@ def test_the_study_opens_in_optuna_dashboard(study_with_everything: optuna.Study
 def test_the_notebook_runs_top_to_bottom_on_a_study(
     study_with_everything: optuna.Study, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    nbformat = pytest.importorskip("nbformat")
-    nbclient = pytest.importorskip("nbclient")
-    pytest.importorskip("ipykernel")
-    spec = tmp_path / "jupyter" / "kernels" / "python3"  # a real kernel on this very interpreter
-    spec.mkdir(parents=True)
-    argv = [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"]
-    (spec / "kernel.json").write_text(json.dumps({"argv": argv, "display_name": "Python 3", "language": "python"}))
-    monkeypatch.setenv("JUPYTER_PATH", str(tmp_path / "jupyter"))
-    notebook = nbformat.read(Path(__file__).resolve().parent.parent / "notebooks" / "pareto.ipynb", as_version=4)
-    notebook.cells[1].source = 'STUDY_DB = "studies/cnn-syntheticbackend.db"\nSTUDY_NAME = None'
     Path("notebooks").mkdir()  # run from notebooks/, where Jupyter starts, as from the repo root
     before = sorted(str(p) for p in Path(".").rglob("*"))
-    nbclient.NotebookClient(
-        notebook, timeout=300, kernel_name="python3", resources={"metadata": {"path": "notebooks"}}
-    ).execute()
-    assert sorted(str(p) for p in Path(".").rglob("*")) == before  # it created nothing
-    outputs = [o for cell in notebook.cells if cell.cell_type == "code" for o in cell.outputs]
-    assert not [o for o in outputs if o.output_type == "error"]
-    text = "".join(o.get("text", "") for o in outputs)
+    outputs = run_notebook(Path("studies/cnn-syntheticbackend.db"), tmp_path, monkeypatch)
+    text = printed(outputs)
+    after = sorted(str(p) for p in Path(".").rglob("*") if not str(p).startswith("jupyter"))
+    assert after == [p for p in before if not p.startswith("jupyter")]  # it created nothing
     assert "study cnn-syntheticbackend" in text and "Pareto front: [(" in text
     figures = [
         o for o in outputs if "application/vnd.plotly.v1+json" in o.get("data", {}) or "text/html" in o.get("data", {})

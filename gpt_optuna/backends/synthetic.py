@@ -36,6 +36,14 @@ class SyntheticBackend(Backend):
                 Knob("mode", MODES, "ok", "what the candidate does"),
                 Knob("delay_us", (200, 0, 50, 100), 200, "busy-wait per launch (the default is the slowest)"),
                 Knob("build_ms", (0, 100, 1000), 0, "sleep in build"),
+                Knob(
+                    "contention_us",
+                    (0,),
+                    0,
+                    "per launch, this much faster while alone in its process (as in the search) and this much"
+                    " slower beside other open candidates (as in the finalists' interleaved rounds); searched only"
+                    " where [space] lists values",
+                ),
                 Knob("a", tuple(range(8)), 0),
                 Knob("b", tuple(range(8)), 0),
                 Knob("c", ("x", "y", "z"), "x"),
@@ -71,12 +79,23 @@ def _session(path: Path) -> Any:
     return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 
+_open_runners = 0
+"""Runners open in this process: one in the search, several in the finalists' rounds."""
+
+
 class _SyntheticRunner(Runner):
     def __init__(self, candidate: Candidate, path: Path, feeds: Feeds) -> None:
+        global _open_runners
+        _open_runners += 1
         self._delay_s = int(candidate["delay_us"]) / 1e6
+        self._contention_s = int(candidate.get("contention_us", 0)) / 1e6
         self._mode = candidate["mode"]
         self._path = path
         self._feeds = feeds
+
+    def close(self) -> None:
+        global _open_runners
+        _open_runners -= 1
 
     def set_inputs(self, feeds: Feeds) -> None:
         self._feeds = feeds
@@ -93,6 +112,7 @@ class _SyntheticRunner(Runner):
         return outputs
 
     def launch(self) -> None:
-        end = time.perf_counter() + self._delay_s
+        contention = self._contention_s if _open_runners > 1 else -self._contention_s
+        end = time.perf_counter() + self._delay_s + contention
         while time.perf_counter() < end:
             pass

@@ -299,6 +299,7 @@ class TensorRTBackend(Backend):
             self._merge_timing_cache(config, cache, cache_path)
         data = bytes(plan)
         attrs: dict[str, Any] = {"engine_bytes": len(data), "engine_sha256": hashlib.sha256(data).hexdigest()}
+        attrs["engine_io"] = network_io(trt, network)
         if routes:
             attrs["build_route"] = route_string(candidate, routes)
         if logger.messages:
@@ -354,6 +355,24 @@ def io_tensors(trt: ModuleType, engine: Any) -> tuple[list[str], list[str]]:
     names = [engine.get_tensor_name(i) for i in range(engine.num_io_tensors)]
     inputs = [n for n in names if engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT]
     return inputs, [n for n in names if n not in inputs]
+
+
+def network_io(trt: Any, network: Any) -> dict[str, dict[str, str]]:
+    """The dtype of each network input and output the engine was built with, by name: what the
+    engine takes and returns (``{"inputs": {...}, "outputs": {...}}``)."""
+
+    def dtype_name(dtype: Any) -> str:
+        try:
+            return np.dtype(trt.nptype(dtype)).name
+        except TypeError:  # a type numpy has none for (bfloat16, fp8)
+            return str(dtype).rpartition(".")[2].lower()
+
+    inputs = (network.get_input(i) for i in range(network.num_inputs))
+    outputs = (network.get_output(i) for i in range(network.num_outputs))
+    return {
+        "inputs": {tensor.name: dtype_name(tensor.dtype) for tensor in inputs},
+        "outputs": {tensor.name: dtype_name(tensor.dtype) for tensor in outputs},
+    }
 
 
 class TensorRTRunner(Runner):
