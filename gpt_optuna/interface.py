@@ -34,7 +34,6 @@ def interface_problems(original: ModelInfo, made: ModelInfo, dtypes_may_change: 
     problems = []
     for kind, before, after in _kinds(original, made):
         now = {spec.name: spec for spec in after}
-        problems += [f"{kind} {name} is new" for name in now.keys() - {s.name for s in before}]
         for spec in before:
             other = now.get(spec.name)
             if other is None:
@@ -43,6 +42,7 @@ def interface_problems(original: ModelInfo, made: ModelInfo, dtypes_may_change: 
                 problems.append(f"{kind} {spec.name} has rank {len(other.shape)}, the model's {len(spec.shape)}")
             elif other.dtype != spec.dtype and not dtypes_may_change:
                 problems.append(f"{kind} {spec.name} is {other.dtype.name}, the model's {spec.dtype.name}")
+        problems += [f"{kind} {name} is new" for name in now if name not in {s.name for s in before}]
     return problems
 
 

@@ -130,7 +130,7 @@ def test_a_repeated_candidate_names_the_transformed_model_it_ran(overflow_path: 
     after it repeats it and copies its result, the model it ran included, so that exporting any of
     them writes the fp16 graph, not the fp32 original."""
     fixed = ["provider", "graph_optimization_level", "mem_pattern", "execution_mode", "intra_op_num_threads"]
-    fixed += ["intra_op_spinning", "cpu_mem_arena", "denormal_as_zero", "keep_io_fp32", '"keep_fp32.normalization"']
+    fixed += ["intra_op_spinning", "cpu_mem_arena", "denormal_as_zero", '"keep_fp32.normalization"']
     config = tmp_path / "tune.toml"
     config.write_text(
         '[measure]\nbudget_s = 0.05\n[space]\nprecision = "fp16"\nkeep_fp32_nodes = 4\n'
@@ -231,7 +231,7 @@ def test_real_encoder_fp16_and_int8_are_built_validated_and_ranked(minilm_path: 
     config = tmp_path / "tune.toml"
     config.write_text(
         '[measure]\nbudget_s = 0.2\n[space]\nprecision = ["fp16", "int8"]\nkeep_fp32_nodes = [0]\n'
-        'keep_io_fp32 = [true]\nquantize_ops = "matmul"\nprovider = "default"\ngraph_optimization_level = "default"\n'
+        'quantize_ops = "matmul"\nprovider = "default"\ngraph_optimization_level = "default"\n'
         'mem_pattern = "default"\nexecution_mode = "default"\nintra_op_num_threads = "default"\n'
         'intra_op_spinning = "default"\ncpu_mem_arena = "default"\ndenormal_as_zero = "default"\n'
         'graph_fusion = "default"\n'

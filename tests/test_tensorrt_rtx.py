@@ -198,9 +198,7 @@ def test_running_engines_without_cupy_stops_with_one_line_and_keeps_the_candidat
 
 def test_every_graph_precision_builds_a_real_engine_in_a_dry_run(cnn_path: Path, tmp_path: Path) -> None:
     config = tmp_path / "tune.toml"
-    config.write_text(
-        '[space]\nprecision = ["fp16", "bf16", "int8", "fp8"]\nkeep_io_fp32 = [true]\nkeep_fp32_nodes = [0]\n'
-    )
+    config.write_text('[space]\nprecision = ["fp16", "bf16", "int8", "fp8"]\nkeep_fp32_nodes = [0]\n')
     flags = ["--n-trials", "12", "--config", str(config), "--sampler", "random", "--seed", "0"]
     assert dry_run(cnn_path, *flags) == 0
     trials = load("cnn-tensorrt-rtx").get_trials()
@@ -214,3 +212,10 @@ def test_every_graph_precision_builds_a_real_engine_in_a_dry_run(cnn_path: Path,
     for t in trials:
         if t.state is TrialState.COMPLETE and t.params["precision"] != "fp32":
             assert t.user_attrs["transformed_model"].startswith(t.params["precision"] + "-")
+        if t.state is TrialState.COMPLETE:  # what the builder itself made the engine take and return
+            assert t.user_attrs["engine_io"] == {"inputs": {"input": "float32"}, "outputs": {"logits": "float32"}}
+    fp16 = next(t for t in trials if t.state is TrialState.COMPLETE and t.params["precision"] == "fp16")
+    assert main(["export", "--trial", str(fp16.number), "-o", "fp16"]) == 0
+    interface = json.loads(Path("fp16.plan.json").read_text())["interface"]
+    assert not interface["changed"] and interface["engine"] == fp16.user_attrs["engine_io"]
+    assert [(t["name"], t["dtype"]) for t in interface["inputs"]] == [("input", "float32")]
