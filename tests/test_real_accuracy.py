@@ -15,6 +15,8 @@ from optuna.trial import TrialState
 from gpt_optuna.cli import main
 from gpt_optuna.report import render
 
+CRITERION = 0.45
+"""Top-1 agreement with the fp32 model that int8 must keep."""
 TOP1 = '''
 import numpy as np
 
@@ -40,13 +42,19 @@ def only_precision(model: Path, capsys: pytest.CaptureFixture[str]) -> str:
 def test_int8_calibrated_on_real_photos_keeps_top1_where_noise_calibration_loses_it(
     mobilenet_v2_path: Path, photo_crops: np.ndarray, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    """What the tuner guarantees, on data with a wide margin: each candidate is judged by the user's
+    metric on all 30 photos, pruned exactly when it falls below the criterion, and int8 calibrated
+    on the photos keeps more top-1 agreement than int8 calibrated on noise. Where the quantizer's
+    numbers land depends on the ONNX Runtime build and the CPU (photo-calibrated int8 top-1
+    agreement 0.63-0.80 and noise-calibrated 0.27 were seen with 1.31-1.32), so the criterion sits
+    between them with room on both sides."""
     (tmp_path / "imagenet_metrics.py").write_text(TOP1)
     (tmp_path / "tune.toml").write_text(only_precision(mobilenet_v2_path, capsys))
     np.savez(tmp_path / "photos.npz", input=photo_crops)
     rng = np.random.default_rng(0)
     np.savez(tmp_path / "noise.npz", input=rng.standard_normal((8, 1, 3, 224, 224)).astype(np.float32))
     argv = [str(mobilenet_v2_path), "--shape", "input:1x3x224x224", "--inputs", str(tmp_path / "photos.npz")]
-    argv += ["--metric", f"{tmp_path / 'imagenet_metrics.py'}:top1", "--accuracy", "top1_agree>=0.75"]
+    argv += ["--metric", f"{tmp_path / 'imagenet_metrics.py'}:top1", "--accuracy", f"top1_agree>={CRITERION}"]
     argv += ["--config", str(tmp_path / "tune.toml"), "--n-trials", "3", "--confirm-top", "0", "--seed", "0"]
 
     assert tune(*argv, "--study-name", "real") == 0
@@ -60,13 +68,16 @@ def test_int8_calibrated_on_real_photos_keeps_top1_where_noise_calibration_loses
     assert set(real) == set(noise) == {"fp32", "fp16", "int8"}
     for study in (real, noise):
         assert study["fp32"][0] is TrialState.COMPLETE and study["fp32"][1]["top1_agree"] == 1.0
-        assert study["fp16"][0] is TrialState.COMPLETE and study["fp16"][1]["top1_agree"] >= 0.95
-        assert study["fp16"][1]["samples"] == 30
-    assert real["int8"][0] is TrialState.COMPLETE and real["int8"][1]["top1_agree"] >= 0.75
-    assert noise["int8"][0] is TrialState.PRUNED and noise["int8"][1]["top1_agree"] < 0.5
+        for state, accuracy in study.values():  # pruned exactly below the criterion, on every photo
+            assert accuracy["samples"] == 30
+            assert (state is TrialState.COMPLETE) == (accuracy["top1_agree"] >= CRITERION), (state, accuracy)
+    assert real["int8"][1]["top1_agree"] > noise["int8"][1]["top1_agree"] + 0.2
+    assert real["int8"][0] is TrialState.COMPLETE and noise["int8"][0] is TrialState.PRUNED
 
     page = render(load("noise"))  # the criterion, and every trial's metrics
-    assert "Accuracy criterion: top1_agree&gt;=0.75, on 30 samples" in page and "imagenet_metrics.py:top1" in page
+    assert (
+        f"Accuracy criterion: top1_agree&gt;={CRITERION}, on 30 samples" in page and "imagenet_metrics.py:top1" in page
+    )
     table = page[page.index('<details id="accuracy">') :]
     header = re.findall(r"<th>([^<]+)</th>", table[: table.index("</tr>")])
     assert header[:4] == ["trial", "status", "latency_ms", "top1_agree"] and {"cosine", "samples"} <= set(header)
