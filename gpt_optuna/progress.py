@@ -102,12 +102,17 @@ def stability_warning(summary: StudySummary) -> str:
     if found is None or not found.unstable:
         return ""
     whose = ", the winner's among them" if found.winner_unstable else ""
+    steadier = (
+        "lock the GPU clocks (nvidia-smi --lock-gpu-clocks)"
+        if found.on_gpu
+        else "keep the tuner's cores to itself (taskset, no other jobs)"
+    )
     return (
         f"warning: unstable measurements: {found.unstable} of {found.measured} search latencies missed their"
-        f" +-{found.target:.0%} precision target (worst +-{found.worst:.0%}){whose}: the machine was busy or its"
+        f" +-{100 * found.target:.3g}% precision target (worst +-{100 * found.worst:.3g}%){whose}: the machine was busy or its"
         " clocks changed. The confirmed figures, timed interleaved, are the ones to trust; for steadier"
-        " numbers stop other work on the machine, lock the GPU clocks (nvidia-smi --lock-gpu-clocks), or give"
-        " each measurement more time ([measure] budget_s)"
+        f" numbers stop other work on the machine, {steadier}, or give each measurement more time"
+        " ([measure] budget_s)"
     )
 
 

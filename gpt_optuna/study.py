@@ -515,6 +515,8 @@ class Stability:
     worst: float
     """The largest half-width among the unstable ones."""
     winner_unstable: bool
+    on_gpu: bool
+    """Measured on a GPU (else on the CPU), for the advice."""
 
 
 @dataclass(frozen=True)
@@ -642,7 +644,8 @@ def stability(trials: Sequence[FrozenTrial], target: float, winner: FrozenTrial 
     unstable = [t for t in measured if not t.user_attrs["latency"].get("stable", True)]
     worst = max((float(t.user_attrs["latency"].get("rel_ci", 0.0)) for t in unstable), default=0.0)
     flagged = winner is not None and any(t.number == winner.number for t in unstable)
-    return Stability(len(unstable), len(measured), target, worst, flagged)
+    on_gpu = any(t.user_attrs.get("gpu", "cpu") != "cpu" for t in measured)
+    return Stability(len(unstable), len(measured), target, worst, flagged, on_gpu)
 
 
 def summarize_study(study: optuna.Study) -> StudySummary:

@@ -145,3 +145,18 @@ def test_when_the_baseline_wins_every_reader_says_so_first(tmp_path: Path, capsy
     out = run("export", capsys, "-o", "w.onnx")
     assert "verdict: keep the default configuration" in out
     assert json.loads(Path("w.onnx.json").read_text())["trial"] == summary.baseline.number
+
+
+def test_unstable_measurements_are_flagged_with_what_to_do(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A precision target no measurement can reach in its budget: every latency is flagged, and the
+    summary, status and the report say so, with what to do about it."""
+    config = tmp_path / "tune.toml"
+    config.write_text('[measure]\nbudget_s = 0.02\nmin_samples = 5\ntarget_rel_ci = 1e-9\n[space]\nmode = "ok"\n')
+    flags = ["--config", str(config), "--n-trials", "3", "--confirm-top", "0", "--no-seeds"]
+    assert tune(CNN, "--backend", SYNTHETIC, *flags) == 0
+    warning = "warning: unstable measurements: 3 of 3 search latencies missed their +-1e-07% precision target"
+    for text in (capsys.readouterr().out, run("status", capsys)):
+        assert warning in text and "keep the tuner's cores to itself" in text
+    run("report", capsys, "-o", "report.html")
+    assert warning in Path("report.html").read_text()
+    assert json.loads(run("best", capsys, "--json"))["unstable_measurements"] == [3, 3]
