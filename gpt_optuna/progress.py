@@ -109,8 +109,8 @@ def stability_warning(summary: StudySummary) -> str:
     )
     return (
         f"warning: unstable measurements: {found.unstable} of {found.measured} search latencies missed their"
-        f" +-{100 * found.target:.3g}% precision target (worst +-{100 * found.worst:.3g}%){whose}: the machine was busy or its"
-        " clocks changed. The confirmed figures, timed interleaved, are the ones to trust; for steadier"
+        f" +-{100 * found.target:.3g}% precision target (worst +-{100 * found.worst:.3g}%){whose}: the machine"
+        " was busy or its clocks changed. The confirmed figures, timed interleaved, are the ones to trust; for steadier"
         f" numbers stop other work on the machine, {steadier}, or give each measurement more time"
         " ([measure] budget_s)"
     )
