@@ -110,3 +110,62 @@ def test_check_passes_the_record_and_fails_a_slower_or_changed_model(
 
     assert main([*check, str(cnn_path), "--tolerance", "lots"]) == 2
     assert main(["check", str(cnn_path), "--baseline", "nothing.json"]) == 2
+
+
+def test_a_malformed_record_of_any_shape_is_one_line_and_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Valid JSON of the wrong shape, fields of the wrong type, sample files that are not the
+    model's: each a user error in one line (exit 2), never a traceback or a regression's exit 1."""
+    from conftest import SYNTHETIC, synthetic_config
+
+    config = synthetic_config(tmp_path, 'mode = "ok"\ndelay_us = [100]')
+    model = str(Path(__file__).parent.parent / "gpt_optuna/data/small_cnn.onnx")
+    assert tune(model, "--backend", SYNTHETIC, "--config", str(config), "--n-trials", "2", "--confirm-top", "0") == 0
+    assert main(["export", "-o", "record"]) == 0
+    good = json.loads(Path("record.onnx.json").read_text())
+    shapes = {
+        "null": None,
+        "a list": [1, 2],
+        "latency as text": good | {"latency_ms": "fast"},
+        "a negative latency": good | {"latency_ms": -1.0},
+        "params as a list": good | {"params": [1, 2]},
+        "a params value that is an object": good | {"params": {"delay_us": {"x": 1}}},
+        "no backend": {k: v for k, v in good.items() if k != "backend"},
+        "samples missing": good | {"samples": None},
+        "samples of other keys": good | {"samples": {"x": "y"}},
+        "a sample file that is not there": good | {"samples": {"inputs": "gone.npz", "reference": "gone.npz"}},
+        "a malformed criterion": good | {"accuracy_criterion": "cosine>>1"},
+        "shapes as text": good | {"shapes": "1x3"},
+    }
+    for what, record in shapes.items():
+        Path("bad.onnx.json").write_text(json.dumps(record))
+        for kind in ("inputs", "reference"):
+            Path(f"bad.onnx.{kind}.npz").write_bytes(Path(f"record.onnx.{kind}.npz").read_bytes())
+        capsys.readouterr()
+        assert main(["check", model, "--baseline", "bad.onnx.json", "--budget", "5s", "--quiet"]) == 2, what
+        err = capsys.readouterr().err
+        assert err.startswith("gpt-optuna: error: ") and err.count("\n") == 1 and "Traceback" not in err, (what, err)
+    np.savez("bad.onnx.inputs.npz", other=np.zeros((1, 1, 3, 64, 64), np.float32))
+    own = {"inputs": "bad.onnx.inputs.npz", "reference": "bad.onnx.reference.npz"}
+    Path("bad.onnx.json").write_text(json.dumps(good | {"samples": own}))
+    assert main(["check", model, "--baseline", "bad.onnx.json", "--quiet"]) == 2
+    assert "the record's inputs (other) are not the model's (input)" in capsys.readouterr().err
+    Path("bad.onnx.inputs.npz").write_bytes(b"not an npz")
+    assert main(["check", model, "--baseline", "bad.onnx.json", "--quiet"]) == 2
+    assert "cannot read the record's" in capsys.readouterr().err
+
+
+def test_an_internal_error_exits_4_apart_from_a_regression(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The mapping from an unexpected exception (a bug of ours) to its exit code: 4, with the traceback."""
+    import gpt_optuna.cli as cli
+
+    def broken(argv: list[str]) -> int:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(cli, "run", broken)
+    assert cli.main(["status"]) == 4
+    err = capsys.readouterr().err
+    assert "Traceback" in err and "internal error (a bug" in err
