@@ -20,8 +20,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from gpt_optuna import model as model_io
 from gpt_optuna.accuracy import parse_criterion
 from gpt_optuna.config import TuneConfig, default_storage, study_flags
@@ -146,11 +144,14 @@ def shape_flags(record: dict[str, Any]) -> list[str]:
 
 
 def compare_latency(record_ms: float, summary: Any, tolerance: float) -> Outcome:
-    """The winner's confirmed latencies (one per process) against the record."""
-    row = summary.confirmed_row
-    measured = (row.get("process_ms") or [row["median_ms"]]) if row else [summary.best_value]
-    low, high, median = min(measured), max(measured), float(np.median(measured))
-    which = f" (processes {low:.4g}-{high:.4g} ms)" if len(measured) > 1 else f" ({summary.measurement})"
+    """The winner's latency, as its study states it, against the record; a regression or an
+    improvement only where every confirmation process agrees."""
+    winner = summary.winner
+    median = winner.latency_ms
+    measured = list(winner.process_ms) or [median]
+    low, high = min(measured), max(measured)
+    which = f" ({winner.measurement}; processes {low:.4g}-{high:.4g} ms)" if len(measured) > 1 else ""
+    which = which or f" ({winner.measurement})"
     change = 100 * (median / record_ms - 1)
     said = f"trial {summary.best.number}: {median:.4g} ms{which} against the recorded {record_ms:.4g} ms"
     if low > record_ms * (1 + tolerance):

@@ -13,6 +13,7 @@ from optuna.trial import FrozenTrial
 
 from gpt_optuna.errors import UserError
 from gpt_optuna.interface import IO_CHANGE_ATTR, dtype_changes, io_record
+from gpt_optuna.progress import headline
 from gpt_optuna.shared_data import artifact_folder
 from gpt_optuna.study import FINGERPRINT_ATTR, StudySummary, first_value, study_folder, summarize_study
 
@@ -99,8 +100,6 @@ def chosen_trial(study: optuna.Study, summary: StudySummary, number: int | None)
 def figures_record(summary: StudySummary, trial: FrozenTrial) -> dict[str, Any]:
     """The trial's latency, the baseline's and their ratio, from one named measurement, as every
     reader states them (``best --json``, the side file)."""
-    from gpt_optuna.progress import headline
-
     figures = summary.figures(trial)
     winner = summary.best is not None and trial.number == summary.best.number
     return {

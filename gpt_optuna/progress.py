@@ -88,7 +88,7 @@ def headline(summary: StudySummary) -> str:
     if verdict == "unconfirmed":
         return (
             f"verdict: not confirmed: trial {winner.number} measured {winner.speedup:.3f}x the baseline in the"
-            f" search ({figures}, one measurement each); re-measure the finalists with gpt-optuna confirm"
+            f" search ({figures}, one measurement each); the finalists are not re-measured yet (confirm)"
         )
     return (
         f"verdict: faster: trial {winner.number} is {winner.speedup:.3f}x the baseline{_interval(winner)}"

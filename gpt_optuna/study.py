@@ -580,14 +580,6 @@ class StudySummary:
         return None if self.best is None else self.figures(self.best)
 
     @property
-    def confirmed_row(self) -> dict[str, Any] | None:
-        """The confirmation's row for ``best`` (the baseline's row when the baseline won)."""
-        if not self.confirmed or self.best is None:
-            return None
-        rows = [self.confirmed["baseline"], *self.confirmed.get("ranking", [])]
-        return next((r for r in rows if r["number"] == self.best.number), None)
-
-    @property
     def measurement(self) -> str:
         """Which measurement the figures come from: ``confirmed`` or ``search``."""
         return self.winner.measurement if self.winner is not None else "search"
