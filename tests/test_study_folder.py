@@ -88,17 +88,21 @@ def test_a_study_is_used_from_any_folder_and_its_printed_commands_run_as_printed
     status = gpt_optuna_cli("status", *where, cwd=elsewhere)
     assert status.returncode == 0 and "(confirmed)" in status.stdout, status.stderr
 
-    exported = gpt_optuna_cli("export", *where, "--trial", "1", "-o", "fp16", cwd=elsewhere)
+    fp16 = next(
+        t for t in optuna.load_study(study_name="s", storage=storage).trials if "transformed_model" in t.user_attrs
+    )
+    exported = gpt_optuna_cli("export", *where, "--trial", str(fp16.number), "-o", "fp16", cwd=elsewhere)
     assert exported.returncode == 0, exported.stderr  # the transformed model is found in the study's folder
-    assert (elsewhere / "fp16.onnx").read_bytes() == next((made / "studies/s/models").glob("fp16-*.onnx")).read_bytes()
+    ran = made / "studies/s/models" / fp16.user_attrs["transformed_model"]
+    assert (elsewhere / "fp16.onnx").read_bytes() == ran.read_bytes()
     os.chdir(elsewhere)
     session = gpt_optuna.open_session("fp16.onnx")
     out = session.run(None, {"input": np.zeros((1, 3, 64, 64), np.float32)})[0]
     assert out.dtype == np.float32 and np.isfinite(out).all()
-    again = gpt_optuna_cli("export", *where, "--trial", "1", "-o", "fp16.onnx", cwd=elsewhere)
+    again = gpt_optuna_cli("export", *where, "--trial", str(fp16.number), "-o", "fp16.onnx", cwd=elsewhere)
     assert again.returncode == 2 and "already exist" in again.stderr and "--force" in again.stderr
     side = json.loads((elsewhere / "fp16.onnx.json").read_text())
-    assert side["trial"] == 1 and side["interface"]["changed"] is False
+    assert side["trial"] == fp16.number and side["interface"]["changed"] is False
 
     extended = shell(steps["extend with"], elsewhere)
     assert extended.returncode == 0, extended.stderr
