@@ -53,17 +53,14 @@ def main() -> int:
         print(f"tune: exit {code}, {wall:.0f} s", flush=True)
         code, _, _ = run(["export", "-o", "record.onnx"])
         record = json.loads(Path("record.onnx.json").read_text())
-        recorded = (record.get("confirmed") or {}).get("median_ms") or record["latency_ms"]
-        print(f"record: trial {record['trial']}, {recorded:.4f} ms, params {record['params']}")
+        recorded = record["latency_ms"]  # the figure its study judged the winner by
+        print(f"record: trial {record['trial']}, {recorded:.4f} ms ({record['measurement']}), {record['params']}")
         check = ["check", "mobilenet_v2_b8.onnx", "--budget", args.budget, "--tolerance", args.tolerance, "--quiet"]
         for attempt in range(args.repeat):
             code, lines, wall = run([*check, "--baseline", "record.onnx.json"])
             print(f"check {attempt + 1} against its own record: exit {code}, {wall:.0f} s")
             print("\n".join(f"    {line}" for line in lines), flush=True)
-        lying = dict(record)
-        if lying.get("confirmed"):
-            lying["confirmed"] = {**lying["confirmed"], "median_ms": 0.9 * recorded}
-        lying["latency_ms"] = 0.9 * record["latency_ms"]
+        lying = record | {"latency_ms": 0.9 * recorded}
         Path("lying.onnx.json").write_text(json.dumps(lying))  # its samples are the record's files
         code, lines, wall = run([*check, "--baseline", "lying.onnx.json"])
         print(f"check against a record 10 % faster than measured: exit {code}, {wall:.0f} s")
