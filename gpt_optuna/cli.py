@@ -348,7 +348,7 @@ def best_record(summary: Any) -> dict[str, Any]:
     best = summary.best
     figures = figures_record(summary, best)
     if summary.dry_run:
-        figures |= {"latency_ms": None, "baseline_latency_ms": None, "speedup": None, "search_latency_ms": None}
+        figures |= {"latency_ms": None, "baseline_latency_ms": None, "search_latency_ms": None}
     stability = summary.stability
     return {
         "number": best.number,
