@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 
 import optuna
 import pytest
@@ -61,7 +63,9 @@ def test_every_reader_names_the_winner_the_confirmation_chose_over_the_searchs_f
     said = {"tune": tuned, "status": run("status", capsys), "best": run("best", capsys)}
     assert all(text.startswith("verdict: faster: trial") for text in said.values())  # the verdict first
     record = json.loads(run("best", capsys, "--json"))
+    Path("winner.json").write_text("the user's own file")
     exported = run("export", capsys, "-o", "winner")  # no extension given: the model's
+    assert Path("winner.json").read_text() == "the user's own file" and Path("winner.onnx").is_file()
     side = json.loads(Path("winner.onnx.json").read_text())
     said |= {"export": exported}
     readers = {name: figures(text) for name, text in said.items()}
@@ -111,10 +115,12 @@ def test_every_reader_names_the_winner_the_confirmation_chose_over_the_searchs_f
         winner["measurement"],
     )
     assert stored.metric_names == ["latency_ms"]
-    from optuna_dashboard._note import get_note_from_system_attrs
+    from optuna_dashboard import get_note
 
-    system = stored._storage.get_study_system_attrs(stored._study_id)
-    note = get_note_from_system_attrs(system, study.trials[summary.best.number]._trial_id)["body"]
+    trial = SimpleNamespace(
+        storage=stored._storage, study=stored, _trial_id=study.trials[summary.best.number]._trial_id
+    )
+    note = get_note(trial)  # the dashboard's note on the winning trial
     assert f"verdict: faster: trial {summary.best.number}" in note
 
     for name, seen in readers.items():
@@ -160,3 +166,27 @@ def test_unstable_measurements_are_flagged_with_what_to_do(tmp_path: Path, capsy
     run("report", capsys, "-o", "report.html")
     assert warning in Path("report.html").read_text()
     assert json.loads(run("best", capsys, "--json"))["unstable_measurements"] == [3, 3]
+
+
+def test_a_winner_whose_interval_includes_one_is_no_improvement_said_first_and_not_offered(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The verdict and next steps from the confirmation's figures: the same study read with its top
+    finalist's interval moved across 1.0 (the mapping from confirmed figures to what is said)."""
+    from gpt_optuna.config import TuneConfig
+    from gpt_optuna.progress import headline
+    from gpt_optuna.tuner import next_steps
+
+    config = synthetic_config(tmp_path, 'mode = "ok"\ndelay_us = [200, 100]\nbuild_ms = [0]\na = [0]\nb = [0]\nc = "x"')
+    argv = [CNN, "--backend", SYNTHETIC, "--config", str(config), "--n-trials", "2", "--confirm-top", "1"]
+    assert tune(*argv, "--no-seeds") == 0
+    summary = summarize_study(load(STUDY))
+    assert summary.verdict == "faster"
+    confirmed = dict(summary.confirmed)
+    top = dict(confirmed["ranking"][0])
+    unsure = replace(summary, confirmed=confirmed | {"ranking": [top | {"ci_low": 0.97, "ci_high": 1.03}]})
+    assert unsure.verdict == "not_significant" and unsure.best.number == top["number"]
+    assert headline(unsure).startswith(f"verdict: no significant improvement: the best finalist, trial {top['number']}")
+    tuned = TuneConfig(model=Path(CNN), backend=SYNTHETIC, study_name=STUDY)
+    assert not [s for s in next_steps(tuned, [], 2, unsure) if "export" in s]
+    assert [s for s in next_steps(tuned, [], 2, summary) if s.startswith("export the winner: gpt-optuna export")]

@@ -99,7 +99,10 @@ def test_a_failing_user_metric_is_a_pruned_failure_with_its_traceback(
     config = synthetic_config(tmp_path, 'mode = ["ok"]\ndelay_us = [0, 50]\nbuild_ms = [0]')
     argv = [str(cnn_path), "--backend", SYNTHETIC, "--config", str(config), "--confirm-top", "0"]
     argv += ["--inputs", str(stacked_inputs(tmp_path, 2)), "--metric", f"{metrics_module}:broken"]
+    capsys.readouterr()
     assert tune(*argv, "--accuracy", "score>=0.5", "--n-trials", "2") == 3
+    out = capsys.readouterr().out
+    assert out.startswith("verdict: no feasible candidate yet") and "export" not in out  # nothing to export
     for trial in load("cnn-syntheticbackend").get_trials():
         assert trial.state is TrialState.PRUNED and trial.user_attrs["outcome"] == "metric_error"
         assert "no labels for these outputs" in trial.user_attrs["failure"]
