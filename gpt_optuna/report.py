@@ -197,9 +197,14 @@ def history_figure(rows: list[TrialRow], marked: list[Mark] | None = None) -> An
             go.Scatter(x=[r.number for r in feasible], y=best, mode="lines", name="best so far"),
         ]
     )
-    for mark in marked or []:
-        dash = "dash" if mark.label.startswith("baseline") else "dot"
-        figure.add_hline(y=mark.latency_ms, line_dash=dash, annotation_text=f"{mark.name}: {mark.latency_ms:.4g} ms")
+    for mark in marked or []:  # the baseline's label above its line at the left, the winner's below at the right
+        baseline = mark.label.startswith("baseline")
+        figure.add_hline(
+            y=mark.latency_ms,
+            line_dash="dash" if baseline else "dot",
+            annotation_text=f"{mark.name}: {mark.latency_ms:.4g} ms",
+            annotation_position="top left" if baseline else "bottom right",
+        )
     figure.update_layout(title="Optimization history", xaxis_title="trial", yaxis_title="latency (ms)")
     return figure
 
@@ -364,6 +369,7 @@ def _table(rows: list[dict[str, Any]]) -> str:
 
 _STYLE = (
     "body{font-family:sans-serif;margin:2em} table{border-collapse:collapse} td,th{border:1px solid #ccc;padding:4px}"
+    " pre{white-space:pre-wrap}"
 )
 
 
