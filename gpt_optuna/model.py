@@ -336,7 +336,22 @@ def _loaded_samples(spec: str) -> list[Feeds]:
         samples = [dict(feeds) for feeds in function()]
     except Exception as exc:
         raise UserError(f"the data loader {spec} failed: {type(exc).__name__}: {_one_line(exc)}") from exc
-    return [{name: np.ascontiguousarray(array) for name, array in feeds.items()} for feeds in samples]
+    return [{name: _contiguous(np.asarray(array)) for name, array in feeds.items()} for feeds in samples]
+
+
+def _contiguous(array: np.ndarray) -> np.ndarray:
+    """A C-contiguous array of the same rank (``np.ascontiguousarray`` makes a scalar 1-d)."""
+    return array if array.flags.c_contiguous else array.copy(order="C")
+
+
+def check_numeric_inputs(info: ModelInfo) -> None:
+    """A UserError naming the first input that holds strings: candidates are fed numbers only."""
+    for spec in info.inputs:
+        if spec.dtype.kind in "OSU":
+            raise UserError(
+                f"{info.path}: input {spec.name!r} is a string tensor ({spec.describe()}); gpt-optuna tunes models"
+                " whose inputs are numbers or booleans"
+            )
 
 
 def absolute_spec(spec: str) -> str:
@@ -384,7 +399,8 @@ def stack(samples: list[Feeds]) -> Feeds:
 def unstack(arrays: Feeds) -> list[Feeds]:
     """Arrays with a leading sample axis as a list of samples."""
     count = len(next(iter(arrays.values()))) if arrays else 0
-    return [{name: array[i] for name, array in arrays.items()} for i in range(count)]
+    # array[i, ...] keeps a scalar input's sample a 0-d array (array[i] would be a numpy scalar)
+    return [{name: array[i, ...] for name, array in arrays.items()} for i in range(count)]
 
 
 def samples_sha256(samples: list[Feeds]) -> str:

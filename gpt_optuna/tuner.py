@@ -107,6 +107,7 @@ def load_inputs(config: TuneConfig, notes: list[str]) -> Inputs:
     """The checked model, every input's shape range, the input data (given or generated) and the
     fp32 reference outputs; warnings go to ``notes``. Reads only."""
     info = model_io.load_model_info(config.model)
+    model_io.check_numeric_inputs(info)
     shapes = model_io.parse_shapes(config.shapes)
     if config.inputs is not None:
         samples = model_io.load_samples(config.inputs, info, shapes, config.samples)

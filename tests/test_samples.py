@@ -123,3 +123,64 @@ def test_generated_inputs_warn_once_and_bad_samples_are_named(cnn_path: Path, tm
     np.savez(ragged, input=np.zeros((2, 1, 3, 64, 64), np.float32), extra=np.zeros(3, np.float32))
     bad = subprocess.run([*cli, "--inputs", str(ragged)], capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and "different numbers of samples" in bad.stderr
+
+
+def declared_model(path: Path) -> Path:
+    """Inputs of four kinds: a float tensor, a scalar int64 (a sample rate), uint8 and a scalar bool."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    nodes = [helper.make_node("Cast", [n], [f"{n}f"], to=TensorProto.FLOAT) for n in ("rate", "pixels", "flag")]
+    nodes += [helper.make_node("Mul", ["x", "ratef"], ["a"]), helper.make_node("Mul", ["pixelsf", "flagf"], ["b"])]
+    nodes += [helper.make_node("Add", ["a", "b"], ["y"])]
+    inputs = [("x", TensorProto.FLOAT, [1, 4]), ("rate", TensorProto.INT64, []), ("pixels", TensorProto.UINT8, [1, 4])]
+    inputs += [("flag", TensorProto.BOOL, [])]
+    graph = helper.make_graph(
+        nodes,
+        "declared",
+        [helper.make_tensor_value_info(*spec) for spec in inputs],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, path)
+    return path
+
+
+def test_inputs_as_the_model_declares_them(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Scalar (0-d) inputs, int64, uint8 and bool beside floats, from one .npz, a stacked .npz and a
+    loader yielding plain Python values; a string input is refused in one line."""
+    model = declared_model(tmp_path / "declared.onnx")
+    one = {"x": np.ones((1, 4), np.float32), "rate": np.array(16000), "pixels": np.arange(4, dtype=np.uint8)[None]}
+    np.savez(tmp_path / "one.npz", **one, flag=np.array(True))
+    stacked = {k: np.stack([v, v]) for k, v in one.items()} | {"flag": np.array([True, False])}
+    np.savez(tmp_path / "two.npz", **stacked)
+    (tmp_path / "feeds.py").write_text(
+        "import numpy as np\n"
+        "def load():\n"
+        "    for rate in (8000, 16000, 44100):\n"
+        "        yield {'x': np.ones((1, 4), np.float32), 'rate': rate, 'pixels': np.zeros((1, 4), np.uint8),"
+        " 'flag': True}\n"
+    )
+    config = tmp_path / "tune.toml"
+    config.write_text('[measure]\nbudget_s = 0.05\n[space]\nprecision = "default"\n')
+    base = [str(model), "--config", str(config), "--n-trials", "1", "--confirm-top", "0"]
+    for name, given, samples in (("one", "one.npz", 1), ("two", "two.npz", 2), ("loaded", "feeds.py:load", 3)):
+        assert tune(*base, "--inputs", str(tmp_path / given), "--study-name", name) == 0, capsys.readouterr().err
+        baseline = load(name).get_trials()[0]
+        assert baseline.state is TrialState.COMPLETE and baseline.user_attrs["accuracy"]["samples"] == samples
+
+    import onnx
+    from onnx import TensorProto, helper
+
+    text = helper.make_graph(
+        [helper.make_node("Identity", ["s"], ["o"])],
+        "text",
+        [helper.make_tensor_value_info("s", TensorProto.STRING, [1])],
+        [helper.make_tensor_value_info("o", TensorProto.STRING, [1])],
+    )
+    onnx.save(helper.make_model(text, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), tmp_path / "t.onnx")
+    capsys.readouterr()
+    assert main(["tune", str(tmp_path / "t.onnx"), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "input 's' is a string tensor" in err and err.count("\n") == 1
