@@ -23,7 +23,7 @@ from typing import Any
 from gpt_optuna import model as model_io
 from gpt_optuna.accuracy import parse_criterion
 from gpt_optuna.config import TuneConfig, default_storage, study_flags
-from gpt_optuna.errors import EXIT_INTERRUPTED, EXIT_NO_FEASIBLE, EXIT_REGRESSION, UserError
+from gpt_optuna.errors import EXIT_NO_FEASIBLE, EXIT_REGRESSION, UserError
 from gpt_optuna.session import read_record
 
 
@@ -225,7 +225,7 @@ def run_check(
             allow_io_change=bool((record.get("interface") or {}).get("allow_io_change")),
         )
         code = tune(config, Progress(enabled=not quiet), argv=[], summarize=False)
-        if code == EXIT_INTERRUPTED:
+        if code > 128:  # stopped by Ctrl-C, SIGTERM or SIGHUP
             return code
         study = load_study(open_storage(config.storage, create=False), name)
         summary = summarize_study(study)

@@ -13,7 +13,7 @@ from typing import Any
 
 from gpt_optuna import __version__, interrupts
 from gpt_optuna.config import SAMPLERS, TuneConfig, default_storage, parse_duration, read_toml, study_flags
-from gpt_optuna.errors import EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_USER_ERROR, UserError, environment_fault
+from gpt_optuna.errors import EXIT_INTERNAL, EXIT_USER_ERROR, UserError, environment_fault
 
 
 def _worker_flags(parser: argparse.ArgumentParser) -> None:
@@ -506,7 +506,8 @@ EXIT_CODES = """exit codes:
   2    user error or a fault of the machine (bad input, bad record, full disk, read-only files): one line
   3    the search finished without any feasible candidate
   4    internal error (a bug): the traceback is printed
-  130  interrupted (Ctrl-C); the summary and the command that resumes are printed"""
+  130  interrupted by Ctrl-C (143 by SIGTERM, 129 by SIGHUP): the summary and the command that resumes
+       are printed"""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -520,8 +521,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gpt-optuna: error: {exc}", file=sys.stderr)
         return EXIT_USER_ERROR
     except KeyboardInterrupt:
-        print("gpt-optuna: interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED
+        # only a step that had not begun the search or finished its writes is left here
+        print(f"gpt-optuna: stopped by {interrupts.cause()}; run the same command again to carry on", file=sys.stderr)
+        return interrupts.exit_code()
     except BrokenPipeError:  # output piped into a reader that stopped (`status | head -1`)
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0

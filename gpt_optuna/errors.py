@@ -7,7 +7,6 @@ EXIT_NO_FEASIBLE = 3
 """The exit code of a search that finished without any feasible candidate."""
 EXIT_INTERNAL = 4
 """An internal error (a bug of ours): the traceback is printed."""
-EXIT_INTERRUPTED = 130
 
 
 class GptOptunaError(Exception):

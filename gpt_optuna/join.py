@@ -20,7 +20,7 @@ from optuna.artifacts import FileSystemArtifactStore
 from gpt_optuna import interrupts
 from gpt_optuna.config import DEFAULT_TRIAL_TIMEOUT_S, STUDIES
 from gpt_optuna.confirm import template_from_study
-from gpt_optuna.errors import EXIT_INTERRUPTED, UserError
+from gpt_optuna.errors import UserError
 from gpt_optuna.model import load_model_info
 from gpt_optuna.objective import OWNER, Objective
 from gpt_optuna.parallel import (
@@ -138,7 +138,7 @@ def join(config: JoinConfig, progress: Progress) -> int:
             if isinstance(exc, UserError):
                 raise
             print(format_summary(summarize_study(study)))
-            return EXIT_INTERRUPTED
+            return interrupts.exit_code()
     progress.end()
     mine = sum(1 for t in study.get_trials(deepcopy=False) if t.user_attrs.get("owner") == OWNER)
     print(format_summary(summarize_study(study)))

@@ -113,7 +113,7 @@ class Objective:
         try:
             result = run_evaluation(lane.worker, job, self.trial_timeout_s)
         except (KeyboardInterrupt, UserError) as exc:
-            self._stop(trial, "stopped by the user" if isinstance(exc, KeyboardInterrupt) else f"stopped: {exc}")
+            self._stop(trial, interrupts.stopped() if isinstance(exc, KeyboardInterrupt) else f"stopped: {exc}")
             raise
         if result.outcome is Outcome.OK and "memory" in self.objectives and "device_memory_bytes" not in result.attrs:
             self._stop(trial, "stopped: no device memory figure")
@@ -151,7 +151,7 @@ class Objective:
             try:
                 interrupts.check()
             except KeyboardInterrupt:
-                self._stop(trial, "stopped by the user")
+                self._stop(trial, interrupts.stopped())
                 raise
             time.sleep(1.0)
         return None

@@ -22,7 +22,7 @@ from gpt_optuna import interrupts
 from gpt_optuna import model as model_io
 from gpt_optuna.config import STUDIES, TuneConfig, study_flags
 from gpt_optuna.confirm import confirm
-from gpt_optuna.errors import EXIT_INTERRUPTED, EXIT_NO_FEASIBLE, UserError
+from gpt_optuna.errors import EXIT_NO_FEASIBLE, UserError
 from gpt_optuna.evaluate import (
     CALIBRATION_FILE,
     INPUTS_FILE,
@@ -264,7 +264,8 @@ def fingerprint(config: TuneConfig, prepared: Prepared) -> dict[str, Any]:
 def tune(
     config: TuneConfig, progress: Progress | None = None, argv: list[str] | None = None, summarize: bool = True
 ) -> int:
-    """Run or resume a search; returns the process exit code (130 after Ctrl-C).
+    """Run or resume a search; returns the process exit code (128 + the signal's number when one
+    stopped it: 130 after Ctrl-C).
 
     ``argv`` are the command's arguments, printed at the end as the command that resumes. Without
     ``summarize`` (a caller that judges the study itself, as ``check`` does) nothing is printed at
@@ -342,8 +343,8 @@ def tune(
                 raise
             summary = record_winner(study)
             steps = next_steps(config, args, finished_count(study), summary)
-            finish(summary, steps, note="stopped by Ctrl-C", elapsed=time.monotonic() - started)
-            return EXIT_INTERRUPTED
+            finish(summary, steps, note=f"stopped by {interrupts.cause()}", elapsed=time.monotonic() - started)
+            return interrupts.exit_code()
         note = (
             "the sampler kept proposing evaluated candidates: the space looks covered"
             if objective.space_exhausted
@@ -354,11 +355,11 @@ def tune(
                 note = confirm_finalists(config, study, job, deadline, progress, pinned(gpus[0])) or note
                 interrupts.check()
             except KeyboardInterrupt:
-                note = "the finalists' re-measurement was stopped by Ctrl-C"
+                note = f"the finalists' re-measurement was stopped by {interrupts.cause()}"
                 summary = record_winner(study)
                 steps = next_steps(config, args, finished_count(study), summary, reconfirm=True)
                 finish(summary, steps, note=note)
-                return EXIT_INTERRUPTED
+                return interrupts.exit_code()
         summary = record_winner(study)
         if summary.best is None:
             note = "no candidate met the accuracy criterion" if not config.dry_run else "no candidate built"

@@ -63,7 +63,7 @@ def _die_with_parent() -> None:
 
 def _child_main(conn: Connection, log_path: str, env: dict[str, str]) -> None:
     os.environ.update(env)  # before any job imports a GPU library (CUDA_VISIBLE_DEVICES pins a device)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    interrupts.ignore()  # Ctrl-C, SIGTERM and SIGHUP are the parent's to handle
     _die_with_parent()
     log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     os.dup2(log_fd, 1)

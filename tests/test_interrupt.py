@@ -1,5 +1,6 @@
-"""A tuner killed with SIGKILL or stopped with Ctrl-C: real processes, real signals, real SQLite."""
+"""A tuner killed with SIGKILL or stopped with Ctrl-C, SIGTERM or SIGHUP: real processes, real signals, real SQLite."""
 
+import os
 import signal
 import subprocess
 import sys
@@ -96,19 +97,33 @@ def test_sigkill_loses_nothing_and_the_rerun_retries_the_interrupted_candidate(t
     assert sum(t.state is TrialState.COMPLETE for t in after) == 6
 
 
-def test_ctrl_c_marks_the_trial_prints_the_summary_and_how_to_resume(tmp_path: Path, cnn_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("signum", "code", "said", "reason"),
+    [
+        (signal.SIGINT, 130, "stopped by Ctrl-C", "stopped by the user"),
+        (signal.SIGTERM, 143, "stopped by SIGTERM", "stopped by SIGTERM"),
+        (signal.SIGHUP, 129, "stopped by SIGHUP", "stopped by SIGHUP"),
+    ],
+)
+def test_ctrl_c_marks_the_trial_prints_the_summary_and_how_to_resume(
+    tmp_path: Path, cnn_path: Path, signum: int, code: int, said: str, reason: str
+) -> None:
+    """Ctrl-C, and SIGTERM (schedulers, ``timeout``) or SIGHUP alike, sent to the whole process
+    group as a terminal or ``timeout`` sends them: the workers leave stopping to the tuner."""
     config = slow_config(tmp_path)
-    proc = subprocess.Popen(command(cnn_path, config, 5), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        command(cnn_path, config, 5), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
     wait_for_running_after(proc, complete=1)
-    proc.send_signal(signal.SIGINT)
+    os.killpg(proc.pid, signum)
     out, err = proc.communicate(timeout=60)
-    assert proc.returncode == 130, err
-    assert "stopped by Ctrl-C" in err
+    assert proc.returncode == code, err
+    assert said in err
     assert "Traceback" not in err
     assert f"study {STUDY}:" in out
     assert "&& gpt-optuna tune" in out
     after = trials()
-    stopped = [t for t in after if t.user_attrs.get("interrupted") == "stopped by the user"]
+    stopped = [t for t in after if t.user_attrs.get("interrupted") == reason]
     assert len(stopped) == 1 and stopped[0].state is TrialState.FAIL
     waiting = [t for t in after if t.state is TrialState.WAITING]
     assert len(waiting) == 1 and waiting[0].params == stopped[0].params
