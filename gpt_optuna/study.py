@@ -239,17 +239,24 @@ def make_sampler(name: str, seed: int | None, space: Space) -> optuna.samplers.B
     return FreshSampler(_base_sampler(name, seed), space, is_transform_knob, seed)
 
 
+def check_sampler(name: str) -> None:
+    """A MissingDependencyError where the sampler needs a library that is not installed (GPSampler
+    fits with PyTorch and SciPy), found without importing it."""
+    import importlib.util
+
+    if name == "gp":
+        for module, library in (("torch", "PyTorch"), ("scipy", "SciPy")):
+            if importlib.util.find_spec(module) is None:
+                raise MissingDependencyError(f"{library} (needed by the GP sampler)", "gp")
+
+
 def _base_sampler(name: str, seed: int | None) -> optuna.samplers.BaseSampler:
     if name == "nsga2":
         return optuna.samplers.NSGAIISampler(seed=seed)
     if name == "random":
         return optuna.samplers.RandomSampler(seed=seed)
     if name == "gp":
-        for module, library in (("torch", "PyTorch"), ("scipy", "SciPy")):  # GPSampler fits with both
-            try:
-                __import__(module)
-            except ImportError as exc:
-                raise MissingDependencyError(f"{library} (needed by the GP sampler)", "gp") from exc
+        check_sampler(name)
         return optuna.samplers.GPSampler(seed=seed)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)

@@ -6,10 +6,12 @@ import contextlib
 import functools
 import logging
 import shlex
+import shutil
+import sqlite3
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -20,6 +22,7 @@ from optuna.artifacts import FileSystemArtifactStore
 
 from gpt_optuna import interrupts
 from gpt_optuna import model as model_io
+from gpt_optuna.backends import load_backend
 from gpt_optuna.config import STUDIES, TuneConfig, study_flags
 from gpt_optuna.confirm import confirm
 from gpt_optuna.errors import EXIT_NO_FEASIBLE, UserError
@@ -55,6 +58,7 @@ from gpt_optuna.study import (
     SEARCH_ATTR,
     SPACE_ATTR,
     StudySummary,
+    check_sampler,
     finished_count,
     make_sampler,
     open_storage,
@@ -280,14 +284,16 @@ def tune(
     progress = progress or Progress()
     finish = progress.finish if summarize else progress.quiet_finish
     notes: list[str] = []
+    check_run(config)
     inputs = load_inputs(config, notes)
     storage_path = storage_file(config.storage)
-    storage = open_storage(config.storage, make_dirs=storage_path is not None and storage_path.parent == STUDIES)
-    check_resumable(storage, config, inputs)
-    folder = recorded_folder(storage, config.study_name)
-    if folder is not None and folder.is_dir():  # a study resumed from another directory keeps its folder
-        config = replace(config, folder=folder)
     with contextlib.ExitStack() as stack:
+        new = stack.enter_context(removed_if_refused(config, storage_path))
+        storage = open_storage(config.storage, make_dirs=storage_path is not None and storage_path.parent == STUDIES)
+        check_resumable(storage, config, inputs)
+        folder = recorded_folder(storage, config.study_name)
+        if folder is not None and folder.is_dir():  # a study resumed from another directory keeps its folder
+            config = replace(config, folder=folder)
         gpus = lane_gpus(config.workers, config.gpus, config.workdir / "worker.log")
         workers = open_workers(stack, gpus, config.workdir, "worker")
         with warming(workers[1:], config.backend) as names:  # the others start while the first finds the space
@@ -303,6 +309,7 @@ def tune(
             len(config.objectives),
             first_candidates(config, prepared.space, storage, lanes[0].device, notes),
         )
+        new.clear()  # the study exists: what this run made is its own from here on
         name_objectives(study)
         notes += check_devices(lanes, study_device(study), config.allow_mixed_gpus)
         alone = stack.enter_context(tuner_presence(config.workdir))
@@ -366,6 +373,54 @@ def tune(
         steps = next_steps(config, args, finished_count(study), summary, covered=objective.space_exhausted)
         finish(summary, steps, note=note, elapsed=time.monotonic() - started)
     return EXIT_NO_FEASIBLE if summary.best is None else 0
+
+
+def check_run(config: TuneConfig) -> None:
+    """Refuse, before the model is read or anything is written, what cannot run here: a backend
+    that does not load or whose library is missing, a sampler without its libraries, an objective
+    the backend cannot measure."""
+    backend = load_backend(config.backend)
+    missing = backend.missing_library()
+    if missing is not None:
+        raise missing
+    check_sampler(config.sampler)
+    if "memory" in config.objectives and not backend.reports_device_memory:
+        raise UserError(
+            f"backend {config.backend!r} does not report engine device memory; drop memory from --objectives"
+        )
+
+
+@contextlib.contextmanager
+def removed_if_refused(config: TuneConfig, storage_path: Path | None) -> Iterator[list[Path]]:
+    """Yield the paths a new study's run is about to make (its database file, the study folder,
+    ``studies/``) and remove them if the run stops before the study exists: a refused run leaves
+    nothing behind. The caller empties the list once the study is made."""
+    made = [p for p in (storage_path, config.workdir, STUDIES) if p is not None and not p.exists()]
+    try:
+        yield made
+    except BaseException:
+        for path in made:
+            if path == STUDIES:
+                with contextlib.suppress(OSError):
+                    path.rmdir()  # only where nothing else is in it
+            elif path.is_dir():
+                shutil.rmtree(path, ignore_errors=True)
+            elif not holds_a_study(path):  # another tuner may have made its study there meanwhile
+                for leftover in (path, *(path.with_name(path.name + s) for s in ("-wal", "-shm", "-journal"))):
+                    leftover.unlink(missing_ok=True)
+        raise
+
+
+def holds_a_study(path: Path) -> bool:
+    """Whether a storage file holds any study (a journal file: whether it holds anything)."""
+    if not path.is_file():
+        return False
+    try:
+        with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as connection:
+            return bool(connection.execute("SELECT count(*) FROM studies").fetchone()[0])
+    except sqlite3.DatabaseError:  # no studies table yet, or not SQLite (a journal file)
+        with path.open("rb") as file:
+            return path.stat().st_size > 0 and not file.read(16).startswith(b"SQLite format 3")
 
 
 def first_candidates(

@@ -1,5 +1,6 @@
 """Bad input gets one clear line and a non-zero exit, never a traceback: the real command."""
 
+import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -65,3 +66,36 @@ def test_help_works_without_heavy_imports() -> None:
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert result.stdout.strip() == "[]"
     assert gpt_optuna("--help").returncode == 0
+
+
+@pytest.mark.parametrize(
+    "flags, expected",
+    [
+        (["--backend", "tensorrt"], "pip install 'gpt-optuna[tensorrt]'"),
+        (["--backend", "nosuch.module:Thing"], "cannot import backend module 'nosuch.module'"),
+        (["--objectives", "latency,memory"], "does not report engine device memory"),
+        (["--sampler", "gp"], "pip install 'gpt-optuna[gp]'"),
+        (["--config", "bad.toml"], "[space] names unknown knob 'noknob'"),
+    ],
+)
+def test_a_refused_run_leaves_no_database_and_no_folder(
+    cnn_path: Path, tmp_path: Path, flags: list[str], expected: str
+) -> None:
+    """Refused before the study exists, whether before the model is read (a backend whose library
+    is missing, an objective it cannot measure) or after its space was found (a bad [space] knob):
+    nothing stays behind, so a later bare `status` finds no half-made study."""
+    if "tensorrt" in flags and any(importlib.util.find_spec(m) for m in ("tensorrt", "tensorrt_bindings")):
+        pytest.skip("TensorRT is installed here")
+    if "gp" in flags and importlib.util.find_spec("torch") and importlib.util.find_spec("scipy"):
+        pytest.skip("the gp extra is installed here")
+    (tmp_path / "bad.toml").write_text("[space]\nnoknob = [1]\n")
+    one_line_error(gpt_optuna("tune", str(cnn_path), "--quiet", *flags), expected)
+    assert not Path("studies").exists()
+
+
+def test_a_refused_resume_keeps_the_study_it_found(cnn_path: Path, tmp_path: Path) -> None:
+    assert gpt_optuna("tune", str(cnn_path), "--n-trials", "1", "--confirm-top", "0", "--quiet").returncode == 0
+    before = sorted(str(p) for p in Path("studies").rglob("*"))
+    (tmp_path / "bad.toml").write_text("[space]\nnoknob = [1]\n")
+    one_line_error(gpt_optuna("tune", str(cnn_path), "--config", str(tmp_path / "bad.toml")), "unknown knob")
+    assert sorted(str(p) for p in Path("studies").rglob("*")) == before

@@ -135,6 +135,14 @@ class Backend(abc.ABC):
         and dtypes size the output buffers.
         """
 
+    reports_device_memory: bool = False
+    """Its runners report the engine's device memory (``device_memory_bytes``), for ``--objectives memory``."""
+
+    def missing_library(self) -> MissingDependencyError | None:
+        """The error naming the extra to install where the engine's library is not installed here,
+        found without importing it (a run is refused before it writes anything); None if it is."""
+        return None
+
     def refused_run(self, error: Exception) -> str | None:
         """Why the engine cannot run this candidate, where ``error`` (raised by an inference of a
         built candidate) says so: a refusal that comes again on every try, like a build error.

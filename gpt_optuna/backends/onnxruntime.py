@@ -402,6 +402,11 @@ class OnnxRuntimeBackend(Backend):
 
     name = "onnxruntime"
 
+    def missing_library(self) -> MissingDependencyError | None:
+        import importlib.util
+
+        return None if importlib.util.find_spec("onnxruntime") else MissingDependencyError("ONNX Runtime", "cpu")
+
     def refused_run(self, error: Exception) -> str | None:
         return refusal(error)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+import importlib.util
 import json
 import re
 import time
@@ -221,8 +222,14 @@ class TensorRTBackend(Backend):
     timing_cache = True
     weak_typing_knobs = frozenset({"flag.FP16", "flag.BF16", "flag.INT8"})
 
+    reports_device_memory = True
+
     def __init__(self) -> None:
         self._trt: ModuleType | None = None
+
+    def missing_library(self) -> MissingDependencyError | None:
+        found = any(importlib.util.find_spec(name) is not None for name in self.modules)
+        return None if found else MissingDependencyError(self.library, self.extra)
 
     @property
     def trt(self) -> ModuleType:
