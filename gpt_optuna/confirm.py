@@ -133,6 +133,7 @@ def template_from_study(study: optuna.Study, model: Path | None = None, workdir:
     from gpt_optuna.errors import UserError
     from gpt_optuna.measure import MeasureSettings
     from gpt_optuna.model import ShapeRange, load_model_info, with_distinct_dims
+    from gpt_optuna.shared_data import verified
     from gpt_optuna.study import FINGERPRINT_ATTR, MEASURE_ATTR, study_folder
 
     recorded = study.user_attrs.get(FINGERPRINT_ATTR)
@@ -143,7 +144,7 @@ def template_from_study(study: optuna.Study, model: Path | None = None, workdir:
     info = load_model_info(model or recorded["model"])
     if info.sha256 != recorded["model_sha256"]:
         raise UserError(f"{info.path} has changed since the study was made")
-    workdir = (workdir or study_folder(study)).resolve()
+    workdir = verified(study, (workdir or study_folder(study)).resolve())
     info = with_distinct_dims(info, workdir / "models")
     for name in (INPUTS_FILE, REFERENCE_FILE):
         if not (workdir / name).is_file():

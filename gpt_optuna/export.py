@@ -14,7 +14,7 @@ from optuna.trial import FrozenTrial
 from gpt_optuna.errors import UserError
 from gpt_optuna.interface import IO_CHANGE_ATTR, dtype_changes, io_record
 from gpt_optuna.progress import headline
-from gpt_optuna.shared_data import artifact_folder
+from gpt_optuna.shared_data import artifact_folder, verified
 from gpt_optuna.study import FINGERPRINT_ATTR, StudySummary, first_value, study_folder, summarize_study
 
 
@@ -129,7 +129,7 @@ def export_trial(study: optuna.Study, number: int | None, out: Path, force: bool
     if not out.suffix:
         out = out.with_name(out.name + export_suffix(trial))
     refuse_overwrite(written_files(out, artifact is not None, recorded.get("backend")), force)
-    workdir = study_folder(study)
+    workdir = verified(study, study_folder(study))
     source = trial_model(study, trial)
     if not source.is_file():
         raise UserError(f"the model of trial {trial.number} is gone: {source} (the study folder was moved or removed)")

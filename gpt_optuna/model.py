@@ -476,15 +476,16 @@ def save_npz(path: Path, arrays: Feeds) -> None:
 
 def cache_npz(path: Path, arrays: Feeds, key: str) -> None:
     """Save ``arrays`` unless ``path`` already holds them: a stamp beside it (``NAME.key``) names
-    the content; it is written after the data, so a stamp never vouches for a partial file."""
+    the content and the file's SHA-256; it is written after the data, so a stamp never vouches for
+    a partial file, and a file changed since (corrupted, truncated) is written again."""
     stamp = path.with_name(path.name + ".key")
-    if path.is_file() and stamp.is_file() and stamp.read_text() == key:
+    if path.is_file() and stamp.is_file() and stamp.read_text() == f"{key}\n{file_sha256(path)}":
         return
     stamp.unlink(missing_ok=True)
     save_npz(path, arrays)
     partial = stamp.with_name(stamp.name + ".tmp")
     try:
-        partial.write_text(key)
+        partial.write_text(f"{key}\n{file_sha256(path)}")
         partial.replace(stamp)
     finally:
         partial.unlink(missing_ok=True)

@@ -64,16 +64,15 @@ def fetch(study: optuna.Study, store: Path, workdir: Path) -> None:
             f"study {study.study_name!r} has no input data in its artifact store yet: start the search with "
             "gpt-optuna tune (this version) before workers join"
         )
-    if not store.is_dir():
+    stale = {n: e for n, e in shared.items() if not (workdir / n).is_file() or _sha256(workdir / n) != e["sha256"]}
+    if stale and not store.is_dir():
         raise UserError(
             f"the study's artifact store {store} is not on this host: mount the same store and give its path "
             "with --artifacts"
         )
     workdir.mkdir(parents=True, exist_ok=True)
-    for name, entry in shared.items():
+    for name, entry in stale.items():
         path = workdir / name
-        if path.is_file() and _sha256(path) == entry["sha256"]:
-            continue
         incoming = path.with_name(f".{name}.{os.getpid()}")
         try:
             download_artifact(
@@ -87,3 +86,12 @@ def fetch(study: optuna.Study, store: Path, workdir: Path) -> None:
                 f"{name} in the artifact store {store} does not match what study {study.study_name!r} recorded"
             )
         os.replace(incoming, path)
+
+
+def verified(study: optuna.Study, workdir: Path) -> Path:
+    """``workdir`` with the study's data files as the study recorded them: a file missing or changed
+    since (corrupted, truncated) is copied again from the artifact store, or one clear error says
+    why it cannot be. Studies made before their data was recorded are taken as they are."""
+    if study.user_attrs.get(DATA_ATTR):
+        fetch(study, artifact_folder(study), workdir)
+    return workdir

@@ -261,7 +261,8 @@ def test_a_search_without_a_feasible_candidate_exits_3(cnn_path: Path, tmp_path:
 
 def test_exit_codes_are_documented_and_a_closed_pipe_ends_quietly(cnn_path: Path) -> None:
     help_text = gpt_optuna("--help").stdout
-    assert all(f"  {code} " in help_text for code in ("0", "1", "2", "3", "130"))
+    assert all(f"  {code} " in help_text for code in ("0", "1", "2", "3", "4", "130"))
+    assert "143 by SIGTERM" in help_text and "129 by SIGHUP" in help_text
     assert gpt_optuna("tune", str(cnn_path), "--n-trials", "2", "--quiet", "--confirm-top", "0").returncode == 0
     piped = subprocess.run(f"{sys.executable} -m gpt_optuna.cli status | head -c 5", shell=True, capture_output=True)
     assert piped.returncode == 0 and b"Traceback" not in piped.stderr and b"BrokenPipe" not in piped.stderr
@@ -306,3 +307,30 @@ def test_help_names_every_backend_and_objective_and_generic_model_names_get_thei
     assert default_study_name(first, "onnxruntime") == "minilm-model-onnxruntime"
     assert default_study_name(second, "onnxruntime") == "magika-model-onnxruntime"
     assert default_study_name(tmp_path / "resnet50.onnx", "tensorrt") == "resnet50-tensorrt"
+
+
+def test_corrupted_cached_data_is_rebuilt_or_repaired_never_failing_trials_one_by_one(
+    cnn_path: Path, tmp_path: Path
+) -> None:
+    """The study folder's reference outputs overwritten behind the tuner's back (their stamp intact):
+    a resumed search writes them again from what it computed, and confirm and export, which have
+    only the study, copy them again from the artifact store, checked against the recorded hash."""
+    config = synthetic_config(tmp_path, 'mode = ["ok"]\ndelay_us = [0, 50]\nbuild_ms = [0]')
+    base = ["tune", str(cnn_path), "--backend", SYNTHETIC, "--config", str(config), "--quiet", "--confirm-top", "0"]
+    assert gpt_optuna(*base, "--n-trials", "2").returncode == 0
+    reference = Path("studies/cnn-syntheticbackend/reference.npz")
+    good = reference.read_bytes()
+    reference.write_bytes(b"garbage" * 100)
+    resumed = gpt_optuna(*base, "--n-trials", "4")
+    assert resumed.returncode == 0, resumed.stderr
+    assert reference.read_bytes() == good
+    trials = load("cnn-syntheticbackend").get_trials()
+    assert len(trials) == 4 and all(t.state is TrialState.COMPLETE for t in trials)
+
+    reference.write_bytes(b"garbage" * 100)
+    confirmed = gpt_optuna("confirm", "--top", "1", "--processes", "1")
+    assert confirmed.returncode == 0, confirmed.stderr
+    assert reference.read_bytes() == good
+    reference.write_bytes(b"garbage" * 100)
+    assert gpt_optuna("export", "-o", "best").returncode == 0
+    assert reference.read_bytes() == good and Path("best.onnx.reference.npz").read_bytes() == good
