@@ -37,6 +37,12 @@ def format_summary(summary: StudySummary) -> str:
         + f"{counts['running']} running, {counts['waiting']} waiting"
         + (f" ({summary.reused} reused earlier results)" if summary.reused else ""),
     ]
+    if summary.orphaned:
+        numbers = ", ".join(map(str, summary.orphaned))
+        lines.append(
+            f"  running with no tuner alive on this host: trial {numbers} (its tuner was killed or stopped by a"
+            " failure); the next run of the search fails and retries it"
+        )
     if summary.warm_started:
         lines.append(f"warm start: {warm_summary(list(summary.warm_started))}")
     if summary.failures:

@@ -412,6 +412,24 @@ def tuner_presence(workdir: Path) -> Iterator[bool]:
         yield alone
 
 
+def no_tuner_runs_here(workdir: Path) -> bool:
+    """Whether no tuner on this host holds the study folder's ``tuners.lock`` (it only reads: the
+    lock is tried and let go at once, and nothing is created)."""
+    import fcntl
+
+    try:
+        descriptor = os.open(workdir / "tuners.lock", os.O_RDONLY)
+    except OSError:
+        return True
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(descriptor)
+
+
 def _owner_is_dead(trial: FrozenTrial, alone: bool) -> bool:
     """Whether the process that runs a RUNNING trial is gone: a dead process on this host, one
     that no longer runs gpt-optuna (its number reused) while no tuner but this one runs here, or
@@ -551,6 +569,9 @@ class StudySummary:
     allow_io_change: bool = False
     """The study let candidates change the model's input and output dtypes (``--allow-io-change``)."""
     stability: Stability | None = None
+    orphaned: tuple[int, ...] = ()
+    """RUNNING trials whose tuner on this host is gone (a killed run, a full disk): the next run
+    fails them and retries their candidates."""
     trials: tuple[FrozenTrial, ...] = ()
     """Every trial of the study, by number."""
 
@@ -673,5 +694,15 @@ def summarize_study(study: optuna.Study) -> StudySummary:
         warm_started=tuple(str(t.user_attrs["warm_start_from"]) for t in trials if "warm_start_from" in t.user_attrs),
         allow_io_change=bool(recorded.get("allow_io_change")),
         stability=stability(trials, target, best),
+        orphaned=orphans(study, trials),
         trials=tuple(trials),
     )
+
+
+def orphans(study: optuna.Study, trials: Sequence[FrozenTrial]) -> tuple[int, ...]:
+    """The RUNNING trials whose tuner on this host is gone (see :func:`recover_interrupted`)."""
+    running = [t for t in trials if t.state is TrialState.RUNNING]
+    if not running:
+        return ()
+    alone = no_tuner_runs_here(study_folder(study))
+    return tuple(t.number for t in running if _owner_is_dead(t, alone))

@@ -147,6 +147,9 @@ def test_a_full_disk_stops_with_one_line_and_the_study_resumes(cnn_path: Path, t
         db = disk / "studies" / "cnn-syntheticbackend.db"
         if db.is_file():
             assert integrity(db) == "ok"
+            status = gpt_optuna("status", cwd=disk)
+            if " 1 running" in status.stdout:  # the write that failed was the trial's own
+                assert "running with no tuner alive on this host: trial" in status.stdout, status.stdout
         subprocess.run(["mount", "-o", "remount,size=64m", str(disk)], check=True)
         assert gpt_optuna(*argv, "--n-trials", "30", cwd=disk).returncode == 0
         os.chdir(disk)

@@ -13,7 +13,7 @@ from conftest import SYNTHETIC
 from optuna.trial import TrialState
 
 from gpt_optuna.errors import UserError
-from gpt_optuna.study import open_storage
+from gpt_optuna.study import open_storage, summarize_study
 
 STUDY = "cnn-syntheticbackend"
 
@@ -80,6 +80,8 @@ def test_sigkill_loses_nothing_and_the_rerun_retries_the_interrupted_candidate(t
     before = trials()
     stuck = [t for t in before if t.state is TrialState.RUNNING]
     assert len(stuck) == 1
+    status = subprocess.run([sys.executable, "-m", "gpt_optuna.cli", "status"], capture_output=True, text=True)
+    assert f"running with no tuner alive on this host: trial {stuck[0].number} " in status.stdout, status.stdout
     completed = {t.number: t.value for t in before if t.state is TrialState.COMPLETE}
     assert len(completed) >= 2
 
@@ -115,6 +117,8 @@ def test_ctrl_c_marks_the_trial_prints_the_summary_and_how_to_resume(
         command(cnn_path, config, 5), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
     )
     wait_for_running_after(proc, complete=1)
+    running = summarize_study(optuna.load_study(study_name=STUDY, storage=f"sqlite:///studies/{STUDY}.db"))
+    assert running.counts["running"] == 1 and running.orphaned == ()  # its tuner is at work
     os.killpg(proc.pid, signum)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == code, err
