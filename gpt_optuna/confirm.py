@@ -26,22 +26,31 @@ from optuna.trial import FrozenTrial, TrialState
 
 from gpt_optuna import interrupts
 from gpt_optuna.evaluate import INPUTS_FILE, REFERENCE_FILE, EvaluateJob
-from gpt_optuna.measure import bootstrap_ratio, interleaved_rounds, launch_timer, measure
+from gpt_optuna.measure import MeasureSettings, bootstrap_ratio, interleaved_rounds, launch_timer, measure
 from gpt_optuna.space import Candidate
 from gpt_optuna.worker import Worker
 
 CONFIRMED_ATTR = "confirmed"
+ROUNDS, BLOCK = 10, 10
+"""Interleaved rounds, and launches per candidate in each."""
+ROUNDS_BUDGET_S = 60.0
+"""The rounds of one process stop (after three at least) once this long has passed."""
+WORKER_START_S = 5.0
+"""A fresh worker process's start and library load, in the estimate of a process's time where it
+was not measured."""
 
 
 @dataclass(frozen=True)
 class ConfirmJob:
-    """Open every candidate in this process, warm each up, then time them in interleaved rounds."""
+    """Open every candidate in this process, warm each up, then time them in interleaved rounds
+    (until ``rounds_until``, monotonic seconds, where given: three rounds at least)."""
 
     template: EvaluateJob
     candidates: tuple[Candidate, ...]
-    rounds: int = 10
-    block: int = 10
-    budget_s: float = 60.0
+    rounds: int = ROUNDS
+    block: int = BLOCK
+    budget_s: float = ROUNDS_BUDGET_S
+    rounds_until: float | None = None
 
     def __call__(self) -> list[list[float]]:
         with ExitStack() as stack:
@@ -51,8 +60,21 @@ class ConfirmJob:
             for runner in runners:
                 measure(runner, replace(self.template.settings, budget_s=min(1.0, self.template.settings.budget_s)))
             deadline = time.monotonic() + self.budget_s
+            if self.rounds_until is not None:
+                deadline = min(deadline, self.rounds_until)
             timers = [launch_timer(runner, self.template.settings.flush_l2) for runner in runners]
             return interleaved_rounds(timers, self.rounds, self.block, deadline).tolist()
+
+
+def process_seconds(candidates: list[FrozenTrial], settings: MeasureSettings, start_s: float = WORKER_START_S) -> float:
+    """One confirmation process's estimated seconds for ``candidates`` (the baseline included),
+    from what the search measured: the process's start (``start_s``), each one's build, a warm-up
+    each, and the interleaved rounds (each one's search latency ``ROUNDS x BLOCK`` times, twice
+    over for the timer's own work, at most the rounds' budget)."""
+    builds = sum(float(t.user_attrs.get("build_s") or 0.0) for t in candidates)
+    warm = len(candidates) * min(1.0, settings.budget_s)
+    latency_s = sum(float(t.user_attrs.get("latency", {}).get("median_ms", 0.0)) for t in candidates) / 1000
+    return start_s + builds + warm + min(ROUNDS_BUDGET_S, 2 * ROUNDS * BLOCK * latency_s)
 
 
 def finalists(study: optuna.Study, top: int) -> tuple[FrozenTrial | None, list[FrozenTrial]]:
@@ -97,23 +119,33 @@ def confirm(
     worker_log: Any,
     top: int = 5,
     processes: int = 3,
-    timeout_s: float = 1800.0,
     say: Callable[[str], None] = lambda _: None,
     env: dict[str, str] | None = None,
+    deadline: float | None = None,
 ) -> dict[str, Any] | None:
     """Re-measure the finalists in ``processes`` fresh worker processes, one after the other (with
     ``env``: pinned to one GPU), and store the result in the study. Each process builds and visits
-    the candidates in another order; ``say`` is told as each process starts."""
+    the candidates in another order; ``say`` is told as each process starts.
+
+    A process is given time from what the search measured (:func:`process_seconds`, thrice over
+    and a minute besides), never a fixed slice; with a ``deadline`` (monotonic seconds) each one's
+    rounds end within its share of the time left, and none runs past the deadline."""
     baseline, best = finalists(study, top)
     if baseline is None or not best:
         return None
     trials = [baseline, *best]
+    estimate = process_seconds(trials, template.settings)
     tables, labels = [], []
     for process in range(processes):
         interrupts.check()
         say(f"  process {process + 1} of {processes}: building {len(trials)} candidates, timing rounds ...")
         order = [(process + k) % len(trials) for k in range(len(trials))]
-        job = ConfirmJob(template, tuple(dict(trials[i].params) for i in order))
+        timeout_s, rounds_until = 3 * estimate + 60, None
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            timeout_s = min(timeout_s, max(left, 1.0))
+            rounds_until = time.monotonic() + left / (processes - process) - 1.0
+        job = ConfirmJob(template, tuple(dict(trials[i].params) for i in order), rounds_until=rounds_until)
         with Worker(worker_log, env) as worker:
             measured = np.asarray(worker.run(job, timeout_s))
         table = np.empty_like(measured)

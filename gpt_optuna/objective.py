@@ -59,6 +59,11 @@ class CandidateFailed(Exception):
     """Raised inside the objective so that Optuna records a FAILED trial, and the study goes on."""
 
 
+class SearchTimeUp(Exception):
+    """Raised inside the objective when a trial ran into the time kept for after the search
+    (--timeout): the trial is marked interrupted and queued again, and the search ends."""
+
+
 def result_attrs(result: TrialResult) -> dict[str, Any]:
     attrs: dict[str, Any] = {"outcome": result.outcome.value, **result.attrs}
     if result.build_s is not None:
@@ -88,8 +93,11 @@ class Objective:
         artifacts: FileSystemArtifactStore,
         on_result: Callable[[int, Candidate, TrialResult | None], None] = lambda *_: None,
         objectives: tuple[str, ...] = ("latency",),
+        search_left: Callable[[], float | None] = lambda: None,
     ) -> None:
         self.objectives = objectives
+        self.search_left = search_left
+        """Seconds left for the search under --timeout (None: no bound): a trial may take no longer."""
         self.space = space
         self.job = job
         self.trial_timeout_s = trial_timeout_s
@@ -110,11 +118,16 @@ class Objective:
         self.consecutive_reuse = 0
         baseline = bool(trial.user_attrs.get("baseline"))
         job = replace(self.job, candidate=candidate, measure_infeasible=baseline)
+        left = self.search_left()
+        timeout = self.trial_timeout_s if left is None else min(self.trial_timeout_s, max(left, 1.0))
         try:
-            result = run_evaluation(lane.worker, job, self.trial_timeout_s)
+            result = run_evaluation(lane.worker, job, timeout)
         except (KeyboardInterrupt, UserError) as exc:
             self._stop(trial, interrupts.stopped() if isinstance(exc, KeyboardInterrupt) else f"stopped: {exc}")
             raise
+        if result.outcome is Outcome.TIMEOUT and timeout < self.trial_timeout_s:
+            self._stop(trial, "stopped: the search's share of --timeout was spent")
+            raise SearchTimeUp
         if result.outcome is Outcome.OK and "memory" in self.objectives and "device_memory_bytes" not in result.attrs:
             self._stop(trial, "stopped: no device memory figure")
             raise UserError(

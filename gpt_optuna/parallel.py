@@ -25,10 +25,11 @@ from optuna.trial import FrozenTrial, TrialState
 from gpt_optuna import interrupts
 from gpt_optuna.errors import UserError
 from gpt_optuna.evaluate import WarmUpJob, gpu_names
-from gpt_optuna.objective import OWNER, CandidateFailed, Objective
+from gpt_optuna.objective import OWNER, CandidateFailed, Objective, SearchTimeUp
 from gpt_optuna.space import Space
 from gpt_optuna.study import recover_interrupted, retry_trial
 from gpt_optuna.taxonomy import has_own_result, retried_numbers
+from gpt_optuna.time_budget import trial_seconds
 from gpt_optuna.worker import Worker
 
 WAIT_S = 1.0
@@ -116,6 +117,13 @@ def warming(workers: Sequence[Worker], backend: str) -> Iterator[list[str]]:
         names += [future.result() for future in futures]
 
 
+def started_in(worker: Worker, backend: str) -> float:
+    """Start ``worker`` with the backend loaded; the seconds that took (what a fresh process costs)."""
+    start = time.monotonic()
+    worker.run(WarmUpJob(backend), WARM_UP_S)
+    return time.monotonic() - start
+
+
 def make_lanes(workers: Sequence[Worker], gpus: Sequence[str | None], names: Sequence[str], space: Space) -> list[Lane]:
     """The lanes of ``workers``, each measuring on its GPU (``names``), or on the CPU."""
     return [
@@ -159,12 +167,20 @@ def study_device(study: optuna.Study) -> str | None:
 
 class TrialBudget:
     """Which trials this process may start: while the study holds fewer finished and running
-    trials than ``target`` (None: no limit) and before ``deadline`` (``time.monotonic``)."""
+    trials than ``target`` (None: no limit) and while one more trial (as long as the longest of the
+    last ones) and the time ``kept`` for after the search fit before ``deadline`` (``time.monotonic``)."""
 
-    def __init__(self, study: optuna.Study, target: int | None, deadline: float | None) -> None:
+    def __init__(
+        self,
+        study: optuna.Study,
+        target: int | None,
+        deadline: float | None,
+        kept: Callable[[], float] = lambda: 0.0,
+    ) -> None:
         self.study = study
         self.target = target
         self.deadline = deadline
+        self.kept = kept
         self._lock = threading.Lock()
         self._starting = 0  # claimed by a worker of this process, whose trial may not be in the storage yet
         self._stopped = threading.Event()
@@ -176,9 +192,11 @@ class TrialBudget:
         """Whether a worker may start one more trial; waits while the study's last trials run."""
         while True:
             with self._lock:
-                if self._stopped.is_set() or self.deadline is not None and time.monotonic() >= self.deadline:
+                if self._stopped.is_set():
                     return False
-                finished, running = self._counts()
+                finished, running, longest = self._counts()
+                if self.deadline is not None and time.monotonic() + longest + self.kept() >= self.deadline:
+                    return False
                 if self.target is None or finished + running + self._starting < self.target:
                     self._starting += 1
                     return True
@@ -192,9 +210,13 @@ class TrialBudget:
         with self._lock:
             self._starting -= 1
 
-    def _counts(self) -> tuple[int, int]:
-        """Trials holding a result, and trials running (in any process). Trials of dead processes
-        are recovered first."""
+    def search_left(self) -> float | None:
+        """Seconds left for the search: before the deadline, less the time kept for after it."""
+        return None if self.deadline is None else self.deadline - self.kept() - time.monotonic()
+
+    def _counts(self) -> tuple[int, int, float]:
+        """Trials holding a result, trials running (in any process), and how long the longest of
+        the last evaluated ones took. Trials of dead processes are recovered first."""
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             optuna.storages.fail_stale_trials(self.study)  # a lost host, where the storage keeps heartbeats
@@ -203,7 +225,7 @@ class TrialBudget:
         retried = retried_numbers(trials)
         finished = sum(1 for t in trials if has_own_result(t, retried))
         running = sum(1 for t in trials if t.state is TrialState.RUNNING)
-        return finished, running
+        return finished, running, trial_seconds(trials)
 
 
 def run_lanes(
@@ -239,6 +261,8 @@ def run_lanes(
                         budget.started()
                 if objective.space_exhausted:
                     budget.stop()
+        except SearchTimeUp:  # a trial ran into the time kept for after the search: it is queued again
+            budget.stop()
         except BaseException as exc:
             errors.append(exc)
             budget.stop()
@@ -266,10 +290,11 @@ def run_lanes(
     finally:
         for thread in threads:
             thread.join()
+    trials = budget.study.get_trials(deepcopy=False)
+    for number in objective.interrupted:  # the next run (or another worker) retries them
+        retry_trial(budget.study, trials[number])
+    objective.interrupted.clear()
     if errors:
-        trials = budget.study.get_trials(deepcopy=False)
-        for number in objective.interrupted:  # the next run (or another worker) retries them
-            retry_trial(budget.study, trials[number])
         raise next((e for e in errors if isinstance(e, KeyboardInterrupt)), errors[0])
 
 

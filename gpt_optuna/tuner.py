@@ -43,6 +43,7 @@ from gpt_optuna.parallel import (
     open_workers,
     pinned,
     run_lanes,
+    started_in,
     study_device,
     warming,
 )
@@ -70,6 +71,7 @@ from gpt_optuna.study import (
     storage_file,
     tuner_presence,
 )
+from gpt_optuna.time_budget import FINISH_S, kept_for_confirmation, plan_confirmation
 from gpt_optuna.winner import name_objectives, record_winner
 from gpt_optuna.worker import JobFailure, Worker
 
@@ -296,6 +298,7 @@ def tune(
             config = replace(config, folder=folder)
         gpus = lane_gpus(config.workers, config.gpus, config.workdir / "worker.log")
         workers = open_workers(stack, gpus, config.workdir, "worker")
+        start_s = started_in(workers[0], config.backend)  # what each finalists' process will cost to start
         with warming(workers[1:], config.backend) as names:  # the others start while the first finds the space
             prepared = prepare(config, workers[0], inputs, notes, progress.note)
         lanes = make_lanes(workers, gpus, [prepared.versions.get("gpu", "none"), *names], prepared.space)
@@ -340,10 +343,17 @@ def tune(
         store = artifact_folder(study, config.artifacts)
         publish(study, store, config.workdir)
         artifacts = FileSystemArtifactStore(store)
-        timeout = config.trial_timeout_s
-        objective = Objective(prepared.space, job, timeout, artifacts, progress.result, config.objectives)
+        budget = TrialBudget(study, config.n_trials, deadline, lambda: kept_time(config, study, start_s))
+        objective = Objective(
+            prepared.space,
+            job,
+            config.trial_timeout_s,
+            artifacts,
+            progress.result,
+            config.objectives,
+            budget.search_left,
+        )
         try:
-            budget = TrialBudget(study, config.n_trials, deadline)
             run_lanes(config.study_name, storage, sampler, lanes, objective, budget, progress.trial_done)
         except (KeyboardInterrupt, UserError) as exc:
             if isinstance(exc, UserError):
@@ -359,7 +369,7 @@ def tune(
         )
         if not config.dry_run and config.confirm_top > 0:
             try:
-                note = confirm_finalists(config, study, job, deadline, progress, pinned(gpus[0])) or note
+                note = confirm_finalists(config, study, job, deadline, progress, pinned(gpus[0]), start_s) or note
                 interrupts.check()
             except KeyboardInterrupt:
                 note = f"the finalists' re-measurement was stopped by {interrupts.cause()}"
@@ -456,8 +466,13 @@ def record_search(study: optuna.Study, config: TuneConfig, prepared: Prepared, d
     study.set_user_attr(SEARCH_ATTR, search | {"ends_at": ends_at})
 
 
-CONFIRM_MIN_S = 10.0
-"""Below this much time left before --timeout, the finalists are not re-measured."""
+def kept_time(config: TuneConfig, study: optuna.Study, start_s: float) -> float:
+    """The seconds the search leaves under --timeout for what follows it (see :mod:`time_budget`);
+    ``start_s``: a worker process's measured start."""
+    if config.timeout_s is None:
+        return 0.0
+    top = 0 if config.dry_run else config.confirm_top
+    return kept_for_confirmation(study, top, config.confirm_processes, config.measure, config.timeout_s, start_s)
 
 
 def confirm_finalists(
@@ -467,30 +482,29 @@ def confirm_finalists(
     deadline: float | None,
     progress: Progress,
     env: dict[str, str],
+    start_s: float,
 ) -> str:
-    """Re-measure the finalists within what is left of --timeout, on the first worker's device
-    (``env`` pins it); a note where that could not be done."""
-    left = None if deadline is None else deadline - time.monotonic()
-    if left is not None and left < CONFIRM_MIN_S:
-        return "no time left before --timeout to re-measure the finalists"
+    """Re-measure the finalists within what is left of --timeout (as many as fit, by the time the
+    search measured and ``start_s``, a worker's measured start), on the first worker's device
+    (``env`` pins it); a note where that could not be done in full."""
+    end = None if deadline is None else deadline - FINISH_S
+    left = None if end is None else end - time.monotonic()
+    plan = plan_confirmation(study, config.confirm_top, config.confirm_processes, config.measure, left, start_s)
+    if plan is None:
+        return "" if left is None else "no time left before --timeout to re-measure the finalists"
     progress.note(
-        f"re-measuring the {config.confirm_top} best candidates and the baseline, interleaved,"
-        f" in {config.confirm_processes} fresh processes ..."
+        f"re-measuring the {plan.top} best candidates and the baseline, interleaved, in {plan.processes} fresh"
+        f" process{'es' if plan.processes > 1 else ''} (about {plan.total_s:.0f} s) ..."
     )
-    per_process = None if left is None else left / config.confirm_processes
     try:
-        confirm(
-            study,
-            job,
-            config.workdir / "confirm.log",
-            config.confirm_top,
-            config.confirm_processes,
-            **({} if per_process is None else {"timeout_s": per_process}),
-            say=progress.note,
-            env=env,
-        )
+        confirm(study, job, config.workdir / "confirm.log", plan.top, plan.processes, progress.note, env, end)
     except JobFailure as failure:
         return f"the finalists could not be re-measured: {failure}"
+    full = plan_confirmation(study, config.confirm_top, config.confirm_processes, config.measure, None, start_s)
+    if full is not None and (plan.top, plan.processes) != (full.top, full.processes):
+        finalists = f"{plan.top} finalist{'s' if plan.top > 1 else ''}"
+        processes = f"{plan.processes} process{'es' if plan.processes > 1 else ''}"
+        return f"re-measured {finalists} in {processes} (of {full.top} in {full.processes}): what fit in --timeout"
     return ""
 
 

@@ -51,6 +51,7 @@ class SyntheticBackend(Backend):
         )
 
     def build(self, model: ModelInfo, candidate: Candidate, workdir: Path, shapes: dict[str, ShapeRange]) -> Built:
+        start = time.perf_counter()
         time.sleep(int(candidate["build_ms"]) / 1000)
         mode = candidate["mode"]
         if mode == "crash":
@@ -63,7 +64,7 @@ class SyntheticBackend(Backend):
             raise RuntimeError("synthetic failure in build")
         if mode == "build_error":
             raise BuildError("synthetic build error", "synthetic builder log: no engine produced")
-        return Built((candidate, model.path), 0.0)
+        return Built((candidate, model.path), time.perf_counter() - start)
 
     def open(self, built: Built, feeds: Feeds, outputs: Feeds) -> Runner:
         candidate, path = built.engine
