@@ -207,12 +207,15 @@ def _ms(row: dict[str, Any]) -> str:
 
 
 class Progress:
-    """A tqdm bar on stderr with the best latency so far; notes and the summary around it."""
+    """A tqdm bar on stderr with the best latency so far; notes and the summary around it. Where
+    stderr is no terminal (a CI log, a file), one line per trial instead of a redrawn bar."""
 
     def __init__(self, stream: TextIO | None = None, enabled: bool = True) -> None:
         self._stream = stream
         self.enabled = enabled
         self._bar: tqdm | None = None
+        self._lines: tuple[int, int | None] | None = None
+        """Without a terminal: (trials done, trials to do) of the per-trial lines."""
         self._best: tuple[float, int] | None = None
         self._deadline: float | None = None
         self._workers = 1
@@ -248,13 +251,18 @@ class Progress:
         """The bar: trials this process adds (of ``remaining``), its workers, the time left."""
         self._deadline = deadline
         self._workers = workers
-        if self.enabled and remaining != 0:
+        if not self.enabled or remaining == 0:
+            return
+        if self.stream.isatty():
             self._bar = tqdm(total=remaining, file=self.stream, unit="trial", dynamic_ncols=True)
             self._show()
+        else:
+            self._lines = (0, remaining)
 
     def end(self) -> None:
-        """Close the bar."""
+        """Close the bar (or end the per-trial lines)."""
         with self._lock:
+            self._lines = None
             if self._bar is not None:
                 self._bar.close()
                 self._bar = None
@@ -278,9 +286,8 @@ class Progress:
             self._trial_done(study, trial)
 
     def _trial_done(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
-        if self._bar is None:
+        if self._bar is None and self._lines is None:
             return
-        self._bar.update(1)
         if self._best is None:  # once per run, so that a resumed study shows its earlier best
             complete = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
             if complete:
@@ -288,19 +295,30 @@ class Progress:
                 self._best = (first.values[0], first.number)
         if trial.values and (self._best is None or trial.values[0] < self._best[0]):
             self._best = (trial.values[0], trial.number)
-        self._show()
+        if self._bar is not None:
+            self._bar.update(1)
+            self._show()
+        elif self._lines is not None:
+            done, total = self._lines[0] + 1, self._lines[1]
+            self._lines = (done, total)
+            value = f"{trial.values[0]:.4g} ms" if trial.values else trial.state.name.lower()
+            counted = f"{done}/{total}" if total is not None else str(done)
+            print(f"trial {trial.number} ({counted}): {value}; {self._status()}", file=self.stream, flush=True)
 
-    def _show(self) -> None:
-        """The bar's postfix: the best so far, and the time left before --timeout."""
-        if self._bar is None:
-            return
+    def _status(self) -> str:
+        """The best so far, the workers, and the time left before --timeout."""
         parts = [] if self._best is None else [f"best {self._best[0]:.4g} ms (trial {self._best[1]})"]
         if self._workers > 1:
             parts.append(f"{self._workers} workers")
         if self._deadline is not None:
             left = max(self._deadline - time.monotonic(), 0.0)
             parts.append(f"{int(left // 3600)}h{int(left % 3600 // 60):02d}m{int(left % 60):02d}s left")
-        self._bar.set_postfix_str(", ".join(parts))
+        return ", ".join(parts)
+
+    def _show(self) -> None:
+        """The bar's postfix: :meth:`_status`."""
+        if self._bar is not None:
+            self._bar.set_postfix_str(self._status())
 
     def quiet_finish(self, *_: Any, **__: Any) -> None:
         """Close the bar and print nothing (for a caller that judges the study itself)."""

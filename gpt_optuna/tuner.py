@@ -367,6 +367,7 @@ def tune(
             if objective.space_exhausted
             else ""
         )
+        progress.end()  # the search's bar stops here: the re-measurement says what it does
         if not config.dry_run and config.confirm_top > 0:
             try:
                 note = confirm_finalists(config, study, job, deadline, progress, pinned(gpus[0]), start_s) or note
