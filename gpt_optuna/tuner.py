@@ -362,6 +362,8 @@ def tune(
             steps = next_steps(config, args, finished_count(study), summary)
             finish(summary, steps, note=f"stopped by {interrupts.cause()}", elapsed=time.monotonic() - started)
             return interrupts.exit_code()
+        if deadline is not None:  # the search is over: workers that joined it stop, and leave the GPU to the finalists
+            study.set_user_attr(SEARCH_ATTR, study.user_attrs[SEARCH_ATTR] | {"ends_at": time.time()})
         note = (
             "the sampler kept proposing evaluated candidates: the space looks covered"
             if objective.space_exhausted
