@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
+import json
 import logging
 import shlex
 import shutil
@@ -182,8 +184,56 @@ def discover_space(
         config.dry_run,
         config.metric,
     )
-    space = check_space(space, template, worker, config.trial_timeout_s, notes.append, say)
+    space = remembered_check(space, template, worker, config, versions, calibration_sha256, notes, say)
     return space, versions, calibration_sha256
+
+
+def remembered_check(
+    space: Space,
+    template: EvaluateJob,
+    worker: Worker,
+    config: TuneConfig,
+    versions: dict[str, str],
+    calibration_sha256: str,
+    notes: list[str],
+    say: Callable[[str], None],
+) -> Space:
+    """:func:`check_space`, remembered in the study folder under a key of what decides it (the
+    working model's hash, the backend, the library versions and GPU, the space before the check,
+    the shapes, the calibration data, the trial timeout): a resume with the same of each reuses it
+    and its notes, and so does ``gpt-optuna space`` beside the study (it writes its own elsewhere)."""
+    decided_by = {
+        "model": template.model.sha256,
+        "backend": config.backend,
+        "versions": versions,
+        "space": space.to_record(),
+        "shapes": {name: [list(r.min), list(r.opt), list(r.max)] for name, r in template.shapes.items()},
+        "calibration": calibration_sha256,
+        "trial_timeout_s": config.trial_timeout_s,
+    }
+    key = hashlib.sha256(json.dumps(decided_by, sort_keys=True, default=str).encode()).hexdigest()[:24]
+    name = f"space-check-{key}.json"
+    path = template.workdir / name
+    if not path.is_file() and (config.workdir / name).is_file():  # `space` beside a study made before
+        path = config.workdir / name
+    if path.is_file():
+        try:
+            kept = json.loads(path.read_text())
+            checked = Space.from_record(kept["space"])
+        except (ValueError, KeyError, TypeError):  # a damaged file: check again (and write it anew)
+            pass
+        else:
+            say(f"checking the space: as checked before ({path.name}) for this model, backend, versions and GPU")
+            notes += kept["notes"]
+            return checked
+    found: list[str] = []
+    checked = check_space(space, template, worker, config.trial_timeout_s, found.append, say)
+    notes += found
+    path = template.workdir / name
+    partial = path.with_name(path.name + ".tmp")
+    partial.write_text(json.dumps({"decided_by": decided_by, "space": checked.to_record(), "notes": found}))
+    partial.replace(path)
+    return checked
 
 
 def offered_space(config: TuneConfig, notes: list[str], say: Callable[[str], None]) -> tuple[Space, dict[str, str]]:

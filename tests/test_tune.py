@@ -195,3 +195,25 @@ def test_the_gp_sampler_runs_past_its_startup_trials(cnn_path: Path, tmp_path: P
     assert tune(*argv, "--n-trials", "12", "--confirm-top", "0") == 0
     trials = load("cnn-syntheticbackend").get_trials()
     assert len(trials) == 12 and all(t.state is TrialState.COMPLETE for t in trials)
+
+
+def test_the_space_check_is_remembered_for_a_resume_and_the_space_command(
+    cnn_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Checked once per model, backend, versions, GPU and space: a resume and ``gpt-optuna space``
+    beside the study reuse it (and its notes); another space is checked anew."""
+    config = tmp_path / "tune.toml"
+    config.write_text('[measure]\nbudget_s = 0.05\n[space]\nprecision = ["fp32", "fp16"]\n')
+    base = [str(cnn_path), "--config", str(config), "--confirm-top", "0"]
+    assert tune(*base, "--n-trials", "1") == 0
+    first = capsys.readouterr().err
+    assert "checking the space: graph_fusion none, precision fp16 ..." in first
+    assert tune(*base, "--n-trials", "2") == 0
+    resumed = capsys.readouterr().err
+    assert "checking the space: as checked before" in resumed and "precision fp16 ..." not in resumed
+    assert main(["space", *base[:3]]) == 0
+    assert "checking the space: as checked before" in capsys.readouterr().err
+    config.write_text('[measure]\nbudget_s = 0.05\n[space]\nprecision = ["fp32", "int8"]\n')
+    assert tune(*base, "--n-trials", "3") == 2  # checked anew, then refused: the study has another space
+    other = capsys.readouterr().err
+    assert "checking the space: graph_fusion none, precision int8 ..." in other and "the search space" in other
