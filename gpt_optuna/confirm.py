@@ -28,7 +28,7 @@ from gpt_optuna import interrupts
 from gpt_optuna.evaluate import INPUTS_FILE, REFERENCE_FILE, EvaluateJob
 from gpt_optuna.measure import MeasureSettings, bootstrap_ratio, interleaved_rounds, launch_timer, measure
 from gpt_optuna.space import Candidate
-from gpt_optuna.worker import Worker
+from gpt_optuna.worker import FailureKind, JobFailure, Worker
 
 CONFIRMED_ATTR = "confirmed"
 ROUNDS, BLOCK = 10, 10
@@ -122,32 +122,46 @@ def confirm(
     say: Callable[[str], None] = lambda _: None,
     env: dict[str, str] | None = None,
     deadline: float | None = None,
+    start_s: float = WORKER_START_S,
 ) -> dict[str, Any] | None:
     """Re-measure the finalists in ``processes`` fresh worker processes, one after the other (with
-    ``env``: pinned to one GPU), and store the result in the study. Each process builds and visits
+    ``env``: pinned to one GPU; ``start_s``: a worker's measured start), and store the result in the study. Each process builds and visits
     the candidates in another order; ``say`` is told as each process starts.
 
     A process is given time from what the search measured (:func:`process_seconds`, thrice over
     and a minute besides), never a fixed slice; with a ``deadline`` (monotonic seconds) each one's
-    rounds end within its share of the time left, and none runs past the deadline."""
+    rounds end within its share of the time left, none runs past the deadline, and a process that
+    would not fit (as long as the longest one so far) is not started: the result holds the
+    processes that finished (at least one, else the first one's failure is raised)."""
     baseline, best = finalists(study, top)
     if baseline is None or not best:
         return None
     trials = [baseline, *best]
-    estimate = process_seconds(trials, template.settings)
+    expected = process_seconds(trials, template.settings, start_s)
     tables, labels = [], []
     for process in range(processes):
         interrupts.check()
+        left = None if deadline is None else deadline - time.monotonic()
+        if tables and left is not None and left < expected:
+            say(f"  processes {process + 1}-{processes} left out: no time left before --timeout")
+            break
         say(f"  process {process + 1} of {processes}: building {len(trials)} candidates, timing rounds ...")
         order = [(process + k) % len(trials) for k in range(len(trials))]
-        timeout_s, rounds_until = 3 * estimate + 60, None
-        if deadline is not None:
-            left = deadline - time.monotonic()
+        timeout_s, rounds_until = 3 * expected + 60, None
+        if left is not None:
             timeout_s = min(timeout_s, max(left, 1.0))
             rounds_until = time.monotonic() + left / (processes - process) - 1.0
         job = ConfirmJob(template, tuple(dict(trials[i].params) for i in order), rounds_until=rounds_until)
-        with Worker(worker_log, env) as worker:
-            measured = np.asarray(worker.run(job, timeout_s))
+        started = time.monotonic()
+        try:
+            with Worker(worker_log, env) as worker:
+                measured = np.asarray(worker.run(job, timeout_s))
+        except JobFailure as failure:
+            if not tables or failure.kind is not FailureKind.TIMEOUT or left is None:
+                raise
+            say(f"  process {process + 1} left out: it ran into --timeout")
+            break
+        expected = max(expected, time.monotonic() - started)
         table = np.empty_like(measured)
         table[:, order] = measured
         tables.append(table)

@@ -393,6 +393,8 @@ def _process_alive(pid: int) -> bool:
 ORPHAN_AFTER_S = 60.0
 """A RUNNING trial that names no owner this long after it started was killed right after Optuna
 created it (the tuner names itself at once)."""
+RETRY_GRACE_S = 30.0
+"""An interrupted trial's retry is the failing process's to queue for this long."""
 
 
 @contextlib.contextmanager
@@ -463,21 +465,44 @@ def recover_interrupted(study: optuna.Study, alone: bool = False) -> list[int]:
 
     Trials of a tuner on another host are left to the storage heartbeat.
     """
-    recovered = []
-    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        if _owner_is_dead(trial, alone):
-            study._storage.set_trial_user_attr(trial._trial_id, "interrupted", "the tuner was killed")
-            study._storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)
-            recovered.append(trial.number)
+    recovered = [
+        trial.number
+        for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+        if _owner_is_dead(trial, alone) and _fail_as_interrupted(study, trial)
+    ]
     trials = study.get_trials(deepcopy=False)
     retried = retried_numbers(trials)
     settled = {_params_key(t) for t in trials if has_own_result(t, retried) or not t.state.is_finished()}
     for trial in trials:
         key = _params_key(trial)
-        if is_interrupted(trial, retried) and trial.number not in retried and key not in settled and trial.params:
+        if (
+            is_interrupted(trial, retried)
+            and trial.number not in retried
+            and key not in settled
+            and trial.params
+            and (alone or trial.number in recovered or _retry_overdue(trial))
+        ):
             retry_trial(study, trial)
             settled.add(key)
     return recovered
+
+
+def _fail_as_interrupted(study: optuna.Study, trial: FrozenTrial) -> bool:
+    """Fail a dead tuner's RUNNING trial as interrupted; false where another process did first."""
+    try:
+        study._storage.set_trial_user_attr(trial._trial_id, "interrupted", "the tuner was killed")
+        study._storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)
+    except optuna.exceptions.UpdateFinishedTrialError:
+        return False
+    return True
+
+
+def _retry_overdue(trial: FrozenTrial) -> bool:
+    """Whether an interrupted trial ended so long ago that the process that failed it would have
+    queued its retry by now: until then that process may still be about to, and a second retry
+    would evaluate the candidate twice."""
+    ended = trial.datetime_complete
+    return ended is None or (datetime.datetime.now() - ended).total_seconds() > RETRY_GRACE_S
 
 
 def _params_key(trial: FrozenTrial) -> str:

@@ -550,13 +550,16 @@ def confirm_finalists(
         f" process{'es' if plan.processes > 1 else ''} (about {plan.total_s:.0f} s) ..."
     )
     try:
-        confirm(study, job, config.workdir / "confirm.log", plan.top, plan.processes, progress.note, env, end)
+        result = confirm(
+            study, job, config.workdir / "confirm.log", plan.top, plan.processes, progress.note, env, end, start_s
+        )
     except JobFailure as failure:
         return f"the finalists could not be re-measured: {failure}"
+    done = plan.processes if result is None else result["processes"]
     full = plan_confirmation(study, config.confirm_top, config.confirm_processes, config.measure, None, start_s)
-    if full is not None and (plan.top, plan.processes) != (full.top, full.processes):
+    if full is not None and (plan.top, done) != (full.top, full.processes):
         finalists = f"{plan.top} finalist{'s' if plan.top > 1 else ''}"
-        processes = f"{plan.processes} process{'es' if plan.processes > 1 else ''}"
+        processes = f"{done} process{'es' if done > 1 else ''}"
         return f"re-measured {finalists} in {processes} (of {full.top} in {full.processes}): what fit in --timeout"
     return ""
 
