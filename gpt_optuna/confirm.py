@@ -125,8 +125,9 @@ def confirm(
     start_s: float = WORKER_START_S,
 ) -> dict[str, Any] | None:
     """Re-measure the finalists in ``processes`` fresh worker processes, one after the other (with
-    ``env``: pinned to one GPU; ``start_s``: a worker's measured start), and store the result in the study. Each process builds and visits
-    the candidates in another order; ``say`` is told as each process starts.
+    ``env``: pinned to one GPU; ``start_s``: a worker's measured start), and store the result in
+    the study. Each process builds and visits the candidates in another order; ``say`` is told as
+    each process starts.
 
     A process is given time from what the search measured (:func:`process_seconds`, thrice over
     and a minute besides), never a fixed slice; with a ``deadline`` (monotonic seconds) each one's

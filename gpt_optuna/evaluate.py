@@ -20,7 +20,7 @@ from gpt_optuna.accuracy import Criterion, Verdict
 from gpt_optuna.backends import Backend, BuildError, Runner, load_backend
 from gpt_optuna.backends.base import CANNOT_RUN
 from gpt_optuna.errors import UserError
-from gpt_optuna.fusion import FUSION_KNOB, fused_path, fusion_knobs, fusion_of
+from gpt_optuna.fusion import FUSION_KNOB, fused_path, fusion_knobs, fusion_of, graph_ops
 from gpt_optuna.interface import IO_CHANGE_ATTR, check_interface, dtype_changes
 from gpt_optuna.measure import LatencyStats, MeasureSettings, measure
 from gpt_optuna.model import (
@@ -177,18 +177,20 @@ class SpaceJob:
     allow_io_change: bool = False
     """Offer reduced-precision inputs and outputs (``keep_io_fp32``); the interface stays otherwise."""
 
-    def __call__(self) -> tuple[Space, dict[str, str]]:
+    def __call__(self) -> tuple[Space, dict[str, str], list[str]]:
+        """The space, the library versions (and GPU), and a line for each transform left out."""
         import onnx
 
         backend = _backend(self.backend)
         graph = onnx.load(str(self.model.path), load_external_data=False)
         precision = precision_knobs(graph, backend.precisions(), self.allow_io_change)
-        fusion = fusion_knobs(self.model, backend.fusions(), self.cache_dir)
+        notes: list[str] = []
+        fusion = fusion_knobs(self.model, backend.fusions(), self.cache_dir, graph_ops(graph), notes.append)
         knobs = list(backend.space(self.model, self.shapes).knobs)
         if precision:  # weak-typing flags only where the graph itself stays fp32
             graph_fp32 = Condition("precision", ("fp32",))
             knobs = [replace(k, condition=graph_fp32) if k.name in backend.weak_typing_knobs else k for k in knobs]
-        return Space(fusion + precision + knobs), {**backend.versions(), "gpu": gpu_name()}
+        return Space(fusion + precision + knobs), {**backend.versions(), "gpu": gpu_name()}, notes
 
 
 @dataclass(frozen=True)
@@ -380,7 +382,8 @@ class EvaluateJob:
         setting = PrecisionSetting.from_candidate(self.candidate)
         if setting.precision == "fp32":
             return base
-        ranking = self._ranking(base) if setting.keep_nodes else []
+        ranking_path = self.ranking_path()
+        ranking = [] if ranking_path is None else self._ranking(base, ranking_path)
         samples: list[Feeds] = []
         calibration_sha = ""
         if setting.precision in QUANTIZED:
@@ -397,9 +400,17 @@ class EvaluateJob:
         steps = [fusion_of(self.candidate), PrecisionSetting.from_candidate(self.candidate).precision]
         return "+".join(s for s in steps if s not in ("none", "fp32"))
 
-    def _ranking(self, model: ModelInfo) -> list[str]:
-        """The model's nodes by fp16 sensitivity, computed once per graph and kept in the study folder."""
-        path = self.workdir / f"sensitivity-{model.sha256[:16]}.json"
+    def ranking_path(self) -> Path | None:
+        """Where the fp16 sensitivity ranking this candidate needs is kept (None: it needs none): one
+        per graph (the model and its fusion), made by the first candidate that needs it, which takes
+        a session per ranked node."""
+        if not PrecisionSetting.from_candidate(self.candidate).keep_nodes:
+            return None
+        return self.workdir / f"sensitivity-{fusion_of(self.candidate)}-{self.model.sha256[:16]}.json"
+
+    def _ranking(self, model: ModelInfo, path: Path) -> list[str]:
+        """The nodes of ``model`` (the candidate's graph before its precision) by fp16 sensitivity,
+        read from ``path``, or computed and kept there."""
         if path.is_file():
             return list(json.loads(path.read_text())["nodes"])
         first = unstack(_npz(self.feeds_path))[0], unstack(_npz(self.reference_path))[0]

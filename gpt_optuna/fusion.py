@@ -20,7 +20,7 @@ import json
 import logging
 import warnings
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -121,21 +121,50 @@ def fused_ops(path: Path) -> dict[str, int]:
     return json.loads(path.with_suffix(".json").read_text())
 
 
-def fusion_knobs(model: ModelInfo, fusions: tuple[str, ...], cache_dir: Path) -> list[Knob]:
-    """A ``graph_fusion`` knob where the backend runs fused graphs and the fusion changes this model:
-    ``transformer`` where it fuses anything, ``transformer-mha`` too where that fuses attention into
-    MultiHeadAttention (only then does it differ).
+FUSABLE_OPS = frozenset({"LayerNormalization", "ReduceMean", "Erf", "Gelu", "Tanh", "Softmax"})
+"""Operators one of the optimizer's patterns starts from (layer norms, GELUs, attention's softmax):
+a graph with none of them has nothing to fuse, and the optimizer (a minute on a large model) is
+not run on it."""
+
+
+def graph_ops(model: Any) -> set[str]:
+    """The operator types of an ONNX model, its control-flow bodies and local functions included."""
+    ops: set[str] = set()
+    pending = [model.graph, *model.functions]
+    while pending:
+        body = pending.pop()
+        for node in body.node:
+            ops.add(node.op_type)
+            for attribute in node.attribute:
+                if attribute.HasField("g"):
+                    pending.append(attribute.g)
+                pending.extend(attribute.graphs)
+    return ops
+
+
+def fusion_knobs(
+    model: ModelInfo, fusions: tuple[str, ...], cache_dir: Path, ops: set[str], note: Callable[[str], None]
+) -> list[Knob]:
+    """A ``graph_fusion`` knob where the backend runs fused graphs and the fusion changes this model
+    (whose operator types are ``ops``): ``transformer`` where it fuses anything, ``transformer-mha``
+    too where that fuses attention into MultiHeadAttention (only then does it differ). A fusion that
+    would change nothing is told to ``note``; it is not even tried where ``ops`` holds none of
+    :data:`FUSABLE_OPS`.
 
     The fused models are made here, once, in ``cache_dir``: the candidates that use them find them
     there. A graph the optimizer fails on keeps the value: checking the space drops it and says why.
     """
     if "transformer" not in fusions:
         return []
+    if not ops & FUSABLE_OPS:
+        note("graph_fusion not searched: the model has no layer norm, GELU or softmax for the transformer fusion")
+        return []
     try:
         counts = fused_ops(fused_path(model.path, model.sha256, "transformer", cache_dir))
     except TransformFailed:
         return [_knob(WITHOUT_MULTI_HEAD)]
     if not counts:
+        note("graph_fusion not searched: the transformer fusion fuses nothing in this model")
         return []
     if "transformer-mha" not in fusions or "Attention" not in counts:
         return [_knob(WITHOUT_MULTI_HEAD)]

@@ -128,7 +128,9 @@ def join(config: JoinConfig, progress: Progress) -> int:
             progress.note(note)
         timeout = search.get("trial_timeout_s", DEFAULT_TRIAL_TIMEOUT_S)
         artifacts = FileSystemArtifactStore(store)
-        objective = Objective(space, job, timeout, artifacts, progress.result, _objectives(recorded))
+        objective = Objective(
+            space, job, timeout, artifacts, progress.result, _objectives(recorded), note=progress.note
+        )
         progress.begin(remaining, deadline, len(lanes))
         try:
             budget = TrialBudget(study, target, deadline)

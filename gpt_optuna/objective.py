@@ -94,8 +94,11 @@ class Objective:
         on_result: Callable[[int, Candidate, TrialResult | None], None] = lambda *_: None,
         objectives: tuple[str, ...] = ("latency",),
         search_left: Callable[[], float | None] = lambda: None,
+        note: Callable[[str], None] = lambda _: None,
     ) -> None:
         self.objectives = objectives
+        self.note = note
+        """Told where a trial first does one-time work that holds it up (an fp16 sensitivity ranking)."""
         self.search_left = search_left
         """Seconds left for the search under --timeout (None: no bound): a trial may take no longer."""
         self.space = space
@@ -118,6 +121,12 @@ class Objective:
         self.consecutive_reuse = 0
         baseline = bool(trial.user_attrs.get("baseline"))
         job = replace(self.job, candidate=candidate, measure_infeasible=baseline)
+        ranking = job.ranking_path()
+        if ranking is not None and not ranking.is_file():
+            self.note(
+                f"trial {trial.number}: ranking the graph's nodes by fp16 sensitivity first (a session per node,"
+                " once per graph; later trials reuse it) ..."
+            )
         left = self.search_left()
         timeout = self.trial_timeout_s if left is None else min(self.trial_timeout_s, max(left, 1.0))
         try:

@@ -23,12 +23,12 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from gpt_optuna import interrupts
-from gpt_optuna.errors import UserError
+from gpt_optuna.errors import UserError, environment_fault
 from gpt_optuna.evaluate import WarmUpJob, gpu_names
 from gpt_optuna.objective import OWNER, CandidateFailed, Objective, SearchTimeUp
 from gpt_optuna.space import Space
 from gpt_optuna.study import recover_interrupted, retry_trial
-from gpt_optuna.taxonomy import has_own_result, retried_numbers
+from gpt_optuna.taxonomy import has_own_result, is_interrupted, retried_numbers
 from gpt_optuna.time_budget import trial_seconds
 from gpt_optuna.worker import Worker
 
@@ -264,7 +264,7 @@ def run_lanes(
         except SearchTimeUp:  # a trial ran into the time kept for after the search: it is queued again
             budget.stop()
         except BaseException as exc:
-            errors.append(exc)
+            errors.append(with_trial_fate(study, began, exc))
             budget.stop()
 
     ended = [threading.Event() for _ in lanes]
@@ -296,6 +296,36 @@ def run_lanes(
     objective.interrupted.clear()
     if errors:
         raise next((e for e in errors if isinstance(e, KeyboardInterrupt)), errors[0])
+
+
+def with_trial_fate(study: optuna.Study, began: list[int], exc: BaseException) -> BaseException:
+    """A fault of the machine (a full disk) that stopped a trial, as one line that says what became
+    of the trial: failed as interrupted (the next run retries it), or left running where even that
+    could not be written (``status`` names it; the next run fails and retries it). Other errors as
+    they are."""
+    fault = environment_fault(exc)
+    if fault is None or not began:
+        return exc
+    number = began[-1]
+    try:
+        trials = study.get_trials(deepcopy=False)
+        trial = next(t for t in trials if t.number == number)
+        if trial.state is TrialState.RUNNING:
+            study._storage.set_trial_user_attr(trial._trial_id, "interrupted", f"stopped: {fault}")
+            study._storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)
+            fate = f"trial {number} was marked as interrupted; the next run retries it"
+        elif is_interrupted(trial, retried_numbers(trials)):
+            fate = f"trial {number} was stopped before its result was kept; the next run retries it"
+        else:
+            fate = f"trial {number} had ended ({trial.state.name.lower()})"
+    except Exception:
+        fate = (
+            f"trial {number} is left running (the study could not be written): status names it, and the next run"
+            " fails and retries it"
+        )
+    error = UserError(f"{fault}; {fate}")
+    error.__cause__ = exc
+    return error
 
 
 def stop_on_ctrl_c(*_: object) -> None:

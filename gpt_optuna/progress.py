@@ -324,13 +324,14 @@ class Progress:
         """Close the bar and print nothing (for a caller that judges the study itself)."""
         self.end()
 
-    def finish(self, summary: StudySummary, steps: list[str], note: str = "", elapsed: float | None = None) -> None:
-        """The summary, and the commands worth running next (extend, report, export)."""
+    def finish(self, summary: StudySummary, steps: list[str], note: str = "", took: str = "") -> None:
+        """The summary, the run's time by phase (``took``), and the commands worth running next
+        (extend, report, export)."""
         self.end()
         if note:
             print(note, file=self.stream)
         print(format_summary(summary), file=sys.stdout)
-        if elapsed is not None:
-            print(f"searched for {elapsed:.1f} s", file=sys.stdout)
+        if took:
+            print(took, file=sys.stdout)
         for step in steps:
             print(step, file=sys.stdout)

@@ -10,6 +10,7 @@ cannot be made or loaded is dropped with one line saying why; a knob that a grap
 from __future__ import annotations
 
 import itertools
+import time
 from collections.abc import Callable
 from dataclasses import replace
 
@@ -42,18 +43,22 @@ def check_space(
     precisions = space.choices(PRECISION) or (base_precision,)
     loaded: dict[Combo, list[KnobLimit]] = {}
     failed: dict[Combo, str] = {}
-    for fusion in sorted(fusions, key=lambda f: f != base_fusion):
-        for precision in sorted(precisions, key=lambda p: p != base_precision):
-            if (fusion, base_precision) in failed:
-                continue  # the fused graph itself cannot be loaded
-            fixed = {FUSION_KNOB: fusion, PRECISION: precision}
-            say(f"checking the space: graph_fusion {fusion}, precision {precision} ...")
-            job = replace(template, candidate=space.default(fixed))
-            result = run_evaluation(worker, CheckJob(job, space), timeout)
-            if result.outcome is Outcome.OK:
-                loaded[(fusion, precision)] = result.attrs["limits"]
-            else:
-                failed[(fusion, precision)] = _why(result)
+    started, count = time.monotonic(), len(fusions) * len(precisions)
+    combos = itertools.product(
+        sorted(fusions, key=lambda f: f != base_fusion), sorted(precisions, key=lambda p: p != base_precision)
+    )
+    for done, (fusion, precision) in enumerate(combos):
+        if (fusion, base_precision) in failed:
+            continue  # the fused graph itself cannot be loaded
+        fixed = {FUSION_KNOB: fusion, PRECISION: precision}
+        say(f"checking the space {done + 1}/{count}: graph_fusion {fusion}, precision {precision} ...")
+        job = replace(template, candidate=space.default(fixed))
+        result = run_evaluation(worker, CheckJob(job, space), timeout)
+        if result.outcome is Outcome.OK:
+            loaded[(fusion, precision)] = result.attrs["limits"]
+        else:
+            failed[(fusion, precision)] = _why(result)
+    say(f"checked the space: {len(loaded) + len(failed)} graph variants in {time.monotonic() - started:.1f} s")
     if (base_fusion, base_precision) in failed:
         setting = f"graph_fusion {base_fusion}, precision {base_precision}"
         raise UserError(

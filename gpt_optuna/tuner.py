@@ -49,6 +49,7 @@ from gpt_optuna.parallel import (
     study_device,
     warming,
 )
+from gpt_optuna.phases import Phases
 from gpt_optuna.precision import QUANTIZED
 from gpt_optuna.progress import Progress, warm_summary
 from gpt_optuna.seeds import speed_seed, warm_start
@@ -162,11 +163,13 @@ def discover_space(
     each graph transform it offers made and loaded once (:func:`check_space`); the space, the
     library versions and the calibration data's hash (empty without int8/fp8). Transformed
     models and the calibration data are kept in ``workdir``; what was dropped goes to ``notes``."""
+    say("finding the search space: the knobs and graph transforms this model and backend allow ...")
     try:
         job = SpaceJob(config.backend, working, inputs.shapes, workdir / "models", config.allow_io_change)
-        space, versions = worker.run(job, SPACE_TIMEOUT_S)
+        space, versions, left_out = worker.run(job, SPACE_TIMEOUT_S)
     except JobFailure as failure:
         raise UserError(f"backend {config.backend!r} could not describe its search space: {failure}") from None
+    notes += left_out
     space = space.with_overrides(config.space)
     calibration_sha256 = ""
     if set(space.choices("precision")) & set(QUANTIZED):
@@ -332,11 +335,12 @@ def tune(
     interrupts.install()
     logging.getLogger("optuna").setLevel(logging.ERROR)
     assert config.storage is not None and config.study_name is not None
-    started = time.monotonic()
+    phases = Phases()
     progress = progress or Progress()
     finish = progress.finish if summarize else progress.quiet_finish
     notes: list[str] = []
     check_run(config)
+    phases.begin("preparing")
     inputs = load_inputs(config, notes)
     storage_path = storage_file(config.storage)
     with contextlib.ExitStack() as stack:
@@ -369,7 +373,7 @@ def tune(
         recovered = recover_interrupted(study, alone)
         done = finished_count(study)
         remaining = None if config.n_trials is None else max(config.n_trials - done, 0)
-        deadline = None if config.timeout_s is None else started + config.timeout_s
+        deadline = None if config.timeout_s is None else phases.started + config.timeout_s
         progress.start(config, prepared.space, resumed, done, recovered, remaining, deadline, len(lanes))
         for note in notes:
             progress.note(note)
@@ -402,7 +406,9 @@ def tune(
             progress.result,
             config.objectives,
             budget.search_left,
+            progress.note,
         )
+        phases.begin("searching")
         try:
             run_lanes(config.study_name, storage, sampler, lanes, objective, budget, progress.trial_done)
         except (KeyboardInterrupt, UserError) as exc:
@@ -410,7 +416,7 @@ def tune(
                 raise
             summary = record_winner(study)
             steps = next_steps(config, args, finished_count(study), summary)
-            finish(summary, steps, note=f"stopped by {interrupts.cause()}", elapsed=time.monotonic() - started)
+            finish(summary, steps, note=f"stopped by {interrupts.cause()}", took=phases.line())
             return interrupts.exit_code()
         if deadline is not None:  # the search is over: workers that joined it stop, and leave the GPU to the finalists
             study.set_user_attr(SEARCH_ATTR, study.user_attrs[SEARCH_ATTR] | {"ends_at": time.time()})
@@ -421,6 +427,7 @@ def tune(
         )
         progress.end()  # the search's bar stops here: the re-measurement says what it does
         if not config.dry_run and config.confirm_top > 0:
+            phases.begin("re-measuring the finalists")
             try:
                 note = confirm_finalists(config, study, job, deadline, progress, pinned(gpus[0]), start_s) or note
                 interrupts.check()
@@ -428,13 +435,13 @@ def tune(
                 note = f"the finalists' re-measurement was stopped by {interrupts.cause()}"
                 summary = record_winner(study)
                 steps = next_steps(config, args, finished_count(study), summary, reconfirm=True)
-                finish(summary, steps, note=note)
+                finish(summary, steps, note=note, took=phases.line())
                 return interrupts.exit_code()
         summary = record_winner(study)
         if summary.best is None:
             note = "no candidate met the accuracy criterion" if not config.dry_run else "no candidate built"
         steps = next_steps(config, args, finished_count(study), summary, covered=objective.space_exhausted)
-        finish(summary, steps, note=note, elapsed=time.monotonic() - started)
+        finish(summary, steps, note=note, took=phases.line())
     return EXIT_NO_FEASIBLE if summary.best is None else 0
 
 

@@ -18,10 +18,11 @@ from gpt_optuna import model as m
 from gpt_optuna.accuracy import parse_criterion
 from gpt_optuna.cli import main
 from gpt_optuna.evaluate import EvaluateJob, Outcome, SpaceJob
-from gpt_optuna.fusion import fused_path, fusion_knobs
+from gpt_optuna.fusion import fused_path, fusion_knobs, graph_ops
 from gpt_optuna.measure import MeasureSettings
 from gpt_optuna.model_cache import TransformFailed
 from gpt_optuna.precision import PrecisionSetting, transform
+from gpt_optuna.space import Knob
 
 SHAPES = {name: m.ShapeRange((1, 32), (1, 32), (1, 32)) for name in ("input_ids", "attention_mask", "token_type_ids")}
 
@@ -35,6 +36,12 @@ def encoder_feeds(seed: int = 0) -> dict[str, np.ndarray]:
         "attention_mask": mask,
         "token_type_ids": np.zeros((1, 32), np.int64),
     }
+
+
+def knobs(info: m.ModelInfo, fusions: tuple[str, ...], cache_dir: Path) -> tuple[list[Knob], list[str]]:
+    """The fusion knobs for a model, and the notes on what was left out."""
+    notes: list[str] = []
+    return fusion_knobs(info, fusions, cache_dir, graph_ops(onnx.load(str(info.path))), notes.append), notes
 
 
 def run(path: Path, feeds: dict[str, np.ndarray]) -> np.ndarray:
@@ -74,9 +81,9 @@ def test_fusion_is_offered_only_where_it_changes_the_model_and_the_backend_runs_
     minilm_path: Path, cnn_path: Path, tmp_path: Path
 ) -> None:
     minilm, cnn = m.load_model_info(minilm_path), m.load_model_info(cnn_path)
-    assert fusion_knobs(minilm, (), tmp_path / "none") == []  # a backend that cannot run com.microsoft operators
+    assert knobs(minilm, (), tmp_path / "none") == ([], [])  # a backend that cannot run com.microsoft operators
     assert not (tmp_path / "none").exists()
-    (knob,) = fusion_knobs(minilm, ("transformer", "transformer-mha"), tmp_path / "models")
+    (knob,), _ = knobs(minilm, ("transformer", "transformer-mha"), tmp_path / "models")
     assert (knob.name, knob.choices, knob.default) == (
         "graph_fusion",
         ("none", "transformer", "transformer-mha"),
@@ -93,9 +100,14 @@ def test_fusion_is_offered_only_where_it_changes_the_model_and_the_backend_runs_
     mha = fused_path(minilm_path, minilm.sha256, "transformer-mha", tmp_path / "models")
     assert json.loads(mha.with_suffix(".json").read_text())["MultiHeadAttention"] == 6
     # a backend without the MultiHeadAttention variant gets the knob without it
-    (plain,) = fusion_knobs(minilm, ("transformer",), tmp_path / "models")
+    (plain,), _ = knobs(minilm, ("transformer",), tmp_path / "models")
     assert plain.choices == ("none", "transformer")
-    assert fusion_knobs(cnn, ("transformer",), tmp_path / "models") == []  # nothing to fuse in a CNN
+    # nothing to fuse in a CNN: the optimizer is not even run, and the user is told
+    assert knobs(cnn, ("transformer",), tmp_path / "cnn") == (
+        [],
+        ["graph_fusion not searched: the model has no layer norm, GELU or softmax for the transformer fusion"],
+    )
+    assert not (tmp_path / "cnn").exists()
     # a LayerNormalization the model already has is not something the fusion did
     norm = helper.make_graph(
         [helper.make_node("LayerNormalization", ["x", "gamma", "beta"], ["y"])],
@@ -108,11 +120,14 @@ def test_fusion_is_offered_only_where_it_changes_the_model_and_the_backend_runs_
         ],
     )
     onnx.save(helper.make_model(norm, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "norm.onnx")
-    assert fusion_knobs(m.load_model_info(tmp_path / "norm.onnx"), ("transformer",), tmp_path / "models") == []
-    space, _ = SpaceJob("onnxruntime", minilm, SHAPES, tmp_path / "models")()
+    assert knobs(m.load_model_info(tmp_path / "norm.onnx"), ("transformer",), tmp_path / "models") == (
+        [],
+        ["graph_fusion not searched: the transformer fusion fuses nothing in this model"],
+    )
+    space, _, _ = SpaceJob("onnxruntime", minilm, SHAPES, tmp_path / "models")()
     assert "graph_fusion" in [k.name for k in space.knobs]
     assert fused.stat().st_mtime_ns == mtime
-    cnn_space, _ = SpaceJob("onnxruntime", cnn, {}, tmp_path / "models")()
+    cnn_space, _, _ = SpaceJob("onnxruntime", cnn, {}, tmp_path / "models")()
     assert "graph_fusion" not in [k.name for k in cnn_space.knobs]
 
 
@@ -137,7 +152,7 @@ def test_a_search_runs_fused_fp16_candidates_with_nodes_ranked_on_the_fused_grap
     (fused,) = folder.glob("models/transformer-v2-*.onnx")
     assert "SkipLayerNormalization" in {n.op_type for n in onnx.load(str(fused)).graph.node}
     if any(t.params["keep_fp32_nodes"] for t in tuned):  # ranked on the graph the candidate converts
-        assert (folder / f"sensitivity-{m.load_model_info(fused).sha256[:16]}.json").is_file()
+        assert (folder / f"sensitivity-transformer-{m.load_model_info(minilm_path).sha256[:16]}.json").is_file()
 
 
 @pytest.mark.gpu
@@ -145,7 +160,7 @@ def test_fused_fp16_encoder_runs_on_the_cuda_provider_through_a_cuda_graph(minil
     info = m.load_model_info(minilm_path)
     m.save_npz(tmp_path / "inputs.npz", m.stack([encoder_feeds()]))  # the study's layout: a sample axis
     m.save_npz(tmp_path / "reference.npz", m.stack([m.reference_outputs(info, encoder_feeds())]))
-    space, _ = SpaceJob("onnxruntime", info, SHAPES, tmp_path / "models")()
+    space, _, _ = SpaceJob("onnxruntime", info, SHAPES, tmp_path / "models")()
     base = space.default()
     assert base["provider"] == "CUDAExecutionProvider"
     results = {}
@@ -173,7 +188,10 @@ def test_a_graph_the_optimizer_fails_on_keeps_its_failure_for_the_space_check(tm
     """The knob is offered so that checking the space drops it with the reason; the failure is kept
     beside the would-be model, with its traceback, and raised again without redoing the work."""
     graph = helper.make_graph(
-        [helper.make_node("Mystery", ["x"], ["y"], domain="example.custom")],
+        [
+            helper.make_node("Mystery", ["x"], ["m"], domain="example.custom"),
+            helper.make_node("Softmax", ["m"], ["y"]),  # something the optimizer would look at
+        ],
         "unknown_op",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])],
@@ -183,7 +201,7 @@ def test_a_graph_the_optimizer_fails_on_keeps_its_failure_for_the_space_check(tm
     path = tmp_path / "mystery.onnx"
     onnx.save(model, path)
     info = m.load_model_info(path)
-    assert [k.name for k in fusion_knobs(info, ("transformer",), tmp_path / "models")] == ["graph_fusion"]
+    assert [k.name for k in knobs(info, ("transformer",), tmp_path / "models")[0]] == ["graph_fusion"]
     with pytest.raises(TransformFailed) as first:
         fused_path(path, info.sha256, "transformer", tmp_path / "models")
     assert "Traceback" in first.value.log and "Mystery" in str(first.value)

@@ -12,7 +12,7 @@ import pytest
 from conftest import SYNTHETIC
 
 from gpt_optuna.cli import main
-from gpt_optuna.confirm import template_from_study
+from gpt_optuna.confirm import confirm, template_from_study
 from gpt_optuna.measure import MeasureSettings, bootstrap_ratio, interleaved_rounds, measure_with, median_rel_ci
 from gpt_optuna.progress import format_confirmed
 
@@ -125,6 +125,13 @@ def test_finalists_are_confirmed_interleaved_and_best_follows_the_confirmed_rank
     reloaded = optuna.load_study(study_name="cnn-syntheticbackend", storage="sqlite:///studies/cnn-syntheticbackend.db")
     assert len(reloaded.user_attrs["confirmed"]["ranking"]) == 1
     assert "in 1 fresh process " in capsys.readouterr().out
+    # under a deadline, a process that would not fit (a worker start of 20 s expected) is not started,
+    # and the processes that finished make the result
+    said: list[str] = []
+    log = tmp_path / "confirm.log"
+    result = confirm(study, template, log, 1, 3, said.append, deadline=time.monotonic() + 12, start_s=20)
+    assert result is not None and result["processes"] == 1, said
+    assert said[-1] == "  processes 2-3 left out: no time left before --timeout"
 
 
 def test_a_confirmation_recorded_without_per_process_figures_still_prints() -> None:

@@ -125,10 +125,13 @@ def test_the_search_finds_the_sensitive_nodes_by_itself(overflow_path: Path, tmp
         assert np.isfinite(run(path, {"x": np.load(feeds)["x"].astype(dtype)})).all() or path.name.startswith("fp16")
 
 
-def test_a_repeated_candidate_names_the_transformed_model_it_ran(overflow_path: Path, tmp_path: Path) -> None:
+def test_a_repeated_candidate_names_the_transformed_model_it_ran(
+    overflow_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """The search has one candidate besides the baseline (fp32, the engine's default): every trial
     after it repeats it and copies its result, the model it ran included, so that exporting any of
-    them writes the fp16 graph, not the fp32 original."""
+    them writes the fp16 graph, not the fp32 original. The one trial that ranks the nodes by fp16
+    sensitivity says so before it holds the search up."""
     fixed = ["provider", "graph_optimization_level", "mem_pattern", "execution_mode", "intra_op_num_threads"]
     fixed += ["intra_op_spinning", "cpu_mem_arena", "denormal_as_zero", '"keep_fp32.normalization"']
     config = tmp_path / "tune.toml"
@@ -138,6 +141,8 @@ def test_a_repeated_candidate_names_the_transformed_model_it_ran(overflow_path: 
     )
     argv = ["tune", str(overflow_path), "--config", str(config), "--quiet", "--n-trials", "4", "--confirm-top", "0"]
     assert main([*argv, "--accuracy", "cosine>=0.999"]) == 0
+    ranking = "ranking the graph's nodes by fp16 sensitivity first"
+    assert [line.split(":")[0] for line in capsys.readouterr().err.splitlines() if ranking in line] == ["trial 1"]
     study = optuna.load_study(study_name="overflow-onnxruntime", storage="sqlite:///studies/overflow-onnxruntime.db")
     trials = study.trials
     assert [t.user_attrs.get("reused_from") for t in trials] == [None, None, 1, 1]

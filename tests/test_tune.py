@@ -207,7 +207,8 @@ def test_the_space_check_is_remembered_for_a_resume_and_the_space_command(
     base = [str(cnn_path), "--config", str(config), "--confirm-top", "0"]
     assert tune(*base, "--n-trials", "1") == 0
     first = capsys.readouterr().err
-    assert "checking the space: graph_fusion none, precision fp16 ..." in first
+    assert "checking the space 2/2: graph_fusion none, precision fp16 ..." in first
+    assert "checked the space: 2 graph variants in " in first
     assert tune(*base, "--n-trials", "2") == 0
     resumed = capsys.readouterr().err
     assert "checking the space: as checked before" in resumed and "precision fp16 ..." not in resumed
@@ -216,4 +217,4 @@ def test_the_space_check_is_remembered_for_a_resume_and_the_space_command(
     config.write_text('[measure]\nbudget_s = 0.05\n[space]\nprecision = ["fp32", "int8"]\n')
     assert tune(*base, "--n-trials", "3") == 2  # checked anew, then refused: the study has another space
     other = capsys.readouterr().err
-    assert "checking the space: graph_fusion none, precision int8 ..." in other and "the search space" in other
+    assert "checking the space 2/2: graph_fusion none, precision int8 ..." in other and "the search space" in other
