@@ -16,7 +16,7 @@ import json
 import shlex
 import time
 import xml.etree.ElementTree as ET
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -161,6 +161,17 @@ def compare_latency(record_ms: float, summary: Any, tolerance: float) -> Outcome
     return Outcome("latency", True, f"latency within {tolerance:.0%}: {said}, {change:+.1f} %")
 
 
+def still_to_measure(study: Any) -> int:
+    """How many trials must still run for the baseline and the recorded configuration to be
+    measured (a budget spent on the preparation can leave them waiting): the waiting trials up to
+    the last of them, since waiting trials run in order."""
+    from optuna.trial import TrialState
+
+    waiting = study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
+    needed = [t.number for t in waiting if t.user_attrs.get("baseline") or t.user_attrs.get("seeded")]
+    return sum(1 for t in waiting if t.number <= max(needed)) if needed else 0
+
+
 def seeded_failure(study: Any) -> Outcome | None:
     """The recorded configuration's own verdict: it must still meet the criterion."""
     from optuna.trial import TrialState
@@ -199,7 +210,7 @@ def run_check(
 ) -> int:
     """The whole check; returns the exit code (0 pass, 1 regression, 130 interrupted)."""
     from gpt_optuna.progress import Progress
-    from gpt_optuna.study import load_study, open_storage, summarize_study
+    from gpt_optuna.study import finished_count, load_study, open_storage, summarize_study
     from gpt_optuna.tuner import tune
     from gpt_optuna.winner import record_winner
 
@@ -225,9 +236,15 @@ def run_check(
             allow_io_change=bool((record.get("interface") or {}).get("allow_io_change")),
         )
         code = tune(config, Progress(enabled=not quiet), argv=[], summarize=False)
+        study = load_study(open_storage(config.storage, create=False), name)
+        more = still_to_measure(study)
+        if more and code <= 128:
+            print("the budget ended before the baseline and the recorded configuration were measured: measuring them")
+            extra = replace(config, timeout_s=None, n_trials=finished_count(study) + more)
+            code = tune(extra, Progress(enabled=not quiet), argv=[], summarize=False)
+            study = load_study(open_storage(config.storage, create=False), name)
         if code > 128:  # stopped by Ctrl-C, SIGTERM or SIGHUP
             return code
-        study = load_study(open_storage(config.storage, create=False), name)
         summary = summarize_study(study)
         if summary.confirmed is None and summary.best is not None:
             # the budget bounds the search; the comparison needs the confirmed finalists

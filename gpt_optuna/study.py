@@ -48,8 +48,12 @@ _GRACE_S = 120
 _MAX_RETRY = 3
 
 
+WHY_TRIED = ("baseline", "seeded", "warm_start_from")
+"""The user attrs that say why a candidate was tried: a retry keeps them."""
+
+
 def retry_trial(study: optuna.Study, trial: FrozenTrial) -> None:
-    """Enqueue an interrupted trial's candidate again, keeping its baseline mark.
+    """Enqueue an interrupted trial's candidate again, keeping the marks of why it was tried.
 
     The retry records ``failed_trial`` and ``retry_history`` as Optuna's own retry callback
     does; a candidate interrupted more than three times is not retried again.
@@ -62,7 +66,7 @@ def retry_trial(study: optuna.Study, trial: FrozenTrial) -> None:
             state=TrialState.WAITING,
             params=trial.params,
             distributions=trial.distributions,
-            user_attrs={k: v for k, v in trial.user_attrs.items() if k == "baseline"},
+            user_attrs={k: v for k, v in trial.user_attrs.items() if k in WHY_TRIED},
             system_attrs={
                 "failed_trial": trial.system_attrs.get("failed_trial", trial.number),
                 "retry_history": history,
@@ -716,7 +720,11 @@ def summarize_study(study: optuna.Study) -> StudySummary:
         dry_run=recorded.get("objective") == "build_s",
         confirmed=confirmed,
         failures=tuple(failure_causes(trials)),
-        warm_started=tuple(str(t.user_attrs["warm_start_from"]) for t in trials if "warm_start_from" in t.user_attrs),
+        warm_started=tuple(
+            str(t.user_attrs["warm_start_from"])
+            for t in trials
+            if "warm_start_from" in t.user_attrs and not is_interrupted(t, retried)  # a retry counts once
+        ),
         allow_io_change=bool(recorded.get("allow_io_change")),
         stability=stability(trials, target, best),
         orphaned=orphans(study, trials),

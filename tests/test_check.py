@@ -86,6 +86,12 @@ def test_check_passes_the_record_and_fails_a_slower_or_changed_model(
     capsys.readouterr()
     assert main([*check, str(cnn_path), "--tolerance", "90%", "--junit", "same.xml"]) == 0
     assert "ok: latency within 90%" in capsys.readouterr().out and junit_failures(Path("same.xml")) == []
+    # a budget spent before the search began still measures the baseline and the recorded configuration
+    short = ["check", "--baseline", "record.onnx.json", "--budget", "1s", "--quiet", *config, str(cnn_path)]
+    assert main([*short, "--tolerance", "90%"]) == 0
+    out = capsys.readouterr().out
+    assert "the budget ended before the baseline and the recorded configuration were measured" in out
+    assert "ok: latency within 90%" in out
 
     model = onnx.load(str(cnn_path))
     onnx.save(slowed(model), "slow.onnx")
