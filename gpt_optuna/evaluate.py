@@ -301,12 +301,14 @@ class EvaluateJob:
             except MetricFailed as exc:
                 return _failure(Outcome.METRIC_ERROR, str(exc), exc.log)
             verdict = replace(verdict, metrics={**verdict.metrics, "samples": len(samples)})
-            latency = None
+            latency, timing = None, {}
             if verdict.feasible or self.measure_infeasible:
                 if len(samples) > 1:
                     runner.set_inputs(samples[0])  # timed on the first sample, as every candidate is
+                started = time.perf_counter()
                 latency = measure(runner, self.settings)
-            attrs = {**built.attrs, **runner.attrs}
+                timing = {"measure_s": time.perf_counter() - started}
+            attrs = {**built.attrs, **runner.attrs, **timing}
         outcome = Outcome.OK if verdict.feasible else Outcome.INFEASIBLE
         return TrialResult(outcome, verdict.reason, latency, verdict, built.build_s, attrs, engine_path=engine)
 

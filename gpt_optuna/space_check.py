@@ -58,7 +58,8 @@ def check_space(
             loaded[(fusion, precision)] = result.attrs["limits"]
         else:
             failed[(fusion, precision)] = _why(result)
-    say(f"checked the space: {len(loaded) + len(failed)} graph variants in {time.monotonic() - started:.1f} s")
+    checked = len(loaded) + len(failed)
+    say(f"checked the space: {checked} graph variant{'s' if checked > 1 else ''} in {time.monotonic() - started:.1f} s")
     if (base_fusion, base_precision) in failed:
         setting = f"graph_fusion {base_fusion}, precision {base_precision}"
         raise UserError(

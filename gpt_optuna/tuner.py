@@ -12,6 +12,7 @@ import shutil
 import sqlite3
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, replace
@@ -150,6 +151,10 @@ def call_metric(
         raise UserError(f"the --metric function failed on the reference outputs: {type(exc).__name__}: {exc}") from exc
 
 
+SLOW_STEP_S = 3.0
+"""A step of the preparation still going after this long says what it does."""
+
+
 def discover_space(
     config: TuneConfig,
     worker: Worker,
@@ -163,12 +168,17 @@ def discover_space(
     each graph transform it offers made and loaded once (:func:`check_space`); the space, the
     library versions and the calibration data's hash (empty without int8/fp8). Transformed
     models and the calibration data are kept in ``workdir``; what was dropped goes to ``notes``."""
-    say("finding the search space: the knobs and graph transforms this model and backend allow ...")
+    slow = threading.Timer(
+        SLOW_STEP_S, say, ["finding the search space (a transformer's fusion takes a while on a large graph) ..."]
+    )
+    slow.start()
     try:
         job = SpaceJob(config.backend, working, inputs.shapes, workdir / "models", config.allow_io_change)
         space, versions, left_out = worker.run(job, SPACE_TIMEOUT_S)
     except JobFailure as failure:
         raise UserError(f"backend {config.backend!r} could not describe its search space: {failure}") from None
+    finally:
+        slow.cancel()
     notes += left_out
     space = space.with_overrides(config.space)
     calibration_sha256 = ""
@@ -415,7 +425,7 @@ def tune(
             if isinstance(exc, UserError):
                 raise
             summary = record_winner(study)
-            steps = next_steps(config, args, finished_count(study), summary)
+            steps = next_steps(config, args, finished_count(study), summary, stopped=True)
             finish(summary, steps, note=f"stopped by {interrupts.cause()}", took=phases.line())
             return interrupts.exit_code()
         if deadline is not None:  # the search is over: workers that joined it stop, and leave the GPU to the finalists
@@ -578,10 +588,12 @@ def next_steps(
     summary: StudySummary,
     covered: bool = False,
     reconfirm: bool = False,
+    stopped: bool = False,
 ) -> list[str]:
-    """The commands worth running next, each runnable as printed from any folder: extend the search
-    (a larger --n-trials; not where the space is ``covered``), confirm the finalists where they were
-    not (or ``reconfirm``), report, and export the winner where it is a real improvement."""
+    """The commands worth running next, each runnable as printed from any folder: resume the search
+    (the same command) where it was ``stopped`` before its end, else extend it (a larger --n-trials;
+    not where the space is ``covered``), confirm the finalists where they were not (or
+    ``reconfirm``), report, and export the winner where it is a real improvement."""
     extended, skip = [], False
     for index, arg in enumerate(args):
         if skip:
@@ -596,7 +608,10 @@ def next_steps(
     here = shlex.quote(str(Path.cwd()))
     where = shlex.join(study_flags(str(config.storage), str(config.study_name)))
     extend = shlex.join([*extended, "--n-trials", str(target)])
-    steps = [] if covered else [f"extend with: cd {here} && gpt-optuna {extend}"]
+    if stopped:
+        steps = [f"resume with: cd {here} && gpt-optuna {shlex.join(args)}"]
+    else:
+        steps = [] if covered else [f"extend with: cd {here} && gpt-optuna {extend}"]
     if summary.verdict == "unconfirmed" or reconfirm:
         steps.append(f"confirm the finalists: gpt-optuna confirm {where}")
     steps.append(f"report: gpt-optuna report {where} -o {shlex.quote(str(Path('report.html').resolve()))}")

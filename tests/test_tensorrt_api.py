@@ -252,7 +252,7 @@ def test_weak_typing_flags_only_apply_while_the_graph_stays_fp32(cnn_path: Path,
     from gpt_optuna.evaluate import SpaceJob
 
     info = m.load_model_info(cnn_path)
-    space, _ = SpaceJob("test_tensorrt_api:TensorRT10Backend", info, m.resolve_shapes(info, {}), tmp_path)()
+    space, _, _ = SpaceJob("test_tensorrt_api:TensorRT10Backend", info, m.resolve_shapes(info, {}), tmp_path)()
     knobs = {k.name: k for k in space.knobs}
     assert knobs["precision"].choices == ("fp32", "fp16", "bf16", "int8", "fp8")
     for flag in ("flag.FP16", "flag.BF16"):
