@@ -266,38 +266,47 @@ def float_tensors(model: Any) -> set[str]:
     return {name for name, kind in reduced_float.tensor_types(model).items() if kind == reduced_float.FLOAT}
 
 
-def with_fp16_rounding(model: Any, node_name: str, floats: set[str]) -> Any:
-    """The model with one node's float inputs and outputs rounded through fp16."""
+def with_switched_fp16_rounding(model: Any, node_names: list[str], floats: set[str]) -> tuple[Any, dict[str, str]]:
+    """The model with each named node's float inputs and outputs rounded through fp16 while that
+    node's switch is on, and untouched while it is off; the switches are bool scalar inputs, named
+    per node in the returned map. One session then measures each node alone in fp16."""
     onnx = _onnx()
     from onnx import TensorProto, helper
 
     copy = onnx.ModelProto()
     copy.CopyFrom(model)
     graph = copy.graph
-    index = next(i for i, n in enumerate(graph.node) if n.name == node_name)
-    node = graph.node[index]
+    switches = {name: f"fp16_switch__{index}" for index, name in enumerate(node_names)}
 
-    def round_trip(source: str, target: str) -> list[Any]:
+    def round_trip(source: str, target: str, switch: str) -> list[Any]:
         return [
             helper.make_node("Cast", [source], [target + "_h"], to=TensorProto.FLOAT16),
-            helper.make_node("Cast", [target + "_h"], [target], to=TensorProto.FLOAT),
+            helper.make_node("Cast", [target + "_h"], [target + "_r"], to=TensorProto.FLOAT),
+            helper.make_node("Where", [switch, target + "_r", source], [target]),
         ]
 
-    before, after = [], []
-    for position, name in enumerate(node.input):
-        if name in floats:
-            rounded = f"{name}__fp16_{node_name}"
-            if rounded not in node.input:  # an input read twice (Mul(x, x)) is rounded once
-                before += round_trip(name, rounded)
-            node.input[position] = rounded
-    for position, name in enumerate(node.output):
-        if name in floats:
-            node.output[position] = f"{name}__raw"
-            after += round_trip(f"{name}__raw", name)
-    nodes = list(graph.node)
+    nodes = []
+    for node in graph.node:
+        switch = switches.get(node.name)
+        if switch is None:
+            nodes.append(node)
+            continue
+        before, after = [], []
+        for position, name in enumerate(node.input):
+            if name in floats:
+                rounded = f"{name}__fp16_{node.name}"
+                if rounded not in node.input:  # an input read twice (Mul(x, x)) is rounded once
+                    before += round_trip(name, rounded, switch)
+                node.input[position] = rounded
+        for position, name in enumerate(node.output):
+            if name in floats:
+                node.output[position] = f"{name}__raw"
+                after += round_trip(f"{name}__raw", name, switch)
+        nodes += [*before, node, *after]
     graph.ClearField("node")
-    graph.node.extend(nodes[:index] + before + [nodes[index]] + after + nodes[index + 1 :])
-    return copy
+    graph.node.extend(nodes)
+    graph.input.extend(helper.make_tensor_value_info(s, TensorProto.BOOL, []) for s in switches.values())
+    return copy, switches
 
 
 def _session(model: Any) -> Any:
@@ -354,8 +363,9 @@ def rank_sensitive_nodes(
     """Node names, most sensitive first: the model's output error when that node alone runs in fp16.
 
     "Alone in fp16" is simulated by rounding the node's float inputs and outputs through fp16
-    (overflow becomes Inf), which is what a fp16 kernel reads and writes. At most ``limit`` nodes
-    are measured that way: those whose own tensors fp16 rounding changes most, from one run.
+    (overflow becomes Inf), which is what a fp16 kernel reads and writes, in one session where a
+    switch per node turns its rounding on. At most ``limit`` nodes are measured that way: those
+    whose own tensors fp16 rounding changes most, from one run.
     """
     model = named(_onnx().load(str(model_path)))
     floats = float_tensors(model)
@@ -363,9 +373,11 @@ def rank_sensitive_nodes(
     if len(nodes) > limit:
         local = _local_errors(model, nodes, floats, feeds)
         nodes = sorted(nodes, key=lambda n: -local[n.name])[:limit]
+    switched, switches = with_switched_fp16_rounding(model, [n.name for n in nodes], floats)
+    session = _session(switched)
     scores = []
     for node in nodes:
-        session = _session(with_fp16_rounding(model, node.name, floats))
-        scores.append((_relative_error(session.run(list(reference), feeds), reference), node.name))
+        flags = {switch: np.array(name == node.name) for name, switch in switches.items()}
+        scores.append((_relative_error(session.run(list(reference), {**feeds, **flags}), reference), node.name))
     scores.sort(key=lambda s: -s[0])
     return [name for _, name in scores]
