@@ -123,7 +123,7 @@ def tensor_types(model: Any) -> dict[str, int]:
     onnx = _onnx()
     graph = model.graph
     try:
-        inferred = onnx.shape_inference.infer_shapes(model).graph
+        inferred = onnx.shape_inference.infer_shapes(_skeleton(model)).graph
     except Exception:  # inference is a help here, not a requirement
         inferred = graph
     types: dict[str, int] = {}
@@ -139,6 +139,29 @@ def tensor_types(model: Any) -> dict[str, int]:
                 if found:
                     types[name] = found
     return types
+
+
+SKELETON_ELEMENTS = 4096
+"""Initializers larger than this lose their data in :func:`_skeleton` (shape tensors are smaller)."""
+
+
+def _skeleton(model: Any) -> Any:
+    """The model with its large initializers' data left out (their names, types and dims kept):
+    all that type inference reads, without serializing the weights. Small ones (shapes, axes) keep
+    their values, which inference may read."""
+    onnx = _onnx()
+    graph = onnx.GraphProto(name=model.graph.name)
+    for part in ("node", "input", "output", "value_info", "sparse_initializer"):
+        getattr(graph, part).extend(getattr(model.graph, part))
+    for init in model.graph.initializer:
+        if int(np.prod(init.dims)) <= SKELETON_ELEMENTS:
+            graph.initializer.append(init)
+        else:
+            graph.initializer.add(name=init.name, data_type=init.data_type, dims=init.dims)
+    light = onnx.ModelProto(ir_version=model.ir_version, graph=graph)
+    light.opset_import.extend(model.opset_import)
+    light.functions.extend(model.functions)
+    return light
 
 
 def _opsets(model: Any) -> dict[str, int]:
