@@ -404,8 +404,8 @@ class EvaluateJob:
 
     def ranking_path(self) -> Path | None:
         """Where the fp16 sensitivity ranking this candidate needs is kept (None: it needs none): one
-        per graph (the model and its fusion), made by the first candidate that needs it, which takes
-        a session per ranked node."""
+        per graph (the model and its fusion), made by the first candidate that needs it, which runs
+        the graph once per ranked node."""
         if not PrecisionSetting.from_candidate(self.candidate).keep_nodes:
             return None
         return self.workdir / f"sensitivity-{fusion_of(self.candidate)}-{self.model.sha256[:16]}.json"

@@ -124,8 +124,8 @@ class Objective:
         ranking = job.ranking_path()
         if ranking is not None and not ranking.is_file():
             self.note(
-                f"trial {trial.number}: ranking the graph's nodes by fp16 sensitivity first (a session per node,"
-                " once per graph; later trials reuse it) ..."
+                f"trial {trial.number}: ranking the graph's nodes by fp16 sensitivity first (a run of the graph per"
+                " node, once per graph; later trials reuse it) ..."
             )
         left = self.search_left()
         timeout = self.trial_timeout_s if left is None else min(self.trial_timeout_s, max(left, 1.0))
