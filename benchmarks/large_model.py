@@ -1,4 +1,4 @@
-"""The tuner's overhead and trials per hour on a large transformer (GPU, ONNX Runtime backend).
+"""The tuner's overhead and trials per hour on a large transformer (GPU; any backend).
 
 Exports torchvision's ViT-B/16 (seeded random weights: latency does not depend on them; batch 8,
 about 330 MB) and searches it in one study twice: a first run (the space found and checked) and a
@@ -9,6 +9,7 @@ wall time. The share for a 30-trial search is projected from the measured figure
 run's preparation, plus 30 trials of the mean measured overhead and work). Target: at most 10 %.
 
     python benchmarks/large_model.py [--trials 30] [--resume-trials 5] [--timeout 3600] [--model M.onnx]
+        [--backend tensorrt]
 """
 
 from __future__ import annotations
@@ -114,6 +115,7 @@ def main() -> None:
     parser.add_argument("--resume-trials", type=int, default=5, help="trials the resume adds")
     parser.add_argument("--timeout", default="3600", help="--timeout of each run")
     parser.add_argument("--model", type=Path, help="an ONNX model to search instead of the exported ViT-B/16")
+    parser.add_argument("--backend", default="onnxruntime", help="the backend to search (default: onnxruntime)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as folder:
         work_dir = Path(folder)
@@ -124,7 +126,8 @@ def main() -> None:
             print(f"exported {model.name} in {time.monotonic() - started:.0f} s")
         print(f"{model.name}: {model.stat().st_size / 2**20:.0f} MiB")
         storage = f"sqlite:///{work_dir / 'vit.db'}"
-        base = ["tune", str(model), "--storage", storage, "--study-name", "vit", "--confirm-top", "0", "--quiet"]
+        base = ["tune", str(model), "--backend", args.backend, "--storage", storage, "--study-name", "vit"]
+        base += ["--confirm-top", "0", "--quiet"]
         base += ["--timeout", args.timeout]
         since = datetime.datetime.now()
         first, notes = run([*base, "--n-trials", str(args.trials)], work_dir)
