@@ -206,6 +206,19 @@ def _ms(row: dict[str, Any]) -> str:
     return f"{row['median_ms']:.4g} ms" + (f" ({' / '.join(f'{v:.4g}' for v in each)})" if len(each) > 1 else "")
 
 
+def _ended(trial: optuna.trial.FrozenTrial) -> str:
+    """How a trial without a value ended, with its reason: infeasible, failed or interrupted."""
+    attrs = trial.user_attrs
+    if "interrupted" in attrs:
+        return f"interrupted: {attrs['interrupted']}"
+    if "infeasible" in attrs:
+        return f"infeasible: {str(attrs['infeasible'])[:160]}"
+    if "failure" in attrs:
+        detail = (str(attrs["failure"]).splitlines() or [""])[0][:160]
+        return f"failed ({attrs.get('outcome', 'error')}): {detail}"
+    return trial.state.name.lower()
+
+
 class Progress:
     """A tqdm bar on stderr with the best latency so far; notes and the summary around it. Where
     stderr is no terminal (a CI log, a file), one line per trial instead of a redrawn bar."""
@@ -275,7 +288,10 @@ class Progress:
                 print(text, file=self.stream)
 
     def result(self, number: int, candidate: Candidate, result: TrialResult | None) -> None:
-        """A note for a candidate that failed or was infeasible (None: an earlier result reused)."""
+        """A note for a candidate that failed or was infeasible (None: an earlier result reused);
+        without a terminal the trial's own line says it instead."""
+        if self._lines is not None:
+            return
         if result is not None and result.outcome.is_failure:
             self.note(f"trial {number} failed ({result.outcome.value}): {result.detail.splitlines()[0][:160]}")
         elif result is not None and result.outcome is Outcome.INFEASIBLE:
@@ -301,7 +317,7 @@ class Progress:
         elif self._lines is not None:
             done, total = self._lines[0] + 1, self._lines[1]
             self._lines = (done, total)
-            value = f"{trial.values[0]:.4g} ms" if trial.values else trial.state.name.lower()
+            value = f"{trial.values[0]:.4g} ms" if trial.values else _ended(trial)
             counted = f"{done}/{total}" if total is not None else str(done)
             print(f"trial {trial.number} ({counted}): {value}; {self._status()}", file=self.stream, flush=True)
 

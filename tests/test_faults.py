@@ -376,3 +376,19 @@ def test_corrupted_cached_data_is_rebuilt_or_repaired_never_failing_trials_one_b
     reference.write_bytes(b"garbage" * 100)
     assert gpt_optuna("export", "-o", "best").returncode == 0
     assert reference.read_bytes() == good and Path("best.onnx.reference.npz").read_bytes() == good
+
+
+def test_without_a_terminal_each_trial_is_one_line_with_its_outcome(cnn_path: Path, tmp_path: Path) -> None:
+    """Where stderr is no terminal (a CI log), the search writes one line per trial, its outcome
+    and reason on it, and no redrawn bar; then the re-measurement and the time by phase."""
+    config = synthetic_config(tmp_path, 'mode = ["ok", "noisy", "build_error"]\ndelay_us = [0, 50]\nbuild_ms = [0]')
+    argv = ["tune", str(cnn_path), "--backend", SYNTHETIC, "--config", str(config), "--n-trials", "8"]
+    result = gpt_optuna(*argv, "--sampler", "random", "--seed", "1", "--confirm-top", "1", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "\r" not in result.stderr
+    lines = [line for line in result.stderr.splitlines() if re.match(r"trial \d+ ", line)]
+    assert [int(re.match(r"trial (\d+) \((\d+)/8\): ", line)[2]) for line in lines] == list(range(1, 9)), lines
+    outcomes = [line.split(": ", 1)[1] for line in lines]
+    assert any(o.startswith("infeasible: ") for o in outcomes) and any(o.startswith("failed (") for o in outcomes)
+    assert all(re.match(r"([\d.]+ ms|infeasible: .+|failed \(\w+\): .+); best ", o) for o in outcomes), outcomes
+    assert "re-measuring the 1 best candidates" in result.stderr and "took " in result.stdout
