@@ -27,7 +27,7 @@ from gpt_optuna.errors import UserError, environment_fault
 from gpt_optuna.evaluate import WarmUpJob, gpu_names
 from gpt_optuna.objective import OWNER, CandidateFailed, Objective, SearchTimeUp
 from gpt_optuna.space import Space
-from gpt_optuna.study import recover_interrupted, retry_trial
+from gpt_optuna.study import fail_as_interrupted, recover_interrupted, retry_trial
 from gpt_optuna.taxonomy import has_own_result, is_interrupted, retried_numbers
 from gpt_optuna.time_budget import trial_seconds
 from gpt_optuna.worker import Worker
@@ -311,9 +311,10 @@ def with_trial_fate(study: optuna.Study, began: list[int], exc: BaseException) -
         trials = study.get_trials(deepcopy=False)
         trial = next(t for t in trials if t.number == number)
         if trial.state is TrialState.RUNNING:
-            study._storage.set_trial_user_attr(trial._trial_id, "interrupted", f"stopped: {fault}")
-            study._storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)
-            fate = f"trial {number} was marked as interrupted; the next run retries it"
+            marked = fail_as_interrupted(study, trial, f"stopped: {fault}")
+            fate = f"trial {number} " + (
+                "was marked as interrupted; the next run retries it" if marked else "was ended by another process"
+            )
         elif is_interrupted(trial, retried_numbers(trials)):
             fate = f"trial {number} was stopped before its result was kept; the next run retries it"
         else:

@@ -472,7 +472,7 @@ def recover_interrupted(study: optuna.Study, alone: bool = False) -> list[int]:
     recovered = [
         trial.number
         for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
-        if _owner_is_dead(trial, alone) and _fail_as_interrupted(study, trial)
+        if _owner_is_dead(trial, alone) and fail_as_interrupted(study, trial, "the tuner was killed")
     ]
     trials = study.get_trials(deepcopy=False)
     retried = retried_numbers(trials)
@@ -491,10 +491,11 @@ def recover_interrupted(study: optuna.Study, alone: bool = False) -> list[int]:
     return recovered
 
 
-def _fail_as_interrupted(study: optuna.Study, trial: FrozenTrial) -> bool:
-    """Fail a dead tuner's RUNNING trial as interrupted; false where another process did first."""
+def fail_as_interrupted(study: optuna.Study, trial: FrozenTrial, reason: str) -> bool:
+    """Fail a RUNNING trial whose candidate was not evaluated as interrupted (``reason``), so that
+    its candidate is retried; false where another process ended the trial first."""
     try:
-        study._storage.set_trial_user_attr(trial._trial_id, "interrupted", "the tuner was killed")
+        study._storage.set_trial_user_attr(trial._trial_id, "interrupted", reason)
         study._storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)
     except optuna.exceptions.UpdateFinishedTrialError:
         return False
