@@ -14,6 +14,7 @@ from onnx import TensorProto, helper, numpy_helper
 from optuna.trial import TrialState
 
 from gpt_optuna import model as m
+from gpt_optuna import precision
 from gpt_optuna.accuracy import parse_criterion
 from gpt_optuna.cli import main
 from gpt_optuna.data.make_small_cnn import small_cnn
@@ -77,6 +78,14 @@ def run(path: Path, feeds: m.Feeds) -> np.ndarray:
 def test_overflowing_nodes_rank_first(overflow_path: Path) -> None:
     _, feeds, reference = inputs(overflow_path)
     assert np.all(np.isfinite(reference["y"])) and np.abs(reference["y"]).max() < 100
+    ranking = rank_sensitive_nodes(overflow_path, feeds, reference)
+    assert set(ranking[:3]) == {"blowup", "rectify", "norm"} and ranking[3] == "project"
+
+
+@pytest.mark.gpu
+def test_the_ranking_runs_on_the_gpu_with_fp32_math(overflow_path: Path) -> None:
+    _, feeds, reference = inputs(overflow_path)
+    assert precision._session(onnx.load(str(overflow_path))).get_providers()[0] == "CUDAExecutionProvider"
     ranking = rank_sensitive_nodes(overflow_path, feeds, reference)
     assert set(ranking[:3]) == {"blowup", "rectify", "norm"} and ranking[3] == "project"
 
