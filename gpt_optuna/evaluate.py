@@ -43,10 +43,12 @@ from gpt_optuna.precision import (
     transform,
 )
 from gpt_optuna.space import Candidate, Condition, Space
-from gpt_optuna.worker import JobFailure, Worker
+from gpt_optuna.worker import JobFailure, Worker, report_progress
 
 INPUTS_FILE, REFERENCE_FILE, CALIBRATION_FILE = "inputs.npz", "reference.npz", "calibration.npz"
 """What a study folder caches: the inputs, the fp32 reference outputs, the calibration samples."""
+PROGRESS_EVERY_S = 5.0
+"""How often a long step inside a job (the fp16 sensitivity ranking) tells the tuner how far it is."""
 
 _backends: dict[str, Backend] = {}
 _arrays: dict[tuple[Path, float], Feeds] = {}
@@ -416,7 +418,16 @@ class EvaluateJob:
         if path.is_file():
             return list(json.loads(path.read_text())["nodes"])
         first = unstack(_npz(self.feeds_path))[0], unstack(_npz(self.reference_path))[0]
-        nodes = rank_sensitive_nodes(model.path, *first)
+        started = told = time.monotonic()
+
+        def progress(done: int, total: int) -> None:
+            nonlocal told
+            now = time.monotonic()
+            if done in (0, total) or now - told >= PROGRESS_EVERY_S:
+                told = now
+                report_progress(f"fp16 sensitivity: {done}/{total} nodes ranked, {now - started:.1f} s")
+
+        nodes = rank_sensitive_nodes(model.path, *first, progress=progress)
         tmp = path.with_name(path.name + ".tmp")
         tmp.write_text(json.dumps({"model": model.sha256, "nodes": nodes}))
         tmp.replace(path)
@@ -458,9 +469,15 @@ def _failure(outcome: Outcome, detail: str, log: str) -> TrialResult:
     return TrialResult(outcome, detail, log=log)
 
 
-def run_evaluation(worker: Worker, job: Callable[[], TrialResult], timeout: float | None) -> TrialResult:
-    """Run a job in the worker; a crash, hang or exception becomes a failed TrialResult."""
+def run_evaluation(
+    worker: Worker,
+    job: Callable[[], TrialResult],
+    timeout: float | None,
+    on_progress: Callable[[str], None] = lambda _: None,
+) -> TrialResult:
+    """Run a job in the worker (what it reports on the way goes to ``on_progress``); a crash,
+    hang or exception becomes a failed TrialResult."""
     try:
-        return worker.run(job, timeout)
+        return worker.run(job, timeout, on_progress)
     except JobFailure as failure:
         return TrialResult(Outcome(failure.kind.value), failure.detail, log=failure.log_tail)

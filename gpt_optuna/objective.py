@@ -130,7 +130,7 @@ class Objective:
         left = self.search_left()
         timeout = self.trial_timeout_s if left is None else min(self.trial_timeout_s, max(left, 1.0))
         try:
-            result = run_evaluation(lane.worker, job, timeout)
+            result = run_evaluation(lane.worker, job, timeout, lambda text: self.note(f"trial {trial.number}: {text}"))
         except (KeyboardInterrupt, UserError) as exc:
             self._stop(trial, interrupts.stopped() if isinstance(exc, KeyboardInterrupt) else f"stopped: {exc}")
             raise

@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -378,14 +378,19 @@ def _local_errors(model: Any, nodes: list[Any], floats: set[str], feeds: Feeds) 
 
 
 def rank_sensitive_nodes(
-    model_path: Path, feeds: Feeds, reference: Mapping[str, np.ndarray], limit: int = 48
+    model_path: Path,
+    feeds: Feeds,
+    reference: Mapping[str, np.ndarray],
+    limit: int = 48,
+    progress: Callable[[int, int], None] = lambda done, total: None,
 ) -> list[str]:
     """Node names, most sensitive first: the model's output error when that node alone runs in fp16.
 
     "Alone in fp16" is simulated by rounding the node's float inputs and outputs through fp16
     (overflow becomes Inf), which is what a fp16 kernel reads and writes, in one session where a
     switch per node turns its rounding on. At most ``limit`` nodes are measured that way: those
-    whose own tensors fp16 rounding changes most, from one run.
+    whose own tensors fp16 rounding changes most, from one run. ``progress`` is told (nodes ranked,
+    nodes to rank) before the first and after each.
     """
     model = named(_onnx().load(str(model_path)))
     floats = float_tensors(model)
@@ -396,8 +401,10 @@ def rank_sensitive_nodes(
     switched, switches = with_switched_fp16_rounding(model, [n.name for n in nodes], floats)
     session = _session(switched)
     scores = []
+    progress(0, len(nodes))
     for node in nodes:
         flags = {switch: np.array(name == node.name) for name, switch in switches.items()}
         scores.append((_relative_error(session.run(list(reference), {**feeds, **flags}), reference), node.name))
+        progress(len(scores), len(nodes))
     scores.sort(key=lambda s: -s[0])
     return [name for _, name in scores]

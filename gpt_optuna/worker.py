@@ -1,7 +1,8 @@
 """A warm child process that runs jobs with a deadline; a crash or hang becomes data.
 
 A job is any picklable callable. The child runs it and sends back its return value, or the
-exception it raised; a UserError is raised again in the parent as it is. The parent waits up to
+exception it raised; a UserError is raised again in the parent as it is. While it runs, a job may
+tell the parent how far it is (:func:`report_progress`). The parent waits up to
 the deadline: end-of-file on the pipe is a crash (with the signal or exit code), no answer in
 time is a hang (the child is killed). After any failure the child is replaced, since a crashed
 library can leave a process unusable. The child's stdout and stderr go to a log file whose new
@@ -10,6 +11,7 @@ lines are attached to each failure.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import faulthandler
 import multiprocessing
@@ -61,7 +63,20 @@ def _die_with_parent() -> None:
         pass
 
 
+_to_parent: Connection | None = None
+"""The child's end of the pipe, in a worker's child process."""
+
+
+def report_progress(text: str) -> None:
+    """Tell the parent, from a running job, how far it is (nothing outside a worker's child)."""
+    if _to_parent is not None:
+        with contextlib.suppress(BrokenPipeError, OSError):
+            _to_parent.send(("progress", text))
+
+
 def _child_main(conn: Connection, log_path: str, env: dict[str, str]) -> None:
+    global _to_parent
+    _to_parent = conn
     os.environ.update(env)  # before any job imports a GPU library (CUDA_VISIBLE_DEVICES pins a device)
     interrupts.ignore()  # Ctrl-C, SIGTERM and SIGHUP are the parent's to handle
     _die_with_parent()
@@ -102,20 +117,28 @@ class Worker:
         self._process: multiprocessing.process.BaseProcess | None = None
         self._conn: Connection | None = None
 
-    def run(self, job: Callable[[], T], timeout: float | None) -> T:
-        """Run ``job`` in the child and return its value; raise JobFailure if it does not return."""
+    def run(
+        self, job: Callable[[], T], timeout: float | None, on_progress: Callable[[str], None] = lambda _: None
+    ) -> T:
+        """Run ``job`` in the child and return its value, telling ``on_progress`` what the job
+        reports meanwhile; raise JobFailure if it does not return."""
         if self._process is None or not self._process.is_alive():
             self._start()
         assert self._conn is not None and self._process is not None
         offset = self._log_size()
+        deadline = None if timeout is None else time.monotonic() + timeout
         try:
             self._conn.send(job)
-            if not self._answered(timeout):
-                self._kill()
-                raise JobFailure(
-                    FailureKind.TIMEOUT, f"no answer within {timeout:g} s; worker killed", self._log_tail(offset)
-                )
-            status, payload = self._conn.recv()
+            while True:
+                if not self._answered(None if deadline is None else deadline - time.monotonic()):
+                    self._kill()
+                    raise JobFailure(
+                        FailureKind.TIMEOUT, f"no answer within {timeout:g} s; worker killed", self._log_tail(offset)
+                    )
+                status, payload = self._conn.recv()
+                if status != "progress":
+                    break
+                on_progress(payload)
         except (EOFError, ConnectionError):
             detail = self._exit_reason()
             self._kill()

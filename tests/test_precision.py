@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -150,8 +151,12 @@ def test_a_repeated_candidate_names_the_transformed_model_it_ran(
     )
     argv = ["tune", str(overflow_path), "--config", str(config), "--quiet", "--n-trials", "4", "--confirm-top", "0"]
     assert main([*argv, "--accuracy", "cosine>=0.999"]) == 0
+    err = capsys.readouterr().err.splitlines()
     ranking = "ranking the graph's nodes by fp16 sensitivity first"
-    assert [line.split(":")[0] for line in capsys.readouterr().err.splitlines() if ranking in line] == ["trial 1"]
+    assert [line.split(":")[0] for line in err if ranking in line] == ["trial 1"]
+    counted = [line for line in err if "fp16 sensitivity:" in line]  # a counter while it ranks, and its time
+    assert counted[0].startswith("trial 1: fp16 sensitivity: 0/") and len(counted) >= 2
+    assert re.fullmatch(r"trial 1: fp16 sensitivity: (\d+)/\1 nodes ranked, [\d.]+ s", counted[-1])
     study = optuna.load_study(study_name="overflow-onnxruntime", storage="sqlite:///studies/overflow-onnxruntime.db")
     trials = study.trials
     assert [t.user_attrs.get("reused_from") for t in trials] == [None, None, 1, 1]

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gpt_optuna.worker import FailureKind, JobFailure, Worker
+from gpt_optuna.worker import FailureKind, JobFailure, Worker, report_progress
 
 
 def segfault() -> None:
@@ -26,6 +26,24 @@ def boom() -> None:
 
 def exit_hard() -> None:
     os._exit(3)
+
+
+def steps_then_hang(count: int) -> None:
+    for step in range(count):
+        report_progress(f"step {step + 1}/{count}")
+    time.sleep(3600)
+
+
+def test_a_job_tells_how_far_it_is_while_it_runs_and_the_deadline_still_holds(tmp_path: Path) -> None:
+    told: list[str] = []
+    with Worker(tmp_path / "w.log") as worker:
+        assert worker.run(partial(report_progress, "alone"), timeout=60, on_progress=told.append) is None
+        started = time.monotonic()
+        with pytest.raises(JobFailure) as info:
+            worker.run(partial(steps_then_hang, 3), timeout=3, on_progress=told.append)
+        assert info.value.kind is FailureKind.TIMEOUT and time.monotonic() - started < 10
+    assert told == ["alone", "step 1/3", "step 2/3", "step 3/3"]
+    report_progress("outside a worker: nothing to tell, no error")
 
 
 def test_jobs_return_values_and_reuse_the_warm_child(tmp_path: Path) -> None:
