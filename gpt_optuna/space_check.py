@@ -5,19 +5,13 @@ made and the engine loads it as the space's default candidate would (:meth:`Back
 in the worker, so that a library crashing on a graph takes only the worker with it. A value that
 cannot be made or loaded is dropped with one line saying why; a knob that a graph cannot use
 (CUDA graphs over nodes placed on the CPU, say) is offered only where it can be, or not at all.
-Each fused graph is checked first; the precisions of the graphs that loaded are then made side by
-side in helper workers where the machine has the cores and memory for them.
 """
 
 from __future__ import annotations
 
-import contextlib
 import itertools
-import os
-import queue
 import time
-from collections.abc import Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
 from dataclasses import replace
 
 from gpt_optuna.backends import KnobLimit
@@ -30,22 +24,6 @@ from gpt_optuna.worker import Worker
 PRECISION = "precision"
 Combo = tuple[Value, Value]
 """(graph fusion, precision)."""
-MAX_SIDE_BY_SIDE = 4
-"""Graph variants made at once, at most (each worker holds a few copies of the graph)."""
-MEMORY_PER_MODEL_BYTE = 8
-"""Memory a worker may need while it transforms a graph, per byte of the model file."""
-
-
-def side_by_side(model_bytes: int) -> int:
-    """How many graph variants this machine can make at once: one per four cores, as memory for a
-    transform of a model of ``model_bytes`` allows, at most :data:`MAX_SIDE_BY_SIDE`, at least 1."""
-    by_cores = (os.cpu_count() or 1) // 4
-    try:
-        available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError):
-        available = 0
-    by_memory = available // max(MEMORY_PER_MODEL_BYTE * model_bytes, 1)
-    return max(1, min(MAX_SIDE_BY_SIDE, by_cores, by_memory))
 
 
 def check_space(
@@ -55,35 +33,32 @@ def check_space(
     timeout: float,
     note: Callable[[str], None],
     say: Callable[[str], None] = lambda _: None,
-    at_once: int = 1,
 ) -> Space:
     """``space`` without the transform values that cannot be made or loaded, and with the knob
     limits the engine reported; each change is told to ``note`` in one line, each check to ``say``
-    as it starts (making a transform can take a while). Up to ``at_once`` precisions are made at
-    once, in ``worker`` and helpers like it."""
+    as it starts (making a transform can take a while)."""
     default = space.default()
     base_fusion, base_precision = default.get(FUSION_KNOB, "none"), default.get(PRECISION, "fp32")
     fusions = space.choices(FUSION_KNOB) or (base_fusion,)
     precisions = space.choices(PRECISION) or (base_precision,)
-    results: dict[Combo, TrialResult] = {}
-    started, count, numbers = time.monotonic(), len(fusions) * len(precisions), itertools.count(1)
-
-    def check(combo: Combo, on: Worker) -> None:
-        fusion, precision = combo
-        say(f"checking the space {next(numbers)}/{count}: graph_fusion {fusion}, precision {precision} ...")
-        job = replace(template, candidate=space.default({FUSION_KNOB: fusion, PRECISION: precision}))
-        results[combo] = run_evaluation(on, CheckJob(job, space), timeout)
-
-    base_first = sorted(fusions, key=lambda f: f != base_fusion)
-    order = list(itertools.product(base_first, sorted(precisions, key=lambda p: p != base_precision)))
-    for fusion in base_first:
-        check((fusion, base_precision), worker)
-    graphs = {f for (f, _), r in results.items() if r.outcome is Outcome.OK}
-    _side_by_side([(f, p) for f, p in order if f in graphs and p != base_precision], check, worker, at_once)
-    done = [(combo, results[combo]) for combo in order if combo in results]  # in a fixed order, however made
-    loaded = {combo: r.attrs["limits"] for combo, r in done if r.outcome is Outcome.OK}
-    failed = {combo: _why(r) for combo, r in done if r.outcome is not Outcome.OK}
-    checked = len(results)
+    loaded: dict[Combo, list[KnobLimit]] = {}
+    failed: dict[Combo, str] = {}
+    started, count = time.monotonic(), len(fusions) * len(precisions)
+    combos = itertools.product(
+        sorted(fusions, key=lambda f: f != base_fusion), sorted(precisions, key=lambda p: p != base_precision)
+    )
+    for done, (fusion, precision) in enumerate(combos):
+        if (fusion, base_precision) in failed:
+            continue  # the fused graph itself cannot be loaded
+        fixed = {FUSION_KNOB: fusion, PRECISION: precision}
+        say(f"checking the space {done + 1}/{count}: graph_fusion {fusion}, precision {precision} ...")
+        job = replace(template, candidate=space.default(fixed))
+        result = run_evaluation(worker, CheckJob(job, space), timeout)
+        if result.outcome is Outcome.OK:
+            loaded[(fusion, precision)] = result.attrs["limits"]
+        else:
+            failed[(fusion, precision)] = _why(result)
+    checked = len(loaded) + len(failed)
     say(f"checked the space: {checked} graph variant{'s' if checked > 1 else ''} in {time.monotonic() - started:.1f} s")
     if (base_fusion, base_precision) in failed:
         setting = f"graph_fusion {base_fusion}, precision {base_precision}"
@@ -104,36 +79,6 @@ def check_space(
     if len(kept_precisions) < len(precisions):
         space = space.restricted(PRECISION, kept_precisions)
     return _apply_limits(space, loaded, note)
-
-
-def _side_by_side(
-    combos: Iterable[Combo], check: Callable[[Combo, Worker], None], worker: Worker, at_once: int
-) -> None:
-    """``check`` every combination, up to ``at_once`` at a time: on ``worker`` and on helper workers
-    started like it (its environment, logs beside its own) and stopped afterwards."""
-    combos = list(combos)
-    helpers = min(at_once, len(combos)) - 1
-    if helpers <= 0:
-        for combo in combos:
-            check(combo, worker)
-        return
-    with contextlib.ExitStack() as stack:
-        idle: queue.Queue[Worker] = queue.Queue()
-        idle.put(worker)
-        for index in range(helpers):
-            log = worker.log_path.with_name(f"{worker.log_path.stem}-check-{index + 1}.log")
-            idle.put(stack.enter_context(Worker(log, worker.env)))
-
-        def on_idle(combo: Combo) -> None:
-            taken = idle.get()
-            try:
-                check(combo, taken)
-            finally:
-                idle.put(taken)
-
-        with ThreadPoolExecutor(max_workers=helpers + 1) as pool:
-            for future in [pool.submit(on_idle, combo) for combo in combos]:
-                future.result()
 
 
 def _why(result: TrialResult) -> str:

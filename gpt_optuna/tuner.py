@@ -56,7 +56,7 @@ from gpt_optuna.progress import Progress, warm_summary
 from gpt_optuna.seeds import speed_seed, warm_start
 from gpt_optuna.shared_data import artifact_folder, publish
 from gpt_optuna.space import Candidate, Space
-from gpt_optuna.space_check import check_space, side_by_side
+from gpt_optuna.space_check import check_space
 from gpt_optuna.study import (
     FOLDER_ATTR,
     MEASURE_ATTR,
@@ -240,8 +240,7 @@ def remembered_check(
             notes += kept["notes"]
             return checked
     found: list[str] = []
-    at_once = side_by_side(template.model.path.stat().st_size)
-    checked = check_space(space, template, worker, config.trial_timeout_s, found.append, say, at_once)
+    checked = check_space(space, template, worker, config.trial_timeout_s, found.append, say)
     notes += found
     path = template.workdir / name
     partial = path.with_name(path.name + ".tmp")

@@ -33,7 +33,6 @@ from gpt_optuna.precision import (
 )
 from gpt_optuna.sampling import FreshSampler, refusal_causes
 from gpt_optuna.space import Knob, Space
-from gpt_optuna.space_check import side_by_side
 
 ALL = ("fp32", "fp16", "bf16", "int8", "fp8")
 
@@ -112,14 +111,11 @@ def test_opset_11_graphs_are_raised_for_per_channel_int8(tmp_path: Path) -> None
     assert dq  # per-channel weights
 
 
-@pytest.mark.parametrize("at_once", [1, 2])
 def test_the_space_check_drops_what_cannot_be_made_or_loaded_and_says_why(
-    at_once: int, cnn_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    cnn_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """The engine crashes on fp16 graphs and refuses int8 ones: both are dropped before the search,
-    each with one line; mem_pattern is offered only where the engine said it works. The same when
-    the precisions are made side by side, the crash in a helper worker."""
-    monkeypatch.setattr("gpt_optuna.tuner.side_by_side", lambda _: at_once)
+    each with one line; mem_pattern is offered only where the engine said it works."""
     config = tmp_path / "tune.toml"
     config.write_text('[measure]\nbudget_s = 0.05\n[space]\nintra_op_num_threads = "default"\n')
     argv = ["tune", str(cnn_path), "--backend", "picky_backend:PickyBackend", "--config", str(config)]
@@ -135,7 +131,6 @@ def test_the_space_check_drops_what_cannot_be_made_or_loaded_and_says_why(
     for trial in study.get_trials():
         assert ("mem_pattern" in trial.params) is (trial.params["graph_optimization_level"] == "ORT_ENABLE_ALL")
         assert trial.state is TrialState.COMPLETE
-    assert Path("studies/cnn-pickybackend/worker-check-1.log").is_file() is (at_once > 1)
 
 
 def test_failures_are_pruned_with_their_traceback_and_grouped_by_cause(
@@ -406,14 +401,3 @@ def test_fp16_types_follow_the_operator_schemas(tmp_path: Path) -> None:
     assert cast.attribute[0].i == onnx.TensorProto.FLOAT16
     shared = {i.name: i.data_type for i in graph.initializer if i.name.startswith("shared")}
     assert sorted(shared.values()) == [onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16]
-
-
-def test_variants_made_at_once_follow_the_cores_and_the_memory(monkeypatch: pytest.MonkeyPatch) -> None:
-    pages = {"SC_PAGE_SIZE": 4096, "SC_AVPHYS_PAGES": (64 << 30) // 4096}  # 64 GiB free
-    monkeypatch.setattr("os.sysconf", lambda name: pages[name])
-    monkeypatch.setattr("os.cpu_count", lambda: 16)
-    assert side_by_side(330 << 20) == 4
-    assert side_by_side(3 << 30) == 2  # 8 x 3 GiB per worker
-    assert side_by_side(10 << 30) == 1
-    monkeypatch.setattr("os.cpu_count", lambda: 2)
-    assert side_by_side(1 << 20) == 1
