@@ -102,7 +102,9 @@ class LookupWorker:
     def __init__(self, landscape: Landscape) -> None:
         self.landscape = landscape
 
-    def run(self, job: EvaluateJob, timeout: float | None) -> TrialResult:
+    def run(
+        self, job: EvaluateJob, timeout: float | None, on_progress: Callable[[str], None] = lambda _: None
+    ) -> TrialResult:
         return self.landscape.results[candidate_key(job.candidate)]
 
 
