@@ -37,6 +37,7 @@ import peer_models  # noqa: E402
 from kernel_profile import kernel_profile  # noqa: E402
 from mobilenet_v2 import PHOTOS, SKIMAGE, crops  # noqa: E402
 from precision import mobilenet_v2 as mobilenet_v2_onnx  # noqa: E402
+from record_landscapes import CRITERION  # noqa: E402
 from registry import download  # noqa: E402
 
 from gpt_optuna.config import TuneConfig  # noqa: E402
@@ -47,7 +48,6 @@ from gpt_optuna.study import finished_count, summarize_study  # noqa: E402
 from gpt_optuna.tuner import tune  # noqa: E402
 
 PEERS = ("eager32", "eager16", "reduce-overhead", "max-autotune")
-CRITERION = "cosine>=0.999"
 
 
 def photo_batch() -> np.ndarray:

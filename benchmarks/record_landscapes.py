@@ -1,15 +1,19 @@
-"""Record landscapes: every configuration of a small ONNX Runtime CUDA space, measured by the tuner.
+"""Record landscapes: every configuration of a small ONNX Runtime space, measured by the tuner.
 
 Each model's landscape goes to ``benchmarks/landscapes/NAME.json``, the replay benchmark's tables.
 
-The space: fp32 or fp16, basic or full graph optimization, TF32 and CUDA graph; for the CNNs
-exhaustive or heuristic cuDNN algorithm search and NHWC, for the encoder the transformer fusion;
-every other knob at ONNX Runtime's default. Every candidate is queued in one study and evaluated as a
-trial (build, accuracy against fp32 on the CPU, latency), so the landscape holds what a search
+The CUDA space (``minilm``, ``mobilenetv2``, ``resnet50``; batch 8): fp32 or fp16, basic or full
+graph optimization, TF32 and CUDA graph; for the CNNs exhaustive or heuristic cuDNN algorithm
+search and NHWC, for the encoder the transformer fusion. The CPU space (``mobilenetv2-cpu``:
+MobileNetV2 with its real weights at batch 1, on this machine's cores): intra-op threads (every
+count the machine offers), sequential or parallel execution with its inter-op threads, basic,
+extended or full graph optimization, the memory arena, spinning, denormals as zero; fp32. Every
+other knob stays at ONNX Runtime's default. Every candidate is queued in one study and evaluated as
+a trial (build, accuracy against fp32 on the CPU, latency), so the landscape holds what a search
 would have measured; a rerun resumes the studies kept in ``--workdir``.
 
-    python benchmarks/record_landscapes.py [--models minilm,mobilenetv2,resnet50] [--timeout SECONDS]
-                                           [--workdir landscape-studies] [--out benchmarks/landscapes]
+    python benchmarks/record_landscapes.py [--models minilm,mobilenetv2,resnet50,mobilenetv2-cpu]
+        [--timeout SECONDS] [--workdir landscape-studies] [--out benchmarks/landscapes]
 """
 
 from __future__ import annotations
@@ -33,8 +37,13 @@ from gpt_optuna.study import FINGERPRINT_ATTR
 from gpt_optuna.taxonomy import has_own_result, retried_numbers
 from gpt_optuna.tuner import offered_space, tune
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from peers import CRITERION, models  # noqa: E402
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE), str(HERE.parent / "tests")]
+from mobilenet_v2 import PHOTOS, SKIMAGE, crops  # noqa: E402
+from precision import mobilenet_v2 as mobilenet_v2_onnx  # noqa: E402
+from registry import download  # noqa: E402
+
+CRITERION = "cosine>=0.999"
 
 SEARCHED: dict[str, list[Value]] = {
     "precision": ["fp32", "fp16"],
@@ -45,26 +54,42 @@ SEARCHED: dict[str, list[Value]] = {
     "cuda.prefer_nhwc": [False, True],
     "cuda.enable_cuda_graph": [False, True],
 }
-"""The landscape's knobs and values; a model's space may lack some (no fusion for the CNNs)."""
+"""The CUDA landscapes' knobs and values; a model's space may lack some (no fusion for the CNNs)."""
 CNN_ONLY = ("cuda.cudnn_conv_algo_search", "cuda.prefer_nhwc")
-PROVIDER = "CUDAExecutionProvider"
+CPU_SEARCHED: dict[str, list[Value] | None] = {
+    "intra_op_num_threads": None,
+    "execution_mode": None,
+    "inter_op_num_threads": None,
+    "graph_optimization_level": ["ORT_ENABLE_BASIC", "ORT_ENABLE_EXTENDED", "ORT_ENABLE_ALL"],
+    "cpu_mem_arena": None,
+    "intra_op_spinning": None,
+    "denormal_as_zero": None,
+}
+"""The CPU landscape's knobs and values (None: every value the space offers on this machine)."""
+CPU_LANDSCAPES = ("mobilenetv2-cpu",)
 
 
-def overrides(knobs: list[str], cnn: bool) -> dict[str, Value | list[Value]]:
+def overrides(offered: Space, searched: dict[str, list[Value] | None], provider: str) -> dict[str, Value | list[Value]]:
     """The ``[space]`` table: the landscape's knobs searched, every other knob at its default."""
-    table: dict[str, Value | list[Value]] = {name: "default" for name in knobs}
-    table["provider"] = PROVIDER
-    for name, values in SEARCHED.items():
-        if name in knobs and (cnn or name not in CNN_ONLY):
-            table[name] = values
+    table: dict[str, Value | list[Value]] = {knob.name: "default" for knob in offered.knobs}
+    table["provider"] = provider
+    for name, values in searched.items():
+        if name in table:
+            table[name] = list(offered.choices(name)) if values is None else values
     return table
 
 
-def fp16_space(config: TuneConfig) -> Space:
-    """The space ONNX Runtime offers for this model here, found as the tuner finds it (fp16 the
-    only graph transform made)."""
-    space, _ = offered_space(replace(config, space={"precision": ["fp32", "fp16"]}), [], lambda _: None)
+def searched_space(config: TuneConfig, precisions: list[str]) -> Space:
+    """The space ONNX Runtime offers for this model here, found as the tuner finds it (with only
+    the given precisions made)."""
+    space, _ = offered_space(replace(config, space={"precision": precisions}), [], lambda _: None)
     return space
+
+
+def cpu_model(cache: Path) -> tuple[Path, dict[str, Any]]:
+    """MobileNetV2 with its real weights at batch 1, and a photograph as its input."""
+    photo = crops(download(SKIMAGE, tuple(f"skimage/data/{name}" for name in PHOTOS[:1])))[0]
+    return mobilenet_v2_onnx(cache, 1), {"input": photo[None]}
 
 
 def landscape(study: optuna.Study, name: str, space: Space) -> dict[str, Any]:
@@ -107,12 +132,20 @@ def landscape(study: optuna.Study, name: str, space: Space) -> dict[str, Any]:
 
 def record(name: str, folder: Path, out: Path, deadline: float | None) -> bool:
     """Measure (or go on measuring) one model's landscape; whether it is complete."""
-    _, onnx_path, feeds, cnn = models()[name](folder)
+    if name in CPU_LANDSCAPES:
+        onnx_path, feeds = cpu_model(folder)
+        searched, provider, precisions = CPU_SEARCHED, "CPUExecutionProvider", ["fp32"]
+    else:
+        from peers import models  # PyTorch makes the CUDA landscapes' models
+
+        _, onnx_path, feeds, cnn = models()[name](folder)
+        searched = {k: v for k, v in SEARCHED.items() if cnn or k not in CNN_ONLY}
+        provider, precisions = "CUDAExecutionProvider", ["fp32", "fp16"]
     inputs = folder / f"{name}.inputs.npz"
     save_npz(inputs, feeds)
     base = TuneConfig(model=onnx_path, inputs=inputs, accuracy=CRITERION, study_name=f"landscape-{name}", seed=0)
-    offered = fp16_space(base)
-    table = overrides([k.name for k in offered.knobs], cnn)
+    offered = searched_space(base, precisions)
+    table = overrides(offered, searched, provider)
     space = offered.with_overrides(table)
     candidates = space.every_candidate()
     remaining = None if deadline is None else deadline - time.monotonic()

@@ -17,6 +17,7 @@ Strategies:
   default        the tuner's default (multivariate TPE, never a repeat) without seeds
   seeds          the default with its seeded candidate (every speed feature on)
   transfer only  the default with ``--warm-start auto`` from studies of the other landscapes
+                 recorded on the same GPU (or none) with the same library versions
   transfer       seeds and transfer
 
     python benchmarks/replay.py [--seeds 50] [--landscapes DIR] [--within 0.03]
@@ -62,6 +63,7 @@ class Landscape:
 
     name: str
     gpu: str
+    versions: dict[str, str]
     criterion: str
     space: Space
     results: dict[CandidateKey, TrialResult]
@@ -70,7 +72,13 @@ class Landscape:
     def read(cls, path: Path) -> Landscape:
         data = json.loads(path.read_text())
         results = {candidate_key(t["params"]): _result(t) for t in data["trials"]}
-        return cls(data["model"], data["gpu"], data["criterion"], Space.from_record(data["space"]), results)
+        space = Space.from_record(data["space"])
+        return cls(data["model"], data["gpu"], data["versions"], data["criterion"], space, results)
+
+    def measured_like(self, other: Landscape) -> bool:
+        """Whether ``other`` was recorded on the same GPU (or none) with the same library versions:
+        only then may a search of this one take configurations from it."""
+        return (self.gpu, self.versions) == (other.gpu, other.versions)
 
     def latency(self, candidate: Candidate) -> float | None:
         """The median latency of a feasible configuration; None for any other."""
@@ -233,7 +241,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for landscape in landscapes:
             hit = landscape.good_enough(args.within)
-            others = [o for o in landscapes if o is not landscape]
+            others = [o for o in landscapes if o is not landscape and o.measured_like(landscape)]
             hits = sum(hit(landscape.latency(dict(k))) for k in landscape.results)
             medians: dict[str, float] = {
                 "random order": random_order(len(landscape.results), hits),
