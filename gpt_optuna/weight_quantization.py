@@ -69,7 +69,7 @@ def weight_axes(model: Any, op_types: tuple[str, ...]) -> dict[str, int]:
 def per_channel_weights(quantized: Any, float_model: Any, op_types: tuple[str, ...]) -> int:
     """Turn, in place, the per-tensor int8 weights of ``quantized`` (ONNX Runtime's QDQ output for
     ``float_model``) into per-channel ones; returns how many were turned."""
-    from onnx import numpy_helper
+    from onnx import helper, numpy_helper
 
     axes = weight_axes(float_model, op_types)
     floats = {init.name: init for init in float_model.graph.initializer if init.name in axes}
@@ -83,15 +83,10 @@ def per_channel_weights(quantized: Any, float_model: Any, op_types: tuple[str, .
         replaced[f"{name}_quantized"] = numpy_helper.from_array(weight, f"{name}_quantized")
         replaced[f"{name}_scale"] = numpy_helper.from_array(scale, f"{name}_scale")
         replaced[f"{name}_zero_point"] = numpy_helper.from_array(np.zeros(scale.shape, np.int8), f"{name}_zero_point")
+        kept = [a for a in node.attribute if a.name != "axis"]
         del node.attribute[:]
-        node.attribute.append(_int_attribute("axis", axis))
+        node.attribute.extend([*kept, helper.make_attribute("axis", axis)])
     for init in quantized.graph.initializer:
         if init.name in replaced:
             init.CopyFrom(replaced[init.name])
     return len(replaced) // 3
-
-
-def _int_attribute(name: str, value: int) -> Any:
-    from onnx import helper
-
-    return helper.make_attribute(name, value)
