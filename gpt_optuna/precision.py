@@ -191,8 +191,29 @@ class _Reader:
         pass
 
 
-def quantize(model_path: Path, out_path: Path, setting: PrecisionSetting, samples: list[Feeds]) -> None:
-    """Symmetric Q/DQ on the inputs of the chosen op types, placed as TensorRT fuses them.
+def ready_for_quantization(base_path: Path, base_sha256: str, precision: str, cache_dir: Path) -> Path:
+    """The graph the quantizer reads: every node named, the opset raised to what its Q/DQ pairs need,
+    constants folded into initializers (so that weights stored compressed and expanded in the graph
+    get per-channel Q/DQ as weights); made once per model and opset, for every int8/fp8 setting."""
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+
+    needed = opset.PER_CHANNEL_QDQ if precision == "int8" else opset.FLOAT8_QDQ
+    out = cache_dir / f"qdq-ready-opset{needed}-{base_sha256[:24]}.onnx"
+
+    def make(tmp: Path) -> None:
+        named_path = tmp.with_name(tmp.stem + ".named.onnx")
+        _onnx().save(opset.at_least(named(_onnx().load(str(base_path))), needed), str(named_path))
+        try:
+            quant_pre_process(str(named_path), str(tmp), skip_symbolic_shape=True)
+        finally:
+            named_path.unlink(missing_ok=True)
+
+    return produce(out, make)
+
+
+def quantize(ready_path: Path, out_path: Path, setting: PrecisionSetting, samples: list[Feeds]) -> None:
+    """Symmetric Q/DQ on the inputs of the chosen op types, placed as TensorRT fuses them, in the
+    graph :func:`ready_for_quantization` made.
 
     TensorRT's explicit-quantization guidance: Q/DQ on the inputs of weighted operations
     (convolution, matrix product), none on their outputs; zero points of 0 (symmetric); signed
@@ -200,45 +221,33 @@ def quantize(model_path: Path, out_path: Path, setting: PrecisionSetting, sample
     produces that.
     """
     from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
-    from onnxruntime.quantization.shape_inference import quant_pre_process
 
     int8 = setting.precision == "int8"
     qtype = QuantType.QInt8 if int8 else QuantType.QFLOAT8E4M3FN
     ops = [op for group in setting.quantize for op in QUANTIZE_GROUPS[group]]
-    named_path = out_path.with_name(out_path.stem + ".named.onnx")
-    prepared_path = out_path.with_name(out_path.stem + ".prepared.onnx")
-    needed = opset.PER_CHANNEL_QDQ if int8 else opset.FLOAT8_QDQ
-    _onnx().save(opset.at_least(named(_onnx().load(str(model_path))), needed), str(named_path))
-    try:
-        # constant-fold weights (e.g. stored int8 and dequantized in the graph) into initializers,
-        # so that they get per-channel Q/DQ as weights
-        quant_pre_process(str(named_path), str(prepared_path), skip_symbolic_shape=True)
-        quantize_static(
-            str(prepared_path),
-            str(out_path),
-            _Reader(samples),
-            quant_format=QuantFormat.QDQ,
-            op_types_to_quantize=ops,
-            per_channel=False,  # int8 weights are made per channel below, much faster
-            activation_type=qtype,
-            weight_type=qtype,
-            calibrate_method=CalibrationMethod.MinMax if int8 else CalibrationMethod.Distribution,
-            # biases stay in float: TensorRT fuses them into the quantized kernel itself
-            # (the int32-bias scale adjustment is skipped too: it fails on biases of rank > 1)
-            extra_options={
-                "ActivationSymmetric": True,
-                "WeightSymmetric": True,
-                "QuantizeBias": False,
-                "QDQDisableWeightAdjustForInt32Bias": True,
-            },
-        )
-        if int8:
-            quantized = _onnx().load(str(out_path))
-            if per_channel_weights(quantized, _onnx().load(str(prepared_path)), tuple(ops)):
-                _onnx().save(quantized, str(out_path))
-    finally:
-        named_path.unlink(missing_ok=True)
-        prepared_path.unlink(missing_ok=True)
+    quantize_static(
+        str(ready_path),
+        str(out_path),
+        _Reader(samples),
+        quant_format=QuantFormat.QDQ,
+        op_types_to_quantize=ops,
+        per_channel=False,  # int8 weights are made per channel below, much faster
+        activation_type=qtype,
+        weight_type=qtype,
+        calibrate_method=CalibrationMethod.MinMax if int8 else CalibrationMethod.Distribution,
+        # biases stay in float: TensorRT fuses them into the quantized kernel itself
+        # (the int32-bias scale adjustment is skipped too: it fails on biases of rank > 1)
+        extra_options={
+            "ActivationSymmetric": True,
+            "WeightSymmetric": True,
+            "QuantizeBias": False,
+            "QDQDisableWeightAdjustForInt32Bias": True,
+        },
+    )
+    if int8:
+        quantized = _onnx().load(str(out_path))
+        if per_channel_weights(quantized, _onnx().load(str(ready_path)), tuple(ops)):
+            _onnx().save(quantized, str(out_path))
 
 
 def transform(
@@ -261,7 +270,9 @@ def transform(
         if setting.precision in REDUCED_FLOAT:
             onnx.save(reduced(onnx.load(str(base_path)), setting, ranking), str(tmp))
         else:
-            quantize(base_path, tmp, setting, samples)
+            quantize(
+                ready_for_quantization(base_path, base_sha256, setting.precision, cache_dir), tmp, setting, samples
+            )
         onnx.checker.check_model(str(tmp), full_check=True)
 
     return produce(out, make)
