@@ -57,10 +57,10 @@ class Timings:
             finally:
                 self.sampling[trial.number] = time.perf_counter() - start
 
-        def timed_run(worker, job, timeout):  # type: ignore[no-untyped-def]
+        def timed_run(worker, job, timeout, on_progress=lambda _: None):  # type: ignore[no-untyped-def]
             start = time.perf_counter()
             try:
-                return run_evaluation(worker, job, timeout)
+                return run_evaluation(worker, job, timeout, on_progress)
             finally:
                 self.round_trip[self.current] = time.perf_counter() - start
 

@@ -5,10 +5,11 @@ Each model's landscape goes to ``benchmarks/landscapes/NAME.json``, the replay b
 The CUDA space (``minilm``, ``mobilenetv2``, ``resnet50``; batch 8): fp32 or fp16, basic or full
 graph optimization, TF32 and CUDA graph; for the CNNs exhaustive or heuristic cuDNN algorithm
 search and NHWC, for the encoder the transformer fusion. The CPU space (``mobilenetv2-cpu``:
-MobileNetV2 with its real weights at batch 1, on this machine's cores): intra-op threads (every
-count the machine offers), sequential or parallel execution with its inter-op threads, basic,
-extended or full graph optimization, the memory arena, spinning, denormals as zero; fp32. Every
-other knob stays at ONNX Runtime's default. Every candidate is queued in one study and evaluated as
+MobileNetV2 with its real weights at batch 1, on this machine's cores): intra-op threads (the
+counts the space offers here: the library's choice, powers of two, every core), sequential or
+parallel execution with its inter-op threads, basic, extended or full graph optimization, the
+memory arena, spinning, denormals as zero; fp32; the processor is recorded with the landscape.
+Every other knob stays at ONNX Runtime's default. Every candidate is queued in one study and evaluated as
 a trial (build, accuracy against fp32 on the CPU, latency), so the landscape holds what a search
 would have measured; a rerun resumes the studies kept in ``--workdir``.
 
@@ -19,8 +20,10 @@ would have measured; a rerun resumes the studies kept in ``--workdir``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import platform
 import sys
 import time
 from dataclasses import replace
@@ -122,12 +125,22 @@ def landscape(study: optuna.Study, name: str, space: Space) -> dict[str, Any]:
     return {
         "model": name,
         "gpu": baseline.user_attrs.get("gpu"),
+        "cpu": cpu_name(),
         "versions": fingerprint["versions"],
         "criterion": fingerprint["accuracy"],
         "space": space.to_record(),
         "baseline": baseline.params,
         "trials": trials,
     }
+
+
+def cpu_name() -> str:
+    """The processor's model name (what a CPU landscape was measured on)."""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return f"{line.split(':', 1)[1].strip()} x{os.cpu_count()}"
+    return platform.processor() or "unknown"
 
 
 def record(name: str, folder: Path, out: Path, deadline: float | None) -> bool:

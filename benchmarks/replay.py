@@ -17,7 +17,7 @@ Strategies:
   default        the tuner's default (multivariate TPE, never a repeat) without seeds
   seeds          the default with its seeded candidate (every speed feature on)
   transfer only  the default with ``--warm-start auto`` from studies of the other landscapes
-                 recorded on the same GPU (or none) with the same library versions
+                 recorded on the same GPU (or none) and processor with the same library versions
   transfer       seeds and transfer
 
     python benchmarks/replay.py [--seeds 50] [--landscapes DIR] [--within 0.03]
@@ -63,6 +63,7 @@ class Landscape:
 
     name: str
     gpu: str
+    cpu: str
     versions: dict[str, str]
     criterion: str
     space: Space
@@ -73,12 +74,13 @@ class Landscape:
         data = json.loads(path.read_text())
         results = {candidate_key(t["params"]): _result(t) for t in data["trials"]}
         space = Space.from_record(data["space"])
-        return cls(data["model"], data["gpu"], data["versions"], data["criterion"], space, results)
+        cpu = data.get("cpu", "")  # recorded since the CPU landscapes
+        return cls(data["model"], data["gpu"], cpu, data["versions"], data["criterion"], space, results)
 
     def measured_like(self, other: Landscape) -> bool:
-        """Whether ``other`` was recorded on the same GPU (or none) with the same library versions:
-        only then may a search of this one take configurations from it."""
-        return (self.gpu, self.versions) == (other.gpu, other.versions)
+        """Whether ``other`` was recorded on the same GPU (or none) and processor with the same
+        library versions: only then may a search of this one take configurations from it."""
+        return (self.gpu, self.cpu, self.versions) == (other.gpu, other.cpu, other.versions)
 
     def latency(self, candidate: Candidate) -> float | None:
         """The median latency of a feasible configuration; None for any other."""

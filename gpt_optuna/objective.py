@@ -98,7 +98,8 @@ class Objective:
     ) -> None:
         self.objectives = objectives
         self.note = note
-        """Told where a trial first does one-time work that holds it up (an fp16 sensitivity ranking)."""
+        """Told where a trial first does one-time work that holds it up (an fp16 sensitivity ranking),
+        and how far that work is while it runs."""
         self.search_left = search_left
         """Seconds left for the search under --timeout (None: no bound): a trial may take no longer."""
         self.space = space

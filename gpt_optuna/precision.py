@@ -326,10 +326,10 @@ def with_switched_fp16_rounding(model: Any, node_names: list[str], floats: set[s
     return copy, switches
 
 
-def _session(model: Any) -> Any:
-    """A session over ``model`` for the ranking's runs: on the GPU where ONNX Runtime's CUDA
-    provider starts here (TF32 off, so that fp32 math stays fp32; many times faster on a large
-    model), else on the CPU."""
+def _session(model: Any, trial_run: tuple[list[str], Feeds] | None = None) -> Any:
+    """A CPU session over ``model``; with a ``trial_run`` (output names, feeds), a GPU session where
+    ONNX Runtime's CUDA provider starts here and that run fits in device memory (TF32 off, so that
+    fp32 math stays fp32; many times faster on a large model), else the CPU one."""
     import onnxruntime as ort
 
     from gpt_optuna.backends.onnxruntime import CUDA, usable_providers
@@ -337,9 +337,10 @@ def _session(model: Any) -> Any:
     options = ort.SessionOptions()
     options.log_severity_level = 3
     data = model.SerializeToString()
-    if CUDA in usable_providers():
+    if trial_run is not None and CUDA in usable_providers():
         try:
             session = ort.InferenceSession(data, options, providers=[(CUDA, {"use_tf32": "0"})])
+            session.run(*trial_run)
         except Exception:  # out of device memory, say: the CPU does it, slower
             pass
         else:
@@ -410,7 +411,7 @@ def rank_sensitive_nodes(
         local = _local_errors(model, nodes, floats, feeds)
         nodes = sorted(nodes, key=lambda n: -local[n.name])[:limit]
     switched, switches = with_switched_fp16_rounding(model, [n.name for n in nodes], floats)
-    session = _session(switched)
+    session = _session(switched, (list(reference), {**feeds, **{s: np.array(False) for s in switches.values()}}))
     scores = []
     progress(0, len(nodes))
     for node in nodes:

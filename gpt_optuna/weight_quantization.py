@@ -32,53 +32,62 @@ def channel_axis(node: Any, rank: int) -> int | None:
 
 
 def per_channel_int8(weight: np.ndarray, axis: int) -> tuple[np.ndarray, np.ndarray]:
-    """(int8 weight, float32 scale per channel): scale = max |w| over the channel / 127 (1.0 for an
-    all-zero channel), q = clip(round(w / scale), -127, 127)."""
-    moved = np.moveaxis(weight.astype(np.float32, copy=False), axis, 0)
+    """(int8 weight, scale per channel in the weight's dtype): scale = max |w| over the channel / 127
+    (1.0 where that is below the dtype's smallest scale), q = clip(round(w / scale), -127, 127), in
+    ONNX Runtime's arithmetic (the scale in float64, stored in the weight's dtype, divided in float32)."""
+    moved = np.moveaxis(weight, axis, 0)
     flat = moved.reshape(moved.shape[0], -1)
-    absmax = np.abs(flat).max(axis=1) if flat.shape[1] else np.zeros(flat.shape[0], np.float32)
+    absmax = np.abs(flat).max(axis=1) if flat.shape[1] else np.zeros(flat.shape[0], weight.dtype)
     scale = absmax.astype(np.float64) / INT8_SYMMETRIC_MAX
-    scale = np.where(scale < np.finfo(np.float32).tiny, 1.0, scale).astype(np.float32)
+    info = np.finfo(weight.dtype)
+    smallest = info.smallest_subnormal if weight.dtype == np.float16 else info.tiny
+    too_small = (scale.astype(weight.dtype) if weight.dtype == np.float16 else scale) < smallest
+    scale = np.where(too_small, 1.0, scale).astype(weight.dtype)
     shape = [1] * weight.ndim
     shape[axis] = -1
-    quantized = np.clip(np.round(weight / scale.reshape(shape)), -INT8_SYMMETRIC_MAX, INT8_SYMMETRIC_MAX)
-    return quantized.astype(np.int8), scale
+    divided = weight.astype(np.float32) / scale.astype(np.float32).reshape(shape)
+    return np.clip(np.round(divided), -INT8_SYMMETRIC_MAX, INT8_SYMMETRIC_MAX).astype(np.int8), scale
 
 
 def weight_axes(model: Any, op_types: tuple[str, ...]) -> dict[str, int]:
-    """{float32 initializer feeding input 1 (the weight) of a node of ``op_types``: its channel
-    axis}; a weight without one is left out (it stays per tensor)."""
+    """{float32 or float16 initializer a node of ``op_types`` reads as a weight: its channel axis}.
+    As in ONNX Runtime: a MatMul's weight is any initializer input, another op's its input 1; where
+    several nodes read one weight, the last whose axis is within the weight's rank decides; a weight
+    without one is left out (it stays per tensor)."""
     from onnx import TensorProto
 
-    graph = model.graph
-    graph_inputs = {value.name for value in graph.input}
-    initializers = {init.name: init for init in graph.initializer if init.name not in graph_inputs}
+    floats = (TensorProto.FLOAT, TensorProto.FLOAT16)
+    initializers = {init.name: init for init in model.graph.initializer if init.data_type in floats}
     axes: dict[str, int] = {}
-    for node in graph.node:
-        if node.op_type not in op_types or len(node.input) < 2 or node.input[1] in axes:
+    for node in model.graph.node:
+        if node.op_type not in op_types:
             continue
-        init = initializers.get(node.input[1])
-        if init is None or init.data_type != TensorProto.FLOAT:
-            continue
-        axis = channel_axis(node, len(init.dims))
-        if axis is not None:
-            axes[init.name] = axis
+        for name in node.input if node.op_type == "MatMul" else node.input[1:2]:
+            init = initializers.get(name)
+            axis = None if init is None else channel_axis(node, len(init.dims))
+            if axis is not None:
+                axes[name] = axis
     return axes
 
 
 def per_channel_weights(quantized: Any, float_model: Any, op_types: tuple[str, ...]) -> int:
     """Turn, in place, the per-tensor int8 weights of ``quantized`` (ONNX Runtime's QDQ output for
-    ``float_model``) into per-channel ones; returns how many were turned."""
+    ``float_model``) into per-channel ones; returns how many were turned. A weight the quantizer
+    left in float (an op it did not quantize) stays; one it quantized under other names than its
+    own (``W_quantized``, ``W_scale``, ``W_zero_point``) is an error, not silently per tensor."""
     from onnx import helper, numpy_helper
 
     axes = weight_axes(float_model, op_types)
     floats = {init.name: init for init in float_model.graph.initializer if init.name in axes}
     dequantizers = {node.input[0]: node for node in quantized.graph.node if node.op_type == "DequantizeLinear"}
+    left_in_float = {init.name for init in quantized.graph.initializer}
     replaced: dict[str, Any] = {}
     for name, axis in axes.items():
         node = dequantizers.get(f"{name}_quantized")
         if node is None or list(node.input[1:]) != [f"{name}_scale", f"{name}_zero_point"]:
-            continue  # not quantized by the quantizer (an op it skipped)
+            if name in left_in_float:
+                continue
+            raise RuntimeError(f"the quantizer replaced weight {name!r} under names not known here")
         weight, scale = per_channel_int8(numpy_helper.to_array(floats[name]), axis)
         replaced[f"{name}_quantized"] = numpy_helper.from_array(weight, f"{name}_quantized")
         replaced[f"{name}_scale"] = numpy_helper.from_array(scale, f"{name}_scale")

@@ -70,7 +70,7 @@ _to_parent: Connection | None = None
 def report_progress(text: str) -> None:
     """Tell the parent, from a running job, how far it is (nothing outside a worker's child)."""
     if _to_parent is not None:
-        with contextlib.suppress(BrokenPipeError, OSError):
+        with contextlib.suppress(OSError):  # the parent is gone: nobody to tell
             _to_parent.send(("progress", text))
 
 
@@ -160,7 +160,7 @@ class Worker:
         while True:
             left = _POLL_S if deadline is None else min(_POLL_S, deadline - time.monotonic())
             if left <= 0:
-                return False
+                return bool(self._conn.poll(0))  # type: ignore[union-attr]  # an answer already here counts
             if self._conn.poll(left):  # type: ignore[union-attr]
                 return True
             interrupts.check()

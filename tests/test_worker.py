@@ -46,6 +46,18 @@ def test_a_job_tells_how_far_it_is_while_it_runs_and_the_deadline_still_holds(tm
     report_progress("outside a worker: nothing to tell, no error")
 
 
+def report_and_return() -> str:
+    report_progress("halfway")
+    return "done"
+
+
+def test_an_answer_that_came_in_time_counts_though_telling_the_progress_ran_past_the_deadline(tmp_path: Path) -> None:
+    with Worker(tmp_path / "w.log") as worker:
+        worker.run(os.getpid, timeout=60)  # the child is up
+        slow = lambda _: time.sleep(1.5)  # noqa: E731
+        assert worker.run(report_and_return, timeout=1.0, on_progress=slow) == "done"
+
+
 def test_jobs_return_values_and_reuse_the_warm_child(tmp_path: Path) -> None:
     with Worker(tmp_path / "w.log") as worker:
         first = worker.run(os.getpid, timeout=60)
