@@ -130,7 +130,7 @@ class Worker:
         try:
             self._conn.send(job)
             while True:
-                if not self._answered(None if deadline is None else deadline - time.monotonic()):
+                if not self._answered(deadline):
                     self._kill()
                     raise JobFailure(
                         FailureKind.TIMEOUT, f"no answer within {timeout:g} s; worker killed", self._log_tail(offset)
@@ -154,9 +154,9 @@ class Worker:
             raise JobFailure(FailureKind.EXCEPTION, first, (rest + self._log_tail(offset))[-_LOG_TAIL_CHARS:])
         return payload  # type: ignore[no-any-return]
 
-    def _answered(self, timeout: float | None) -> bool:
-        """Wait for the child's answer up to ``timeout``; a Ctrl-C (seen by any thread) raises."""
-        deadline = None if timeout is None else time.monotonic() + timeout
+    def _answered(self, deadline: float | None) -> bool:
+        """Wait for the child's message until ``deadline`` (monotonic seconds; None: no end); a
+        Ctrl-C (seen by any thread) raises."""
         while True:
             left = _POLL_S if deadline is None else min(_POLL_S, deadline - time.monotonic())
             if left <= 0:
