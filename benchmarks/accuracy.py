@@ -29,17 +29,15 @@ import numpy as np
 import onnx
 import optuna
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from mobilenet_v2 import PHOTOS, SKIMAGE, WEIGHTS, crops, load_state_dict, mobilenet_v2  # noqa: E402
-from registry import download, download_one  # noqa: E402
-
-from gpt_optuna.cli import main as cli  # noqa: E402
-from gpt_optuna.config import TuneConfig  # noqa: E402
-from gpt_optuna.measure import MeasureSettings  # noqa: E402
-from gpt_optuna.precision import PRECISIONS, QUANTIZED, is_precision_knob  # noqa: E402
-from gpt_optuna.progress import Progress  # noqa: E402
-from gpt_optuna.taxonomy import trial_status  # noqa: E402
-from gpt_optuna.tuner import tune  # noqa: E402
+from gpt_optuna.cli.main import main as cli
+from gpt_optuna.evaluation.measure import MeasureSettings
+from gpt_optuna.graph.precision import PRECISIONS, QUANTIZED, is_precision_knob
+from gpt_optuna.results.progress import Progress
+from gpt_optuna.search.config import TuneConfig
+from gpt_optuna.search.tune import tune
+from gpt_optuna.study.taxonomy import trial_status
+from gpt_optuna.testing.mobilenet_v2 import PHOTOS, SKIMAGE, WEIGHTS, crops, load_state_dict, mobilenet_v2
+from gpt_optuna.testing.registry import download, download_one
 
 SHAPE = "input:1x3x224x224"
 

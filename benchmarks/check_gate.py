@@ -22,11 +22,9 @@ from pathlib import Path
 
 import onnx
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from mobilenet_v2 import WEIGHTS, load_state_dict, mobilenet_v2  # noqa: E402
-from registry import download_one  # noqa: E402
-
-from gpt_optuna.cli import main as cli  # noqa: E402
+from gpt_optuna.cli.main import main as cli
+from gpt_optuna.testing.mobilenet_v2 import WEIGHTS, load_state_dict, mobilenet_v2
+from gpt_optuna.testing.registry import download_one
 
 
 def run(argv: list[str]) -> tuple[int, list[str], float]:

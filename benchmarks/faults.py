@@ -29,10 +29,10 @@ from pathlib import Path
 import optuna
 from optuna.trial import TrialState
 
-from gpt_optuna.taxonomy import has_own_result, is_interrupted, retried_numbers
+from gpt_optuna.study.taxonomy import has_own_result, is_interrupted, retried_numbers
 
 MODEL = Path(__file__).resolve().parent.parent / "gpt_optuna" / "data" / "small_cnn.onnx"
-SYNTHETIC = "gpt_optuna.backends.synthetic:SyntheticBackend"
+SYNTHETIC = "gpt_optuna.testing.synthetic:SyntheticBackend"
 STUDY = "faults"
 
 

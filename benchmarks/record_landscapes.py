@@ -31,20 +31,20 @@ from pathlib import Path
 from typing import Any
 
 import optuna
+from precision import mobilenet_v2 as mobilenet_v2_onnx
 
-from gpt_optuna.config import TuneConfig
-from gpt_optuna.model import save_npz
-from gpt_optuna.progress import Progress
-from gpt_optuna.space import Space, Value, candidate_key
-from gpt_optuna.study import FINGERPRINT_ATTR
-from gpt_optuna.taxonomy import has_own_result, retried_numbers
-from gpt_optuna.tuner import offered_space, tune
+from gpt_optuna.core.space import Space, Value, candidate_key
+from gpt_optuna.graph.feeds import save_npz
+from gpt_optuna.results.progress import Progress
+from gpt_optuna.search.config import TuneConfig
+from gpt_optuna.search.preparation import offered_space
+from gpt_optuna.search.tune import tune
+from gpt_optuna.study.record import FINGERPRINT_ATTR
+from gpt_optuna.study.taxonomy import has_own_result, retried_numbers
+from gpt_optuna.testing.mobilenet_v2 import PHOTOS, SKIMAGE, crops
+from gpt_optuna.testing.registry import download
 
 HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE), str(HERE.parent / "tests")]
-from mobilenet_v2 import PHOTOS, SKIMAGE, crops  # noqa: E402
-from precision import mobilenet_v2 as mobilenet_v2_onnx  # noqa: E402
-from registry import download  # noqa: E402
 
 CRITERION = "cosine>=0.999"
 

@@ -42,15 +42,18 @@ from optuna.artifacts import FileSystemArtifactStore
 from optuna.distributions import CategoricalDistribution
 from optuna.trial import FrozenTrial, TrialState
 
-from gpt_optuna.accuracy import Verdict, parse_criterion
-from gpt_optuna.config import TuneConfig
-from gpt_optuna.evaluate import EvaluateJob, Outcome, TrialResult
-from gpt_optuna.measure import LatencyStats, MeasureSettings
-from gpt_optuna.objective import Objective
-from gpt_optuna.parallel import Lane, TrialBudget, run_lanes
-from gpt_optuna.space import Candidate, CandidateKey, Space, Value, candidate_key
-from gpt_optuna.study import FINGERPRINT_ATTR, make_sampler, open_study
-from gpt_optuna.tuner import first_candidates
+from gpt_optuna.core.space import Candidate, CandidateKey, Space, Value, candidate_key
+from gpt_optuna.evaluation.accuracy import Verdict, parse_criterion
+from gpt_optuna.evaluation.jobs import EvaluateJob
+from gpt_optuna.evaluation.measure import LatencyStats, MeasureSettings
+from gpt_optuna.evaluation.outcome import Outcome, TrialResult
+from gpt_optuna.search.config import TuneConfig
+from gpt_optuna.search.lanes import Lane, TrialBudget, run_lanes
+from gpt_optuna.search.objective import Objective
+from gpt_optuna.search.sampling_choice import make_sampler
+from gpt_optuna.search.tune import first_candidates
+from gpt_optuna.study.record import FINGERPRINT_ATTR
+from gpt_optuna.study.resume import open_study
 
 STRATEGIES = ("random order", "grid", "optuna random", "default", "seeds", "transfer only", "transfer")
 TARGET_RATIO = 0.4

@@ -27,17 +27,16 @@ import numpy as np
 import onnx
 import optuna
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from mobilenet_v2 import PHOTOS, SKIMAGE, WEIGHTS, crops, load_state_dict, mobilenet_v2  # noqa: E402
-from registry import download, download_one  # noqa: E402
-
-from gpt_optuna.confirm import ConfirmJob, template_from_study  # noqa: E402
-from gpt_optuna.measure import bootstrap_ratio  # noqa: E402
-from gpt_optuna.model import save_npz  # noqa: E402
-from gpt_optuna.parallel import pinned  # noqa: E402
-from gpt_optuna.study import open_storage  # noqa: E402
-from gpt_optuna.taxonomy import has_own_result, retried_numbers  # noqa: E402
-from gpt_optuna.worker import Worker  # noqa: E402
+from gpt_optuna.evaluation.confirm_job import ConfirmJob
+from gpt_optuna.evaluation.measure import bootstrap_ratio
+from gpt_optuna.evaluation.worker import Worker
+from gpt_optuna.graph.feeds import save_npz
+from gpt_optuna.search.finalists import template_from_study
+from gpt_optuna.search.lanes import pinned
+from gpt_optuna.study.storage import open_storage
+from gpt_optuna.study.taxonomy import has_own_result, retried_numbers
+from gpt_optuna.testing.mobilenet_v2 import PHOTOS, SKIMAGE, WEIGHTS, crops, load_state_dict, mobilenet_v2
+from gpt_optuna.testing.registry import download, download_one
 
 BATCH = 8
 CRITERION = "cosine>=0.999"

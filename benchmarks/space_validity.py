@@ -35,14 +35,12 @@ from pathlib import Path
 import onnx
 import optuna
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from mobilenet_v2 import WEIGHTS, load_state_dict  # noqa: E402
-from mobilenet_v2 import mobilenet_v2 as build_mobilenet_v2  # noqa: E402
-from pattern_graphs import PATTERNS  # noqa: E402
-from registry import download_one  # noqa: E402
-
-from gpt_optuna.cli import main  # noqa: E402
-from gpt_optuna.taxonomy import failure_causes, trial_status  # noqa: E402
+from gpt_optuna.cli.main import main
+from gpt_optuna.study.taxonomy import failure_causes, trial_status
+from gpt_optuna.testing.mobilenet_v2 import WEIGHTS, load_state_dict
+from gpt_optuna.testing.mobilenet_v2 import mobilenet_v2 as build_mobilenet_v2
+from gpt_optuna.testing.pattern_graphs import PATTERNS
+from gpt_optuna.testing.registry import download_one
 
 OCR = "rapidocr-onnxruntime==1.4.4"
 REGISTRY = {

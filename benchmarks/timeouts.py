@@ -33,7 +33,7 @@ def main() -> int:
         with tempfile.TemporaryDirectory() as folder:
             (Path(folder) / "tune.toml").write_text(SPACE)
             command = [sys.executable, "-m", "gpt_optuna.cli", "tune", str(ROOT / "gpt_optuna/data/small_cnn.onnx")]
-            command += ["--backend", "gpt_optuna.backends.synthetic:SyntheticBackend", "--config", "tune.toml"]
+            command += ["--backend", "gpt_optuna.testing.synthetic:SyntheticBackend", "--config", "tune.toml"]
             command += ["--timeout", f"{timeout:g}", "--quiet", "--n-trials", "100000"]
             start = time.monotonic()
             done = subprocess.run(command, cwd=folder, capture_output=True, text=True, env=env)

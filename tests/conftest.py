@@ -13,12 +13,12 @@ import onnx
 import optuna
 import pytest
 from onnx import TensorProto, helper, numpy_helper
-from registry import RegistryUnavailable, download
 
-from gpt_optuna.cli import main
-from gpt_optuna.data.make_small_cnn import small_cnn
+from gpt_optuna.cli.main import main
+from gpt_optuna.testing.registry import RegistryUnavailable, download
+from gpt_optuna.testing.small_cnn import small_cnn
 
-SYNTHETIC = "gpt_optuna.backends.synthetic:SyntheticBackend"
+SYNTHETIC = "gpt_optuna.testing.synthetic:SyntheticBackend"
 
 
 def load(name: str) -> optuna.Study:
@@ -183,7 +183,8 @@ def minilm_path() -> Path:
 def mobilenet_v2_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """MobileNetV2 with torchvision's ImageNet weights: input [batch, 3, 224, 224], output logits [batch, 1000]."""
     import onnx
-    from mobilenet_v2 import WEIGHTS, load_state_dict, mobilenet_v2
+
+    from gpt_optuna.testing.mobilenet_v2 import WEIGHTS, load_state_dict, mobilenet_v2
 
     path = tmp_path_factory.mktemp("mobilenet") / "mobilenet_v2.onnx"
     onnx.save(mobilenet_v2(load_state_dict(registry_model(*WEIGHTS))), str(path))
@@ -194,6 +195,6 @@ def mobilenet_v2_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def photo_crops() -> np.ndarray:
     """30 real photographs' ImageNet-normalized crops, [30, 1, 3, 224, 224] (scikit-image's sample images)."""
     pytest.importorskip("PIL", reason="the photographs are decoded with Pillow")
-    from mobilenet_v2 import PHOTOS, SKIMAGE, crops
+    from gpt_optuna.testing.mobilenet_v2 import PHOTOS, SKIMAGE, crops
 
     return np.stack(crops(registry_files(SKIMAGE, tuple(f"skimage/data/{name}" for name in PHOTOS))))[:, None]

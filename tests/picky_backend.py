@@ -14,9 +14,9 @@ from pathlib import Path
 import onnx
 
 from gpt_optuna.backends import BuildError, KnobLimit
-from gpt_optuna.backends.onnxruntime import OnnxRuntimeBackend
-from gpt_optuna.model import ModelInfo, ShapeRange
-from gpt_optuna.space import Candidate, Condition, Space
+from gpt_optuna.backends.onnxruntime.backend import OnnxRuntimeBackend
+from gpt_optuna.core.space import Candidate, Condition, Space
+from gpt_optuna.graph.model import ModelInfo, ShapeRange
 
 
 class PickyBackend(OnnxRuntimeBackend):

@@ -12,9 +12,9 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from gpt_optuna import model as m
-from gpt_optuna.attention_rewrite import rewrite_attention
-from gpt_optuna.fusion import fuse_transformer, fused_path
+from gpt_optuna.graph import model as m
+from gpt_optuna.graph.attention_rewrite import rewrite_attention
+from gpt_optuna.graph.fusion import fuse_transformer, fused_path
 
 HEADS, HEAD, HIDDEN = 2, 4, 8
 NEG = float(np.finfo(np.float32).min)

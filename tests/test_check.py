@@ -14,7 +14,7 @@ import pytest
 from conftest import tune
 from onnx import helper, numpy_helper
 
-from gpt_optuna.cli import main
+from gpt_optuna.cli.main import main
 
 CONFIG = 'confirm_processes = 2\n[measure]\nbudget_s = 0.1\nmin_samples = 5\n[space]\nprecision = "default"\n'
 

@@ -2,8 +2,8 @@ from pathlib import Path
 
 import pytest
 
-from gpt_optuna.config import TuneConfig, parse_duration, read_toml
-from gpt_optuna.errors import UserError
+from gpt_optuna.core.errors import UserError
+from gpt_optuna.search.config import TuneConfig, parse_duration, read_toml
 
 
 @pytest.mark.parametrize(

@@ -10,10 +10,11 @@ import pytest
 from conftest import load, tune
 
 import gpt_optuna
-from gpt_optuna import model as m
-from gpt_optuna.backends.onnxruntime import OnnxRuntimeBackend
-from gpt_optuna.cli import main
-from gpt_optuna.errors import UserError
+from gpt_optuna.backends.onnxruntime.backend import OnnxRuntimeBackend
+from gpt_optuna.cli.main import main
+from gpt_optuna.core.errors import UserError
+from gpt_optuna.graph import feeds as mf
+from gpt_optuna.graph import model as m
 
 TUNED = """[measure]
 budget_s = 0.05
@@ -45,7 +46,7 @@ def test_an_onnxruntime_export_opens_as_the_trial_ran_and_reproduces_its_outputs
     assert session.get_providers()[0] == "CPUExecutionProvider"
 
     info = m.load_model_info(ran)
-    stored = m.unstack(dict(np.load("studies/cnn-onnxruntime/inputs.npz")))[0]
+    stored = mf.unstack(dict(np.load("studies/cnn-onnxruntime/inputs.npz")))[0]
     feeds = {spec.name: stored[spec.name].astype(spec.dtype) for spec in info.inputs}  # fp16 where keep_io is off
     backend = OnnxRuntimeBackend()
     candidate = {knob["name"]: knob["default"] for knob in study.user_attrs["gpt_optuna"]["space"]} | trial.params
@@ -104,7 +105,7 @@ def parsed_config_type(name: str, message: str = "DataType") -> int:
 
 
 def test_triton_accelerators_carry_the_cuda_and_tensorrt_provider_options(tmp_path: Path) -> None:
-    from gpt_optuna.triton import config_text
+    from gpt_optuna.results.triton import config_text
 
     info = m.ModelInfo(tmp_path / "x.onnx", "", 17, (m.TensorSpec("x", np.dtype("float16"), ("batch", 3)),), ())
     cuda = {"device_id": "0", "prefer_nhwc": "1", "enable_cuda_graph": "1", "cudnn_conv_algo_search": "HEURISTIC"}
@@ -166,7 +167,7 @@ def test_a_cuda_export_opens_with_the_trials_provider_options(cnn_path: Path, tm
     options = session.get_provider_options()["CUDAExecutionProvider"]
     assert session.get_providers()[0] == "CUDAExecutionProvider" and options["prefer_nhwc"] == "1"
     assert options["cudnn_conv_algo_search"] == trial.params["cuda.cudnn_conv_algo_search"]
-    feeds = m.unstack(dict(np.load("studies/cnn-onnxruntime/inputs.npz")))[0]
-    reference = m.unstack(dict(np.load("studies/cnn-onnxruntime/reference.npz")))[0]
+    feeds = mf.unstack(dict(np.load("studies/cnn-onnxruntime/inputs.npz")))[0]
+    reference = mf.unstack(dict(np.load("studies/cnn-onnxruntime/reference.npz")))[0]
     (name,) = reference
     np.testing.assert_allclose(session.run([name], feeds)[0], reference[name], rtol=1e-2, atol=1e-2)

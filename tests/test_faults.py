@@ -98,7 +98,7 @@ KILLED_AFTER_RESULT = textwrap.dedent(
     """
     import os, signal, sys
     from gpt_optuna import objective
-    from gpt_optuna.cli import main
+    from gpt_optuna.cli.main import main
 
     write = objective.record
 
@@ -339,7 +339,7 @@ def test_a_trial_that_would_overrun_the_timeout_is_stopped_and_queued_again(cnn_
 
 
 def test_help_names_every_backend_and_objective_and_generic_model_names_get_their_folder(tmp_path: Path) -> None:
-    from gpt_optuna.config import default_study_name
+    from gpt_optuna.search.config import default_study_name
 
     wide = {**os.environ, "COLUMNS": "400"}  # one line per option: no word broken at a hyphen
     help_text = subprocess.run([*CLI, "tune", "--help"], capture_output=True, text=True, env=wide).stdout

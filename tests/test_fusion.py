@@ -14,15 +14,17 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 from optuna.trial import TrialState
 
-from gpt_optuna import model as m
-from gpt_optuna.accuracy import parse_criterion
-from gpt_optuna.cli import main
-from gpt_optuna.evaluate import EvaluateJob, Outcome, SpaceJob
-from gpt_optuna.fusion import fused_path, fusion_knobs, graph_ops
-from gpt_optuna.measure import MeasureSettings
-from gpt_optuna.model_cache import TransformFailed
-from gpt_optuna.precision import PrecisionSetting, transform
-from gpt_optuna.space import Knob
+from gpt_optuna.cli.main import main
+from gpt_optuna.core.space import Knob
+from gpt_optuna.evaluation.accuracy import parse_criterion
+from gpt_optuna.evaluation.jobs import EvaluateJob, SpaceJob
+from gpt_optuna.evaluation.measure import MeasureSettings
+from gpt_optuna.evaluation.outcome import Outcome
+from gpt_optuna.graph import feeds as mf
+from gpt_optuna.graph import model as m
+from gpt_optuna.graph.fusion import fused_path, fusion_knobs, graph_ops
+from gpt_optuna.graph.model_cache import TransformFailed
+from gpt_optuna.graph.precision import PrecisionSetting, transform
 
 SHAPES = {name: m.ShapeRange((1, 32), (1, 32), (1, 32)) for name in ("input_ids", "attention_mask", "token_type_ids")}
 
@@ -158,8 +160,8 @@ def test_a_search_runs_fused_fp16_candidates_with_nodes_ranked_on_the_fused_grap
 @pytest.mark.gpu
 def test_fused_fp16_encoder_runs_on_the_cuda_provider_through_a_cuda_graph(minilm_path: Path, tmp_path: Path) -> None:
     info = m.load_model_info(minilm_path)
-    m.save_npz(tmp_path / "inputs.npz", m.stack([encoder_feeds()]))  # the study's layout: a sample axis
-    m.save_npz(tmp_path / "reference.npz", m.stack([m.reference_outputs(info, encoder_feeds())]))
+    mf.save_npz(tmp_path / "inputs.npz", mf.stack([encoder_feeds()]))  # the study's layout: a sample axis
+    mf.save_npz(tmp_path / "reference.npz", mf.stack([mf.reference_outputs(info, encoder_feeds())]))
     space, _, _ = SpaceJob("onnxruntime", info, SHAPES, tmp_path / "models")()
     base = space.default()
     assert base["provider"] == "CUDAExecutionProvider"

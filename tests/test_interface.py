@@ -15,12 +15,12 @@ from conftest import load, tune
 from onnx import TensorProto, helper
 
 import gpt_optuna
-from gpt_optuna import model as m
-from gpt_optuna.cli import main
-from gpt_optuna.errors import UserError
-from gpt_optuna.interface import InterfaceChanged, check_interface, dtype_changes, interface_problems
-from gpt_optuna.progress import format_verdict
-from gpt_optuna.study import summarize_study
+from gpt_optuna.cli.main import main
+from gpt_optuna.core.errors import UserError
+from gpt_optuna.graph import model as m
+from gpt_optuna.graph.interface import InterfaceChanged, check_interface, dtype_changes, interface_problems
+from gpt_optuna.results.progress import format_verdict
+from gpt_optuna.study.summary import summarize_study
 
 FP16 = """[measure]
 budget_s = 0.05

@@ -13,8 +13,9 @@ import pytest
 from conftest import SYNTHETIC
 from optuna.trial import TrialState
 
-from gpt_optuna.errors import UserError
-from gpt_optuna.study import open_storage, summarize_study
+from gpt_optuna.core.errors import UserError
+from gpt_optuna.study.storage import open_storage
+from gpt_optuna.study.summary import summarize_study
 
 STUDY = "cnn-syntheticbackend"
 
@@ -180,7 +181,7 @@ def test_a_ctrl_c_swallowed_by_a_destructor_still_stops_the_run() -> None:
     import signal
     import time
 
-    from gpt_optuna import interrupts
+    from gpt_optuna.core import interrupts
 
     class Finalized:
         def __del__(self) -> None:

@@ -11,10 +11,16 @@ import optuna
 import pytest
 from conftest import SYNTHETIC
 
-from gpt_optuna.cli import main
-from gpt_optuna.confirm import confirm, template_from_study
-from gpt_optuna.measure import MeasureSettings, bootstrap_ratio, interleaved_rounds, measure_with, median_rel_ci
-from gpt_optuna.progress import format_confirmed
+from gpt_optuna.cli.main import main
+from gpt_optuna.evaluation.measure import (
+    MeasureSettings,
+    bootstrap_ratio,
+    interleaved_rounds,
+    measure_with,
+    median_rel_ci,
+)
+from gpt_optuna.results.progress import format_confirmed
+from gpt_optuna.search.finalists import confirm, template_from_study
 
 
 def busy(ms: float) -> float:
@@ -144,7 +150,7 @@ def test_a_confirmation_recorded_without_per_process_figures_still_prints() -> N
 
 def test_the_confirmed_interval_holds_the_speedup_it_is_shown_beside() -> None:
     """Rounds so steady that the resampled ratio equals the estimate, but for float rounding."""
-    from gpt_optuna.confirm import summarize_rounds
+    from gpt_optuna.search.finalists import summarize_rounds
 
     base = [2.0001, 2.0001, 2.0, 2.0, 2.0, 2.0001]
     candidate = [1.0003, 1.0003, 1.0003, 1.0, 1.0001, 1.0003]

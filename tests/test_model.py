@@ -6,8 +6,9 @@ import pytest
 from conftest import save, token_model
 from onnx import TensorProto, helper
 
-from gpt_optuna import model as m
-from gpt_optuna.errors import UserError
+from gpt_optuna.core.errors import UserError
+from gpt_optuna.graph import feeds as mf
+from gpt_optuna.graph import model as m
 
 
 def test_load_reports_inputs_outputs_and_hash(mlp_path: Path) -> None:
@@ -37,7 +38,7 @@ def test_dynamic_dimension_without_shape_asks_for_it_plainly(mlp_path: Path) -> 
     assert m.resolve_shapes(info, m.parse_shapes(["x:4x16"])) == {"x": m.ShapeRange.fixed((4, 16))}
     ranged = m.resolve_shapes(info, m.parse_shapes(["x:1x16/4x16/8x16"]))
     assert ranged["x"] == m.ShapeRange((1, 16), (4, 16), (8, 16))
-    assert m.synthetic_feeds(info, ranged)["x"].shape == (4, 16)
+    assert mf.synthetic_feeds(info, ranged)["x"].shape == (4, 16)
 
 
 @pytest.mark.parametrize(
@@ -62,7 +63,7 @@ def test_npz_is_checked_against_the_model(mlp_path: Path, tmp_path: Path) -> Non
     info = m.load_model_info(mlp_path)
     good = tmp_path / "good.npz"
     np.savez(good, x=np.ones((3, 16), np.float32))
-    assert m.load_feeds(good, info, {})["x"].shape == (3, 16)
+    assert mf.load_feeds(good, info, {})["x"].shape == (3, 16)
     cases = {
         "missing": ({"z": np.ones((3, 16), np.float32)}, "lacks model input 'x'"),
         "extra": ({"x": np.ones((3, 16), np.float32), "z": np.ones(1)}, "'z', which is not a model input"),
@@ -73,30 +74,30 @@ def test_npz_is_checked_against_the_model(mlp_path: Path, tmp_path: Path) -> Non
         path = tmp_path / f"{name}.npz"
         np.savez(path, **arrays)
         with pytest.raises(UserError, match=message):
-            m.load_feeds(path, info, {})
+            mf.load_feeds(path, info, {})
     with pytest.raises(UserError, match="but --shape says 5x16"):
-        m.load_feeds(good, info, {"x": m.ShapeRange.fixed((5, 16))})
+        mf.load_feeds(good, info, {"x": m.ShapeRange.fixed((5, 16))})
     (tmp_path / "bad.npz").write_text("not a zip")
     with pytest.raises(UserError, match="not a readable .npz"):
-        m.load_feeds(tmp_path / "bad.npz", info, {})
+        mf.load_feeds(tmp_path / "bad.npz", info, {})
 
 
 def test_synthetic_feeds_are_deterministic_and_valid_for_index_inputs(tmp_path: Path) -> None:
     info = m.load_model_info(save(token_model(), tmp_path / "tok.onnx"))
     shapes = m.resolve_shapes(info, {})
-    feeds = m.synthetic_feeds(info, shapes)
+    feeds = mf.synthetic_feeds(info, shapes)
     assert feeds["ids"].dtype == np.int64 and set(np.unique(feeds["ids"])) <= {0, 1}
-    np.testing.assert_array_equal(feeds["ids"], m.synthetic_feeds(info, shapes)["ids"])
-    out = m.reference_outputs(info, feeds)
+    np.testing.assert_array_equal(feeds["ids"], mf.synthetic_feeds(info, shapes)["ids"])
+    out = mf.reference_outputs(info, feeds)
     assert out["out"].shape == (1, 5, 6)
 
 
 def test_npz_round_trip_is_atomic(tmp_path: Path) -> None:
     path = tmp_path / "a" / "b.npz"
-    m.save_npz(path, {"x": np.arange(3)})
+    mf.save_npz(path, {"x": np.arange(3)})
     assert not list(path.parent.glob("*.tmp"))
-    np.testing.assert_array_equal(m.read_npz(path)["x"], np.arange(3))
-    assert m.feeds_sha256({"x": np.arange(3)}) != m.feeds_sha256({"x": np.arange(4)})
+    np.testing.assert_array_equal(mf.read_npz(path)["x"], np.arange(3))
+    assert mf.feeds_sha256({"x": np.arange(3)}) != mf.feeds_sha256({"x": np.arange(4)})
 
 
 def paddle_style_model() -> onnx.ModelProto:

@@ -16,9 +16,9 @@ import pytest
 from conftest import SYNTHETIC, load, printed, run_notebook, synthetic_config, tune
 from optuna.trial import TrialState
 
-from gpt_optuna.cli import main
-from gpt_optuna.report import best_rows, collect, history_figure, marks, pareto_figure
-from gpt_optuna.study import summarize_study
+from gpt_optuna.cli.main import main
+from gpt_optuna.results.report import best_rows, collect, history_figure, marks, pareto_figure
+from gpt_optuna.study.summary import summarize_study
 
 CNN = str(Path(__file__).parent.parent / "gpt_optuna/data/small_cnn.onnx")
 STUDY = "small_cnn-syntheticbackend"
@@ -173,9 +173,9 @@ def test_a_winner_whose_interval_includes_one_is_no_improvement_said_first_and_n
 ) -> None:
     """The verdict and next steps from the confirmation's figures: the same study read with its top
     finalist's interval moved across 1.0 (the mapping from confirmed figures to what is said)."""
-    from gpt_optuna.config import TuneConfig
-    from gpt_optuna.progress import headline
-    from gpt_optuna.tuner import next_steps
+    from gpt_optuna.results.progress import headline
+    from gpt_optuna.search.config import TuneConfig
+    from gpt_optuna.search.tune import next_steps
 
     config = synthetic_config(tmp_path, 'mode = "ok"\ndelay_us = [200, 100]\nbuild_ms = [0]\na = [0]\nb = [0]\nc = "x"')
     argv = [CNN, "--backend", SYNTHETIC, "--config", str(config), "--n-trials", "2", "--confirm-top", "1"]

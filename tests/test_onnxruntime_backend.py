@@ -7,31 +7,34 @@ import optuna
 import pytest
 from conftest import cpu_count
 
-from gpt_optuna import model as m
-from gpt_optuna.accuracy import parse_criterion
 from gpt_optuna.backends.base import BuildError
-from gpt_optuna.backends.onnxruntime import (
-    CPU,
-    CUDA,
-    CUDA_OPTIONS,
-    OPERATOR_FAILED,
-    TENSORRT,
-    OnnxRuntimeBackend,
+from gpt_optuna.backends.onnxruntime.backend import OPERATOR_FAILED, OnnxRuntimeBackend
+from gpt_optuna.backends.onnxruntime.knobs import (
     applicable_cuda_options,
-    cuda_option_keys,
     discover_knobs,
     model_ops,
     operator_limits,
     optimized_ops,
+)
+from gpt_optuna.backends.onnxruntime.settings import (
+    CPU,
+    CUDA,
+    CUDA_OPTIONS,
+    TENSORRT,
+    cuda_option_keys,
     provider_options,
     session_options,
     session_settings,
     thread_choices,
     usable_providers,
 )
-from gpt_optuna.evaluate import EvaluateJob, Outcome
-from gpt_optuna.measure import MeasureSettings, measure
-from gpt_optuna.space import Space
+from gpt_optuna.core.space import Space
+from gpt_optuna.evaluation.accuracy import parse_criterion
+from gpt_optuna.evaluation.jobs import EvaluateJob
+from gpt_optuna.evaluation.measure import MeasureSettings, measure
+from gpt_optuna.evaluation.outcome import Outcome
+from gpt_optuna.graph import feeds as mf
+from gpt_optuna.graph import model as m
 
 LEVELS = ["ORT_DISABLE_ALL", "ORT_ENABLE_BASIC", "ORT_ENABLE_EXTENDED", "ORT_ENABLE_ALL"]
 
@@ -231,8 +234,8 @@ def test_extra_cuda_options_map_onto_the_providers_keys(tmp_path: Path) -> None:
 def _prepare(path: Path, flags: list[str]):
     info = m.load_model_info(path)
     shapes = m.resolve_shapes(info, m.parse_shapes(flags))
-    feeds = m.synthetic_feeds(info, shapes)
-    return info, shapes, feeds, m.reference_outputs(info, feeds)
+    feeds = mf.synthetic_feeds(info, shapes)
+    return info, shapes, feeds, mf.reference_outputs(info, feeds)
 
 
 def test_every_sampled_cpu_candidate_builds_runs_and_matches_the_reference(cnn_path: Path, tmp_path: Path) -> None:
@@ -315,8 +318,8 @@ def test_an_operator_that_fails_on_its_inputs_is_the_candidates_refusal_and_memo
 def test_a_candidate_the_engine_refuses_to_run_fails_as_deterministically_as_a_build(tmp_path: Path) -> None:
     info = m.load_model_info(out_of_bounds_gather(tmp_path / "gather.onnx"))
     shapes = m.resolve_shapes(info, {})
-    m.save_npz(tmp_path / "inputs.npz", m.stack([{"x": np.zeros((1, 3), np.float32)}]))
-    m.save_npz(tmp_path / "reference.npz", m.stack([{"y": np.zeros((1, 1), np.float32)}]))
+    mf.save_npz(tmp_path / "inputs.npz", mf.stack([{"x": np.zeros((1, 3), np.float32)}]))
+    mf.save_npz(tmp_path / "reference.npz", mf.stack([{"y": np.zeros((1, 1), np.float32)}]))
     job = EvaluateJob(
         backend="onnxruntime",
         model=info,
@@ -381,8 +384,8 @@ def test_the_installed_version_has_the_extra_cuda_options_and_each_value_runs(cn
 @pytest.mark.gpu
 def test_cuda_graph_replays_each_new_sample_not_the_first(cnn_path: Path, tmp_path: Path) -> None:
     info, shapes, _, _ = _prepare(cnn_path, [])
-    samples = [m.synthetic_feeds(info, shapes, seed=seed) for seed in range(3)]
-    references = [m.reference_outputs(info, feeds) for feeds in samples]
+    samples = [mf.synthetic_feeds(info, shapes, seed=seed) for seed in range(3)]
+    references = [mf.reference_outputs(info, feeds) for feeds in samples]
     backend = OnnxRuntimeBackend()
     base = backend.space(info, {}).default()
     criterion = parse_criterion("cosine>=0.999 and max_abs<=1e-2")

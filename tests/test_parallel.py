@@ -20,12 +20,14 @@ import pytest
 from conftest import SYNTHETIC, matmul_model, save, synthetic_config, tune
 from optuna.trial import FrozenTrial, TrialState
 
-from gpt_optuna.cli import main
-from gpt_optuna.errors import UserError
-from gpt_optuna.parallel import Lane, check_devices
-from gpt_optuna.study import SPACE_ATTR, open_storage
-from gpt_optuna.taxonomy import has_own_result, retried_numbers
-from gpt_optuna.worker import Worker
+from gpt_optuna.cli.main import main
+from gpt_optuna.core.errors import UserError
+from gpt_optuna.evaluation.jobs import gpu_names
+from gpt_optuna.evaluation.worker import Worker
+from gpt_optuna.search.lanes import Lane, check_devices
+from gpt_optuna.study.record import SPACE_ATTR
+from gpt_optuna.study.storage import open_storage
+from gpt_optuna.study.taxonomy import has_own_result, retried_numbers
 
 SLOW = 'mode = ["ok"]\nbuild_ms = [1000]'
 """Every candidate sleeps a second in its build: trials overlap only if workers run in parallel."""
@@ -291,8 +293,8 @@ def test_workers_share_a_study_through_the_grpc_storage_proxy(cnn_path: Path, tm
 
 @pytest.mark.gpu
 def test_one_worker_pinned_to_each_listed_gpu(cnn_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from gpt_optuna.evaluate import gpu_names
-    from gpt_optuna.parallel import pinned
+    from gpt_optuna.evaluation.jobs import gpu_names
+    from gpt_optuna.search.lanes import pinned
 
     names = gpu_names()
     for index, name in enumerate(names):
@@ -341,14 +343,14 @@ def test_ctrl_c_stops_every_worker_and_the_rerun_retries_their_candidates(cnn_pa
         assert [t.params for t in trials if t.system_attrs.get("failed_trial") == trial.number] == [trial.params]
 
 
-@pytest.mark.skipif(bool(__import__("gpt_optuna.evaluate").evaluate.gpu_names()), reason="this host has a GPU")
+@pytest.mark.skipif(bool(gpu_names()), reason="this host has a GPU")
 def test_gpus_without_a_gpu_is_one_line(cnn_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert tune(str(cnn_path), "--gpus", "0", "--n-trials", "2") == 2
     assert "--gpus: no GPU is visible here" in capsys.readouterr().err
 
 
 def test_a_worker_stops_when_the_search_it_joined_ends(cnn_path: Path, tmp_path: Path) -> None:
-    from gpt_optuna.join import search_deadline
+    from gpt_optuna.search.join import search_deadline
 
     now = time.monotonic()
     assert search_deadline(None, None) is None

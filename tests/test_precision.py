@@ -14,14 +14,16 @@ from conftest import save
 from onnx import TensorProto, helper, numpy_helper
 from optuna.trial import TrialState
 
-from gpt_optuna import model as m
-from gpt_optuna import precision
-from gpt_optuna.accuracy import parse_criterion
-from gpt_optuna.cli import main
-from gpt_optuna.data.make_small_cnn import small_cnn
-from gpt_optuna.evaluate import EvaluateJob, Outcome
-from gpt_optuna.measure import MeasureSettings
-from gpt_optuna.precision import PrecisionSetting, precision_knobs, rank_sensitive_nodes, transform
+from gpt_optuna.cli.main import main
+from gpt_optuna.evaluation.accuracy import parse_criterion
+from gpt_optuna.evaluation.jobs import EvaluateJob
+from gpt_optuna.evaluation.measure import MeasureSettings
+from gpt_optuna.evaluation.outcome import Outcome
+from gpt_optuna.evaluation.sensitivity import rank_sensitive_nodes, ranking_session
+from gpt_optuna.graph import feeds as mf
+from gpt_optuna.graph import model as m
+from gpt_optuna.graph.precision import PrecisionSetting, precision_knobs, transform
+from gpt_optuna.testing.small_cnn import small_cnn
 
 
 def overflow_model() -> onnx.ModelProto:
@@ -63,10 +65,10 @@ def overflow_path(tmp_path: Path) -> Path:
 
 def inputs(path: Path) -> tuple[m.ModelInfo, m.Feeds, m.Feeds]:
     info = m.load_model_info(path)
-    feeds = m.synthetic_feeds(info, m.resolve_shapes(info, {}))
+    feeds = mf.synthetic_feeds(info, m.resolve_shapes(info, {}))
     x = np.abs(feeds["x"]) + 1.0  # positive inputs: the first MatMul really reaches ~1e5
     feeds = {"x": x.astype(np.float32)}
-    return info, feeds, m.reference_outputs(info, feeds)
+    return info, feeds, mf.reference_outputs(info, feeds)
 
 
 def run(path: Path, feeds: m.Feeds) -> np.ndarray:
@@ -87,7 +89,7 @@ def test_overflowing_nodes_rank_first(overflow_path: Path) -> None:
 def test_the_ranking_runs_on_the_gpu_with_fp32_math(overflow_path: Path) -> None:
     _, feeds, reference = inputs(overflow_path)
     model = onnx.load(str(overflow_path))
-    assert precision._session(model, (["y"], feeds)).get_providers()[0] == "CUDAExecutionProvider"
+    assert ranking_session(model, (["y"], feeds)).get_providers()[0] == "CUDAExecutionProvider"
     ranking = rank_sensitive_nodes(overflow_path, feeds, reference)
     assert set(ranking[:3]) == {"blowup", "rectify", "norm"} and ranking[3] == "project"
 
@@ -184,7 +186,7 @@ def test_int8_places_symmetric_qdq_with_per_channel_weights(tmp_path: Path) -> N
     path = save(small_cnn(), tmp_path / "cnn.onnx")
     info = m.load_model_info(path)
     shapes = m.resolve_shapes(info, {})
-    samples = [m.synthetic_feeds(info, shapes, seed=i) for i in range(4)]
+    samples = [mf.synthetic_feeds(info, shapes, seed=i) for i in range(4)]
     out = transform(path, info.sha256, PrecisionSetting("int8", quantize=("conv",)), [], samples, "c", tmp_path)
     model = onnx.load(str(out))
     onnx.checker.check_model(model)
@@ -200,7 +202,7 @@ def test_int8_places_symmetric_qdq_with_per_channel_weights(tmp_path: Path) -> N
     assert not [
         n for n in model.graph.node if n.op_type == "Gemm" and producers[n.input[0]].op_type == "DequantizeLinear"
     ]
-    reference = m.reference_outputs(info, samples[0])
+    reference = mf.reference_outputs(info, samples[0])
     assert parse_criterion("cosine>=0.99").evaluate({"logits": run(out, samples[0])}, reference).feasible
 
 
@@ -220,10 +222,10 @@ def test_precision_knobs_follow_the_model_and_the_backend() -> None:
 def test_a_failing_transform_is_a_failed_candidate_not_a_crash(tmp_path: Path) -> None:
     path = save(small_cnn(), tmp_path / "cnn.onnx")
     info = m.load_model_info(path)
-    feeds = m.synthetic_feeds(info, m.resolve_shapes(info, {}))
-    m.save_npz(tmp_path / "inputs.npz", m.stack([feeds]))  # the study's layout: a sample axis
-    m.save_npz(tmp_path / "reference.npz", m.stack([m.reference_outputs(info, feeds)]))
-    m.save_npz(tmp_path / "calibration.npz", {"not_an_input": np.zeros((2, 3), np.float32)})
+    feeds = mf.synthetic_feeds(info, m.resolve_shapes(info, {}))
+    mf.save_npz(tmp_path / "inputs.npz", mf.stack([feeds]))  # the study's layout: a sample axis
+    mf.save_npz(tmp_path / "reference.npz", mf.stack([mf.reference_outputs(info, feeds)]))
+    mf.save_npz(tmp_path / "calibration.npz", {"not_an_input": np.zeros((2, 3), np.float32)})
     job = EvaluateJob(
         backend="onnxruntime",
         model=info,

@@ -12,8 +12,8 @@ import pytest
 from conftest import load, tune
 from optuna.trial import TrialState
 
-from gpt_optuna.cli import main
-from gpt_optuna.report import render
+from gpt_optuna.cli.main import main
+from gpt_optuna.results.report import render
 
 CRITERION = 0.45
 """Top-1 agreement with the fp32 model that int8 must keep."""

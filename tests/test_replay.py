@@ -13,7 +13,7 @@ BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 sys.path.insert(0, str(BENCHMARKS))
 from replay import Landscape, random_order  # noqa: E402
 
-from gpt_optuna.space import candidate_key  # noqa: E402
+from gpt_optuna.core.space import candidate_key  # noqa: E402
 
 
 def test_random_order_median_matches_every_order_of_a_small_space() -> None:

@@ -15,9 +15,9 @@ import optuna
 import pytest
 from conftest import SYNTHETIC, printed, run_notebook, save
 
-from gpt_optuna.cli import main
-from gpt_optuna.data.make_small_cnn import small_cnn
-from gpt_optuna.report import TrialRow, collect, pareto_front, render
+from gpt_optuna.cli.main import main
+from gpt_optuna.results.report import TrialRow, collect, pareto_front, render
+from gpt_optuna.testing.small_cnn import small_cnn
 
 
 def row(number: int, latency: float, error: float, status: str = "feasible") -> TrialRow:
@@ -144,7 +144,7 @@ def test_the_study_opens_in_optuna_dashboard(study_with_everything: optuna.Study
     optuna_dashboard = pytest.importorskip("optuna_dashboard")
     from optuna.artifacts import FileSystemArtifactStore
 
-    from gpt_optuna.study import open_storage
+    from gpt_optuna.study.storage import open_storage
 
     storage = open_storage("sqlite:///studies/cnn-syntheticbackend.db", create=False)
     app = optuna_dashboard.wsgi(storage, FileSystemArtifactStore("studies/cnn-syntheticbackend/artifacts"))

@@ -7,12 +7,13 @@ import optuna
 import pytest
 from conftest import SYNTHETIC, synthetic_config, tune
 
-from gpt_optuna.backends.onnxruntime import CPU, CUDA, discover_knobs
-from gpt_optuna.config import TuneConfig
-from gpt_optuna.precision import precision_knobs
-from gpt_optuna.seeds import WARM_PER_STUDY, speed_seed
-from gpt_optuna.space import Space
-from gpt_optuna.tuner import first_candidates
+from gpt_optuna.backends.onnxruntime.knobs import discover_knobs
+from gpt_optuna.backends.onnxruntime.settings import CPU, CUDA
+from gpt_optuna.core.space import Space
+from gpt_optuna.graph.precision import precision_knobs
+from gpt_optuna.search.config import TuneConfig
+from gpt_optuna.search.seeds import WARM_PER_STUDY, speed_seed
+from gpt_optuna.search.tune import first_candidates
 
 LEVELS = ["ORT_DISABLE_ALL", "ORT_ENABLE_BASIC", "ORT_ENABLE_ALL"]
 
@@ -93,8 +94,8 @@ def test_a_warm_start_queues_the_best_distinct_configurations_of_earlier_studies
 def test_a_warm_start_from_many_studies_takes_what_most_agree_on_then_the_largest_speedups() -> None:
     from optuna.distributions import CategoricalDistribution
 
-    from gpt_optuna.seeds import WARM_LIMIT, warm_start
-    from gpt_optuna.space import Knob
+    from gpt_optuna.core.space import Knob
+    from gpt_optuna.search.seeds import WARM_LIMIT, warm_start
 
     space = Space([Knob("a", tuple(range(8)), 0), Knob("b", ("x", "y"), "x")])
     distributions = {"a": CategoricalDistribution(tuple(range(8))), "b": CategoricalDistribution(("x", "y"))}

@@ -1,8 +1,8 @@
 import optuna
 import pytest
 
-from gpt_optuna.errors import UserError
-from gpt_optuna.space import Condition, Knob, Space
+from gpt_optuna.core.errors import UserError
+from gpt_optuna.core.space import Condition, Knob, Space
 
 
 def space() -> Space:
@@ -51,8 +51,8 @@ def test_overrides_restrict_the_search_and_leave_the_baseline_at_the_engine_defa
 
 
 def test_the_search_never_proposes_a_value_kept_for_the_baseline_alone() -> None:
-    from gpt_optuna.evaluate import is_transform_knob
-    from gpt_optuna.sampling import FreshSampler
+    from gpt_optuna.graph.transforms import is_transform_knob
+    from gpt_optuna.search.sampling import FreshSampler
 
     s = space().with_overrides({"threads": [1, 2]})
     study = optuna.create_study(sampler=FreshSampler(optuna.samplers.TPESampler(seed=0), s, is_transform_knob, 0))

@@ -14,25 +14,20 @@ import optuna
 import pytest
 from conftest import SYNTHETIC, load, save, synthetic_config, tune
 from optuna.trial import TrialState
-from pattern_graphs import PATTERNS
 
-from gpt_optuna import model as m
-from gpt_optuna.accuracy import parse_criterion
 from gpt_optuna.backends import BuildError
-from gpt_optuna.backends.tensorrt import TensorRTRTXBackend
-from gpt_optuna.cli import main
-from gpt_optuna.data.make_small_cnn import small_cnn
-from gpt_optuna.evaluate import is_transform_knob
-from gpt_optuna.precision import (
-    KEEP_GROUPS,
-    KEEP_NODE_COUNTS,
-    PrecisionSetting,
-    precision_knobs,
-    rank_sensitive_nodes,
-    transform,
-)
-from gpt_optuna.sampling import FreshSampler, refusal_causes
-from gpt_optuna.space import Knob, Space
+from gpt_optuna.backends.tensorrt.backend import TensorRTRTXBackend
+from gpt_optuna.cli.main import main
+from gpt_optuna.core.space import Knob, Space
+from gpt_optuna.evaluation.accuracy import parse_criterion
+from gpt_optuna.evaluation.sensitivity import rank_sensitive_nodes
+from gpt_optuna.graph import feeds as mf
+from gpt_optuna.graph import model as m
+from gpt_optuna.graph.precision import KEEP_GROUPS, KEEP_NODE_COUNTS, PrecisionSetting, precision_knobs, transform
+from gpt_optuna.graph.transforms import is_transform_knob
+from gpt_optuna.search.sampling import FreshSampler, refusal_causes
+from gpt_optuna.testing.pattern_graphs import PATTERNS
+from gpt_optuna.testing.small_cnn import small_cnn
 
 ALL = ("fp32", "fp16", "bf16", "int8", "fp8")
 
@@ -40,8 +35,8 @@ ALL = ("fp32", "fp16", "bf16", "int8", "fp8")
 def prepared(name: str, tmp_path: Path) -> tuple[m.ModelInfo, m.Feeds, m.Feeds]:
     builder, flags = PATTERNS[name]
     info = m.with_distinct_dims(m.load_model_info(save(builder(), tmp_path / f"{name}.onnx")), tmp_path / "dims")
-    feeds = m.synthetic_feeds(info, m.resolve_shapes(info, m.parse_shapes(flags)))
-    return info, feeds, m.reference_outputs(info, feeds)
+    feeds = mf.synthetic_feeds(info, m.resolve_shapes(info, m.parse_shapes(flags)))
+    return info, feeds, mf.reference_outputs(info, feeds)
 
 
 def settings(model: onnx.ModelProto, ranking: list[str]) -> list[PrecisionSetting]:
@@ -246,7 +241,8 @@ def test_cuda_graphs_are_offered_exactly_where_a_session_captures_one(name: str,
     """The check's verdict per graph level and layout against what ONNX Runtime does: a refused
     setting fails to create a capturing session; an offered one captures, replays and gives the
     fp32 outputs."""
-    from gpt_optuna.backends.onnxruntime import CUDA, CUDA_GRAPH, GRAPH_LEVEL, NHWC, OnnxRuntimeBackend
+    from gpt_optuna.backends.onnxruntime.backend import OnnxRuntimeBackend
+    from gpt_optuna.backends.onnxruntime.settings import CUDA, CUDA_GRAPH, GRAPH_LEVEL, NHWC
 
     info, feeds, reference = prepared(name, tmp_path)
     shapes = m.resolve_shapes(info, m.parse_shapes(PATTERNS[name][1]))
@@ -273,7 +269,7 @@ def test_cuda_graphs_are_offered_exactly_where_a_session_captures_one(name: str,
 
 
 def test_a_knob_is_limited_to_the_settings_where_it_works() -> None:
-    from gpt_optuna.backends.onnxruntime import where_it_works
+    from gpt_optuna.backends.onnxruntime.knobs import where_it_works
 
     knobs = {k.name: k for k in (Knob("level", ("basic", "all"), "all"), Knob("nhwc", (False, True), False))}
     refused = {("basic", False): "no plan", ("all", False): "no plan"}
@@ -313,11 +309,12 @@ def fp16_convolution(tmp_path: Path) -> Path:
 def test_conv_bias_fusion_is_offered_exactly_where_a_session_runs_it(tmp_path: Path) -> None:
     """The check's verdict per layout against what ONNX Runtime does: a refused layout fails at
     the first inference; an offered one runs and gives the unfused outputs."""
-    from gpt_optuna.backends.onnxruntime import CUDA, FUSE_CONV_BIAS, NHWC, OnnxRuntimeBackend
+    from gpt_optuna.backends.onnxruntime.backend import OnnxRuntimeBackend
+    from gpt_optuna.backends.onnxruntime.settings import CUDA, FUSE_CONV_BIAS, NHWC
 
     info = m.load_model_info(fp16_convolution(tmp_path))
     shapes = m.resolve_shapes(info, {})
-    feeds = m.synthetic_feeds(info, shapes)
+    feeds = mf.synthetic_feeds(info, shapes)
     backend = OnnxRuntimeBackend()
     space = backend.space(info, shapes)
     base = space.default()
@@ -358,8 +355,8 @@ def test_transforms_of_models_other_projects_exported_pass_the_checker_and_load(
 
     package, member, flags = REAL_MODELS[name]
     info = m.with_distinct_dims(m.load_model_info(registry_model(package, member)), tmp_path / "dims")
-    feeds = m.synthetic_feeds(info, m.resolve_shapes(info, m.parse_shapes(flags)))
-    reference = m.reference_outputs(info, feeds)
+    feeds = mf.synthetic_feeds(info, m.resolve_shapes(info, m.parse_shapes(flags)))
+    reference = mf.reference_outputs(info, feeds)
     ranking = rank_sensitive_nodes(info.path, feeds, reference, limit=8)
     graph = onnx.load(str(info.path))
     most = max(c for c in KEEP_NODE_COUNTS if c <= len(ranking))

@@ -16,16 +16,16 @@ import numpy as np
 import pytest
 from fake_tensorrt import ROUTES_JSON, VERSIONS, FakeCuPy, FakeTensorRT
 
-from gpt_optuna import model as m
 from gpt_optuna.backends.base import BuildError
-from gpt_optuna.backends.tensorrt import (
+from gpt_optuna.backends.tensorrt.backend import (
     MIB,
     TensorRTBackend,
     TensorRTRTXBackend,
     parse_build_routes,
     route_string,
 )
-from gpt_optuna.space import Space
+from gpt_optuna.core.space import Space
+from gpt_optuna.graph import model as m
 
 
 def backend(fake: FakeTensorRT) -> TensorRTBackend:
@@ -249,7 +249,7 @@ class TensorRT10Backend(TensorRTBackend):
 
 
 def test_weak_typing_flags_only_apply_while_the_graph_stays_fp32(cnn_path: Path, tmp_path: Path) -> None:
-    from gpt_optuna.evaluate import SpaceJob
+    from gpt_optuna.evaluation.jobs import SpaceJob
 
     info = m.load_model_info(cnn_path)
     space, _, _ = SpaceJob("test_tensorrt_api:TensorRT10Backend", info, m.resolve_shapes(info, {}), tmp_path)()

@@ -12,9 +12,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gpt_optuna import model as m
-from gpt_optuna.backends.tensorrt import TensorRTBackend, TensorRTRTXBackend
-from gpt_optuna.measure import MeasureSettings, measure
+from gpt_optuna.backends.tensorrt.backend import TensorRTBackend, TensorRTRTXBackend
+from gpt_optuna.evaluation.measure import MeasureSettings, measure
+from gpt_optuna.graph import feeds as mf
+from gpt_optuna.graph import model as m
 
 pytestmark = pytest.mark.gpu
 
@@ -30,8 +31,8 @@ def test_engine_runs_on_cupy_buffers_with_and_without_cuda_graphs(name: str, cnn
         pytest.skip(f"{backend.library} is not installed")
     info = m.load_model_info(cnn_path)
     shapes = m.resolve_shapes(info, {})
-    feeds = m.synthetic_feeds(info, shapes)
-    reference = m.reference_outputs(info, feeds)
+    feeds = mf.synthetic_feeds(info, shapes)
+    reference = mf.reference_outputs(info, feeds)
     space = backend.space(info, shapes)
     graph = [k for k in space.knobs if k.name in ("runtime.cuda_graph", "runtime.cuda_graph_strategy")][0]
     for value in graph.choices:

@@ -12,10 +12,10 @@ import pytest
 from optuna.artifacts import FileSystemArtifactStore, download_artifact
 from optuna.trial import TrialState
 
-from gpt_optuna import model as m
 from gpt_optuna.backends.base import BuildError
-from gpt_optuna.backends.tensorrt import TensorRTRTXBackend
-from gpt_optuna.cli import main
+from gpt_optuna.backends.tensorrt.backend import TensorRTRTXBackend
+from gpt_optuna.cli.main import main
+from gpt_optuna.graph import model as m
 
 trt = pytest.importorskip("tensorrt_rtx", reason="the rtx extra (tensorrt-rtx-cu13) is not installed")
 

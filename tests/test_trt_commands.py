@@ -11,7 +11,7 @@ import pytest
 from fake_tensorrt import FakeTensorRT
 from test_tensorrt_api import one_change_candidates, space_of
 
-from gpt_optuna.trt_commands import polygraphy, trtexec
+from gpt_optuna.backends.tensorrt.commands import polygraphy, trtexec
 
 FLAGS = json.loads((Path(__file__).parent / "data" / "trt_tool_flags.json").read_text())
 SHAPES = {"x": [[1, 3, 64, 64], [8, 3, 64, 64], [16, 3, 64, 64]]}
@@ -84,8 +84,8 @@ def test_a_real_study_trial_gets_its_lines_and_the_onnx_that_was_parsed(cnn_path
     import onnx
     import optuna
 
-    from gpt_optuna.cli import main
-    from gpt_optuna.export import build_commands
+    from gpt_optuna.cli.main import main
+    from gpt_optuna.results.export import build_commands
 
     flags = ["--backend", "tensorrt-rtx", "--dry-run", "--quiet", "--n-trials", "4", "--seed", "1"]
     assert main(["tune", str(cnn_path), *flags]) == 0

@@ -11,7 +11,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
 
-from gpt_optuna.weight_quantization import per_channel_int8, per_channel_weights
+from gpt_optuna.graph.weight_quantization import per_channel_int8, per_channel_weights
 
 OPS = ("MatMul", "Gemm", "Conv", "ConvTranspose")
 RNG = np.random.default_rng(0)

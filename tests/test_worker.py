@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gpt_optuna.worker import FailureKind, JobFailure, Worker, report_progress
+from gpt_optuna.evaluation.worker import FailureKind, JobFailure, Worker, report_progress
 
 
 def segfault() -> None:
@@ -105,13 +105,13 @@ def test_hang_is_killed_at_the_deadline(tmp_path: Path) -> None:
 
 
 def missing_library() -> None:
-    from gpt_optuna.errors import MissingDependencyError
+    from gpt_optuna.core.errors import MissingDependencyError
 
     raise MissingDependencyError("SomeEngine", "someextra")
 
 
 def test_a_user_error_in_the_child_is_raised_as_such_in_the_parent(tmp_path: Path) -> None:
-    from gpt_optuna.errors import UserError
+    from gpt_optuna.core.errors import UserError
 
     with Worker(tmp_path / "w.log") as worker:
         pid = worker.run(os.getpid, timeout=60)

@@ -5,12 +5,12 @@ from __future__ import annotations
 import importlib
 
 from gpt_optuna.backends.base import Backend, BuildError, Built, KnobLimit, Runner
-from gpt_optuna.errors import UserError
+from gpt_optuna.core.errors import UserError
 
 BACKENDS = {
-    "onnxruntime": "gpt_optuna.backends.onnxruntime:OnnxRuntimeBackend",
-    "tensorrt": "gpt_optuna.backends.tensorrt:TensorRTBackend",
-    "tensorrt-rtx": "gpt_optuna.backends.tensorrt:TensorRTRTXBackend",
+    "onnxruntime": "gpt_optuna.backends.onnxruntime.backend:OnnxRuntimeBackend",
+    "tensorrt": "gpt_optuna.backends.tensorrt.backend:TensorRTBackend",
+    "tensorrt-rtx": "gpt_optuna.backends.tensorrt.backend:TensorRTRTXBackend",
 }
 
 __all__ = ["BACKENDS", "Backend", "BuildError", "Built", "KnobLimit", "Runner", "load_backend"]

@@ -23,9 +23,9 @@ from typing import Any
 
 import numpy as np
 
-from gpt_optuna.errors import GptOptunaError, MissingDependencyError
-from gpt_optuna.model import Feeds, ModelInfo, ShapeRange
-from gpt_optuna.space import Candidate, Condition, Space
+from gpt_optuna.core.errors import GptOptunaError, MissingDependencyError
+from gpt_optuna.core.space import Candidate, Condition, Space
+from gpt_optuna.graph.model import Feeds, ModelInfo, ShapeRange
 
 
 def import_cupy() -> Any:
@@ -173,7 +173,7 @@ class Backend(abc.ABC):
         return ("fp32",)
 
     def fusions(self) -> tuple[str, ...]:
-        """Graph fusions (see :mod:`gpt_optuna.fusion`) whose operators this engine runs."""
+        """Graph fusions (see :mod:`gpt_optuna.graph.fusion`) whose operators this engine runs."""
         return ()
 
     def serialize(self, built: Built) -> bytes | None:

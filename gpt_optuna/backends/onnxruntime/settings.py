@@ -1,0 +1,264 @@
+"""ONNX Runtime's providers, options and the session settings a candidate maps to."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gpt_optuna.core.errors import MissingDependencyError
+from gpt_optuna.core.space import Candidate, Value
+
+CPU = "CPUExecutionProvider"
+
+
+CUDA = "CUDAExecutionProvider"
+
+
+TENSORRT = "TensorrtExecutionProvider"
+
+
+GPU_PROVIDERS = (CUDA, TENSORRT)
+
+
+CUDA_GRAPH = "cuda.enable_cuda_graph"
+
+
+NHWC = "cuda.prefer_nhwc"
+
+
+FUSE_CONV_BIAS = "cuda.fuse_conv_bias"
+
+
+GRAPH_LEVEL = "graph_optimization_level"
+
+
+_OPTIONAL_GRAPH_LEVELS = ("ORT_DISABLE_ALL", "ORT_ENABLE_BASIC", "ORT_ENABLE_EXTENDED", "ORT_ENABLE_LAYOUT")
+
+
+@dataclass(frozen=True)
+class CudaOption:
+    """A setting of sessions on the CUDA provider beyond the five every version has: provider
+    options (``keys``, searched where the installed provider has them all) or a session config
+    entry (``entry``, searched from ONNX Runtime version ``since``), offered where the model has an
+    operator it acts on (``ops``; None: every model), or one that fusions make those from
+    (``precursors``): checking the space then keeps it for the graphs that run such an operator
+    after ONNX Runtime's own optimizations. A boolean knob sets each key to 1 or 0."""
+
+    knob: str
+    keys: tuple[str, ...]
+    choices: tuple[Value, ...]
+    default: Value
+    help: str
+    ops: frozenset[str] | None = None
+    entry: str | None = None
+    since: tuple[int, int] = (0, 0)
+    precursors: frozenset[str] = frozenset()
+
+
+_ATTENTION = frozenset(
+    {"Attention", "MultiHeadAttention", "GroupQueryAttention", "PackedAttention", "PackedMultiHeadAttention"}
+)
+
+
+_GEMM = frozenset({"MatMul", "Gemm", "FusedMatMul"})
+
+
+CUDA_OPTIONS = (
+    CudaOption(
+        FUSE_CONV_BIAS, ("fuse_conv_bias",), (False, True), False,
+        "convolution and bias as one cuDNN-frontend kernel", frozenset({"Conv", "FusedConv"}),
+    ),
+    CudaOption(
+        "cuda.conv1d_pad_to_nc1d", ("cudnn_conv1d_pad_to_nc1d",), (False, True), False,
+        "1-D convolutions run as [N, C, 1, D] rather than [N, C, D, 1]", frozenset({"Conv1D"}),
+    ),
+    CudaOption(
+        "cuda.sdpa_kernel", ("sdpa_kernel",), (0, 1, 2, 4, 8, 16), 0,
+        "attention kernel: 0 ONNX Runtime's choice, 1 flash, 2 memory-efficient, 4 TensorRT fused, 8 cuDNN flash,"
+        " 16 unfused (the others fall back to it where they do not apply)", _ATTENTION,
+        precursors=frozenset({"Softmax"}),
+    ),
+    CudaOption(
+        "cuda.skip_layer_norm_strict", ("enable_skip_layer_norm_strict_mode",), (False, True), False,
+        "SkipLayerNormalization through the plain LayerNorm kernel (slower, more accurate in fp16)",
+        frozenset({"LayerNormalization", "SkipLayerNormalization", "SkipSimplifiedLayerNormalization"}),
+    ),
+    CudaOption(
+        "cuda.unified_stream", ("use_ep_level_unified_stream",), (False, True), False,
+        "one CUDA stream for every run rather than one per run",
+    ),
+    CudaOption(
+        "cuda.gemm_auto_tune", (), (False, True), False,
+        "time cuBLAS against GEMV kernels for fp16/bf16 GEMMs with few rows, keep the fastest", _GEMM,
+        entry="ep.cuda.enable_gemm_auto_tune", since=(1, 31),
+    ),
+    CudaOption(
+        "cuda.gelu_approximation", (), (False, True), False,
+        "Gelu by its tanh approximation (slightly different results)", frozenset({"Erf", "Gelu", "BiasGelu"}),
+        entry="optimization.enable_gelu_approximation",
+    ),
+)  # fmt: skip
+"""Options of the CUDA provider that can change latency, beyond the five every version has."""
+
+
+def _ort() -> Any:
+    try:
+        import onnxruntime
+    except ImportError as exc:
+        raise MissingDependencyError("ONNX Runtime", "cpu") from exc
+    return onnxruntime
+
+
+def thread_choices(cores: int) -> tuple[int, ...]:
+    """0 (the library's own choice), then powers of two up to the core count, and the count."""
+    counts = {0, cores}
+    n = 1
+    while n < cores:
+        counts.add(n)
+        n *= 2
+    return tuple(sorted(counts))
+
+
+def usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def _probe_model_bytes() -> bytes:
+    from onnx import TensorProto, helper
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "probe", [x], [y])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    return model.SerializeToString()
+
+
+def usable_providers() -> list[str]:
+    """Providers, in order of preference, that really create a session on this machine."""
+    ort = _ort()
+    listed = ort.get_available_providers()
+    if any(p in listed for p in GPU_PROVIDERS) and hasattr(ort, "preload_dlls"):
+        with contextlib.suppress(Exception):  # a missing CUDA library shows up in the probe below
+            ort.preload_dlls()
+    usable = []
+    probe = _probe_model_bytes()
+    options = ort.SessionOptions()
+    options.log_severity_level = 4
+    for provider in (*GPU_PROVIDERS, CPU):
+        if provider not in listed:
+            continue
+        try:
+            session = ort.InferenceSession(probe, options, providers=[provider])
+        except Exception:
+            continue
+        if session.get_providers()[:1] == [provider]:
+            usable.append(provider)
+    return usable
+
+
+def cuda_option_keys() -> frozenset[str]:
+    """The CUDA provider's option names in the installed ONNX Runtime (none where it cannot start)."""
+    ort = _ort()
+    options = ort.SessionOptions()
+    options.log_severity_level = 4
+    try:
+        session = ort.InferenceSession(_probe_model_bytes(), options, providers=[CUDA])
+    except Exception:
+        return frozenset()
+    return frozenset(session.get_provider_options().get(CUDA, {}))
+
+
+def ort_version() -> tuple[int, int]:
+    major, minor, *_ = _ort().__version__.split(".")
+    return int(major), int(minor)
+
+
+def session_settings(candidate: Candidate) -> dict[str, Any]:
+    """A candidate's session-level knobs in ONNX Runtime's own names: ``SessionOptions``
+    attributes (enum members by name) and session config entries (``add_session_config_entry``)."""
+    attributes: dict[str, Any] = {
+        "graph_optimization_level": str(candidate[GRAPH_LEVEL]),
+        "enable_mem_pattern": bool(candidate["mem_pattern"]),
+    }
+    entries: dict[str, str] = {}
+    if candidate["provider"] == CPU:
+        attributes |= {
+            "execution_mode": str(candidate["execution_mode"]),
+            "intra_op_num_threads": int(candidate["intra_op_num_threads"]),
+            "inter_op_num_threads": int(candidate.get("inter_op_num_threads", 0)),
+            "enable_cpu_mem_arena": bool(candidate["cpu_mem_arena"]),
+        }
+        entries = {
+            "session.intra_op.allow_spinning": "1" if candidate["intra_op_spinning"] else "0",
+            "session.set_denormal_as_zero": "1" if candidate["denormal_as_zero"] else "0",
+        }
+    for option in CUDA_OPTIONS:  # the CUDA session entries the space has
+        if option.entry is not None and option.knob in candidate:
+            entries[option.entry] = "1" if candidate[option.knob] else "0"
+    return {"session_options": attributes, "session_config_entries": entries}
+
+
+_ENUMS = {"graph_optimization_level": "GraphOptimizationLevel", "execution_mode": "ExecutionMode"}
+
+
+def options_from_settings(settings: dict[str, Any]) -> Any:
+    """``onnxruntime.SessionOptions`` from :func:`session_settings`' description."""
+    ort = _ort()
+    options = ort.SessionOptions()
+    for name, value in settings["session_options"].items():
+        setattr(options, name, getattr(getattr(ort, _ENUMS[name]), value) if name in _ENUMS else value)
+    for key, value in settings["session_config_entries"].items():
+        options.add_session_config_entry(key, value)
+    return options
+
+
+def session_options(candidate: Candidate) -> Any:
+    """Map a candidate's session-level knobs onto ``onnxruntime.SessionOptions``."""
+    options = options_from_settings(session_settings(candidate))
+    options.log_severity_level = 3
+    return options
+
+
+def provider_options(candidate: Candidate, stream_ptr: int | None, workdir: Path) -> dict[str, str]:
+    """Map a candidate's provider knobs onto the provider's option strings."""
+    provider = candidate["provider"]
+
+    def flag(value: Value) -> str:
+        return "1" if value else "0"
+
+    if provider == CUDA:
+        options = {
+            "device_id": "0",
+            "cudnn_conv_algo_search": str(candidate["cuda.cudnn_conv_algo_search"]),
+            "use_tf32": flag(candidate["cuda.use_tf32"]),
+            "prefer_nhwc": flag(candidate[NHWC]),
+            "enable_cuda_graph": flag(candidate.get(CUDA_GRAPH, False)),
+            "cudnn_conv_use_max_workspace": flag(candidate["cuda.cudnn_conv_use_max_workspace"]),
+        }
+        for option in CUDA_OPTIONS:  # the provider options the space has
+            if option.keys and option.knob in candidate:
+                value = candidate[option.knob]
+                options |= {key: flag(value) if isinstance(value, bool) else str(value) for key in option.keys}
+    elif provider == TENSORRT:
+        options = {
+            "device_id": "0",
+            "trt_builder_optimization_level": str(candidate["trt.builder_optimization_level"]),
+            "trt_fp16_enable": flag(candidate["trt.fp16"]),
+            "trt_cuda_graph_enable": flag(candidate["trt.cuda_graph"]),
+            "trt_auxiliary_streams": str(candidate["trt.auxiliary_streams"]),
+            "trt_timing_cache_enable": "1",
+            "trt_timing_cache_path": str(workdir),
+        }
+    else:
+        return {}
+    if stream_ptr is not None:
+        options["has_user_compute_stream"] = "1"
+        options["user_compute_stream"] = str(stream_ptr)
+    return options

@@ -1,0 +1,472 @@
+"""TensorRT 10.x, 11.x and TensorRT-RTX: one implementation over their shared Python API.
+
+Every knob is feature-detected on the installed module (``hasattr``, enum membership) and never
+by version number; trial parameters hold enum *names*, since enum integers changed between 10.x
+and 11.x. The functions taking ``trt`` (the imported module) are pure mappings so they can be
+checked against the API names of every version, without the library.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import json
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+
+from gpt_optuna.backends.base import Backend, BuildError, Built, KnobLimit, Runner, import_cupy
+from gpt_optuna.core.errors import MissingDependencyError
+from gpt_optuna.core.space import Candidate, Condition, Knob, Space
+from gpt_optuna.graph.constant_folding import folded
+from gpt_optuna.graph.model import Feeds, ModelInfo, ShapeRange
+
+MIB = 1 << 20
+BUILDER_LEVELS = (0, 1, 2, 3, 4, 5)
+WORKSPACE_MIB = ("default", 256, 1024, 4096, 16384)
+SPEED_FLAGS = ("TF32", "SPARSE_WEIGHTS")
+WEAK_TYPING_FLAGS = ("FP16", "BF16")
+_LOGGED = ("INTERNAL_ERROR", "ERROR", "WARNING")
+
+
+def _with_default(default: int, others: tuple[int, ...]) -> tuple[int, ...]:
+    return (default, *[v for v in others if v != default])
+
+
+@dataclass(frozen=True)
+class RouteKnob:
+    """One entry of ``IBuilderConfig.all_build_routes``: a compiler knob of TensorRT 11.1+."""
+
+    option: str
+    values: tuple[str, ...]
+    default: str
+    open_ended: bool
+    help: str = ""
+
+    @property
+    def knob_name(self) -> str:
+        return "route." + self.option.lstrip("-")
+
+
+def parse_build_routes(text: str) -> list[RouteKnob]:
+    """Parse the ``all_build_routes`` JSON; an empty string (RTX, Windows) means no routes."""
+    if not text.strip():
+        return []
+    knobs = []
+    for entry in json.loads(text).get("tuner_options", []):
+        option = entry["option"]
+        allowed = re.search(r"\[([^\]]*)\]", entry.get("allowed_values", ""))
+        inside = allowed.group(1) if allowed else ""
+        open_ended = not inside or "..." in inside
+        default = str(entry.get("default_value", ""))
+        if default.startswith(option + "="):
+            default = default[len(option) + 1 :]
+        values = () if open_ended else tuple(v.strip() for v in inside.split("|") if v.strip())
+        knobs.append(RouteKnob(option, values, default, open_ended, entry.get("help", "")))
+    return knobs
+
+
+def route_string(candidate: Candidate, routes: list[RouteKnob]) -> str:
+    """The ``build_route`` for a candidate: a ``-name=value`` token for each non-default knob."""
+    tokens = []
+    for route in routes:
+        value = candidate.get(route.knob_name)
+        if value is not None and str(value) != route.default:
+            tokens.append(f"{route.option}={value}")
+    return " ".join(tokens)
+
+
+def discover_knobs(trt: ModuleType, config: Any, *, has_qdq: bool, dynamic: bool, l2_bytes: int | None) -> list[Knob]:
+    """The search space the installed library offers, with defaults read from a fresh config."""
+    knobs = [Knob("builder_optimization_level", BUILDER_LEVELS, int(config.builder_optimization_level))]
+    if hasattr(trt, "TilingOptimizationLevel") and hasattr(config, "tiling_optimization_level"):
+        levels = tuple(trt.TilingOptimizationLevel.__members__)
+        knobs.append(Knob("tiling_optimization_level", levels, config.tiling_optimization_level.name))
+        if hasattr(config, "l2_limit_for_tiling"):
+            default = int(config.l2_limit_for_tiling)
+            fractions = tuple(l2_bytes // d for d in (1, 2, 4)) if l2_bytes else ()
+            tiled = Condition("tiling_optimization_level", tuple(x for x in levels if x != "NONE"))
+            knobs.append(Knob("l2_limit_for_tiling", _with_default(default, fractions), default, condition=tiled))
+    if hasattr(config, "max_aux_streams"):
+        default = int(config.max_aux_streams)
+        knobs.append(Knob("max_aux_streams", _with_default(default, (0, 1, 2, 4)), default))
+    if hasattr(config, "max_num_tactics"):
+        default = int(config.max_num_tactics)
+        knobs.append(Knob("max_num_tactics", _with_default(default, (-1, 1, 8, 32)), default))
+    if hasattr(config, "avg_timing_iterations"):
+        default = int(config.avg_timing_iterations)
+        knobs.append(Knob("avg_timing_iterations", _with_default(default, (1, 2, 4, 8)), default))
+    flags = [*SPEED_FLAGS, *WEAK_TYPING_FLAGS, *(("INT8",) if has_qdq else ())]
+    for flag in flags:
+        if hasattr(trt.BuilderFlag, flag):
+            default = bool(config.get_flag(getattr(trt.BuilderFlag, flag)))
+            knobs.append(Knob(f"flag.{flag}", (default, not default), default))
+    sources = int(config.get_tactic_sources())
+    for name, member in trt.TacticSource.__members__.items():
+        default = bool(sources & (1 << int(member)))
+        knobs.append(Knob(f"tactic.{name}", (default, not default), default))
+    knobs.append(Knob("workspace_mib", WORKSPACE_MIB, "default", "workspace memory-pool limit"))
+    if hasattr(config, "all_build_routes"):
+        for route in parse_build_routes(config.all_build_routes):
+            choices = (route.default,) if route.open_ended else _route_choices(route)
+            knobs.append(Knob(route.knob_name, choices, route.default, route.help))
+    if hasattr(trt, "CudaGraphStrategy"):
+        knobs.append(Knob("runtime.cuda_graph_strategy", tuple(trt.CudaGraphStrategy.__members__), "DISABLED"))
+    else:
+        knobs.append(Knob("runtime.cuda_graph", (False, True), False, "capture execute_async_v3 in a CUDA graph"))
+    if dynamic and hasattr(trt, "DynamicShapesKernelSpecializationStrategy"):
+        strategies = tuple(trt.DynamicShapesKernelSpecializationStrategy.__members__)
+        knobs.append(Knob("runtime.dynamic_shapes_kernel_specialization", strategies, strategies[0]))
+    knobs.append(Knob("runtime.aux_streams", (False, True), False, "give the context our own auxiliary streams"))
+    return knobs
+
+
+def _route_choices(route: RouteKnob) -> tuple[str, ...]:
+    return (route.default, *[v for v in route.values if v != route.default])
+
+
+def configure(trt: ModuleType, config: Any, candidate: Candidate, routes: list[RouteKnob]) -> None:
+    """Apply a candidate's build knobs to an ``IBuilderConfig``; knobs absent stay at defaults."""
+    simple = ("builder_optimization_level", "max_aux_streams", "max_num_tactics", "avg_timing_iterations")
+    for name in simple:
+        if name in candidate:
+            setattr(config, name, int(candidate[name]))
+    if "tiling_optimization_level" in candidate:
+        config.tiling_optimization_level = getattr(
+            trt.TilingOptimizationLevel, str(candidate["tiling_optimization_level"])
+        )
+    if "l2_limit_for_tiling" in candidate:
+        config.l2_limit_for_tiling = int(candidate["l2_limit_for_tiling"])
+    for name, value in candidate.items():
+        if name.startswith("flag."):
+            flag = getattr(trt.BuilderFlag, name.removeprefix("flag."))
+            config.set_flag(flag) if value else config.clear_flag(flag)
+    sources = int(config.get_tactic_sources())
+    for name, value in candidate.items():
+        if name.startswith("tactic."):
+            bit = 1 << int(getattr(trt.TacticSource, name.removeprefix("tactic.")))
+            sources = sources | bit if value else sources & ~bit
+    if any(name.startswith("tactic.") for name in candidate) and not config.set_tactic_sources(sources):
+        raise BuildError(f"TensorRT refused tactic sources {sources:#x}")
+    workspace = candidate.get("workspace_mib", "default")
+    if workspace != "default":
+        config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, int(workspace) * MIB)
+    route = route_string(candidate, routes)
+    if route:
+        config.build_route = route
+
+
+def optimization_profile(builder: Any, model: ModelInfo, shapes: dict[str, ShapeRange]) -> Any | None:
+    """One profile covering every input with a dynamic dimension, or None for a static model."""
+    dynamic = [spec.name for spec in model.inputs if not spec.is_static]
+    if not dynamic:
+        return None
+    profile = builder.create_optimization_profile()
+    for name in dynamic:
+        r = shapes[name]
+        profile.set_shape(name, r.min, r.opt, r.max)
+    return profile
+
+
+def _capturing_logger(trt: ModuleType) -> Any:
+    class CapturingLogger(trt.ILogger):  # type: ignore[name-defined, misc]
+        """Keeps TensorRT's warnings and errors, for the trial's log."""
+
+        def __init__(self) -> None:
+            trt.ILogger.__init__(self)
+            self.messages: list[str] = []
+
+        def log(self, severity: Any, msg: str) -> None:
+            if getattr(severity, "name", "") in _LOGGED:
+                self.messages.append(f"[{severity.name}] {msg}")
+
+    return CapturingLogger()
+
+
+def _has_qdq(model: ModelInfo) -> bool:
+    import onnx
+
+    graph = onnx.load(str(model.path), load_external_data=False).graph
+    return any(node.op_type in ("QuantizeLinear", "DequantizeLinear") for node in graph.node)
+
+
+def _device_l2_bytes() -> int | None:
+    try:
+        import cupy
+
+        return int(cupy.cuda.Device().attributes["L2CacheSize"])
+    except Exception:  # no CuPy or no GPU: tiling's L2 limit is left at its default
+        return None
+
+
+@dataclass
+class _Engine:
+    plan: bytes
+    routes: list[RouteKnob]
+    candidate: Candidate
+
+
+class TensorRTBackend(Backend):
+    """TensorRT 10.x and 11.x (module ``tensorrt``, else ``tensorrt_bindings``)."""
+
+    name = "tensorrt"
+    modules: tuple[str, ...] = ("tensorrt", "tensorrt_bindings")
+    library = "TensorRT"
+    extra = "tensorrt"
+    timing_cache = True
+    weak_typing_knobs = frozenset({"flag.FP16", "flag.BF16", "flag.INT8"})
+
+    reports_device_memory = True
+
+    def __init__(self) -> None:
+        self._trt: ModuleType | None = None
+
+    def missing_library(self) -> MissingDependencyError | None:
+        found = any(importlib.util.find_spec(name) is not None for name in self.modules)
+        return None if found else MissingDependencyError(self.library, self.extra)
+
+    @property
+    def trt(self) -> ModuleType:
+        if self._trt is None:
+            for name in self.modules:
+                try:
+                    self._trt = importlib.import_module(name)
+                    break
+                except ImportError:
+                    continue
+            else:
+                raise MissingDependencyError(self.library, self.extra)
+        return self._trt
+
+    def versions(self) -> dict[str, str]:
+        return {self.modules[0]: str(getattr(self.trt, "__version__", "unknown"))}
+
+    def precisions(self) -> tuple[str, ...]:
+        """Graph precisions TensorRT consumes: fp16 and bf16 by conversion, int8 and fp8 by Q/DQ."""
+        return ("fp32", "fp16", "bf16", "int8", "fp8")
+
+    def space(self, model: ModelInfo, shapes: dict[str, ShapeRange]) -> Space:
+        trt = self.trt
+        builder = trt.Builder(_capturing_logger(trt))
+        config = builder.create_builder_config()
+        dynamic = any(not spec.is_static for spec in model.inputs)
+        return Space(discover_knobs(trt, config, has_qdq=_has_qdq(model), dynamic=dynamic, l2_bytes=_device_l2_bytes()))
+
+    def _parse(self, model: ModelInfo, workdir: Path) -> tuple[Any, Any, Any, Any]:
+        """Builder, network, parser and logger with the model parsed (its constant subgraphs folded
+        first, a copy kept in ``workdir/models``); BuildError naming the nodes TensorRT refused."""
+        trt = self.trt
+        model = folded(model, workdir / "models")
+        logger = _capturing_logger(trt)
+        builder = trt.Builder(logger)
+        network = builder.create_network(0)
+        parser = trt.OnnxParser(network, logger)
+        if not parser.parse_from_file(str(model.path)):
+            errors = [parser.get_error(i) for i in range(parser.num_errors)]
+            text = "; ".join(f"node {e.node_name()!r} (op {e.node_operator()}): {e.desc()}" for e in errors)
+            raise BuildError(f"TensorRT could not parse {model.path.name}: {text}", "\n".join(logger.messages))
+        return builder, network, parser, logger
+
+    def check_model(
+        self, model: ModelInfo, space: Space, candidate: Candidate, workdir: Path, shapes: dict[str, ShapeRange]
+    ) -> list[KnobLimit]:
+        """Build the candidate at the lowest optimization level: parsing alone misses what the
+        builder refuses (a type it has no kernel for, say), and the lowest level builds quickly."""
+        quick = (
+            {**candidate, "builder_optimization_level": 0} if "builder_optimization_level" in candidate else candidate
+        )
+        self.build(model, quick, workdir, shapes)
+        return []
+
+    def build(self, model: ModelInfo, candidate: Candidate, workdir: Path, shapes: dict[str, ShapeRange]) -> Built:
+        trt = self.trt
+        builder, network, _parser, logger = self._parse(model, workdir)
+        config = builder.create_builder_config()
+        routes = parse_build_routes(config.all_build_routes) if hasattr(config, "all_build_routes") else []
+        configure(trt, config, candidate, routes)
+        profile = optimization_profile(builder, model, shapes)
+        if profile is not None and config.add_optimization_profile(profile) < 0:
+            raise BuildError("TensorRT refused the optimization profile", "\n".join(logger.messages))
+        cache_path = workdir / "timing.cache"
+        cache = self._load_timing_cache(config, cache_path, logger) if self.timing_cache else None
+        start = time.perf_counter()
+        plan = builder.build_serialized_network(network, config)
+        build_s = time.perf_counter() - start
+        if plan is None:
+            errors = [m for m in logger.messages if m.startswith(("[ERROR]", "[INTERNAL_ERROR]"))]
+            reason = f": {errors[0].split('] ', 1)[1][:300]}" if errors else ""
+            raise BuildError(f"TensorRT built no engine{reason}", "\n".join(logger.messages))
+        if cache is not None:
+            self._merge_timing_cache(config, cache, cache_path)
+        data = bytes(plan)
+        attrs: dict[str, Any] = {"engine_bytes": len(data), "engine_sha256": hashlib.sha256(data).hexdigest()}
+        attrs["engine_io"] = network_io(trt, network)
+        if routes:
+            attrs["build_route"] = route_string(candidate, routes)
+        if logger.messages:
+            attrs["build_log"] = "\n".join(logger.messages)[-2000:]
+        return Built(_Engine(data, routes, candidate), build_s, attrs)
+
+    def serialize(self, built: Built) -> bytes | None:
+        return built.engine.plan  # type: ignore[no-any-return]
+
+    @staticmethod
+    def _load_timing_cache(config: Any, path: Path, logger: Any) -> Any:
+        """The study's timing cache, or an empty one when it is missing or corrupt (never fatal)."""
+        data = b""
+        if path.is_file():
+            data = path.read_bytes()
+        cache = config.create_timing_cache(data) if data else None
+        if data and (cache is None or not config.set_timing_cache(cache, False)):
+            logger.messages.append(f"[WARNING] discarded the unreadable timing cache {path}")
+            path.unlink(missing_ok=True)
+            cache = None
+        if cache is None:
+            cache = config.create_timing_cache(b"")
+            config.set_timing_cache(cache, False)
+        return cache
+
+    @staticmethod
+    def _merge_timing_cache(config: Any, cache: Any, path: Path) -> None:
+        """Fold this build's timings into the study's cache file (written atomically)."""
+        if path.is_file():
+            on_disk = config.create_timing_cache(path.read_bytes())
+            if on_disk is not None:
+                cache.combine(on_disk, False)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_bytes(bytes(cache.serialize()))
+        tmp.replace(path)
+
+    def open(self, built: Built, feeds: Feeds, outputs: Feeds) -> Runner:
+        return TensorRTRunner(self.trt, built.engine, feeds)
+
+
+class TensorRTRTXBackend(TensorRTBackend):
+    """TensorRT-RTX (module ``tensorrt_rtx``). Its timing cache is a no-op since RTX 1.2, so none is kept."""
+
+    name = "tensorrt-rtx"
+    modules = ("tensorrt_rtx",)
+    library = "TensorRT-RTX"
+    extra = "rtx"
+    timing_cache = False
+
+
+def io_tensors(trt: ModuleType, engine: Any) -> tuple[list[str], list[str]]:
+    """Input and output tensor names of an engine."""
+    names = [engine.get_tensor_name(i) for i in range(engine.num_io_tensors)]
+    inputs = [n for n in names if engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT]
+    return inputs, [n for n in names if n not in inputs]
+
+
+def network_io(trt: Any, network: Any) -> dict[str, dict[str, str]]:
+    """The dtype of each network input and output the engine was built with, by name: what the
+    engine takes and returns (``{"inputs": {...}, "outputs": {...}}``)."""
+
+    def dtype_name(dtype: Any) -> str:
+        try:
+            return np.dtype(trt.nptype(dtype)).name
+        except TypeError:  # a type numpy has none for (bfloat16, fp8)
+            return str(dtype).rpartition(".")[2].lower()
+
+    inputs = (network.get_input(i) for i in range(network.num_inputs))
+    outputs = (network.get_output(i) for i in range(network.num_outputs))
+    return {
+        "inputs": {tensor.name: dtype_name(tensor.dtype) for tensor in inputs},
+        "outputs": {tensor.name: dtype_name(tensor.dtype) for tensor in outputs},
+    }
+
+
+class TensorRTRunner(Runner):
+    """An engine with CuPy buffers per I/O tensor, run with ``execute_async_v3`` on a CuPy stream."""
+
+    def __init__(self, trt: ModuleType, engine: _Engine, feeds: Feeds) -> None:
+        cupy = import_cupy()
+
+        logger = _capturing_logger(trt)
+        self._runtime = trt.Runtime(logger)
+        self._engine = self._runtime.deserialize_cuda_engine(engine.plan)
+        if self._engine is None:
+            raise RuntimeError("TensorRT could not deserialize the engine: " + " ".join(logger.messages))
+        candidate = engine.candidate
+        strategy = candidate.get("runtime.cuda_graph_strategy")
+        specialization = candidate.get("runtime.dynamic_shapes_kernel_specialization")
+        if strategy is not None or specialization is not None:
+            runtime_config = self._engine.create_runtime_config()
+            if strategy is not None:
+                runtime_config.cuda_graph_strategy = getattr(trt.CudaGraphStrategy, str(strategy))
+            if specialization is not None:
+                runtime_config.dynamic_shapes_kernel_specialization_strategy = getattr(
+                    trt.DynamicShapesKernelSpecializationStrategy, str(specialization)
+                )
+            self._context = self._engine.create_execution_context(runtime_config)
+        else:
+            self._context = self._engine.create_execution_context()
+        if self._context is None:
+            raise RuntimeError("TensorRT could not create an execution context: " + " ".join(logger.messages))
+        self.stream = cupy.cuda.Stream(non_blocking=True)
+        inputs, outputs = io_tensors(trt, self._engine)
+        self._buffers: dict[str, Any] = {}
+        with self.stream:
+            for name in inputs:
+                self._buffers[name] = cupy.asarray(feeds[name])
+                if not self._context.set_input_shape(name, tuple(feeds[name].shape)):
+                    raise RuntimeError(f"TensorRT refused shape {feeds[name].shape} for input {name!r}")
+            for name in outputs:
+                dtype = np.dtype(trt.nptype(self._engine.get_tensor_dtype(name)))
+                self._buffers[name] = cupy.empty(tuple(self._context.get_tensor_shape(name)), dtype)
+        self._outputs = outputs
+        for name, buffer in self._buffers.items():
+            if not self._context.set_tensor_address(name, buffer.data.ptr):
+                raise RuntimeError(f"TensorRT refused the address of tensor {name!r}")
+        self._aux_streams: list[Any] = []
+        if candidate.get("runtime.aux_streams") and self._engine.num_aux_streams > 0:
+            self._aux_streams = [cupy.cuda.Stream(non_blocking=True) for _ in range(self._engine.num_aux_streams)]
+            self._context.set_aux_streams([s.ptr for s in self._aux_streams])
+        self.stream.synchronize()
+        self.attrs: dict[str, Any] = {"device_memory_bytes": int(self._engine.device_memory_size_v2)}
+        self._graph = self._capture() if candidate.get("runtime.cuda_graph") else None
+
+    def _enqueue(self) -> None:
+        if not self._context.execute_async_v3(self.stream.ptr):
+            raise RuntimeError("execute_async_v3 failed")
+
+    def _capture(self) -> Any:
+        """Capture one enqueue in a CUDA graph; fall back to plain enqueues where TensorRT cannot."""
+        self._enqueue()  # one-time setup must not be captured
+        self.stream.synchronize()
+        self.stream.begin_capture()
+        ok = self._context.execute_async_v3(self.stream.ptr)
+        graph = self.stream.end_capture()
+        if not ok:
+            self.attrs["cuda_graph"] = "not capturable; ran without"
+            return None
+        return graph
+
+    def launch(self) -> None:
+        if self._graph is not None:
+            self._graph.launch(stream=self.stream)
+        else:
+            self._enqueue()
+
+    def infer(self) -> dict[str, np.ndarray]:
+        self.launch()
+        self.stream.synchronize()
+        return {name: self._buffers[name].get(stream=self.stream) for name in self._outputs}
+
+    def set_inputs(self, feeds: Feeds) -> None:
+        for name, array in feeds.items():  # the addresses stay: a captured CUDA graph replays them
+            self._buffers[name].set(array, stream=self.stream)
+        self.stream.synchronize()
+
+    def close(self) -> None:
+        self.stream.synchronize()
+        self._graph = None
+        self._buffers.clear()
+        self._context = None
+        self._engine = None

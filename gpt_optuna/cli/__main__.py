@@ -1,0 +1,7 @@
+"""``python -m gpt_optuna.cli``: the ``gpt-optuna`` command."""
+
+import sys
+
+from gpt_optuna.cli.main import main
+
+sys.exit(main())

@@ -1,0 +1,290 @@
+"""Knob descriptions, the search space they form, and its mapping onto Optuna distributions.
+
+Backends describe what they can tune as :class:`Knob` objects and know nothing of Optuna; this
+module is the one place where knobs become ``trial.suggest_categorical`` calls.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+from gpt_optuna.core.errors import UserError
+
+if TYPE_CHECKING:
+    import optuna
+
+Value = str | int | float | bool
+Candidate = dict[str, Value]
+"""A concrete configuration: knob name -> value, for the knobs active in it."""
+
+
+@dataclass(frozen=True)
+class Condition:
+    """A knob is active only when knob ``parent`` takes one of ``values``; with several parents
+    (a tuple of names), only when their values together are one of ``values`` (tuples)."""
+
+    parent: str | tuple[str, ...]
+    values: tuple[Any, ...]
+
+    @property
+    def parents(self) -> tuple[str, ...]:
+        return (self.parent,) if isinstance(self.parent, str) else self.parent
+
+    @property
+    def key(self) -> str:
+        return "+".join(self.parents)
+
+    def holds(self, params: Mapping[str, Value]) -> bool:
+        if isinstance(self.parent, str):
+            return params.get(self.parent) in self.values
+        return tuple(params.get(p) for p in self.parent) in self.values
+
+    def combos(self) -> tuple[tuple[Value, ...], ...]:
+        """The parents' values for which it holds, as tuples (one value each for a single parent)."""
+        return tuple((v,) for v in self.values) if isinstance(self.parent, str) else self.values
+
+    def satisfiable(self, offered: Mapping[str, tuple[Value, ...]]) -> bool:
+        """Whether some values the parents offer make it hold."""
+        return any(all(v in offered.get(p, ()) for p, v in zip(self.parents, c, strict=True)) for c in self.combos())
+
+    def describe(self) -> list[Any]:
+        return [list(v) if isinstance(v, tuple) else v for v in self.values]
+
+
+def _plain(value: Any) -> Any:
+    return list(value) if isinstance(value, tuple) else value
+
+
+CandidateKey = tuple[tuple[str, Value], ...]
+
+
+def candidate_key(candidate: Candidate) -> CandidateKey:
+    """A candidate as a hashable, order-independent value (to count or look up candidates)."""
+    return tuple(sorted(candidate.items()))
+
+
+@dataclass(frozen=True)
+class Knob:
+    """One searchable option: its choices, the engine's default, and when it applies.
+
+    ``condition`` and every one of ``requires`` must hold for the knob to be active; an inactive
+    knob is absent from the candidate, and the engine uses its default.
+    """
+
+    name: str
+    choices: tuple[Value, ...]
+    default: Value
+    help: str = ""
+    condition: Condition | None = None
+    requires: tuple[Condition, ...] = ()
+    searched: tuple[Value, ...] | None = None
+    """The values the search tries where ``[space]`` restricted the knob away from its default,
+    which stays among ``choices`` for the baseline alone; None: every choice is searched."""
+    selects_engine: bool = False
+    """The knob chooses which engine runs (ONNX Runtime's provider): restricting it chooses the
+    engine whose defaults the baseline runs, so its default moves with the restriction."""
+
+    def __post_init__(self) -> None:
+        if not self.choices:
+            raise ValueError(f"knob {self.name} has no choices")
+        if self.default not in self.choices:
+            raise ValueError(f"knob {self.name}: default {self.default!r} is not among its choices")
+        if self.searched is not None and not (self.searched and set(self.searched) <= set(self.choices)):
+            raise ValueError(f"knob {self.name}: searched values {self.searched!r} are not among its choices")
+
+    @property
+    def search_choices(self) -> tuple[Value, ...]:
+        """The values the search tries."""
+        return self.choices if self.searched is None else self.searched
+
+    @property
+    def conditions(self) -> tuple[Condition, ...]:
+        return ((self.condition,) if self.condition is not None else ()) + self.requires
+
+    def active(self, params: Mapping[str, Value]) -> bool:
+        return all(c.holds(params) for c in self.conditions)
+
+    def describe(self) -> dict[str, Any]:
+        data: dict[str, Any] = {"name": self.name, "choices": list(self.choices), "default": self.default}
+        if self.searched is not None:
+            data["searched"] = list(self.searched)
+        if self.conditions:
+            data["when"] = {c.key: c.describe() for c in self.conditions}
+        return data
+
+
+class Space:
+    """An ordered set of knobs; a knob's condition may only refer to a knob before it."""
+
+    def __init__(self, knobs: list[Knob]) -> None:
+        seen: set[str] = set()
+        for knob in knobs:
+            if knob.name in seen:
+                raise ValueError(f"duplicate knob {knob.name}")
+            for parent in (p for c in knob.conditions for p in c.parents):
+                if parent not in seen:
+                    raise ValueError(f"knob {knob.name} depends on {parent}, not defined before it")
+            seen.add(knob.name)
+        self.knobs = tuple(knobs)
+
+    def __len__(self) -> int:
+        return len(self.knobs)
+
+    def default(self, fixed: Mapping[str, Value] | None = None) -> Candidate:
+        """The engine's default configuration: every active knob at its default, or at its value
+        in ``fixed``."""
+        fixed = fixed or {}
+        params: Candidate = {}
+        for knob in self.knobs:
+            if knob.active(params):
+                params[knob.name] = fixed.get(knob.name, knob.default)
+        return params
+
+    def fitted(self, values: Mapping[str, Value]) -> Candidate:
+        """The candidate of this space nearest to ``values`` (say, a configuration recorded on
+        another space): each active knob at its value there where it offers it, else its default."""
+        params: Candidate = {}
+        for knob in self.knobs:
+            if knob.active(params):
+                value = values.get(knob.name, knob.default)
+                params[knob.name] = value if value in knob.choices else knob.default
+        return params
+
+    def defaults(self) -> Candidate:
+        """Every knob at its default, active or not (what the engine uses for an inactive knob)."""
+        return {k.name: k.default for k in self.knobs}
+
+    def choices(self, name: str) -> tuple[Value, ...]:
+        """The values of knob ``name``; none where the space has no such knob."""
+        return next((k.choices for k in self.knobs if k.name == name), ())
+
+    def restricted(self, name: str, choices: tuple[Value, ...]) -> Space:
+        """The space with knob ``name`` offering only ``choices`` (its default among them), and
+        without the knobs that can then never be active."""
+        knobs: list[Knob] = []
+        offered: dict[str, tuple[Value, ...]] = {}
+        for knob in self.knobs:
+            if knob.name == name:
+                kept = tuple(c for c in knob.choices if c in choices)
+                searched = None if knob.searched is None else tuple(c for c in knob.searched if c in kept)
+                knob = replace(knob, choices=kept, searched=searched or (None if searched is None else (knob.default,)))
+            if all(c.satisfiable(offered) for c in knob.conditions):
+                knobs.append(knob)
+                offered[knob.name] = knob.choices
+        return Space(knobs)
+
+    def with_requirement(self, name: str, condition: Condition) -> Space:
+        """The space with knob ``name`` active only where ``condition`` also holds."""
+        return Space([replace(k, requires=(*k.requires, condition)) if k.name == name else k for k in self.knobs])
+
+    def every_candidate(self) -> list[Candidate]:
+        """Every candidate the search can propose: each active knob at each value it tries."""
+        candidates: list[Candidate] = [{}]
+        for knob in self.knobs:
+            grown: list[Candidate] = []
+            for partial in candidates:
+                if knob.active(partial):
+                    grown += [{**partial, knob.name: value} for value in knob.search_choices]
+                else:
+                    grown.append(partial)
+            candidates = grown
+        return candidates
+
+    def suggest(self, trial: optuna.Trial) -> Candidate:
+        params: Candidate = {}
+        for knob in self.knobs:
+            if knob.active(params):
+                params[knob.name] = trial.suggest_categorical(knob.name, knob.choices)  # type: ignore[arg-type]
+        return params
+
+    def describe(self) -> list[dict[str, Any]]:
+        return [k.describe() for k in self.knobs]
+
+    def to_record(self) -> list[dict[str, Any]]:
+        """Every field of every knob as JSON, for :meth:`from_record` (``describe`` is for people)."""
+        return [
+            {
+                "name": k.name,
+                "choices": list(k.choices),
+                "default": k.default,
+                "help": k.help,
+                "conditions": [[_plain(c.parent), [_plain(v) for v in c.values]] for c in k.conditions],
+                "searched": None if k.searched is None else list(k.searched),
+                "selects_engine": k.selects_engine,
+            }
+            for k in self.knobs
+        ]
+
+    @classmethod
+    def from_record(cls, record: list[dict[str, Any]]) -> Space:
+        """The space :meth:`to_record` wrote (a worker joining a study gets it from the storage)."""
+        knobs = []
+        for item in record:
+            conditions = [
+                Condition(parent, tuple(values))
+                if isinstance(parent, str)
+                else Condition(tuple(parent), tuple(tuple(v) for v in values))
+                for parent, values in item["conditions"]
+            ]
+            knobs.append(
+                Knob(
+                    item["name"],
+                    tuple(item["choices"]),
+                    item["default"],
+                    item["help"],
+                    conditions[0] if conditions else None,
+                    tuple(conditions[1:]),
+                    None if item["searched"] is None else tuple(item["searched"]),
+                    item["selects_engine"],
+                )
+            )
+        return cls(knobs)
+
+    def table(self) -> str:
+        """A readable listing: each knob, what is searched, its default and when it applies."""
+        rows = []
+        for knob in self.knobs:
+            tried = knob.search_choices
+            values = (
+                ", ".join(map(str, tried))
+                if len(tried) > 1
+                else "(fixed)"
+                if tried == (knob.default,)
+                else str(tried[0])
+            )
+            when = "".join(f"  when {c.key} in {c.describe()}" for c in knob.conditions)
+            rows.append(f"{knob.name:<44} default {knob.default!s:<20} {values}{when}")
+        searched = sum(len(k.search_choices) > 1 for k in self.knobs)
+        return "\n".join([*rows, f"{len(self.knobs)} knobs, {searched} searched"])
+
+    def with_overrides(self, overrides: Mapping[str, Value | list[Value]]) -> Space:
+        """Apply a ``[space]`` table: a list gives the values to try, a scalar fixes the knob, and
+        ``"default"`` drops it from the search (fixed at the engine's default).
+
+        The restriction applies to the search, not to the baseline: a knob restricted away from
+        its default keeps the default among its choices, for the baseline alone (``searched``).
+        A knob that selects the engine moves its default instead: the baseline is that engine's.
+        """
+        by_name = {k.name: k for k in self.knobs}
+        unknown = sorted(set(overrides) - by_name.keys())
+        if unknown:
+            raise UserError(f"[space] names unknown knob {unknown[0]!r}; known: {', '.join(by_name)}")
+        knobs = []
+        for knob in self.knobs:
+            if knob.name not in overrides:
+                knobs.append(knob)
+                continue
+            given = overrides[knob.name]
+            if given == "default" and "default" not in knob.choices:
+                given = knob.default
+            values = tuple(given) if isinstance(given, list) else (given,)
+            if not values:
+                raise UserError(f"[space] gives knob {knob.name!r} no values")
+            if knob.default in values or knob.selects_engine:
+                default = knob.default if knob.default in values else values[0]
+                knobs.append(replace(knob, choices=values, default=default, searched=None))
+            else:
+                knobs.append(replace(knob, choices=(knob.default, *values), searched=values))
+        return Space(knobs)

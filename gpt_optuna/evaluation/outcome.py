@@ -1,0 +1,70 @@
+"""How a candidate's evaluation ended: every way is an :class:`Outcome` with its detail."""
+
+from __future__ import annotations
+
+import enum
+import sys
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gpt_optuna.backends import BuildError
+from gpt_optuna.evaluation.accuracy import Verdict
+from gpt_optuna.evaluation.measure import LatencyStats
+
+
+class Outcome(enum.StrEnum):
+    """How a candidate ended."""
+
+    OK = "ok"
+    INFEASIBLE = "infeasible"
+    TRANSFORM_ERROR = "transform_error"
+    BUILD_ERROR = "build_error"
+    METRIC_ERROR = "metric_error"
+    CRASH = "crash"
+    TIMEOUT = "timeout"
+    EXCEPTION = "exception"
+
+    @property
+    def is_failure(self) -> bool:
+        return self not in (Outcome.OK, Outcome.INFEASIBLE)
+
+    @property
+    def is_deterministic(self) -> bool:
+        """A failure of the candidate itself (its graph cannot be made, built or run by the
+        engine), which happens again on every try; a crash, a hang or an exception may be the
+        machine's or ours."""
+        return self in (Outcome.TRANSFORM_ERROR, Outcome.BUILD_ERROR, Outcome.METRIC_ERROR)
+
+
+class MetricFailed(Exception):
+    """The user's metric function raised; ``log`` holds its traceback."""
+
+    def __init__(self, message: str, log: str) -> None:
+        super().__init__(message)
+        self.log = log
+
+
+@dataclass(frozen=True)
+class TrialResult:
+    """Everything one evaluation produced."""
+
+    outcome: Outcome
+    detail: str = ""
+    latency: LatencyStats | None = None
+    verdict: Verdict | None = None
+    build_s: float | None = None
+    attrs: dict[str, Any] = field(default_factory=dict)
+    log: str = ""
+    engine_path: Path | None = None
+
+
+def _build_failure(exc: BuildError) -> TrialResult:
+    return _failure(Outcome.BUILD_ERROR, str(exc), f"{exc.log}\n{traceback.format_exc()}".lstrip())
+
+
+def _failure(outcome: Outcome, detail: str, log: str) -> TrialResult:
+    """A failed candidate's result; its whole log goes to the worker log too."""
+    print(f"{outcome.value}: {detail}\n{log}", file=sys.stderr, flush=True)
+    return TrialResult(outcome, detail, log=log)

@@ -1,0 +1,193 @@
+"""Write a trial's engine (or, for ONNX Runtime, its model) with a JSON side file."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial
+
+from gpt_optuna.core.errors import UserError
+from gpt_optuna.graph.interface import dtype_changes, io_record
+from gpt_optuna.results.progress import headline
+from gpt_optuna.study.artifacts import artifact_folder, verified
+from gpt_optuna.study.record import FINGERPRINT_ATTR, IO_CHANGE_ATTR, study_folder
+from gpt_optuna.study.summary import StudySummary, first_value, summarize_study
+
+
+def onnxruntime_settings(candidate: dict[str, Any], folder: Path) -> dict[str, Any]:
+    """How ONNX Runtime must open the model to run it as the trial did, in its own names
+    (``gpt_optuna.open_session`` applies it); a TensorRT-provider timing cache goes in ``folder``."""
+    from gpt_optuna.backends.onnxruntime.settings import provider_options, session_settings
+
+    return session_settings(candidate) | {
+        "providers": [[candidate["provider"], provider_options(candidate, None, folder.resolve())]]
+    }
+
+
+def trial_model(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> Path:
+    """The ONNX model a trial ran: its transformed copy in the study folder, else the study's model."""
+    transformed = trial.user_attrs.get("transformed_model")
+    if transformed:
+        return study_folder(study) / "models" / transformed
+    return Path(study.user_attrs[FINGERPRINT_ATTR]["model"])
+
+
+def build_commands(
+    study: optuna.Study, trial: optuna.trial.FrozenTrial, engine: Path, defaults: dict[str, Any]
+) -> dict[str, Any]:
+    """``trtexec`` and ``polygraphy convert`` lines that build the trial's engine from the ONNX
+    model TensorRT parsed (written beside the engine as ``ENGINE.onnx``), and the settings that
+    have no flag in each."""
+    from gpt_optuna.backends.tensorrt.commands import polygraphy, trtexec
+    from gpt_optuna.graph.constant_folding import folded
+    from gpt_optuna.graph.model import load_model_info
+
+    recorded = study.user_attrs[FINGERPRINT_ATTR]
+    parsed = engine.with_name(engine.name + ".onnx")
+    models = study_folder(study) / "models"
+    shutil.copyfile(folded(load_model_info(trial_model(study, trial)), models).path, parsed)
+    lines = [
+        make(parsed.name, engine.name, trial.params, defaults, recorded.get("shapes", {}))
+        for make in (trtexec, polygraphy)
+    ]
+    return {line.tool: line.text() for line in lines} | {f"{line.tool}_no_flag": line.no_flag for line in lines}
+
+
+def _beside(out: Path, kind: str) -> str:
+    return f"{out.name}.{kind}.npz"
+
+
+def export_suffix(trial: optuna.trial.FrozenTrial) -> str:
+    """The file extension of what a trial exports: ``.plan`` for an engine, ``.onnx`` for a model."""
+    return ".plan" if trial.user_attrs.get("engine_artifact") is not None else ".onnx"
+
+
+def written_files(out: Path, engine: bool, backend: str | None) -> list[Path]:
+    """Every file an export to ``out`` writes: the file, its side file, the recorded inputs and
+    reference outputs, and for a TensorRT engine the ONNX model it parses."""
+    files = [out, out.with_name(out.name + ".json"), *(out.with_name(_beside(out, k)) for k in ("inputs", "reference"))]
+    return files + ([out.with_name(out.name + ".onnx")] if engine and backend == "tensorrt" else [])
+
+
+def refuse_overwrite(files: list[Path], force: bool) -> None:
+    """A UserError naming the files that exist, unless ``force``."""
+    existing = [str(f) for f in files if f.exists()]
+    if existing and not force:
+        verb = "exists" if len(existing) == 1 else "exist"
+        raise UserError(f"{', '.join(existing)} already {verb}: choose another -o, or overwrite with --force")
+
+
+def chosen_trial(study: optuna.Study, summary: StudySummary, number: int | None) -> FrozenTrial:
+    """The trial ``--trial`` names, else the study's winner; only a feasible one."""
+    trials = study.get_trials(deepcopy=False)
+    if number is None:
+        if summary.best is None:
+            raise UserError(f"study {study.study_name} has no feasible trial to export")
+        trial = summary.best
+    elif 0 <= number < len(trials):
+        trial = trials[number]
+    else:
+        raise UserError(f"study {study.study_name} has no trial {number}")
+    if trial.state is not optuna.trial.TrialState.COMPLETE:
+        raise UserError(f"trial {trial.number} is {trial.state.name.lower()}: only feasible trials are exported")
+    return trial
+
+
+def figures_record(summary: StudySummary, trial: FrozenTrial) -> dict[str, Any]:
+    """The trial's latency, the baseline's and their ratio, from one named measurement, as every
+    reader states them (``best --json``, the side file)."""
+    figures = summary.figures(trial)
+    winner = summary.best is not None and trial.number == summary.best.number
+    return {
+        "headline": headline(summary) if winner else None,
+        "measurement": figures.measurement,
+        "latency_ms": figures.latency_ms,
+        "baseline_latency_ms": figures.baseline_ms,
+        "speedup": figures.speedup,
+        "speedup_ci95": list(figures.ci) if figures.ci is not None else None,
+        "significant": figures.significant if figures.ci is not None else None,
+        "search_latency_ms": first_value(trial),
+        "winner": winner,
+        "verdict": summary.verdict if winner else None,
+    }
+
+
+def export_trial(study: optuna.Study, number: int | None, out: Path, force: bool = False) -> tuple[Path, Path]:
+    """The chosen trial (default: the study's winner) to ``out`` (given the extension of what it
+    is where it has none) and ``out``.json, overwriting nothing without ``force``."""
+    summary = summarize_study(study)
+    trial = chosen_trial(study, summary, number)
+    recorded = study.user_attrs.get(FINGERPRINT_ATTR, {})
+    artifact = trial.user_attrs.get("engine_artifact")
+    if out.suffix in (".json", ".npz"):
+        kind = "engine" if artifact else "model"
+        raise UserError(f"-o names the {kind} file to write; its record FILE.json is written beside it")
+    if not out.suffix:
+        out = out.with_name(out.name + export_suffix(trial))
+    refuse_overwrite(written_files(out, artifact is not None, recorded.get("backend")), force)
+    workdir = verified(study, study_folder(study))
+    source = trial_model(study, trial)
+    if not source.is_file():
+        raise UserError(f"the model of trial {trial.number} is gone: {source} (the study folder was moved or removed)")
+    if artifact is not None:
+        from optuna.artifacts import FileSystemArtifactStore, download_artifact
+
+        out.unlink(missing_ok=True)
+        download_artifact(
+            artifact_store=FileSystemArtifactStore(artifact_folder(study)), artifact_id=artifact, file_path=str(out)
+        )
+    else:  # ONNX Runtime builds no engine file: the model it ran, with the options in the side file
+        shutil.copyfile(source, out)
+    defaults = {knob["name"]: knob["default"] for knob in recorded.get("space", [])}
+    confirmed = next((r for r in (summary.confirmed or {}).get("ranking", []) if r["number"] == trial.number), None)
+    side: dict[str, Any] = {
+        "study": study.study_name,
+        "trial": trial.number,
+        "backend": recorded.get("backend"),
+        "params": trial.params,
+        **figures_record(summary, trial),
+        "latency": trial.user_attrs.get("latency"),
+        "accuracy": trial.user_attrs.get("accuracy"),
+        "accuracy_criterion": recorded.get("accuracy"),
+        "metric": recorded.get("metric"),
+        "shapes": recorded.get("shapes"),
+        "interface": model_interface(study, trial, source),
+        "samples": {"inputs": _beside(out, "inputs"), "reference": _beside(out, "reference")},
+        "confirmed": confirmed,
+        "confirmed_baseline": (summary.confirmed or {}).get("baseline") if confirmed else None,
+        "versions": recorded.get("versions", {}),
+        "file": "engine" if artifact is not None else "onnx model",
+        "model_sha256": hashlib.sha256(out.read_bytes()).hexdigest(),
+    }
+    if recorded.get("backend") == "onnxruntime":
+        side["onnxruntime"] = onnxruntime_settings(defaults | trial.params, out.parent)
+    elif recorded.get("backend") == "tensorrt":
+        side["commands"] = build_commands(study, trial, out, defaults)
+    for kind in ("inputs", "reference"):  # what a later `gpt-optuna check` compares a changed model on
+        shutil.copyfile(workdir / f"{kind}.npz", out.with_name(_beside(out, kind)))
+    side_path = out.with_name(out.name + ".json")
+    side_path.write_text(json.dumps(side, indent=2))
+    return out, side_path
+
+
+def model_interface(study: optuna.Study, trial: FrozenTrial, model: Path) -> dict[str, Any]:
+    """The inputs and outputs of the model a trial ran (an engine's are those of the ONNX graph it
+    was built from), with the dtypes it changed against the study's model: the side file's ``interface``."""
+    from gpt_optuna.graph.model import load_model_info
+
+    recorded = study.user_attrs.get(FINGERPRINT_ATTR, {})
+    made = load_model_info(model)
+    original = Path(recorded.get("model", ""))
+    if original.is_file():
+        changes = dtype_changes(load_model_info(original), made)
+    else:  # the model file moved: the changes the evaluation recorded
+        changes = trial.user_attrs.get(IO_CHANGE_ATTR, {})
+    record = io_record(made, changes, bool(recorded.get("allow_io_change")))
+    if "engine_io" in trial.user_attrs:  # the dtypes the engine itself was built to take and return
+        record["engine"] = trial.user_attrs["engine_io"]
+    return record

@@ -1,0 +1,353 @@
+"""What a person sees during and after a search: a progress bar, notes and the summary."""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from typing import TYPE_CHECKING, Any, TextIO
+
+from optuna.trial import TrialState
+from tqdm import tqdm
+
+from gpt_optuna.evaluation.outcome import Outcome, TrialResult
+from gpt_optuna.graph.interface import describe_changes
+from gpt_optuna.study.summary import first_value
+
+if TYPE_CHECKING:
+    import optuna
+
+    from gpt_optuna.core.space import Candidate, Space
+    from gpt_optuna.search.config import TuneConfig
+    from gpt_optuna.study.summary import Figures, StudySummary
+
+
+def format_params(params: dict[str, object]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in params.items()) or "(defaults)"
+
+
+def format_summary(summary: StudySummary) -> str:
+    """The lines status, confirm and tune print about a study: the verdict first."""
+    counts = summary.counts
+    lines = [
+        headline(summary),
+        f"study {summary.name}: {counts['feasible']} complete, {counts['infeasible']} infeasible, "
+        f"{counts['failed']} failed, "
+        + (f"{counts['interrupted']} interrupted, " if counts["interrupted"] else "")
+        + f"{counts['running']} running, {counts['waiting']} waiting"
+        + (f" ({summary.reused} reused earlier results)" if summary.reused else ""),
+    ]
+    if summary.orphaned:
+        numbers = ", ".join(map(str, summary.orphaned))
+        lines.append(
+            f"  running with no tuner alive on this host: trial {numbers} (its tuner was killed or stopped by a"
+            " failure); the next run of the search fails and retries it"
+        )
+    if summary.warm_started:
+        lines.append(f"warm start: {warm_summary(list(summary.warm_started))}")
+    if summary.failures:
+        lines.append("failures by cause:")
+        lines += [f"  {count} x {cause}" for count, cause in summary.failures]
+    lines += format_verdict(summary)
+    if summary.confirmed:
+        lines.extend(format_confirmed(summary.confirmed))
+    warning = stability_warning(summary)
+    if warning:
+        lines.append(warning)
+    return "\n".join(lines)
+
+
+def _interval(figures: Figures) -> str:
+    return f" [95% CI {figures.ci[0]:.3f}-{figures.ci[1]:.3f}]" if figures.ci is not None else ""
+
+
+def headline(summary: StudySummary) -> str:
+    """The study's verdict in one line, said first by every reader: whether the winner is really
+    faster than the baseline, in which measurement, by how much."""
+    winner, verdict = summary.winner, summary.verdict
+    if verdict == "dry_run":
+        return "dry run: builds only, no latency measured" + (
+            f"; the fastest build was trial {winner.number}" if winner is not None else ""
+        )
+    if verdict == "none":
+        return "verdict: no feasible candidate yet: none has met the accuracy criterion"
+    assert winner is not None
+    if winner.speedup is None:  # the baseline has no latency: it failed
+        return (
+            f"verdict: trial {winner.number} is the fastest feasible candidate ({winner.latency_ms:.4g} ms);"
+            " the baseline has no latency to compare it with"
+        )
+    if verdict == "baseline":
+        why = (
+            "the baseline was significantly faster than every finalist (confirmed)"
+            if winner.measurement == "confirmed"
+            else "no feasible candidate was faster than the baseline in the search"
+        )
+        return f"verdict: keep the default configuration: {why}"
+    figures = f"{winner.latency_ms:.4g} ms against the baseline's {winner.baseline_ms:.4g} ms"
+    if verdict == "not_significant":
+        return (
+            f"verdict: no significant improvement: the best finalist, trial {winner.number}, measured"
+            f" {winner.speedup:.3f}x the baseline{_interval(winner)}, an interval that includes 1.0 ({figures},"
+            " confirmed); keep the default configuration"
+        )
+    if verdict == "unconfirmed":
+        return (
+            f"verdict: not confirmed: trial {winner.number} measured {winner.speedup:.3f}x the baseline in the"
+            f" search ({figures}, one measurement each); the finalists are not re-measured yet (confirm)"
+        )
+    return (
+        f"verdict: faster: trial {winner.number} is {winner.speedup:.3f}x the baseline{_interval(winner)}"
+        f" ({figures}, confirmed)"
+    )
+
+
+def stability_warning(summary: StudySummary) -> str:
+    """A warning where search measurements missed their precision target, with what to do."""
+    found = summary.stability
+    if found is None or not found.unstable:
+        return ""
+    whose = ", the winner's among them" if found.winner_unstable else ""
+    steadier = (
+        "lock the GPU clocks (nvidia-smi --lock-gpu-clocks)"
+        if found.on_gpu
+        else "keep the tuner's cores to itself (taskset, no other jobs)"
+    )
+    return (
+        f"warning: unstable measurements: {found.unstable} of {found.measured} search latencies missed their"
+        f" +-{100 * found.target:.3g}% precision target (worst +-{100 * found.worst:.3g}%){whose}: the machine"
+        " was busy or its clocks changed. The confirmed figures, timed interleaved, are the ones to trust; for steadier"
+        f" numbers stop other work on the machine, {steadier}, or give each measurement more time"
+        " ([measure] budget_s)"
+    )
+
+
+def format_interface(summary: StudySummary) -> list[str]:
+    """Where the study allowed I/O dtype changes (``--allow-io-change``): what the winner takes and returns."""
+    if not summary.allow_io_change or summary.best is None:
+        return []
+    changes = summary.io_changes
+    if not changes:
+        return ["  interface: the model's own input and output dtypes (the study allowed changes: --allow-io-change)"]
+    return [f"  interface: changed by --allow-io-change: {describe_changes(changes)}"]
+
+
+def warm_summary(sources: list[str]) -> str:
+    """How many warm-start candidates came from which study (``STUDY:TRIAL`` each)."""
+    counts: dict[str, int] = {}
+    for source in sources:
+        study = source.rpartition(":")[0]
+        counts[study] = counts.get(study, 0) + 1
+    return ", ".join(f"{n} candidate{'s' if n > 1 else ''} from {study}" for study, n in counts.items())
+
+
+def format_verdict(summary: StudySummary) -> list[str]:
+    """The baseline and the winner, both in the one measurement that judges them (the confirmation
+    where there is one, else the search), and their ratio."""
+    which, unit = summary.measurement, summary.unit
+    base, best = summary.baseline_value, summary.best_value
+    if summary.baseline is None:
+        lines = ["baseline: not run yet"]
+    elif base is None:
+        lines = [f"baseline (trial {summary.baseline.number}): no value ({summary.baseline.state.name.lower()})"]
+    else:
+        lines = [f"baseline (trial {summary.baseline.number}): {base:.4g} {unit} ({which})"]
+    if summary.best is None or best is None:
+        return [*lines, "best: no feasible trial yet"]
+    if summary.baseline_wins and summary.measurement == "confirmed":
+        return [*lines, "best: the baseline itself: it was significantly faster than every finalist"]
+    if summary.baseline_wins:
+        return [*lines, "best: the baseline itself: no feasible candidate was faster in the search"]
+    speedup = summary.speedup
+    search = first_value(summary.best)
+    lines.append(
+        f"best (trial {summary.best.number}): {best:.4g} {unit} ({which})"
+        + (f", {speedup:.3f}x the baseline{_interval(summary.winner)}" if speedup is not None else "")
+        + (f"; {search:.4g} {unit} in the search" if which == "confirmed" and search is not None else "")
+    )
+    lines.append(f"  params: {format_params(summary.best.params)}")
+    return lines + format_interface(summary)
+
+
+def format_confirmed(confirmed: dict[str, Any]) -> list[str]:
+    """The finalists' interleaved re-measurement, and whether the winner is a real improvement."""
+    base = confirmed["baseline"]
+    processes = confirmed.get("processes", 1)  # studies confirmed before there were several
+    lines = [
+        f"confirmed in {confirmed['rounds']} interleaved rounds in {processes} fresh process"
+        f"{'es' if processes > 1 else ''} (baseline trial {base['number']}: {_ms(base)}):"
+    ]
+    for row in sorted(confirmed["ranking"], key=lambda r: -r["speedup"]):
+        lines.append(
+            f"  trial {row['number']}: {_ms(row)}, speedup {row['speedup']:.3f}x "
+            f"[95% CI {row['ci_low']:.3f}-{row['ci_high']:.3f}]"
+        )
+    spread = max(max(_per_process(r)) / min(_per_process(r)) for r in [base, *confirmed["ranking"]])
+    if spread > 1.05:
+        lines.append(
+            f"  latency differed by up to {100 * (spread - 1):.0f} % between processes (CPU-side launch work"
+            " runs as fast as its process's CPU): the intervals include that"
+        )
+    top = max(confirmed["ranking"], key=lambda r: r["speedup"])
+    if top["ci_high"] < 1.0:
+        lines.append("  the baseline is significantly faster than every finalist: keep the default configuration")
+    elif not top["significant"]:
+        lines.append("  no significant improvement over the baseline: the interval includes 1.0")
+    return lines
+
+
+def _per_process(row: dict[str, Any]) -> list[float]:
+    return row.get("process_ms", [row["median_ms"]])
+
+
+def _ms(row: dict[str, Any]) -> str:
+    """A median, with the per-process medians where there are several."""
+    each = _per_process(row)
+    return f"{row['median_ms']:.4g} ms" + (f" ({' / '.join(f'{v:.4g}' for v in each)})" if len(each) > 1 else "")
+
+
+def _ended(trial: optuna.trial.FrozenTrial) -> str:
+    """How a trial without a value ended, with its reason: infeasible, failed or interrupted."""
+    attrs = trial.user_attrs
+    if "interrupted" in attrs:
+        return f"interrupted: {attrs['interrupted']}"
+    if "infeasible" in attrs:
+        return f"infeasible: {str(attrs['infeasible'])[:160]}"
+    if "failure" in attrs:
+        detail = (str(attrs["failure"]).splitlines() or [""])[0][:160]
+        return f"failed ({attrs.get('outcome', 'error')}): {detail}"
+    return trial.state.name.lower()
+
+
+class Progress:
+    """A tqdm bar on stderr with the best latency so far; notes and the summary around it. Where
+    stderr is no terminal (a CI log, a file), one line per trial instead of a redrawn bar."""
+
+    def __init__(self, stream: TextIO | None = None, enabled: bool = True) -> None:
+        self._stream = stream
+        self.enabled = enabled
+        self._bar: tqdm | None = None
+        self._lines: tuple[int, int | None] | None = None
+        """Without a terminal: (trials done, trials to do) of the per-trial lines."""
+        self._best: tuple[float, int] | None = None
+        self._deadline: float | None = None
+        self._workers = 1
+        self._lock = threading.RLock()  # several workers report at once
+
+    @property
+    def stream(self) -> TextIO:
+        return self._stream or sys.stderr
+
+    def start(
+        self,
+        config: TuneConfig,
+        space: Space,
+        resumed: bool,
+        done: int,
+        recovered: list[int],
+        remaining: int | None,
+        deadline: float | None = None,
+        workers: int = 1,
+    ) -> None:
+        """Say what is searched; a bar counts the trials, and shows the workers and, with
+        --timeout, the time left."""
+        verb = "resuming" if resumed else "new"
+        self.note(
+            f"{verb} study {config.study_name} in {config.storage} ({done} trials done); {len(space)} knobs"
+            + (f"; {workers} workers" if workers > 1 else "")
+        )
+        if recovered:
+            self.note(f"trials {', '.join(map(str, recovered))} were interrupted by a killed run; retrying them")
+        self.begin(remaining, deadline, workers)
+
+    def begin(self, remaining: int | None, deadline: float | None, workers: int = 1) -> None:
+        """The bar: trials this process adds (of ``remaining``), its workers, the time left."""
+        self._deadline = deadline
+        self._workers = workers
+        if not self.enabled or remaining == 0:
+            return
+        if self.stream.isatty():
+            self._bar = tqdm(total=remaining, file=self.stream, unit="trial", dynamic_ncols=True)
+            self._show()
+        else:
+            self._lines = (0, remaining)
+
+    def end(self) -> None:
+        """Close the bar (or end the per-trial lines)."""
+        with self._lock:
+            self._lines = None
+            if self._bar is not None:
+                self._bar.close()
+                self._bar = None
+
+    def note(self, text: str) -> None:
+        with self._lock:
+            if self._bar is not None:
+                self._bar.write(text, file=self.stream)
+            else:
+                print(text, file=self.stream)
+
+    def result(self, number: int, candidate: Candidate, result: TrialResult | None) -> None:
+        """A note for a candidate that failed or was infeasible (None: an earlier result reused);
+        without a terminal the trial's own line says it instead."""
+        if self._lines is not None:
+            return
+        if result is not None and result.outcome.is_failure:
+            self.note(f"trial {number} failed ({result.outcome.value}): {result.detail.splitlines()[0][:160]}")
+        elif result is not None and result.outcome is Outcome.INFEASIBLE:
+            self.note(f"trial {number} infeasible: {result.detail[:160]}")
+
+    def trial_done(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+        with self._lock:
+            self._trial_done(study, trial)
+
+    def _trial_done(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+        if self._bar is None and self._lines is None:
+            return
+        if self._best is None:  # once per run, so that a resumed study shows its earlier best
+            complete = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+            if complete:
+                first = min(complete, key=lambda t: t.values[0])
+                self._best = (first.values[0], first.number)
+        if trial.values and (self._best is None or trial.values[0] < self._best[0]):
+            self._best = (trial.values[0], trial.number)
+        if self._bar is not None:
+            self._bar.update(1)
+            self._show()
+        elif self._lines is not None:
+            done, total = self._lines[0] + 1, self._lines[1]
+            self._lines = (done, total)
+            value = f"{trial.values[0]:.4g} ms" if trial.values else _ended(trial)
+            counted = f"{done}/{total}" if total is not None else str(done)
+            print(f"trial {trial.number} ({counted}): {value}; {self._status()}", file=self.stream, flush=True)
+
+    def _status(self) -> str:
+        """The best so far, the workers, and the time left before --timeout."""
+        parts = [] if self._best is None else [f"best {self._best[0]:.4g} ms (trial {self._best[1]})"]
+        if self._workers > 1:
+            parts.append(f"{self._workers} workers")
+        if self._deadline is not None:
+            left = max(self._deadline - time.monotonic(), 0.0)
+            parts.append(f"{int(left // 3600)}h{int(left % 3600 // 60):02d}m{int(left % 60):02d}s left")
+        return ", ".join(parts)
+
+    def _show(self) -> None:
+        """The bar's postfix: :meth:`_status`."""
+        if self._bar is not None:
+            self._bar.set_postfix_str(self._status())
+
+    def quiet_finish(self, *_: Any, **__: Any) -> None:
+        """Close the bar and print nothing (for a caller that judges the study itself)."""
+        self.end()
+
+    def finish(self, summary: StudySummary, steps: list[str], note: str = "", took: str = "") -> None:
+        """The summary, the run's time by phase (``took``), and the commands worth running next
+        (extend, report, export)."""
+        self.end()
+        if note:
+            print(note, file=self.stream)
+        print(format_summary(summary), file=sys.stdout)
+        if took:
+            print(took, file=sys.stdout)
+        for step in steps:
+            print(step, file=sys.stdout)

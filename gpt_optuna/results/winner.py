@@ -1,0 +1,81 @@
+"""The study's decided winner, written into the study for readers outside gpt-optuna.
+
+gpt-optuna's own readers compute the winner from the study (:func:`summarize_study`); Optuna's
+own tools (optuna-dashboard, ``study.best_trial``) rank trials by their search values, which the
+confirmation may overturn. So whoever decides the winner (the end of a search, ``confirm``,
+``check``) writes it into the study's user attrs (``winner``: the trial, the measurement, both
+latencies, the speedup and its interval, the verdict), names the objectives, and, where
+optuna-dashboard is installed, leaves a note on the study and the winning trial. Optuna refuses
+user attrs on a finished trial, so the trial's mark is the dashboard's note.
+"""
+
+from __future__ import annotations
+
+import warnings
+from types import SimpleNamespace
+from typing import Any
+
+import optuna
+
+from gpt_optuna.results.export import figures_record
+from gpt_optuna.results.progress import headline
+from gpt_optuna.study.record import FINGERPRINT_ATTR
+from gpt_optuna.study.summary import StudySummary, summarize_study
+
+WINNER_ATTR = "winner"
+OBJECTIVE_NAMES = {"latency": "latency_ms", "error": "error", "memory": "memory_mib", "build_s": "build_s"}
+
+
+def objective_names(objectives: tuple[str, ...] | list[str], dry_run: bool) -> list[str]:
+    """The names of a study's objective values, in order (a dry run's first value is its build time)."""
+    names = [OBJECTIVE_NAMES[o] for o in objectives]
+    return ["build_s", *names[1:]] if dry_run else names
+
+
+def name_objectives(study: optuna.Study) -> None:
+    """Name the objective values as the study recorded them (optuna-dashboard shows these names)."""
+    recorded = study.user_attrs.get(FINGERPRINT_ATTR, {})
+    names = objective_names(recorded.get("objectives", ["latency"]), recorded.get("objective") == "build_s")
+    if study.metric_names != names:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            study.set_metric_names(names)
+
+
+def winner_record(summary: StudySummary) -> dict[str, Any] | None:
+    """The winner as the study records it: the trial, its figures and the verdict (None: no winner yet)."""
+    if summary.best is None:
+        return None
+    return {"trial": summary.best.number, **figures_record(summary, summary.best)}
+
+
+def record_winner(study: optuna.Study) -> StudySummary:
+    """Write the decided winner into the study (and optuna-dashboard's notes where it is installed)."""
+    name_objectives(study)
+    summary = summarize_study(study)
+    record = winner_record(summary)
+    before = study.user_attrs.get(WINNER_ATTR)
+    if record is not None and before != record:
+        study.set_user_attr(WINNER_ATTR, record)
+        _dashboard_notes(study, summary, before["trial"] if before else None)
+    return summary
+
+
+def _dashboard_notes(study: optuna.Study, summary: StudySummary, former: int | None) -> None:
+    """The verdict as a note on the study and on the winning trial (a former winner's is emptied)."""
+    try:
+        from optuna_dashboard import save_note
+    except ImportError:
+        return
+    assert summary.best is not None
+    text = headline(summary)
+    save_note(study, f"## gpt-optuna\n\n{text}\n\nThe winner is trial {summary.best.number}.")
+
+    def note(number: int, body: str) -> None:
+        # the note API reads only these three of a trial (optuna.Trial would call the sampler's hooks)
+        trial = SimpleNamespace(storage=study._storage, study=study, _trial_id=summary.trials[number]._trial_id)
+        save_note(trial, body)
+
+    if former is not None and former != summary.best.number and former < len(summary.trials):
+        note(former, "")
+    note(summary.best.number, f"## The study's winner\n\n{text}")

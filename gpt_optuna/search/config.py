@@ -1,0 +1,295 @@
+"""One TuneConfig: command-line flags and a TOML file map onto it, and it is validated up front."""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from gpt_optuna.backends import BACKENDS
+from gpt_optuna.core.errors import UserError
+from gpt_optuna.core.space import Value
+from gpt_optuna.evaluation.accuracy import DEFAULT_CRITERION, Criterion, parse_criterion
+from gpt_optuna.evaluation.measure import MeasureSettings
+from gpt_optuna.graph.feeds import absolute_spec
+from gpt_optuna.study.record import STUDIES
+
+SAMPLERS = ("tpe", "gp", "random", "nsga2")
+OBJECTIVES = ("latency", "error", "memory", "build_s")
+DEFAULT_N_TRIALS = 100
+DEFAULT_TRIAL_TIMEOUT_S = 600.0
+_DURATION_RE = re.compile(r"^(?:(?P<h>\d+(?:\.\d+)?)h)?(?:(?P<m>\d+(?:\.\d+)?)m)?(?:(?P<s>\d+(?:\.\d+)?)s?)?$")
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+def parse_duration(text: str | float | int) -> float:
+    """Seconds from ``8h``, ``30m``, ``1h30m``, ``90s`` or a plain number of seconds."""
+    if isinstance(text, int | float):
+        seconds = float(text)
+    else:
+        match = _DURATION_RE.match(text.strip())
+        if not text.strip() or not match or not any(match.groupdict().values()):
+            raise UserError(f"malformed duration {text!r}: use e.g. 8h, 30m, 1h30m, 90s or 90")
+        seconds = sum(float(match[u] or 0) * k for u, k in (("h", 3600), ("m", 60), ("s", 1)))
+    if seconds <= 0:
+        raise UserError(f"duration must be positive, got {text!r}")
+    return seconds
+
+
+GENERIC_STEMS = frozenset({"model", "inference", "infer", "saved_model", "export", "exported", "net", "network"})
+"""Model file names that many exporters write: the folder name tells such models apart."""
+
+
+def default_study_name(model: Path, backend: str) -> str:
+    """``<model>-<backend>``; a model with a generic name (``model.onnx``) is named by its folder too."""
+    short = backend.rpartition(":")[2].lower() if ":" in backend else backend
+    stem = model.stem
+    if stem.lower() in GENERIC_STEMS:
+        folder = re.sub(r"[^A-Za-z0-9._-]", "_", model.resolve().parent.name).lstrip("._-")
+        stem = f"{folder}-{stem}" if folder else stem
+    return f"{stem}-{short}"
+
+
+def default_storage(study_name: str) -> str:
+    return f"sqlite:///{STUDIES}/{study_name}.db"
+
+
+def absolute_storage(url: str) -> str:
+    """The storage URL with a relative SQLite or journal file made absolute: the same study from any folder."""
+    for prefix in ("sqlite:///", "journal:"):
+        rest = url.removeprefix(prefix)
+        if url.startswith(prefix) and rest and not rest.startswith(("/", ":memory:", "file:")):
+            return prefix + str(Path(rest).resolve())
+    return url
+
+
+def study_flags(storage: str, study_name: str) -> list[str]:
+    """``--storage URL --study-name NAME``: what names a study in a command run from any folder."""
+    return ["--storage", absolute_storage(storage), "--study-name", study_name]
+
+
+@dataclass
+class TuneConfig:
+    """Everything a tuning run needs, after defaults are filled in and values are checked."""
+
+    model: Path
+    backend: str = "onnxruntime"
+    accuracy: str = DEFAULT_CRITERION
+    inputs: Path | None = None
+    calibration: Path | None = None
+    shapes: list[str] = field(default_factory=list)
+    n_trials: int | None = None
+    timeout_s: float | None = None
+    trial_timeout_s: float = DEFAULT_TRIAL_TIMEOUT_S
+    storage: str | None = None
+    study_name: str | None = None
+    sampler: str = "tpe"
+    seed: int | None = None
+    dry_run: bool = False
+    confirm_top: int = 5
+    confirm_processes: int = 3
+    objectives: tuple[str, ...] = ("latency",)
+    measure: MeasureSettings = field(default_factory=MeasureSettings)
+    space: dict[str, Value | list[Value]] = field(default_factory=dict)
+    samples: int | None = None
+    """At most this many samples of --inputs are used."""
+    metric: str | None = None
+    """A user metric function, ``module:function`` or ``script.py:function``."""
+    seeds: list[tuple[dict[str, Value], str]] = field(default_factory=list)
+    """Configurations tried right after the baseline (fitted to the space), each with why."""
+    workers: int | None = None
+    """Evaluation workers in this process (default: one per --gpus entry, else one)."""
+    gpus: str | None = None
+    """``all`` or CUDA device indices (``0,1``): one worker pinned to each."""
+    artifacts: Path | None = None
+    """The artifact store's folder (default: the study folder's ``artifacts``); a shared one
+    lets workers on other hosts join."""
+    allow_mixed_gpus: bool = False
+    no_seeds: bool = False
+    """Do not try the backend's every-speed-feature-on candidate right after the baseline."""
+    warm_start: str | None = None
+    """Studies (comma-separated, or ``auto``) whose best configurations are tried first."""
+    folder: Path | None = None
+    """The study folder, where the study recorded one (default ``studies/<study-name>``)."""
+    allow_io_change: bool = False
+    """Let reduced-precision candidates take and return reduced-precision tensors (``keep_io_fp32``
+    is searched); by default every candidate keeps the model's input and output dtypes."""
+
+    def __post_init__(self) -> None:
+        if self.backend not in BACKENDS and ":" not in self.backend:
+            raise UserError(f"unknown backend {self.backend!r}; choose one of: {', '.join(BACKENDS)} (or module:Class)")
+        parse_criterion(self.accuracy, user_metrics=self.metric is not None)
+        if self.metric is not None:
+            self.metric = absolute_spec(self.metric)
+        if self.samples is not None and self.samples < 1:
+            raise UserError(f"--samples must be at least 1, got {self.samples}")
+        if self.sampler not in SAMPLERS:
+            raise UserError(f"unknown sampler {self.sampler!r}; choose one of: {', '.join(SAMPLERS)}")
+        if self.workers is not None and self.workers < 1:
+            raise UserError(f"--workers must be at least 1, got {self.workers}")
+        if self.n_trials is not None and self.n_trials < 1:
+            raise UserError(f"--n-trials must be at least 1, got {self.n_trials}")
+        if isinstance(self.objectives, str):
+            self.objectives = tuple(o.strip() for o in self.objectives.split(",") if o.strip())
+        self.objectives = tuple(self.objectives)
+        unknown = [o for o in self.objectives if o not in OBJECTIVES]
+        if unknown or "latency" not in self.objectives or len(set(self.objectives)) != len(self.objectives):
+            raise UserError(
+                f"--objectives {','.join(self.objectives)!r}: give latency and any of error, memory, build_s, once each"
+            )
+        self.objectives = ("latency", *[o for o in self.objectives if o != "latency"])
+        if self.dry_run and len(self.objectives) > 1:
+            raise UserError("--dry-run has one objective, the build time; drop --objectives")
+        if self.confirm_top < 0:
+            raise UserError(f"--confirm-top must be 0 (off) or more, got {self.confirm_top}")
+        if self.confirm_processes < 1:
+            raise UserError(f"--confirm-processes must be at least 1, got {self.confirm_processes}")
+        if self.n_trials is None and self.timeout_s is None:
+            self.n_trials = DEFAULT_N_TRIALS
+        if self.study_name is None:
+            self.study_name = default_study_name(self.model, self.backend)
+        if not _NAME_RE.match(self.study_name):
+            raise UserError(f"study name {self.study_name!r} may hold only letters, digits, '.', '_' and '-'")
+        if self.storage is None:
+            self.storage = default_storage(self.study_name)
+        if self.measure.target_rel_ci <= 0 or self.measure.budget_s <= 0:
+            raise UserError("[measure] target_rel_ci and budget_s must be positive")
+
+    @property
+    def criterion(self) -> Criterion:
+        return parse_criterion(self.accuracy, user_metrics=self.metric is not None)
+
+    @property
+    def workdir(self) -> Path:
+        """The study folder: cached inputs, reference outputs, transformed models, worker log."""
+        assert self.study_name is not None
+        return self.folder or STUDIES / self.study_name
+
+
+_TOML_KEYS = {
+    "model": "model",
+    "backend": "backend",
+    "accuracy": "accuracy",
+    "inputs": "inputs",
+    "calibration": "calibration",
+    "shape": "shapes",
+    "shapes": "shapes",
+    "n_trials": "n_trials",
+    "timeout": "timeout_s",
+    "trial_timeout": "trial_timeout_s",
+    "storage": "storage",
+    "study_name": "study_name",
+    "sampler": "sampler",
+    "seed": "seed",
+    "dry_run": "dry_run",
+    "confirm_top": "confirm_top",
+    "confirm_processes": "confirm_processes",
+    "objectives": "objectives",
+    "samples": "samples",
+    "metric": "metric",
+    "workers": "workers",
+    "gpus": "gpus",
+    "artifacts": "artifacts",
+    "allow_mixed_gpus": "allow_mixed_gpus",
+    "no_seeds": "no_seeds",
+    "warm_start": "warm_start",
+    "allow_io_change": "allow_io_change",
+}
+
+
+_TEXT, _INT, _DURATION, _FLAG = "a string", "an integer", 'a duration (e.g. "8h" or seconds)', "true or false"
+_TOML_TYPES: dict[str, tuple[str, tuple[type, ...]]] = {
+    "model": (_TEXT, (str,)),
+    "backend": (_TEXT, (str,)),
+    "accuracy": (_TEXT, (str,)),
+    "inputs": (_TEXT, (str,)),
+    "calibration": (_TEXT, (str,)),
+    "shapes": ("a string or a list of strings", (str, list)),
+    "n_trials": (_INT, (int,)),
+    "timeout_s": (_DURATION, (str, int, float)),
+    "trial_timeout_s": (_DURATION, (str, int, float)),
+    "storage": (_TEXT, (str,)),
+    "study_name": (_TEXT, (str,)),
+    "sampler": (_TEXT, (str,)),
+    "seed": (_INT, (int,)),
+    "dry_run": (_FLAG, (bool,)),
+    "confirm_top": (_INT, (int,)),
+    "confirm_processes": (_INT, (int,)),
+    "objectives": ("a string or a list of strings", (str, list)),
+    "samples": (_INT, (int,)),
+    "metric": (_TEXT, (str,)),
+    "workers": (_INT, (int,)),
+    "gpus": (_TEXT, (str,)),
+    "artifacts": (_TEXT, (str,)),
+    "allow_mixed_gpus": (_FLAG, (bool,)),
+    "no_seeds": (_FLAG, (bool,)),
+    "warm_start": (_TEXT, (str,)),
+    "allow_io_change": (_FLAG, (bool,)),
+}
+
+
+def _check_type(path: Path, key: str, value: Any, expected: str, types: tuple[type, ...]) -> None:
+    """One line naming the key when a TOML value has the wrong type (a bool is no number here)."""
+    if isinstance(value, bool) and bool not in types or not isinstance(value, types):
+        raise UserError(f"{path}: {key} must be {expected}, got {value!r}")
+    if isinstance(value, list) and not all(isinstance(v, str) for v in value):
+        raise UserError(f"{path}: {key} must be {expected}, got {value!r}")
+
+
+def _measure(path: Path, value: Any) -> MeasureSettings:
+    if not isinstance(value, dict):
+        raise UserError(f"{path}: [measure] must be a table, e.g. [measure] budget_s = 2.0; got {value!r}")
+    known = {f.name: f.type for f in fields(MeasureSettings)}
+    unknown = sorted(set(value) - set(known))
+    if unknown:
+        raise UserError(f"{path}: unknown [measure] key {unknown[0]!r}; known: {', '.join(sorted(known))}")
+    for key, item in value.items():
+        kind = known[key]
+        wanted = (bool,) if kind == "bool" else (int,) if kind == "int" else (int, float)
+        _check_type(path, f"[measure] {key}", item, {"bool": _FLAG, "int": _INT}.get(str(kind), "a number"), wanted)
+    return MeasureSettings(**value)
+
+
+def _is_loader(value: str, folder: Path) -> bool:
+    """A ``module:function`` data loader rather than a file or folder."""
+    return ":" in value and not (folder / value).exists() and not Path(value).exists()
+
+
+def read_toml(path: Path) -> dict[str, Any]:
+    """Read a tune.toml into TuneConfig keyword arguments (flags given on the command line win)."""
+    if not path.is_file():
+        raise UserError(f"config file not found: {path}")
+    try:
+        data = tomllib.loads(path.read_text())
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise UserError(f"{path} is not valid TOML: {exc}") from exc
+    values: dict[str, Any] = {}
+    for raw_key, value in data.items():
+        key = raw_key.replace("-", "_")
+        if key == "measure":
+            values["measure"] = _measure(path, value)
+        elif key == "space":
+            if not isinstance(value, dict):
+                raise UserError(f"{path}: [space] must be a table of knob = values; got {value!r}")
+            values["space"] = dict(value)
+        elif key in _TOML_KEYS:
+            expected, types = _TOML_TYPES[_TOML_KEYS[key]]
+            _check_type(path, raw_key, value, expected, types)
+            values[_TOML_KEYS[key]] = value
+        else:
+            raise UserError(f"{path}: unknown key {raw_key!r}")
+    for key in ("timeout_s", "trial_timeout_s"):
+        if key in values:
+            values[key] = parse_duration(values[key])
+    if "artifacts" in values:
+        values["artifacts"] = path.parent / values["artifacts"]
+    for key in ("model", "inputs", "calibration"):
+        if key in values and not _is_loader(values[key], path.parent):
+            values[key] = (path.parent / values[key]) if not Path(values[key]).is_absolute() else Path(values[key])
+        elif key in values:
+            values[key] = Path(values[key])
+    if isinstance(values.get("shapes"), str):
+        values["shapes"] = [values["shapes"]]
+    return values

@@ -1,0 +1,154 @@
+"""``gpt-optuna worker``: join a study's search from any host that reaches its storage.
+
+Everything the worker needs comes from the study: the model's hash, backend, criterion, shapes
+and metric (its fingerprint), the whole space, the latency protocol, the sampler and the trial
+target; the inputs, reference outputs and calibration samples come from the study's artifact
+store. Only the model file is the host's own, and it must have the recorded hash.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import optuna
+from optuna.artifacts import FileSystemArtifactStore
+
+from gpt_optuna.core import interrupts
+from gpt_optuna.core.errors import UserError
+from gpt_optuna.core.space import Space
+from gpt_optuna.graph.model import load_model_info
+from gpt_optuna.results.progress import Progress, format_summary
+from gpt_optuna.search.config import DEFAULT_TRIAL_TIMEOUT_S
+from gpt_optuna.search.finalists import template_from_study
+from gpt_optuna.search.lanes import (
+    TrialBudget,
+    check_devices,
+    lane_gpus,
+    make_lanes,
+    measured_on,
+    open_workers,
+    run_lanes,
+    study_device,
+    warming,
+)
+from gpt_optuna.search.objective import OWNER, Objective
+from gpt_optuna.search.sampling_choice import make_sampler
+from gpt_optuna.study.artifacts import artifact_folder, fetch
+from gpt_optuna.study.record import FINGERPRINT_ATTR, SEARCH_ATTR, SPACE_ATTR, STUDIES
+from gpt_optuna.study.recovery import tuner_presence
+from gpt_optuna.study.storage import load_study, open_storage
+from gpt_optuna.study.summary import finished_count, summarize_study
+
+
+@dataclass(frozen=True)
+class JoinConfig:
+    """What ``gpt-optuna worker`` is told; the rest is read from the study."""
+
+    storage: str
+    study_name: str
+    model: Path | None = None
+    n_trials: int | None = None
+    timeout_s: float | None = None
+    artifacts: Path | None = None
+    workers: int | None = None
+    gpus: str | None = None
+    allow_mixed_gpus: bool = False
+
+
+def checked_model(recorded: dict[str, object], given: Path | None) -> Path:
+    """The model file this worker runs: ``given`` or the recorded path, with the recorded hash."""
+    path = given or Path(str(recorded["model"]))
+    if not path.is_file():
+        raise UserError(f"no model file at {path}" + ("" if given else " (the path the study recorded): give --model"))
+    if load_model_info(path).sha256 != recorded["model_sha256"]:
+        raise UserError(
+            f"{path} is not the study's model (its content hash differs from "
+            f"{str(recorded['model_sha256'])[:12]}): give the same file with --model"
+        )
+    return path
+
+
+def join(config: JoinConfig, progress: Progress) -> int:
+    """Search with this host's workers until the study holds its target of trials."""
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    logging.getLogger("optuna").setLevel(logging.ERROR)
+    interrupts.install()
+    if config.n_trials is not None and config.n_trials < 1:
+        raise UserError(f"--n-trials must be at least 1, got {config.n_trials}")
+    started = time.monotonic()
+    storage = open_storage(config.storage, create=False)
+    study = load_study(storage, config.study_name)
+    recorded = study.user_attrs.get(FINGERPRINT_ATTR)
+    if recorded is None or SPACE_ATTR not in study.user_attrs:
+        raise UserError(f"study {config.study_name!r} has no search to join: start it with gpt-optuna tune")
+    if recorded.get("objective") == "build_s":
+        raise UserError(f"study {config.study_name!r} is a dry run: workers join searches that measure latency")
+    model = checked_model(recorded, config.model)
+    workdir = STUDIES / config.study_name
+    store = artifact_folder(study, config.artifacts)
+    fetch(study, store, workdir)
+    job = template_from_study(study, model, workdir)
+    space = Space.from_record(study.user_attrs[SPACE_ATTR])
+    search = study.user_attrs.get(SEARCH_ATTR, {})
+    target = config.n_trials or search.get("n_trials")
+    sampler = make_sampler(search.get("sampler", "tpe"), None, space)
+    notes: list[str] = []
+    with contextlib.ExitStack() as stack:
+        log = f"worker-{OWNER.replace(':', '-')}"  # apart from a tuner's logs in the same folder
+        gpus = lane_gpus(config.workers, config.gpus, workdir / f"{log}.log")
+        workers = open_workers(stack, gpus, workdir, log)
+        with warming(workers, recorded["backend"]) as names:
+            pass  # nothing to do meanwhile: the names are there once every worker has started
+        lanes = make_lanes(workers, gpus, names, space)
+        stack.enter_context(tuner_presence(workdir))  # a tuner starting on this host leaves our trials be
+        versions = recorded.get("versions", {})
+        creator = measured_on(versions["gpu"], space) if "gpu" in versions else None
+        notes += check_devices(lanes, study_device(study) or creator, config.allow_mixed_gpus)
+        done = finished_count(study)
+        remaining = None if target is None else max(target - done, 0)
+        deadline = search_deadline(
+            search.get("ends_at"), None if config.timeout_s is None else started + config.timeout_s
+        )
+        progress.note(
+            f"joining study {config.study_name} in {config.storage} ({done} trials done"
+            + (f" of {target}" if target else "")
+            + f"); {len(lanes)} worker{'s' if len(lanes) > 1 else ''} on {lanes[0].device}"
+        )
+        for note in notes:
+            progress.note(note)
+        timeout = search.get("trial_timeout_s", DEFAULT_TRIAL_TIMEOUT_S)
+        artifacts = FileSystemArtifactStore(store)
+        objective = Objective(
+            space, job, timeout, artifacts, progress.result, _objectives(recorded), note=progress.note
+        )
+        progress.begin(remaining, deadline, len(lanes))
+        try:
+            budget = TrialBudget(study, target, deadline)
+            run_lanes(config.study_name, storage, sampler, lanes, objective, budget, progress.trial_done)
+        except (KeyboardInterrupt, UserError) as exc:
+            progress.end()
+            if isinstance(exc, UserError):
+                raise
+            print(format_summary(summarize_study(study)))
+            return interrupts.exit_code()
+    progress.end()
+    mine = sum(1 for t in study.get_trials(deepcopy=False) if t.user_attrs.get("owner") == OWNER)
+    print(format_summary(summarize_study(study)))
+    print(f"this host's workers evaluated {mine} trials in {time.monotonic() - started:.1f} s")
+    return 0
+
+
+def search_deadline(ends_at: float | None, own: float | None) -> float | None:
+    """When this worker stops (``time.monotonic``): at its own ``--timeout`` or when the search it
+    joined ends (``ends_at``, wall-clock time, where the tuner had a ``--timeout``), whichever is first."""
+    shared = None if ends_at is None else time.monotonic() + ends_at - time.time()
+    return min((d for d in (shared, own) if d is not None), default=None)
+
+
+def _objectives(recorded: dict[str, object]) -> tuple[str, ...]:
+    objectives = recorded.get("objectives") or ["latency"]
+    return tuple(str(o) for o in objectives)  # type: ignore[union-attr]

@@ -1,0 +1,341 @@
+"""Several evaluation workers on one study: one thread per worker, each driving its own worker
+process pinned to its GPU, all drawing on one trial budget that other processes share too.
+
+A study ends with exactly its target of trials that hold a result, however many workers on
+however many hosts search it: a worker starts a trial only while the study's finished and running
+trials fall short of the target, and waits (rather than leaves) while the last ones run, in case
+one of them is interrupted and its candidate comes back to the queue.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import threading
+import time
+import warnings
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from gpt_optuna.core import interrupts
+from gpt_optuna.core.errors import UserError, environment_fault
+from gpt_optuna.core.space import Space
+from gpt_optuna.evaluation.jobs import WarmUpJob, gpu_names
+from gpt_optuna.evaluation.worker import Worker
+from gpt_optuna.search.objective import OWNER, CandidateFailed, Objective, SearchTimeUp
+from gpt_optuna.search.time_budget import trial_seconds
+from gpt_optuna.study.recovery import fail_as_interrupted, recover_interrupted, retry_trial
+from gpt_optuna.study.taxonomy import has_own_result, is_interrupted, retried_numbers
+
+WAIT_S = 1.0
+"""How often a worker with nothing to start looks at the study again."""
+WARM_UP_S = 300.0
+
+
+@dataclass(frozen=True)
+class Lane:
+    """One evaluation worker: its process, the GPU it is pinned to (``CUDA_VISIBLE_DEVICES``;
+    None: the default device) and the name of the device its trials are measured on."""
+
+    index: int
+    worker: Worker
+    gpu: str | None
+    device: str
+
+    @property
+    def worker_id(self) -> str:
+        return f"{OWNER}/{self.index}"
+
+
+def runs_on_cpu(space: Space) -> bool:
+    """Whether the space's candidates run on the CPU (ONNX Runtime's CPU provider) by default."""
+    return space.default().get("provider") == "CPUExecutionProvider"
+
+
+def measured_on(gpu: str, space: Space) -> str:
+    """The device trials are measured on: the GPU's name (``none`` where there is none), or
+    ``cpu`` where the space's candidates run there."""
+    return "cpu" if gpu == "none" or runs_on_cpu(space) else gpu
+
+
+def pinned(gpu: str | None) -> dict[str, str]:
+    """The environment that pins a worker process to one GPU."""
+    return {} if gpu is None else {"CUDA_VISIBLE_DEVICES": gpu}
+
+
+def lane_gpus(workers: int | None, gpus: str | None, log: Path) -> list[str | None]:
+    """The GPU of each worker (None: the default device).
+
+    ``gpus`` is ``all`` or a comma-separated list of CUDA device indices; each listed GPU gets
+    one worker, or ``workers`` are spread over them in turn.
+    """
+    if workers is not None and workers < 1:
+        raise UserError(f"--workers must be at least 1, got {workers}")
+    if gpus is None:
+        return [None] * (workers or 1)
+    with Worker(log) as probe:
+        names = probe.run(gpu_names, 120.0)
+    if not names:
+        raise UserError("--gpus: no GPU is visible here (no CUDA driver, device or CuPy)")
+    if gpus.strip() == "all":
+        listed = [str(i) for i in range(len(names))]
+    else:
+        listed = [g.strip() for g in gpus.split(",") if g.strip()]
+        known = ", ".join(f"{i} {n}" for i, n in enumerate(names))
+        bad = [g for g in listed if not g.isdigit() or int(g) >= len(names)]
+        if not listed or bad:
+            raise UserError(f"--gpus {gpus!r}: no GPU {bad[0] if bad else repr(gpus)} here; this host has {known}")
+        if len(set(listed)) != len(listed):
+            raise UserError(f"--gpus {gpus!r} lists a GPU twice")
+    count = workers or len(listed)
+    return [listed[i % len(listed)] for i in range(count)]
+
+
+def open_workers(stack: contextlib.ExitStack, gpus: Sequence[str | None], log_dir: Path, log_name: str) -> list[Worker]:
+    """One worker process per entry of ``gpus``, pinned to it, logging to ``log_dir/<log_name>.log``
+    (the first) and ``<log_name>-<index>.log``."""
+    return [
+        stack.enter_context(Worker(log_dir / (f"{log_name}-{index}.log" if index else f"{log_name}.log"), pinned(gpu)))
+        for index, gpu in enumerate(gpus)
+    ]
+
+
+@contextlib.contextmanager
+def warming(workers: Sequence[Worker], backend: str) -> Iterator[list[str]]:
+    """Start ``workers`` and load the backend in each, in the background while the block runs
+    (the first trial of a cold worker would otherwise pay for it); yields the list that then holds
+    the name of each one's GPU (``none`` without one)."""
+    names: list[str] = []
+    with concurrent.futures.ThreadPoolExecutor(max(len(workers), 1)) as pool:
+        futures = [pool.submit(worker.run, WarmUpJob(backend), WARM_UP_S) for worker in workers]
+        yield names
+        names += [future.result() for future in futures]
+
+
+def started_in(worker: Worker, backend: str) -> float:
+    """Start ``worker`` with the backend loaded; the seconds that took (what a fresh process costs)."""
+    start = time.monotonic()
+    worker.run(WarmUpJob(backend), WARM_UP_S)
+    return time.monotonic() - start
+
+
+def make_lanes(workers: Sequence[Worker], gpus: Sequence[str | None], names: Sequence[str], space: Space) -> list[Lane]:
+    """The lanes of ``workers``, each measuring on its GPU (``names``), or on the CPU."""
+    return [
+        Lane(index, worker, gpu, measured_on(name, space))
+        for index, (worker, gpu, name) in enumerate(zip(workers, gpus, names, strict=True))
+    ]
+
+
+def check_devices(lanes: Sequence[Lane], study_device: str | None, allow_mixed: bool) -> list[str]:
+    """Refuse workers whose devices differ from each other or from the study's (latencies of
+    different GPU models are never ranked together) unless ``allow_mixed``; warnings to show."""
+    devices = sorted({lane.device for lane in lanes})
+    mixed = len(devices) > 1 or (study_device is not None and devices != [study_device])
+    if mixed and not allow_mixed:
+        seen = ", ".join(devices)
+        where = f"; the study was measured on {study_device}" if study_device and devices != [study_device] else ""
+        raise UserError(
+            f"workers on different devices ({seen}{where}): their latencies cannot be ranked together; "
+            "use GPUs of one model, or --allow-mixed-gpus"
+        )
+    shared: dict[str | None, int] = {}
+    for lane in lanes:
+        shared[lane.gpu] = shared.get(lane.gpu, 0) + 1
+    crowded = [gpu for gpu, count in shared.items() if count > 1]
+    if not crowded:
+        return []
+    which = "the default device" if crowded == [None] else f"GPU {', '.join(str(g) for g in crowded)}"
+    return [
+        f"warning: {len(lanes)} workers share {which}: candidates timed at the same moment on one device "
+        "disturb each other's latency; give each worker its own GPU with --gpus"
+    ]
+
+
+def study_device(study: optuna.Study) -> str | None:
+    """The device the study's baseline was measured on (None before it ran)."""
+    trials = study.get_trials(deepcopy=False)
+    retried = retried_numbers(trials)
+    baseline = next((t for t in trials if t.user_attrs.get("baseline") and has_own_result(t, retried)), None)
+    return None if baseline is None else baseline.user_attrs.get("gpu")
+
+
+class TrialBudget:
+    """Which trials this process may start: while the study holds fewer finished and running
+    trials than ``target`` (None: no limit) and while one more trial (as long as the longest of the
+    last ones) and the time ``kept`` for after the search fit before ``deadline`` (``time.monotonic``)."""
+
+    def __init__(
+        self,
+        study: optuna.Study,
+        target: int | None,
+        deadline: float | None,
+        kept: Callable[[], float] = lambda: 0.0,
+    ) -> None:
+        self.study = study
+        self.target = target
+        self.deadline = deadline
+        self.kept = kept
+        self._lock = threading.Lock()
+        self._starting = 0  # claimed by a worker of this process, whose trial may not be in the storage yet
+        self._stopped = threading.Event()
+
+    def stop(self) -> None:
+        self._stopped.set()
+
+    def claim(self) -> bool:
+        """Whether a worker may start one more trial; waits while the study's last trials run."""
+        while True:
+            with self._lock:
+                if self._stopped.is_set():
+                    return False
+                finished, running, longest = self._counts()
+                if self.deadline is not None and time.monotonic() + longest + self.kept() >= self.deadline:
+                    return False
+                if self.target is None or finished + running + self._starting < self.target:
+                    self._starting += 1
+                    return True
+                if finished >= self.target:
+                    return False
+            interrupts.check()
+            time.sleep(WAIT_S)
+
+    def started(self) -> None:
+        """The claimed trial is in the storage, RUNNING, named as this process's."""
+        with self._lock:
+            self._starting -= 1
+
+    def search_left(self) -> float | None:
+        """Seconds left for the search: before the deadline, less the time kept for after it."""
+        return None if self.deadline is None else self.deadline - self.kept() - time.monotonic()
+
+    def _counts(self) -> tuple[int, int, float]:
+        """Trials holding a result, trials running (in any process), and how long the longest of
+        the last evaluated ones took. Trials of dead processes are recovered first."""
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            optuna.storages.fail_stale_trials(self.study)  # a lost host, where the storage keeps heartbeats
+        recover_interrupted(self.study)  # a dead process on this host
+        trials = self.study.get_trials(deepcopy=False)
+        retried = retried_numbers(trials)
+        finished = sum(1 for t in trials if has_own_result(t, retried))
+        running = sum(1 for t in trials if t.state is TrialState.RUNNING)
+        return finished, running, trial_seconds(trials)
+
+
+def run_lanes(
+    study_name: str,
+    storage: optuna.storages.BaseStorage,
+    sampler: optuna.samplers.BaseSampler,
+    lanes: Sequence[Lane],
+    objective: Objective,
+    budget: TrialBudget,
+    on_trial: Callable[[optuna.Study, FrozenTrial], None],
+) -> None:
+    """Search with every lane at once until the budget is spent, telling ``on_trial`` as each trial
+    ends. After an error (a Ctrl-C before any other), once every lane has stopped, the trials it
+    stopped are queued again and it is raised."""
+    errors: list[BaseException] = []
+
+    def lane_main(lane: Lane) -> None:
+        study = optuna.load_study(study_name=study_name, storage=storage, sampler=sampler)
+        began: list[int] = []
+
+        def evaluate(trial: optuna.Trial) -> Any:
+            budget.started()
+            began.append(trial.number)
+            return objective(trial, lane)
+
+        try:
+            while budget.claim():
+                began.clear()
+                try:
+                    study.optimize(evaluate, n_trials=1, catch=(CandidateFailed,), callbacks=[on_trial, stop_on_ctrl_c])
+                finally:
+                    if not began:  # no trial was started after all
+                        budget.started()
+                if objective.space_exhausted:
+                    budget.stop()
+        except SearchTimeUp:  # a trial ran into the time kept for after the search: it is queued again
+            budget.stop()
+        except BaseException as exc:
+            errors.append(with_trial_fate(study, began, exc))
+            budget.stop()
+
+    ended = [threading.Event() for _ in lanes]
+
+    def lane_thread(lane: Lane, done: threading.Event) -> None:
+        try:
+            lane_main(lane)
+        finally:
+            done.set()
+
+    threads = [
+        threading.Thread(target=lane_thread, args=(lane, done), name=f"worker-{lane.index}")
+        for lane, done in zip(lanes, ended, strict=True)
+    ]
+    for thread in threads:
+        thread.start()
+    try:
+        _wait_all(ended)
+    except KeyboardInterrupt as exc:
+        budget.stop()  # the workers see the press themselves (interrupts.check) and stop their trials
+        _wait_all(ended)
+        errors.insert(0, exc)
+    finally:
+        for thread in threads:
+            thread.join()
+    trials = budget.study.get_trials(deepcopy=False)
+    for number in objective.interrupted:  # the next run (or another worker) retries them
+        retry_trial(budget.study, trials[number])
+    objective.interrupted.clear()
+    if errors:
+        raise next((e for e in errors if isinstance(e, KeyboardInterrupt)), errors[0])
+
+
+def with_trial_fate(study: optuna.Study, began: list[int], exc: BaseException) -> BaseException:
+    """A fault of the machine (a full disk) that stopped a trial, as one line that says what became
+    of the trial: failed as interrupted (the next run retries it), or left running where even that
+    could not be written (``status`` names it; the next run fails and retries it). Other errors as
+    they are."""
+    fault = environment_fault(exc)
+    if fault is None or not began:
+        return exc
+    number = began[-1]
+    try:
+        trials = study.get_trials(deepcopy=False)
+        trial = next(t for t in trials if t.number == number)
+        if trial.state is TrialState.RUNNING:
+            marked = fail_as_interrupted(study, trial, f"stopped: {fault}")
+            fate = f"trial {number} " + (
+                "was marked as interrupted; the next run retries it" if marked else "was ended by another process"
+            )
+        elif is_interrupted(trial, retried_numbers(trials)):
+            fate = f"trial {number} was stopped before its result was kept; the next run retries it"
+        else:
+            fate = f"trial {number} had ended ({trial.state.name.lower()})"
+    except Exception:
+        fate = (
+            f"trial {number} is left running (the study could not be written): status names it, and the next run"
+            " fails and retries it"
+        )
+    error = UserError(f"{fault}; {fate}")
+    error.__cause__ = exc
+    return error
+
+
+def stop_on_ctrl_c(*_: object) -> None:
+    interrupts.check()
+
+
+def _wait_all(events: Sequence[threading.Event]) -> None:
+    """Wait until every event is set. (Not ``Thread.join``: a Ctrl-C inside a join can leave the
+    thread looking finished while it runs on.)"""
+    for event in events:
+        while not event.wait(0.2):
+            pass

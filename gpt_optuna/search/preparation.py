@@ -1,0 +1,278 @@
+"""Before a search: the model, inputs and reference outputs, the space the engine offers, the fingerprint."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import tempfile
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import optuna
+
+from gpt_optuna.core.errors import UserError
+from gpt_optuna.core.space import Space
+from gpt_optuna.evaluation.jobs import EvaluateJob, SpaceJob
+from gpt_optuna.evaluation.worker import JobFailure, Worker
+from gpt_optuna.graph import feeds as feeds_io
+from gpt_optuna.graph import model as model_io
+from gpt_optuna.graph.precision import QUANTIZED
+from gpt_optuna.search.config import TuneConfig
+from gpt_optuna.search.space_check import check_space
+from gpt_optuna.study.artifacts import CALIBRATION_FILE, INPUTS_FILE, REFERENCE_FILE
+from gpt_optuna.study.resume import recorded_fingerprint, refuse_if_different
+
+SPACE_TIMEOUT_S = 300.0
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """The user's model and data (one sample or many), checked and in memory, with the fp32
+    reference outputs of each sample: nothing written anywhere yet."""
+
+    info: model_io.ModelInfo
+    shapes: dict[str, model_io.ShapeRange]
+    samples: list[model_io.Feeds]
+    references: list[model_io.Feeds]
+
+    @functools.cached_property
+    def inputs_sha256(self) -> str:
+        return feeds_io.samples_sha256(self.samples)
+
+    @property
+    def shapes_record(self) -> dict[str, list[list[int]]]:
+        return {name: [list(r.min), list(r.opt), list(r.max)] for name, r in self.shapes.items()}
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """The model the candidates run (a working copy where its dimensions needed names) and the
+    discovered, checked search space; the study folder caches inputs, reference and calibration."""
+
+    inputs: Inputs
+    working: model_io.ModelInfo
+    space: Space
+    versions: dict[str, str]
+    calibration_sha256: str = ""
+
+
+def load_inputs(config: TuneConfig, notes: list[str]) -> Inputs:
+    """The checked model, every input's shape range, the input data (given or generated) and the
+    fp32 reference outputs; warnings go to ``notes``. Reads only."""
+    info = model_io.load_model_info(config.model)
+    feeds_io.check_numeric_inputs(info)
+    shapes = model_io.parse_shapes(config.shapes)
+    if config.inputs is not None:
+        samples = feeds_io.load_samples(config.inputs, info, shapes, config.samples)
+        shapes = {n: shapes.get(n, model_io.ShapeRange.fixed(tuple(a.shape))) for n, a in samples[0].items()}
+    else:
+        shapes = model_io.resolve_shapes(info, shapes)
+        samples = [feeds_io.synthetic_feeds(info, shapes)]
+        notes.append(
+            "warning: no --inputs: accuracy is judged on one batch of generated N(0, 1) data, which says little"
+            " about real inputs; give real samples with --inputs (an .npz, a folder of them, or module:function)"
+        )
+    references = [feeds_io.reference_outputs(info, feeds) for feeds in samples]
+    feeds_io.check_reference(references, generated=config.inputs is None, notes=notes)
+    config.criterion.check_applicable(references[0])
+    if config.metric is not None:
+        metric = feeds_io.load_function(config.metric, "--metric")
+        config.criterion.check_user_metrics(call_metric(metric, references, references, samples))
+    return Inputs(info, shapes, samples, references)
+
+
+def call_metric(
+    metric: Callable[..., Any],
+    outputs: list[model_io.Feeds],
+    references: list[model_io.Feeds],
+    inputs: list[model_io.Feeds],
+) -> dict[str, Any]:
+    """The user's metric function on all samples; its failure is the user's to see, in one line."""
+    try:
+        return dict(metric(outputs, references, inputs))
+    except Exception as exc:
+        raise UserError(f"the --metric function failed on the reference outputs: {type(exc).__name__}: {exc}") from exc
+
+
+SLOW_STEP_S = 3.0
+"""A step of the preparation still going after this long says what it does."""
+
+
+def discover_space(
+    config: TuneConfig,
+    worker: Worker,
+    inputs: Inputs,
+    working: model_io.ModelInfo,
+    workdir: Path,
+    notes: list[str],
+    say: Callable[[str], None],
+) -> tuple[Space, dict[str, str], str]:
+    """The backend's search space (found in the worker process) with the ``[space]`` overrides,
+    each graph transform it offers made and loaded once (:func:`check_space`); the space, the
+    library versions and the calibration data's hash (empty without int8/fp8). Transformed
+    models and the calibration data are kept in ``workdir``; what was dropped goes to ``notes``."""
+    slow = threading.Timer(
+        SLOW_STEP_S, say, ["finding the search space (a transformer's fusion takes a while on a large graph) ..."]
+    )
+    slow.start()
+    try:
+        job = SpaceJob(config.backend, working, inputs.shapes, workdir / "models", config.allow_io_change)
+        space, versions, left_out = worker.run(job, SPACE_TIMEOUT_S)
+    except JobFailure as failure:
+        raise UserError(f"backend {config.backend!r} could not describe its search space: {failure}") from None
+    finally:
+        slow.cancel()
+    notes += left_out
+    space = space.with_overrides(config.space)
+    calibration_sha256 = ""
+    if set(space.choices("precision")) & set(QUANTIZED):
+        samples = calibration_samples(config, inputs, notes)
+        calibration_sha256 = feeds_io.feeds_sha256(samples)
+        feeds_io.cache_npz(workdir / CALIBRATION_FILE, samples, calibration_sha256)
+    template = EvaluateJob.in_study(
+        workdir,
+        config.backend,
+        working,
+        inputs.shapes,
+        config.criterion,
+        config.measure,
+        space.defaults(),
+        config.dry_run,
+        config.metric,
+    )
+    space = remembered_check(space, template, worker, config, versions, calibration_sha256, notes, say)
+    return space, versions, calibration_sha256
+
+
+def remembered_check(
+    space: Space,
+    template: EvaluateJob,
+    worker: Worker,
+    config: TuneConfig,
+    versions: dict[str, str],
+    calibration_sha256: str,
+    notes: list[str],
+    say: Callable[[str], None],
+) -> Space:
+    """:func:`check_space`, remembered in the study folder under a key of what decides it (the
+    working model's hash, the backend, the library versions and GPU, the space before the check,
+    the shapes, the calibration data, the trial timeout): a resume with the same of each reuses it
+    and its notes, and so does ``gpt-optuna space`` beside the study (it writes its own elsewhere)."""
+    decided_by = {
+        "model": template.model.sha256,
+        "backend": config.backend,
+        "versions": versions,
+        "space": space.to_record(),
+        "shapes": {name: [list(r.min), list(r.opt), list(r.max)] for name, r in template.shapes.items()},
+        "calibration": calibration_sha256,
+        "trial_timeout_s": config.trial_timeout_s,
+    }
+    key = hashlib.sha256(json.dumps(decided_by, sort_keys=True, default=str).encode()).hexdigest()[:24]
+    name = f"space-check-{key}.json"
+    path = template.workdir / name
+    if not path.is_file() and (config.workdir / name).is_file():  # `space` beside a study made before
+        path = config.workdir / name
+    if path.is_file():
+        try:
+            kept = json.loads(path.read_text())
+            checked = Space.from_record(kept["space"])
+        except (ValueError, KeyError, TypeError):  # a damaged file: check again (and write it anew)
+            pass
+        else:
+            say(f"checking the space: as checked before ({path.name}) for this model, backend, versions and GPU")
+            notes += kept["notes"]
+            return checked
+    found: list[str] = []
+    checked = check_space(space, template, worker, config.trial_timeout_s, found.append, say)
+    notes += found
+    path = template.workdir / name
+    partial = path.with_name(path.name + ".tmp")
+    partial.write_text(json.dumps({"decided_by": decided_by, "space": checked.to_record(), "notes": found}))
+    partial.replace(path)
+    return checked
+
+
+def offered_space(config: TuneConfig, notes: list[str], say: Callable[[str], None]) -> tuple[Space, dict[str, str]]:
+    """The space a search of ``config`` would have, with the library versions: found and checked
+    as :func:`tune` does, in a scratch folder removed afterwards."""
+    inputs = load_inputs(config, notes)
+    with tempfile.TemporaryDirectory() as tmp, Worker(Path(tmp) / "worker.log") as worker:
+        working = model_io.with_distinct_dims(inputs.info, Path(tmp) / "models")
+        space, versions, _ = discover_space(config, worker, inputs, working, Path(tmp), notes, say)
+    return space, versions
+
+
+def check_resumable(storage: optuna.storages.BaseStorage, config: TuneConfig, inputs: Inputs) -> None:
+    """Refuse, before anything is written, to resume a study made with another model, data, shapes,
+    criterion, backend or objective (the space is compared once it is discovered)."""
+    assert config.study_name is not None
+    recorded = recorded_fingerprint(storage, config.study_name)
+    if recorded is None:
+        return
+    now = run_identity(config, inputs)
+    if recorded.get("calibration_sha256"):
+        now["calibration_sha256"] = feeds_io.feeds_sha256(calibration_samples(config, inputs, []))
+    refuse_if_different(config.study_name, {k: recorded.get(k) for k in now}, now)
+
+
+def prepare(
+    config: TuneConfig, worker: Worker, inputs: Inputs, notes: list[str], say: Callable[[str], None]
+) -> Prepared:
+    """Cache the inputs and reference outputs in the study folder (only when missing or stale),
+    make the working copy of the model, and discover and check the space (telling ``say``)."""
+    workdir = config.workdir
+    key = f"samples:{inputs.info.sha256}:{inputs.inputs_sha256}"  # stacked on a sample axis
+    feeds_io.cache_npz(workdir / INPUTS_FILE, feeds_io.stack(inputs.samples), key)
+    feeds_io.cache_npz(workdir / REFERENCE_FILE, feeds_io.stack(inputs.references), key)
+    working = model_io.with_distinct_dims(inputs.info, workdir / "models")
+    space, versions, calibration_sha256 = discover_space(config, worker, inputs, working, workdir, notes, say)
+    return Prepared(inputs, working, space, versions, calibration_sha256)
+
+
+CALIBRATION_SAMPLES = 16
+
+
+def calibration_samples(config: TuneConfig, inputs: Inputs, notes: list[str]) -> model_io.Feeds:
+    """Calibration inputs stacked on a new leading axis: from --calibration, else the --inputs
+    samples, else generated."""
+    if config.calibration is not None:
+        return feeds_io.load_calibration(config.calibration, inputs.info, inputs.shapes)
+    if config.inputs is not None:
+        return feeds_io.stack(inputs.samples)
+    notes.append(
+        "warning: no --calibration data; int8/fp8 candidates are calibrated on generated inputs, "
+        "so their accuracy will be poor"
+    )
+    samples = [feeds_io.synthetic_feeds(inputs.info, inputs.shapes, seed=i) for i in range(1, CALIBRATION_SAMPLES + 1)]
+    return {name: np.stack([s[name] for s in samples]) for name in samples[0]}
+
+
+def run_identity(config: TuneConfig, inputs: Inputs) -> dict[str, Any]:
+    """What a study must share with a run that resumes it, known before anything is discovered."""
+    return {
+        "model_sha256": inputs.info.sha256,
+        "backend": config.backend,
+        "accuracy": config.criterion.text,
+        "metric": config.metric,
+        "inputs_sha256": inputs.inputs_sha256,
+        "shapes": inputs.shapes_record,
+        "objective": "build_s" if config.dry_run else "latency_ms",
+        "objectives": list(config.objectives),
+        "allow_io_change": config.allow_io_change,
+    }
+
+
+def fingerprint(config: TuneConfig, prepared: Prepared) -> dict[str, Any]:
+    """The study's record of how it was made (compared on every resume, except ``model`` and ``versions``)."""
+    return {
+        **run_identity(config, prepared.inputs),
+        "model": str(prepared.inputs.info.path.resolve()),
+        "space": prepared.space.describe(),
+        "calibration_sha256": prepared.calibration_sha256,
+        "versions": prepared.versions,
+    }

@@ -1,0 +1,106 @@
+"""Candidates tried right after the baseline: every speed feature on, and the best configurations
+of earlier studies in the same storage (a warm start)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import optuna
+from optuna.trial import TrialState
+
+from gpt_optuna.core.errors import UserError
+from gpt_optuna.core.space import Candidate, CandidateKey, Space, Value, candidate_key
+from gpt_optuna.search.lanes import runs_on_cpu
+
+SPEED_VALUES: dict[str, tuple[Value, ...]] = {
+    "graph_fusion": ("transformer",),
+    "precision": ("fp16",),
+    "graph_optimization_level": ("ORT_ENABLE_ALL",),
+    "cuda.use_tf32": (True,),
+    "cuda.prefer_nhwc": (True,),
+    "cuda.enable_cuda_graph": (True,),
+    "cuda.fuse_conv_bias": (True,),
+    "trt.fp16": (True,),
+    "trt.cuda_graph": (True,),
+    "flag.TF32": (True,),
+    "flag.FP16": (True,),
+    "runtime.cuda_graph": (True,),
+    "runtime.cuda_graph_strategy": ("WHOLE_GRAPH_CAPTURE",),
+}
+"""Per knob, the values that make engines fast, in order of preference (each backend's names)."""
+WARM_PER_STUDY = 3
+"""The best distinct feasible configurations a warm start takes from each earlier study."""
+WARM_LIMIT = 6
+"""The most warm-start candidates queued in all: with many earlier studies, the configurations
+most of them agree on, then the largest speedups over their own baselines."""
+
+
+def speed_seed(space: Space) -> Candidate | None:
+    """Every speed feature the space searches switched on (reduced precision only off the CPU,
+    where it is slow), every other knob at a value the search tries; None where no speed feature
+    is searched away from its default."""
+    on_cpu = runs_on_cpu(space)
+    values: dict[str, Value] = {}
+    turned_on = set()
+    for knob in space.knobs:
+        speed = () if on_cpu and knob.name == "precision" else SPEED_VALUES.get(knob.name, ())
+        preferred = next((v for v in speed if v in knob.search_choices), None)
+        searched = knob.default if knob.default in knob.search_choices else knob.search_choices[0]
+        values[knob.name] = searched if preferred is None else preferred  # a value the search tries
+        if preferred is not None and preferred != knob.default:
+            turned_on.add(knob.name)
+    seed = space.fitted(values)
+    return seed if any(seed.get(name) == values[name] for name in turned_on) else None
+
+
+def warm_start(
+    storage: optuna.storages.BaseStorage, spec: str, this: str, backend: str, device: str, space: Space
+) -> list[tuple[Candidate, str]]:
+    """The best distinct feasible configurations of the studies ``spec`` names (comma-separated),
+    or of every other study with this backend measured on this device (``auto``), mapped onto
+    ``space`` by knob name; each with ``STUDY:TRIAL`` where it came from. Each study offers its
+    best :data:`WARM_PER_STUDY`; of those, at most :data:`WARM_LIMIT` are taken, first the ones
+    most studies offer, then by speedup over their study's baseline."""
+    names = [s.study_name for s in optuna.get_all_study_summaries(storage, include_best_trial=False)]
+    if spec.strip() == "auto":
+        chosen = [n for n in names if n != this and _same_kind(storage, n, backend, device)]
+    else:
+        chosen = [n.strip() for n in spec.split(",") if n.strip()]
+        unknown = [n for n in chosen if n not in names]
+        if unknown:
+            raise UserError(f"--warm-start: no study {unknown[0]!r} in this storage; studies there: {', '.join(names)}")
+    baseline = candidate_key(space.default())
+    offers: dict[CandidateKey, list[tuple[float, Candidate, str]]] = {}
+    for name in chosen:
+        for speedup, candidate, source in _best_of(
+            optuna.load_study(study_name=name, storage=storage), space, baseline
+        ):
+            offers.setdefault(candidate_key(candidate), []).append((speedup, candidate, source))
+    ranked = sorted(offers.values(), key=lambda found: (-len(found), -max(speedup for speedup, *_ in found)))
+    return [max(found, key=lambda offer: offer[0])[1:] for found in ranked[:WARM_LIMIT]]
+
+
+def _best_of(study: optuna.Study, space: Space, skip: CandidateKey) -> list[tuple[float, Candidate, str]]:
+    """A study's best :data:`WARM_PER_STUDY` distinct feasible configurations mapped onto ``space``
+    (other than ``skip``, this space's baseline), each with its speedup over that study's baseline
+    (1 where the baseline has no latency)."""
+    trials = study.get_trials(deepcopy=False)
+    base = next((t.values[0] for t in trials if t.user_attrs.get("baseline") and t.values), None)
+    complete = sorted((t for t in trials if t.state is TrialState.COMPLETE and t.values), key=lambda t: t.values[0])
+    best: dict[CandidateKey, tuple[float, Candidate, str]] = {}
+    for trial in complete:
+        candidate = space.fitted(trial.params)
+        if len(best) < WARM_PER_STUDY and candidate_key(candidate) not in best and candidate_key(candidate) != skip:
+            speedup = base / trial.values[0] if base else 1.0
+            best[candidate_key(candidate)] = (speedup, candidate, f"{study.study_name}:{trial.number}")
+    return list(best.values())
+
+
+def _same_kind(storage: optuna.storages.BaseStorage, name: str, backend: str, device: str) -> bool:
+    """Whether study ``name`` searched this backend and measured its baseline on this device."""
+    from gpt_optuna.study.record import FINGERPRINT_ATTR
+
+    study = optuna.load_study(study_name=name, storage=storage)
+    recorded: dict[str, Any] = study.user_attrs.get(FINGERPRINT_ATTR) or {}
+    baseline = next((t for t in study.get_trials(deepcopy=False) if t.user_attrs.get("baseline")), None)
+    return recorded.get("backend") == backend and baseline is not None and baseline.user_attrs.get("gpu") == device

@@ -1,0 +1,128 @@
+"""A space is a promise: each graph transform it offers is made and loaded before the search.
+
+For every value of the graph-fusion and precision knobs (with the default keep-set), the graph is
+made and the engine loads it as the space's default candidate would (:meth:`Backend.check_model`),
+in the worker, so that a library crashing on a graph takes only the worker with it. A value that
+cannot be made or loaded is dropped with one line saying why; a knob that a graph cannot use
+(CUDA graphs over nodes placed on the CPU, say) is offered only where it can be, or not at all.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Callable
+from dataclasses import replace
+
+from gpt_optuna.backends import KnobLimit
+from gpt_optuna.core.errors import UserError
+from gpt_optuna.core.space import Condition, Space, Value
+from gpt_optuna.evaluation.jobs import CheckJob, EvaluateJob, run_evaluation
+from gpt_optuna.evaluation.outcome import Outcome, TrialResult
+from gpt_optuna.evaluation.worker import Worker
+from gpt_optuna.graph.fusion import FUSION_KNOB
+
+PRECISION = "precision"
+Combo = tuple[Value, Value]
+"""(graph fusion, precision)."""
+
+
+def check_space(
+    space: Space,
+    template: EvaluateJob,
+    worker: Worker,
+    timeout: float,
+    note: Callable[[str], None],
+    say: Callable[[str], None] = lambda _: None,
+) -> Space:
+    """``space`` without the transform values that cannot be made or loaded, and with the knob
+    limits the engine reported; each change is told to ``note`` in one line, each check to ``say``
+    as it starts (making a transform can take a while)."""
+    default = space.default()
+    base_fusion, base_precision = default.get(FUSION_KNOB, "none"), default.get(PRECISION, "fp32")
+    fusions = space.choices(FUSION_KNOB) or (base_fusion,)
+    precisions = space.choices(PRECISION) or (base_precision,)
+    loaded: dict[Combo, list[KnobLimit]] = {}
+    failed: dict[Combo, str] = {}
+    started, count = time.monotonic(), len(fusions) * len(precisions)
+    combos = itertools.product(
+        sorted(fusions, key=lambda f: f != base_fusion), sorted(precisions, key=lambda p: p != base_precision)
+    )
+    for done, (fusion, precision) in enumerate(combos):
+        if (fusion, base_precision) in failed:
+            continue  # the fused graph itself cannot be loaded
+        fixed = {FUSION_KNOB: fusion, PRECISION: precision}
+        say(f"checking the space {done + 1}/{count}: graph_fusion {fusion}, precision {precision} ...")
+        job = replace(template, candidate=space.default(fixed))
+        result = run_evaluation(worker, CheckJob(job, space), timeout)
+        if result.outcome is Outcome.OK:
+            loaded[(fusion, precision)] = result.attrs["limits"]
+        else:
+            failed[(fusion, precision)] = _why(result)
+    checked = len(loaded) + len(failed)
+    say(f"checked the space: {checked} graph variant{'s' if checked > 1 else ''} in {time.monotonic() - started:.1f} s")
+    if (base_fusion, base_precision) in failed:
+        setting = f"graph_fusion {base_fusion}, precision {base_precision}"
+        raise UserError(
+            f"the backend cannot load the model as the space's default ({setting}) would: "
+            f"{failed[(base_fusion, base_precision)]}"
+        )
+    kept_fusions = tuple(f for f in fusions if (f, base_precision) not in failed)
+    for fusion in fusions:
+        if fusion not in kept_fusions:
+            note(f"graph_fusion {fusion} not searched: {failed[(fusion, base_precision)]}")
+    if len(kept_fusions) < len(fusions):
+        space = space.restricted(FUSION_KNOB, kept_fusions)
+    kept_precisions = tuple(p for p in precisions if any((f, p) in loaded for f in kept_fusions))
+    for precision in precisions:
+        if precision not in kept_precisions:
+            note(f"precision {precision} not searched: {failed[(base_fusion, precision)]}")
+    if len(kept_precisions) < len(precisions):
+        space = space.restricted(PRECISION, kept_precisions)
+    return _apply_limits(space, loaded, note)
+
+
+def _why(result: TrialResult) -> str:
+    first = result.detail.strip().splitlines()[0] if result.detail.strip() else result.outcome.value
+    return first[:300]
+
+
+def _apply_limits(space: Space, loaded: dict[Combo, list[KnobLimit]], note: Callable[[str], None]) -> Space:
+    """Offer each limited knob only with the fusion, precision and settings where it works: one
+    condition on them together, since a setting can suit one precision and not another."""
+    limited = {limit.knob for limits in loaded.values() for limit in limits}
+    for knob in sorted(limited):
+        by_combo = {combo: next((x for x in limits if x.knob == knob), None) for combo, limits in loaded.items()}
+        reason = next(x.reason for x in by_combo.values() if x is not None)
+        settings = next((x.allowed.parents for x in by_combo.values() if x is not None and x.allowed), ())
+        every_setting = tuple(itertools.product(*(space.choices(p) for p in settings)))
+        parents = [p for p in (FUSION_KNOB, PRECISION) if len(space.choices(p)) > 1] + list(settings)
+        allowed: set[tuple[Value, ...]] = set()
+        for (fusion, precision), limit in by_combo.items():
+            if limit is not None and limit.allowed is None:
+                continue
+            head = tuple(v for p, v in ((FUSION_KNOB, fusion), (PRECISION, precision)) if p in parents)
+            allowed |= {head + tail for tail in (every_setting if limit is None else limit.allowed.combos())}
+        if not allowed:
+            note(f"{knob} not searched: {reason}")
+            space = space.restricted(knob, (next(k.default for k in space.knobs if k.name == knob),))
+            continue
+        if not parents:
+            continue  # it works wherever the space goes
+        combos = tuple(c for c in itertools.product(*(space.choices(p) for p in parents)) if c in allowed)
+        if len(parents) == 1:
+            space = space.with_requirement(knob, Condition(parents[0], tuple(c[0] for c in combos)))
+        else:
+            space = space.with_requirement(knob, Condition(tuple(parents), combos))
+        note(f"{knob} offered only with {_where(parents, combos)}; elsewhere {reason}")
+    return space
+
+
+def _where(parents: list[str], combos: tuple[tuple[Value, ...], ...]) -> str:
+    """``precision+graph_optimization_level: fp32 at A, B; int8 at A``: the last parent's values per
+    combination of the others."""
+    grouped: dict[tuple[Value, ...], list[Value]] = {}
+    for combo in combos:
+        grouped.setdefault(combo[:-1], []).append(combo[-1])
+    parts = [f"{'/'.join(map(str, head)) or 'any'} at {', '.join(map(str, tail))}" for head, tail in grouped.items()]
+    return f"{'+'.join(parents)}: {'; '.join(parts)}"

@@ -1,0 +1,344 @@
+"""A tuning run from a TuneConfig: prepare the model and data, open the study, search, summarize."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import shlex
+import shutil
+import sqlite3
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, replace
+from pathlib import Path
+
+import optuna
+from optuna.artifacts import FileSystemArtifactStore
+
+from gpt_optuna.backends import load_backend
+from gpt_optuna.core import interrupts
+from gpt_optuna.core.errors import EXIT_NO_FEASIBLE, UserError
+from gpt_optuna.core.space import Candidate, Space
+from gpt_optuna.evaluation.jobs import EvaluateJob
+from gpt_optuna.evaluation.worker import JobFailure
+from gpt_optuna.results.export import export_suffix
+from gpt_optuna.results.progress import Progress, warm_summary
+from gpt_optuna.results.winner import name_objectives, record_winner
+from gpt_optuna.search.config import TuneConfig, study_flags
+from gpt_optuna.search.finalists import confirm
+from gpt_optuna.search.lanes import (
+    TrialBudget,
+    check_devices,
+    lane_gpus,
+    make_lanes,
+    open_workers,
+    pinned,
+    run_lanes,
+    started_in,
+    study_device,
+    warming,
+)
+from gpt_optuna.search.objective import Objective
+from gpt_optuna.search.phases import Phases
+from gpt_optuna.search.preparation import Prepared, check_resumable, fingerprint, load_inputs, prepare
+from gpt_optuna.search.sampling_choice import check_sampler, make_sampler
+from gpt_optuna.search.seeds import speed_seed, warm_start
+from gpt_optuna.search.time_budget import FINISH_S, kept_for_confirmation, plan_confirmation
+from gpt_optuna.study.artifacts import artifact_folder, publish
+from gpt_optuna.study.record import FOLDER_ATTR, MEASURE_ATTR, SEARCH_ATTR, SPACE_ATTR, STUDIES
+from gpt_optuna.study.recovery import recover_interrupted, tuner_presence
+from gpt_optuna.study.resume import open_study, recorded_fingerprint, recorded_folder
+from gpt_optuna.study.storage import open_storage, storage_file
+from gpt_optuna.study.summary import StudySummary, finished_count
+
+
+def tune(
+    config: TuneConfig, progress: Progress | None = None, argv: list[str] | None = None, summarize: bool = True
+) -> int:
+    """Run or resume a search; returns the process exit code (128 + the signal's number when one
+    stopped it: 130 after Ctrl-C).
+
+    ``argv`` are the command's arguments, printed at the end as the command that resumes. Without
+    ``summarize`` (a caller that judges the study itself, as ``check`` does) nothing is printed at
+    the end: no summary, no next steps.
+    """
+    args = list(sys.argv[1:] if argv is None else argv)
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    interrupts.install()
+    logging.getLogger("optuna").setLevel(logging.ERROR)
+    assert config.storage is not None and config.study_name is not None
+    phases = Phases()
+    progress = progress or Progress()
+    finish = progress.finish if summarize else progress.quiet_finish
+    notes: list[str] = []
+    check_run(config)
+    phases.begin("preparing")
+    inputs = load_inputs(config, notes)
+    storage_path = storage_file(config.storage)
+    with contextlib.ExitStack() as stack:
+        new = stack.enter_context(removed_if_refused(config, storage_path))
+        storage = open_storage(config.storage, make_dirs=storage_path is not None and storage_path.parent == STUDIES)
+        check_resumable(storage, config, inputs)
+        folder = recorded_folder(storage, config.study_name)
+        if folder is not None and folder.is_dir():  # a study resumed from another directory keeps its folder
+            config = replace(config, folder=folder)
+        gpus = lane_gpus(config.workers, config.gpus, config.workdir / "worker.log")
+        workers = open_workers(stack, gpus, config.workdir, "worker")
+        start_s = started_in(workers[0], config.backend)  # what each finalists' process will cost to start
+        with warming(workers[1:], config.backend) as names:  # the others start while the first finds the space
+            prepared = prepare(config, workers[0], inputs, notes, progress.note)
+        lanes = make_lanes(workers, gpus, [prepared.versions.get("gpu", "none"), *names], prepared.space)
+        sampler = make_sampler(config.sampler, config.seed, prepared.space)
+        study, resumed = open_study(
+            storage,
+            config.study_name,
+            sampler,
+            fingerprint(config, prepared),
+            prepared.space.default(),
+            len(config.objectives),
+            first_candidates(config, prepared.space, storage, lanes[0].device, notes),
+        )
+        new.clear()  # the study exists: what this run made is its own from here on
+        name_objectives(study)
+        notes += check_devices(lanes, study_device(study), config.allow_mixed_gpus)
+        alone = stack.enter_context(tuner_presence(config.workdir))
+        recovered = recover_interrupted(study, alone)
+        done = finished_count(study)
+        remaining = None if config.n_trials is None else max(config.n_trials - done, 0)
+        deadline = None if config.timeout_s is None else phases.started + config.timeout_s
+        progress.start(config, prepared.space, resumed, done, recovered, remaining, deadline, len(lanes))
+        for note in notes:
+            progress.note(note)
+        if remaining == 0:
+            summary = record_winner(study)
+            steps = next_steps(config, args, done, summary)
+            finish(summary, steps, note="the study already has its trials")
+            return 0
+        record_search(study, config, prepared, deadline)
+        job = EvaluateJob.in_study(
+            config.workdir,
+            config.backend,
+            prepared.working,
+            prepared.inputs.shapes,
+            config.criterion,
+            config.measure,
+            prepared.space.defaults(),
+            config.dry_run,
+            config.metric,
+        )
+        store = artifact_folder(study, config.artifacts)
+        publish(study, store, config.workdir)
+        artifacts = FileSystemArtifactStore(store)
+        budget = TrialBudget(study, config.n_trials, deadline, lambda: kept_time(config, study, start_s))
+        objective = Objective(
+            prepared.space,
+            job,
+            config.trial_timeout_s,
+            artifacts,
+            progress.result,
+            config.objectives,
+            budget.search_left,
+            progress.note,
+        )
+        phases.begin("searching")
+        try:
+            run_lanes(config.study_name, storage, sampler, lanes, objective, budget, progress.trial_done)
+        except (KeyboardInterrupt, UserError) as exc:
+            if isinstance(exc, UserError):
+                raise
+            summary = record_winner(study)
+            steps = next_steps(config, args, finished_count(study), summary, stopped=True)
+            finish(summary, steps, note=f"stopped by {interrupts.cause()}", took=phases.line())
+            return interrupts.exit_code()
+        if deadline is not None:  # the search is over: workers that joined it stop, and leave the GPU to the finalists
+            study.set_user_attr(SEARCH_ATTR, study.user_attrs[SEARCH_ATTR] | {"ends_at": time.time()})
+        note = (
+            "the sampler kept proposing evaluated candidates: the space looks covered"
+            if objective.space_exhausted
+            else ""
+        )
+        progress.end()  # the search's bar stops here: the re-measurement says what it does
+        if not config.dry_run and config.confirm_top > 0:
+            phases.begin("re-measuring the finalists")
+            try:
+                note = confirm_finalists(config, study, job, deadline, progress, pinned(gpus[0]), start_s) or note
+                interrupts.check()
+            except KeyboardInterrupt:
+                note = f"the finalists' re-measurement was stopped by {interrupts.cause()}"
+                summary = record_winner(study)
+                steps = next_steps(config, args, finished_count(study), summary, reconfirm=True)
+                finish(summary, steps, note=note, took=phases.line())
+                return interrupts.exit_code()
+        summary = record_winner(study)
+        if summary.best is None:
+            note = "no candidate met the accuracy criterion" if not config.dry_run else "no candidate built"
+        steps = next_steps(config, args, finished_count(study), summary, covered=objective.space_exhausted)
+        finish(summary, steps, note=note, took=phases.line())
+    return EXIT_NO_FEASIBLE if summary.best is None else 0
+
+
+def check_run(config: TuneConfig) -> None:
+    """Refuse, before the model is read or anything is written, what cannot run here: a backend
+    that does not load or whose library is missing, a sampler without its libraries, an objective
+    the backend cannot measure."""
+    backend = load_backend(config.backend)
+    missing = backend.missing_library()
+    if missing is not None:
+        raise missing
+    check_sampler(config.sampler)
+    if "memory" in config.objectives and not backend.reports_device_memory:
+        raise UserError(
+            f"backend {config.backend!r} does not report engine device memory; drop memory from --objectives"
+        )
+
+
+@contextlib.contextmanager
+def removed_if_refused(config: TuneConfig, storage_path: Path | None) -> Iterator[list[Path]]:
+    """Yield the paths a new study's run is about to make (its database file, the study folder,
+    ``studies/``) and remove them if the run stops before the study exists: a refused run leaves
+    nothing behind. The caller empties the list once the study is made."""
+    made = [p for p in (storage_path, config.workdir, STUDIES) if p is not None and not p.exists()]
+    try:
+        yield made
+    except BaseException:
+        for path in made:
+            if path == STUDIES:
+                with contextlib.suppress(OSError):
+                    path.rmdir()  # only where nothing else is in it
+            elif path.is_dir():
+                shutil.rmtree(path, ignore_errors=True)
+            elif not holds_a_study(path):  # another tuner may have made its study there meanwhile
+                for leftover in (path, *(path.with_name(path.name + s) for s in ("-wal", "-shm", "-journal"))):
+                    leftover.unlink(missing_ok=True)
+        raise
+
+
+def holds_a_study(path: Path) -> bool:
+    """Whether a storage file holds any study (a journal file: whether it holds anything)."""
+    if not path.is_file():
+        return False
+    try:
+        with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as connection:
+            return bool(connection.execute("SELECT count(*) FROM studies").fetchone()[0])
+    except sqlite3.DatabaseError:  # no studies table yet, or not SQLite (a journal file)
+        with path.open("rb") as file:
+            return path.stat().st_size > 0 and not file.read(16).startswith(b"SQLite format 3")
+
+
+def first_candidates(
+    config: TuneConfig, space: Space, storage: optuna.storages.BaseStorage, device: str, notes: list[str]
+) -> list[tuple[Candidate, dict[str, str]]]:
+    """What a new study tries right after its baseline, with the user attrs that say why: the
+    configurations given (``config.seeds``), every speed feature on (unless ``--no-seeds``), and
+    the best of the ``--warm-start`` studies."""
+    seeds = [(space.fitted(values), {"seeded": why}) for values, why in config.seeds]
+    speed = None if config.no_seeds else speed_seed(space)
+    if speed is not None:
+        seeds.append((speed, {"seeded": "every speed feature on"}))
+    if config.warm_start:
+        assert config.study_name is not None
+        warm = warm_start(storage, config.warm_start, config.study_name, config.backend, device, space)
+        seeds += [(candidate, {"warm_start_from": source}) for candidate, source in warm]
+        if recorded_fingerprint(storage, config.study_name) is None:  # a new study: they are queued
+            notes.append(f"warm start: {warm_summary([source for _, source in warm]) or 'no earlier feasible trial'}")
+    return seeds
+
+
+def record_search(study: optuna.Study, config: TuneConfig, prepared: Prepared, deadline: float | None) -> None:
+    """Where the study folder is, and what a worker joining from another host needs besides the
+    fingerprint: the latency protocol
+    of this search, its whole space, sampler, trial target and end (``deadline`` on this host's
+    monotonic clock, stored as wall-clock time)."""
+    if study.user_attrs.get(FOLDER_ATTR) is None:
+        study.set_user_attr(FOLDER_ATTR, str(config.workdir.resolve()))
+    study.set_user_attr(MEASURE_ATTR, asdict(config.measure))
+    study.set_user_attr(SPACE_ATTR, prepared.space.to_record())
+    ends_at = None if deadline is None else time.time() + deadline - time.monotonic()
+    search = {"sampler": config.sampler, "n_trials": config.n_trials, "trial_timeout_s": config.trial_timeout_s}
+    study.set_user_attr(SEARCH_ATTR, search | {"ends_at": ends_at})
+
+
+def kept_time(config: TuneConfig, study: optuna.Study, start_s: float) -> float:
+    """The seconds the search leaves under --timeout for what follows it (see :mod:`time_budget`);
+    ``start_s``: a worker process's measured start."""
+    if config.timeout_s is None:
+        return 0.0
+    top = 0 if config.dry_run else config.confirm_top
+    return kept_for_confirmation(study, top, config.confirm_processes, config.measure, config.timeout_s, start_s)
+
+
+def confirm_finalists(
+    config: TuneConfig,
+    study: optuna.Study,
+    job: EvaluateJob,
+    deadline: float | None,
+    progress: Progress,
+    env: dict[str, str],
+    start_s: float,
+) -> str:
+    """Re-measure the finalists within what is left of --timeout (as many as fit, by the time the
+    search measured and ``start_s``, a worker's measured start), on the first worker's device
+    (``env`` pins it); a note where that could not be done in full."""
+    end = None if deadline is None else deadline - FINISH_S
+    left = None if end is None else end - time.monotonic()
+    plan = plan_confirmation(study, config.confirm_top, config.confirm_processes, config.measure, left, start_s)
+    if plan is None:
+        return "" if left is None else "no time left before --timeout to re-measure the finalists"
+    progress.note(
+        f"re-measuring the {plan.top} best candidates and the baseline, interleaved, in {plan.processes} fresh"
+        f" process{'es' if plan.processes > 1 else ''} (about {plan.total_s:.0f} s) ..."
+    )
+    try:
+        result = confirm(
+            study, job, config.workdir / "confirm.log", plan.top, plan.processes, progress.note, env, end, start_s
+        )
+    except JobFailure as failure:
+        return f"the finalists could not be re-measured: {failure}"
+    done = plan.processes if result is None else result["processes"]
+    full = plan_confirmation(study, config.confirm_top, config.confirm_processes, config.measure, None, start_s)
+    if full is not None and (plan.top, done) != (full.top, full.processes):
+        finalists = f"{plan.top} finalist{'s' if plan.top > 1 else ''}"
+        processes = f"{done} process{'es' if done > 1 else ''}"
+        return f"re-measured {finalists} in {processes} (of {full.top} in {full.processes}): what fit in --timeout"
+    return ""
+
+
+def next_steps(
+    config: TuneConfig,
+    args: list[str],
+    done: int,
+    summary: StudySummary,
+    covered: bool = False,
+    reconfirm: bool = False,
+    stopped: bool = False,
+) -> list[str]:
+    """The commands worth running next, each runnable as printed from any folder: resume the search
+    (the same command) where it was ``stopped`` before its end, else extend it (a larger --n-trials;
+    not where the space is ``covered``), confirm the finalists where they were not (or
+    ``reconfirm``), report, and export the winner where it is a real improvement."""
+    extended, skip = [], False
+    for index, arg in enumerate(args):
+        if skip:
+            skip = False
+            continue
+        if arg == "--n-trials":
+            skip = index + 1 < len(args)
+            continue
+        if not arg.startswith("--n-trials="):
+            extended.append(arg)
+    target = max(done, config.n_trials or 0) + max(10, done // 2)
+    here = shlex.quote(str(Path.cwd()))
+    where = shlex.join(study_flags(str(config.storage), str(config.study_name)))
+    extend = shlex.join([*extended, "--n-trials", str(target)])
+    if stopped:
+        steps = [f"resume with: cd {here} && gpt-optuna {shlex.join(args)}"]
+    else:
+        steps = [] if covered else [f"extend with: cd {here} && gpt-optuna {extend}"]
+    if summary.verdict == "unconfirmed" or reconfirm:
+        steps.append(f"confirm the finalists: gpt-optuna confirm {where}")
+    steps.append(f"report: gpt-optuna report {where} -o {shlex.quote(str(Path('report.html').resolve()))}")
+    if summary.verdict == "faster" and summary.best is not None:
+        out = Path("best").resolve().with_suffix(export_suffix(summary.best))
+        steps.append(f"export the winner: gpt-optuna export {where} -o {shlex.quote(str(out))}")
+    return steps

@@ -1,0 +1,187 @@
+"""Trials left running by a process that died: found, failed as interrupted, and retried."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import json
+import os
+import socket
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from gpt_optuna.study.record import WHY_TRIED, study_folder
+from gpt_optuna.study.taxonomy import (
+    has_own_result,
+    is_interrupted,
+    retried_numbers,
+)
+
+_MAX_RETRY = 3
+
+
+def retry_trial(study: optuna.Study, trial: FrozenTrial) -> None:
+    """Enqueue an interrupted trial's candidate again, keeping the marks of why it was tried.
+
+    The retry records ``failed_trial`` and ``retry_history`` as Optuna's own retry callback
+    does; a candidate interrupted more than three times is not retried again.
+    """
+    history = [*trial.system_attrs.get("retry_history", []), trial.number]
+    if len(history) > _MAX_RETRY:
+        return
+    study.add_trial(
+        optuna.create_trial(
+            state=TrialState.WAITING,
+            params=trial.params,
+            distributions=trial.distributions,
+            user_attrs={k: v for k, v in trial.user_attrs.items() if k in WHY_TRIED},
+            system_attrs={
+                "failed_trial": trial.system_attrs.get("failed_trial", trial.number),
+                "retry_history": history,
+            },
+        )
+    )
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+ORPHAN_AFTER_S = 60.0
+"""A RUNNING trial that names no owner this long after it started was killed right after Optuna
+created it (the tuner names itself at once)."""
+
+
+RETRY_GRACE_S = 30.0
+"""An interrupted trial's retry is the failing process's to queue for this long."""
+
+
+@contextlib.contextmanager
+def tuner_presence(workdir: Path) -> Iterator[bool]:
+    """Hold a shared lock on the study folder's ``tuners.lock`` for a tuning run; yield whether no
+    other tuner on this host holds one (then every RUNNING trial of the study is an orphan)."""
+    import fcntl
+
+    workdir.mkdir(parents=True, exist_ok=True)
+    with (workdir / "tuners.lock").open("a+") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            alone = True
+        except BlockingIOError:
+            alone = False
+        fcntl.flock(lock, fcntl.LOCK_SH)
+        yield alone
+
+
+def no_tuner_runs_here(workdir: Path) -> bool:
+    """Whether no tuner on this host holds the study folder's ``tuners.lock`` (it only reads: the
+    lock is tried and let go at once, and nothing is created)."""
+    import fcntl
+
+    try:
+        descriptor = os.open(workdir / "tuners.lock", os.O_RDONLY)
+    except OSError:
+        return True
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(descriptor)
+
+
+def _owner_is_dead(trial: FrozenTrial, alone: bool) -> bool:
+    """Whether the process that runs a RUNNING trial is gone: a dead process on this host, one
+    that no longer runs gpt-optuna (its number reused) while no tuner but this one runs here, or
+    none named long after the trial started. Owners on other hosts are the heartbeat's to judge."""
+    owner = trial.user_attrs.get("owner")
+    if not owner:
+        started = trial.datetime_start
+        return alone or started is not None and (datetime.datetime.now() - started).total_seconds() > ORPHAN_AFTER_S
+    host, _, pid = owner.rpartition(":")
+    if host != socket.gethostname():
+        return False
+    if not pid.isdigit() or int(pid) == os.getpid():
+        return alone  # this process's own earlier run (in a notebook, say)
+    return not _process_alive(int(pid)) or alone and not _runs_gpt_optuna(int(pid))
+
+
+def _runs_gpt_optuna(pid: int) -> bool:
+    """Whether process ``pid`` runs gpt-optuna (true where that cannot be read)."""
+    try:
+        command = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return True
+    return b"gpt_optuna" in command or b"gpt-optuna" in command
+
+
+def recover_interrupted(study: optuna.Study, alone: bool = False) -> list[int]:
+    """Fail the RUNNING trials whose tuner on this host is dead, and queue their candidates again;
+    queue too any interrupted candidate whose retry a kill kept from being queued (a kill between
+    failing a trial and queueing its retry), once per candidate. ``alone``: no other tuner runs
+    on this host (see :func:`tuner_presence`).
+
+    Trials of a tuner on another host are left to the storage heartbeat.
+    """
+    recovered = [
+        trial.number
+        for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+        if _owner_is_dead(trial, alone) and fail_as_interrupted(study, trial, "the tuner was killed")
+    ]
+    trials = study.get_trials(deepcopy=False)
+    retried = retried_numbers(trials)
+    settled = {_params_key(t) for t in trials if has_own_result(t, retried) or not t.state.is_finished()}
+    for trial in trials:
+        key = _params_key(trial)
+        if (
+            is_interrupted(trial, retried)
+            and trial.number not in retried
+            and key not in settled
+            and trial.params
+            and (alone or trial.number in recovered or _retry_overdue(trial))
+        ):
+            retry_trial(study, trial)
+            settled.add(key)
+    return recovered
+
+
+def fail_as_interrupted(study: optuna.Study, trial: FrozenTrial, reason: str) -> bool:
+    """Fail a RUNNING trial whose candidate was not evaluated as interrupted (``reason``), so that
+    its candidate is retried; false where another process ended the trial first."""
+    try:
+        study._storage.set_trial_user_attr(trial._trial_id, "interrupted", reason)
+        study._storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)
+    except optuna.exceptions.UpdateFinishedTrialError:
+        return False
+    return True
+
+
+def _retry_overdue(trial: FrozenTrial) -> bool:
+    """Whether an interrupted trial ended so long ago that the process that failed it would have
+    queued its retry by now: until then that process may still be about to, and a second retry
+    would evaluate the candidate twice."""
+    ended = trial.datetime_complete
+    return ended is None or (datetime.datetime.now() - ended).total_seconds() > RETRY_GRACE_S
+
+
+def _params_key(trial: FrozenTrial) -> str:
+    return json.dumps(trial.params or trial.system_attrs.get("fixed_params", {}), sort_keys=True, default=str)
+
+
+def orphans(study: optuna.Study, trials: Sequence[FrozenTrial]) -> tuple[int, ...]:
+    """The RUNNING trials whose tuner on this host is gone (see :func:`recover_interrupted`)."""
+    running = [t for t in trials if t.state is TrialState.RUNNING]
+    if not running:
+        return ()
+    alone = no_tuner_runs_here(study_folder(study))
+    return tuple(t.number for t in running if _owner_is_dead(t, alone))

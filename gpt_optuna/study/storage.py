@@ -1,0 +1,193 @@
+"""Opening a study's storage: SQLite (write-ahead log, read-only access), PostgreSQL and Optuna's gRPC proxy."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import optuna
+
+from gpt_optuna.core.errors import MissingDependencyError, UserError
+from gpt_optuna.study.recovery import retry_trial
+
+_HEARTBEAT_S = 30
+
+
+_GRACE_S = 120
+
+
+def open_storage(
+    url: str, create: bool = True, make_dirs: bool = False, read_only: bool = False
+) -> optuna.storages.BaseStorage:
+    """An Optuna storage for a URL; ``journal:PATH`` is a journal file for several local workers.
+
+    Database servers get a heartbeat, so trials of a tuner that died on another host are failed
+    and retried after a grace period. ``create=False`` (``status``, ``best``, ``confirm``) creates
+    no file and no table, so it cannot race a tuner that is creating them; ``read_only`` also
+    writes nothing, so a study the user may not write can still be read. A file's folder is made
+    only with ``make_dirs`` (the default ``studies/`` folder), never for a path the user gave.
+    """
+    try:
+        path = storage_file(url)
+        if path is not None:
+            if not create and not path.is_file():
+                raise UserError(f"no study file at {path}")
+            if make_dirs:
+                path.parent.mkdir(parents=True, exist_ok=True)
+            elif not path.parent.is_dir():
+                raise UserError(f"the folder of {path} does not exist")
+        if url.startswith("journal:"):
+            from optuna.storages.journal import JournalFileBackend
+
+            return optuna.storages.JournalStorage(JournalFileBackend(str(path)))
+        if url.startswith("grpc://"):
+            return _grpc_storage(url)
+        if path is None:
+            return _rdb_storage(url, create, heartbeat=True)
+        if read_only:
+            return _rdb_storage(_read_only_sqlite(path), create=False, heartbeat=False)
+        if not os.access(path.parent, os.W_OK) or path.exists() and not os.access(path, os.W_OK):
+            raise UserError(f"{path} is read-only: the study can be read (status, best, report), not searched")
+        _use_write_ahead_log(path)
+        storage = _rdb_storage(url, create, heartbeat=False)
+        _configure_sqlite(storage)
+        return storage
+    except UserError:
+        raise
+    except ImportError as exc:
+        raise UserError(f"storage {url!r} needs a database driver that is not installed: {exc}") from exc
+    except Exception as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise UserError(f"cannot open storage {url!r}: {first}") from exc
+
+
+GRPC_WAIT_S = 10.0
+
+
+SQLITE_WAIT_S = 60.0
+
+
+def _grpc_storage(url: str) -> optuna.storages.BaseStorage:
+    """A client of ``gpt-optuna storage-proxy`` (Optuna's gRPC storage proxy) at ``grpc://HOST:PORT``."""
+    host, _, port = url.removeprefix("grpc://").rstrip("/").rpartition(":")
+    if not host or not port.isdigit():
+        raise UserError(f"malformed storage {url!r}: use grpc://HOST:PORT")
+    try:
+        from optuna.storages import GrpcStorageProxy
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            proxy = GrpcStorageProxy(host=host, port=int(port))
+    except ImportError as exc:
+        raise MissingDependencyError("gRPC (for grpc:// storages)", "grpc") from exc
+    try:
+        proxy.wait_server_ready(timeout=GRPC_WAIT_S)
+    except Exception as exc:
+        raise UserError(f"no storage proxy answers at {url} (start one with gpt-optuna storage-proxy)") from exc
+    return proxy
+
+
+def serve_storage(url: str, host: str, port: int) -> int:
+    """Serve a storage to many workers with Optuna's gRPC proxy until stopped (Ctrl-C)."""
+    if url.startswith(("grpc://", "journal:")):
+        raise UserError("the storage proxy serves a database storage (postgresql://, mysql://, sqlite:///)")
+    storage = open_storage(url, make_dirs=False)
+    try:
+        from optuna.storages import run_grpc_proxy_server
+    except ImportError as exc:
+        raise MissingDependencyError("gRPC (for the storage proxy)", "grpc") from exc
+    print(f"serving {url} at grpc://{host}:{port}; workers use --storage grpc://{host}:{port}", flush=True)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    run_grpc_proxy_server(storage, host=host, port=port)
+    return 0
+
+
+def storage_file(url: str) -> Path | None:
+    """The file behind a journal or SQLite URL; None for a database server or an in-memory one."""
+    if url.startswith("journal:"):
+        return Path(url.removeprefix("journal:"))
+    if url.startswith("sqlite:///") and url != "sqlite:///:memory:":
+        return Path(url.removeprefix("sqlite:///"))
+    return None
+
+
+def _read_only_sqlite(path: Path) -> str:
+    """A URL that opens a SQLite file without writing to it (nor to its folder, where a file that
+    cannot be written would need its write-ahead-log index created)."""
+    import urllib.parse
+
+    writable = os.access(path, os.W_OK) and os.access(path.parent, os.W_OK)
+    mode = "mode=ro" if writable else "mode=ro&immutable=1"
+    return f"sqlite:///file:{urllib.parse.quote(str(path.resolve()))}?{mode}&uri=true"
+
+
+def _rdb_storage(url: str, create: bool, heartbeat: bool) -> optuna.storages.RDBStorage:
+    """RDBStorage, retried when another process created the same new database's tables first.
+
+    A SQLite file serves tuners on one host, whose dead trials are found by process id
+    (``recover_interrupted``); the heartbeat, a write and a query per trial, is for servers
+    shared by several hosts.
+    """
+    beat: dict[str, Any] = (
+        {"heartbeat_interval": _HEARTBEAT_S, "grace_period": _GRACE_S, "heartbeat_stale_trial_callback": retry_trial}
+        if heartbeat
+        else {}
+    )
+    # a SQLite writer waits this long for another's transaction (many workers write at once)
+    waiting = {"engine_kwargs": {"connect_args": {"timeout": SQLITE_WAIT_S}}} if url.startswith("sqlite") else {}
+    import sqlalchemy.exc
+
+    for attempt in range(5):
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                return optuna.storages.RDBStorage(url, skip_table_creation=not create, **beat, **waiting)
+        except (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.OperationalError) as exc:
+            racing = isinstance(exc, sqlalchemy.exc.IntegrityError) or "already exists" in str(exc)
+            if not racing or attempt == 4:
+                raise
+            time.sleep(0.2 * (attempt + 1))  # another process is creating the same new database
+    raise AssertionError("unreachable")
+
+
+def _use_write_ahead_log(path: Path) -> None:
+    """WAL mode (kept in the file): readers such as ``status`` never block the tuner's writes."""
+    connection = sqlite3.connect(path)
+    try:
+        connection.execute("PRAGMA journal_mode=WAL")
+    finally:
+        connection.close()
+
+
+def _configure_sqlite(storage: optuna.storages.RDBStorage) -> None:
+    """Every transaction takes the write lock as it begins (``BEGIN IMMEDIATE``): Optuna reads a
+    waiting trial's state and then marks it running, and on SQLite (no ``SELECT ... FOR UPDATE``)
+    two workers could otherwise both take the same trial. In WAL mode, synchronous=NORMAL is still
+    safe against a killed process, and saves an fsync per write."""
+    import sqlalchemy
+
+    def on_connect(connection: Any, _record: Any) -> None:
+        connection.isolation_level = None  # the driver begins no transaction of its own
+        connection.execute("PRAGMA synchronous=NORMAL")
+
+    def on_begin(connection: Any) -> None:
+        connection.exec_driver_sql("BEGIN IMMEDIATE")
+
+    sqlalchemy.event.listen(storage.engine, "connect", on_connect)
+    sqlalchemy.event.listen(storage.engine, "begin", on_begin)
+    storage.engine.dispose()
+
+
+def load_study(
+    storage: optuna.storages.BaseStorage, name: str, sampler: optuna.samplers.BaseSampler | None = None
+) -> optuna.Study:
+    try:
+        return optuna.load_study(study_name=name, storage=storage, sampler=sampler)
+    except KeyError:
+        names = [s.study_name for s in optuna.get_all_study_summaries(storage, include_best_trial=False)]
+        known = f"; studies there: {', '.join(names)}" if names else "; the storage holds no study"
+        raise UserError(f"no study named {name!r}{known}") from None

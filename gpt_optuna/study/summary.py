@@ -1,0 +1,234 @@
+"""A study's outcome read from its trials: the baseline, the winner, their figures and stability."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from gpt_optuna.study.record import FINGERPRINT_ATTR, IO_CHANGE_ATTR, MEASURE_ATTR
+from gpt_optuna.study.recovery import orphans
+from gpt_optuna.study.taxonomy import (
+    STATUSES,
+    failure_causes,
+    has_own_result,
+    is_interrupted,
+    retried_numbers,
+    trial_status,
+)
+
+
+def finished_count(study: optuna.Study) -> int:
+    """Trials that count towards --n-trials: evaluated ones, not interrupted ones."""
+    trials = study.get_trials(deepcopy=False)
+    retried = retried_numbers(trials)
+    return sum(1 for t in trials if has_own_result(t, retried))
+
+
+def first_value(trial: FrozenTrial) -> float | None:
+    """The trial's first objective: latency (or build time in a dry run), in any number of objectives."""
+    return trial.values[0] if trial.values else None
+
+
+@dataclass(frozen=True)
+class Figures:
+    """A trial's latency beside the baseline's, both from one named measurement, and their ratio:
+    ``confirmed`` (the finalists' interleaved re-measurement, with a 95 % interval) where the
+    trial was a finalist, else ``search``."""
+
+    number: int
+    measurement: str
+    latency_ms: float | None
+    baseline_ms: float | None
+    ci: tuple[float, float] | None = None
+    """The bootstrap 95 % interval of the speedup (confirmed finalists only)."""
+    process_ms: tuple[float, ...] = ()
+    """The trial's median in each confirmation process."""
+
+    @property
+    def speedup(self) -> float | None:
+        """``baseline_ms / latency_ms``: the ratio of the two figures shown beside it."""
+        return self.baseline_ms / self.latency_ms if self.baseline_ms and self.latency_ms else None
+
+    @property
+    def significant(self) -> bool:
+        """The interval lies above 1.0: a real improvement over the baseline."""
+        return self.ci is not None and self.ci[0] > 1.0
+
+
+@dataclass(frozen=True)
+class Stability:
+    """How many of the search's latency measurements missed their precision target."""
+
+    unstable: int
+    measured: int
+    target: float
+    """The target: the median's 95 % half-width as a fraction of it."""
+    worst: float
+    """The largest half-width among the unstable ones."""
+    winner_unstable: bool
+    on_gpu: bool
+    """Measured on a GPU (else on the CPU), for the advice."""
+
+
+@dataclass(frozen=True)
+class StudySummary:
+    """What status, best, the report, export and the end of tune say about a study: one winner,
+    one pair of latencies of one measurement, and their ratio.
+
+    Where the finalists were confirmed, the confirmation decides: its top finalist, or the baseline
+    itself when the baseline was significantly faster than every finalist; the latencies are the
+    confirmed medians. Otherwise the fastest feasible trial of the search, with search latencies.
+    """
+
+    name: str
+    counts: dict[str, int]
+    """Trials per status of :func:`trial_status`."""
+    reused: int
+    baseline: FrozenTrial | None
+    best: FrozenTrial | None
+    dry_run: bool = False
+    confirmed: dict[str, Any] | None = None
+    failures: tuple[tuple[int, str], ...] = ()
+    """(count, cause) of the failed candidates."""
+    warm_started: tuple[str, ...] = ()
+    """``STUDY:TRIAL`` of each trial a warm start queued."""
+    allow_io_change: bool = False
+    """The study let candidates change the model's input and output dtypes (``--allow-io-change``)."""
+    stability: Stability | None = None
+    orphaned: tuple[int, ...] = ()
+    """RUNNING trials whose tuner on this host is gone (a killed run, a full disk): the next run
+    fails them and retries their candidates."""
+    trials: tuple[FrozenTrial, ...] = ()
+    """Every trial of the study, by number."""
+
+    @property
+    def unit(self) -> str:
+        return "s to build" if self.dry_run else "ms"
+
+    @property
+    def baseline_search_value(self) -> float | None:
+        """The baseline's figure in the search: its latency (measured even when infeasible), or build time."""
+        if self.baseline is None:
+            return None
+        if self.dry_run:
+            return first_value(self.baseline)
+        latency = self.baseline.user_attrs.get("latency")
+        return float(latency["median_ms"]) if latency else None
+
+    def figures(self, trial: FrozenTrial) -> Figures:
+        """The trial's figures beside the baseline's: confirmed where it was a finalist (or is the
+        confirmed baseline), else the search's."""
+        confirmed = self.confirmed or {}
+        rows = [confirmed["baseline"], *confirmed.get("ranking", [])] if confirmed.get("baseline") else []
+        row = next((r for r in rows if r["number"] == trial.number), None)
+        if row is None:
+            return Figures(trial.number, "search", first_value(trial), self.baseline_search_value)
+        base = float(confirmed["baseline"]["median_ms"])
+        ci = (float(row["ci_low"]), float(row["ci_high"])) if "ci_low" in row else None
+        each = tuple(float(v) for v in row.get("process_ms", []))
+        return Figures(trial.number, "confirmed", float(row["median_ms"]), base, ci, each)
+
+    @property
+    def winner(self) -> Figures | None:
+        """The winner's figures (None before any feasible trial)."""
+        return None if self.best is None else self.figures(self.best)
+
+    @property
+    def measurement(self) -> str:
+        """Which measurement the figures come from: ``confirmed`` or ``search``."""
+        return self.winner.measurement if self.winner is not None else "search"
+
+    @property
+    def baseline_value(self) -> float | None:
+        """The baseline's latency in the measurement the winner is judged by."""
+        return self.winner.baseline_ms if self.winner is not None else self.baseline_search_value
+
+    @property
+    def best_value(self) -> float | None:
+        """The winner's latency (or build time) in that same measurement."""
+        return self.winner.latency_ms if self.winner is not None else None
+
+    @property
+    def speedup(self) -> float | None:
+        """``baseline_value / best_value``: the ratio of the two figures shown beside it."""
+        return self.winner.speedup if self.winner is not None else None
+
+    @property
+    def baseline_wins(self) -> bool:
+        """The baseline is the winner: the confirmation found it significantly faster than every
+        finalist, or (unconfirmed) no feasible candidate was faster in the search."""
+        return bool(self.best is not None and self.baseline is not None and self.best.number == self.baseline.number)
+
+    @property
+    def verdict(self) -> str:
+        """What the study found, in one word: ``faster`` (the winner is significantly faster than
+        the baseline in the confirmation), ``not_significant`` (its interval includes 1.0),
+        ``baseline`` (keep the default configuration), ``unconfirmed`` (search figures only),
+        ``none`` (no feasible candidate yet) or ``dry_run``."""
+        if self.dry_run:
+            return "dry_run"
+        winner = self.winner
+        if winner is None:
+            return "none"
+        if self.baseline_wins:
+            return "baseline"
+        if winner.measurement == "search":
+            return "unconfirmed"
+        return "faster" if winner.significant else "not_significant"
+
+    @property
+    def io_changes(self) -> dict[str, dict[str, list[str]]]:
+        """The winner's input and output dtypes that differ from the model's (``--allow-io-change``)."""
+        return dict(self.best.user_attrs.get(IO_CHANGE_ATTR, {})) if self.best is not None else {}
+
+
+def stability(trials: Sequence[FrozenTrial], target: float, winner: FrozenTrial | None) -> Stability | None:
+    """The search's measurements that missed the precision target (None where none was measured)."""
+    measured = [t for t in trials if "latency" in t.user_attrs and "reused_from" not in t.user_attrs]
+    if not measured:
+        return None
+    unstable = [t for t in measured if not t.user_attrs["latency"].get("stable", True)]
+    worst = max((float(t.user_attrs["latency"].get("rel_ci", 0.0)) for t in unstable), default=0.0)
+    flagged = winner is not None and any(t.number == winner.number for t in unstable)
+    on_gpu = any(t.user_attrs.get("gpu", "cpu") != "cpu" for t in measured)
+    return Stability(len(unstable), len(measured), target, worst, flagged, on_gpu)
+
+
+def summarize_study(study: optuna.Study) -> StudySummary:
+    trials = study.get_trials(deepcopy=False)
+    retried = retried_numbers(trials)
+    counts = dict.fromkeys(STATUSES, 0) | Counter(trial_status(t, retried) for t in trials)
+    baselines = [t for t in trials if t.user_attrs.get("baseline") and has_own_result(t, retried)]
+    complete = [t for t in trials if t.state is TrialState.COMPLETE and t.values]
+    best = min(complete, key=lambda t: (t.values[0], t.number)) if complete else None
+    confirmed = study.user_attrs.get("confirmed")
+    if confirmed and confirmed.get("ranking"):  # the interleaved re-measurement decides the winner
+        top = max(confirmed["ranking"], key=lambda row: row["speedup"])
+        best = trials[confirmed["baseline"]["number"] if top["ci_high"] < 1.0 else top["number"]]
+    recorded = study.user_attrs.get(FINGERPRINT_ATTR, {})
+    target = float(study.user_attrs.get(MEASURE_ATTR, {}).get("target_rel_ci", 0.01))
+    return StudySummary(
+        name=study.study_name,
+        counts=counts,
+        reused=sum(1 for t in trials if "reused_from" in t.user_attrs),
+        baseline=next((t for t in baselines if t.state is TrialState.COMPLETE or "latency" in t.user_attrs), None)
+        or (baselines[0] if baselines else None),
+        best=best,
+        dry_run=recorded.get("objective") == "build_s",
+        confirmed=confirmed,
+        failures=tuple(failure_causes(trials)),
+        warm_started=tuple(
+            str(t.user_attrs["warm_start_from"])
+            for t in trials
+            if "warm_start_from" in t.user_attrs and not is_interrupted(t, retried)  # a retry counts once
+        ),
+        allow_io_change=bool(recorded.get("allow_io_change")),
+        stability=stability(trials, target, best),
+        orphaned=orphans(study, trials),
+        trials=tuple(trials),
+    )

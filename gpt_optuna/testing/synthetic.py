@@ -1,0 +1,119 @@
+"""A backend that builds nothing: it returns the model's fp32 outputs (ONNX Runtime on the CPU,
+one session per model and process) and times a chosen delay.
+
+It exists to test and measure the tuner itself without an engine: isolation tests choose the
+``mode`` knob to really crash (SIGSEGV), abort, hang, raise or fail a build in the worker
+process, and the overhead benchmark uses ``mode=ok`` with no delay. Use it with
+``--backend gpt_optuna.testing.synthetic:SyntheticBackend``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from gpt_optuna.backends.base import Backend, BuildError, Built, Runner
+from gpt_optuna.core.space import Candidate, Knob, Space
+from gpt_optuna.graph.model import Feeds, ModelInfo, ShapeRange
+
+MODES = ("ok", "crash", "abort", "hang", "raise", "build_error", "nan", "noisy")
+
+
+class SyntheticBackend(Backend):
+    """Knobs: ``mode`` (what happens), ``delay_us`` (per launch), ``build_ms``, three inert knobs."""
+
+    name = "synthetic"
+
+    def space(self, model: ModelInfo, shapes: dict[str, ShapeRange]) -> Space:
+        return Space(
+            [
+                Knob("mode", MODES, "ok", "what the candidate does"),
+                Knob("delay_us", (200, 0, 50, 100), 200, "busy-wait per launch (the default is the slowest)"),
+                Knob("build_ms", (0, 100, 1000), 0, "sleep in build"),
+                Knob(
+                    "contention_us",
+                    (0,),
+                    0,
+                    "per launch, this much faster while alone in its process (as in the search) and this much"
+                    " slower beside other open candidates (as in the finalists' interleaved rounds); searched only"
+                    " where [space] lists values",
+                ),
+                Knob("a", tuple(range(8)), 0),
+                Knob("b", tuple(range(8)), 0),
+                Knob("c", ("x", "y", "z"), "x"),
+            ]
+        )
+
+    def build(self, model: ModelInfo, candidate: Candidate, workdir: Path, shapes: dict[str, ShapeRange]) -> Built:
+        start = time.perf_counter()
+        time.sleep(int(candidate["build_ms"]) / 1000)
+        mode = candidate["mode"]
+        if mode == "crash":
+            ctypes.string_at(0)  # SIGSEGV
+        if mode == "abort":
+            os.abort()
+        if mode == "hang":
+            time.sleep(3600)
+        if mode == "raise":
+            raise RuntimeError("synthetic failure in build")
+        if mode == "build_error":
+            raise BuildError("synthetic build error", "synthetic builder log: no engine produced")
+        return Built((candidate, model.path), time.perf_counter() - start)
+
+    def open(self, built: Built, feeds: Feeds, outputs: Feeds) -> Runner:
+        candidate, path = built.engine
+        return _SyntheticRunner(candidate, path, feeds)
+
+
+@functools.cache
+def _session(path: Path) -> Any:
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+_open_runners = 0
+"""Runners open in this process: one in the search, several in the finalists' rounds."""
+
+
+class _SyntheticRunner(Runner):
+    def __init__(self, candidate: Candidate, path: Path, feeds: Feeds) -> None:
+        global _open_runners
+        _open_runners += 1
+        self._delay_s = int(candidate["delay_us"]) / 1e6
+        self._contention_s = int(candidate.get("contention_us", 0)) / 1e6
+        self._mode = candidate["mode"]
+        self._path = path
+        self._feeds = feeds
+
+    def close(self) -> None:
+        global _open_runners
+        _open_runners -= 1
+
+    def set_inputs(self, feeds: Feeds) -> None:
+        self._feeds = feeds
+
+    def infer(self) -> dict[str, np.ndarray]:
+        session = _session(self._path)
+        names = [o.name for o in session.get_outputs()]
+        outputs = dict(zip(names, session.run(names, self._feeds), strict=True))
+        if self._mode == "nan":
+            return {n: np.full_like(a, np.nan, dtype=np.float32) for n, a in outputs.items()}
+        if self._mode == "noisy":
+            rng = np.random.default_rng(0)
+            return {n: a + rng.standard_normal(a.shape).astype(a.dtype) * 10 for n, a in outputs.items()}
+        return outputs
+
+    def launch(self) -> None:
+        contention = self._contention_s if _open_runners > 1 else -self._contention_s
+        end = time.perf_counter() + self._delay_s + contention
+        while time.perf_counter() < end:
+            pass
