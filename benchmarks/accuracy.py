@@ -32,8 +32,8 @@ import optuna
 from gpt_optuna.cli.main import main as cli
 from gpt_optuna.evaluation.measure import MeasureSettings
 from gpt_optuna.graph.precision import PRECISIONS, QUANTIZED, is_precision_knob
-from gpt_optuna.results.progress import Progress
 from gpt_optuna.search.config import TuneConfig
+from gpt_optuna.search.progress import Progress
 from gpt_optuna.search.tune import tune
 from gpt_optuna.study.taxonomy import trial_status
 from gpt_optuna.testing.mobilenet_v2 import PHOTOS, SKIMAGE, WEIGHTS, crops, load_state_dict, mobilenet_v2

@@ -21,8 +21,8 @@ import optuna
 from precision import minilm, mobilenet_v2
 
 from gpt_optuna.evaluation.measure import MeasureSettings
-from gpt_optuna.results.progress import Progress
 from gpt_optuna.search.config import TuneConfig
+from gpt_optuna.search.progress import Progress
 from gpt_optuna.search.tune import tune
 from gpt_optuna.study.summary import summarize_study
 

@@ -25,8 +25,8 @@ import optuna
 
 import gpt_optuna.search.objective as objective_module
 from gpt_optuna.core.space import Space
-from gpt_optuna.results.progress import Progress
 from gpt_optuna.search.config import TuneConfig, read_toml
+from gpt_optuna.search.progress import Progress
 from gpt_optuna.search.tune import tune
 
 MODEL = Path(__file__).resolve().parent.parent / "gpt_optuna" / "data" / "small_cnn.onnx"

@@ -36,9 +36,9 @@ from precision import mobilenet_v2 as mobilenet_v2_onnx
 from record_landscapes import CRITERION
 
 from gpt_optuna.graph.feeds import save_npz
-from gpt_optuna.results.progress import Progress
 from gpt_optuna.search.config import TuneConfig
 from gpt_optuna.search.finalists import confirm, template_from_study
+from gpt_optuna.search.progress import Progress
 from gpt_optuna.search.tune import tune
 from gpt_optuna.study.summary import finished_count, summarize_study
 from gpt_optuna.testing.mobilenet_v2 import PHOTOS, SKIMAGE, crops

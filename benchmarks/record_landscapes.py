@@ -35,9 +35,9 @@ from precision import mobilenet_v2 as mobilenet_v2_onnx
 
 from gpt_optuna.core.space import Space, Value, candidate_key
 from gpt_optuna.graph.feeds import save_npz
-from gpt_optuna.results.progress import Progress
 from gpt_optuna.search.config import TuneConfig
 from gpt_optuna.search.preparation import offered_space
+from gpt_optuna.search.progress import Progress
 from gpt_optuna.search.tune import tune
 from gpt_optuna.study.record import FINGERPRINT_ATTR
 from gpt_optuna.study.taxonomy import has_own_result, retried_numbers

@@ -48,8 +48,8 @@ from gpt_optuna.evaluation.jobs import EvaluateJob
 from gpt_optuna.evaluation.measure import LatencyStats, MeasureSettings
 from gpt_optuna.evaluation.outcome import Outcome, TrialResult
 from gpt_optuna.search.config import TuneConfig
-from gpt_optuna.search.lanes import Lane, TrialBudget, run_lanes
-from gpt_optuna.search.objective import Objective
+from gpt_optuna.search.lanes import TrialBudget, run_lanes
+from gpt_optuna.search.objective import Lane, Objective
 from gpt_optuna.search.sampling_choice import make_sampler
 from gpt_optuna.search.tune import first_candidates
 from gpt_optuna.study.record import FINGERPRINT_ATTR

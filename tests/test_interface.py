@@ -19,7 +19,7 @@ from gpt_optuna.cli.main import main
 from gpt_optuna.core.errors import UserError
 from gpt_optuna.graph import model as m
 from gpt_optuna.graph.interface import InterfaceChanged, check_interface, dtype_changes, interface_problems
-from gpt_optuna.results.progress import format_verdict
+from gpt_optuna.results.summary_text import format_verdict
 from gpt_optuna.study.summary import summarize_study
 
 FP16 = """[measure]

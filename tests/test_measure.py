@@ -19,7 +19,7 @@ from gpt_optuna.evaluation.measure import (
     measure_with,
     median_rel_ci,
 )
-from gpt_optuna.results.progress import format_confirmed
+from gpt_optuna.results.summary_text import format_confirmed
 from gpt_optuna.search.finalists import confirm, template_from_study
 
 

@@ -173,7 +173,7 @@ def test_a_winner_whose_interval_includes_one_is_no_improvement_said_first_and_n
 ) -> None:
     """The verdict and next steps from the confirmation's figures: the same study read with its top
     finalist's interval moved across 1.0 (the mapping from confirmed figures to what is said)."""
-    from gpt_optuna.results.progress import headline
+    from gpt_optuna.results.summary_text import headline
     from gpt_optuna.search.config import TuneConfig
     from gpt_optuna.search.tune import next_steps
 

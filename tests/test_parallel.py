@@ -24,7 +24,8 @@ from gpt_optuna.cli.main import main
 from gpt_optuna.core.errors import UserError
 from gpt_optuna.evaluation.jobs import gpu_names
 from gpt_optuna.evaluation.worker import Worker
-from gpt_optuna.search.lanes import Lane, check_devices
+from gpt_optuna.search.lanes import check_devices
+from gpt_optuna.search.objective import Lane
 from gpt_optuna.study.record import SPACE_ATTR
 from gpt_optuna.study.storage import open_storage
 from gpt_optuna.study.taxonomy import has_own_result, retried_numbers

@@ -110,7 +110,7 @@ def test_a_warm_start_from_many_studies_takes_what_most_agree_on_then_the_larges
         study = optuna.create_study(study_name=name, storage=storage)
         for a, ms in [(0, base), *trials]:
             params = {"a": a, "b": "x"}
-            user_attrs = {"baseline": ms == base and a == 0}
+            user_attrs = {"baseline": ms == base and a == 0, "latency": {"median_ms": ms}}
             study.add_trial(
                 optuna.trial.create_trial(params=params, distributions=distributions, value=ms, user_attrs=user_attrs)
             )

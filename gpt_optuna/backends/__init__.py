@@ -1,4 +1,8 @@
-"""Engines the tuner can drive, looked up by name or by ``package.module:Class`` import path."""
+"""Engines the tuner can drive, looked up by name or by ``package.module:Class`` import path.
+
+Everything a backend of one's own needs is importable from here: the :class:`Backend` base class and
+what its methods take and return (the space's knobs and candidates, the model's description).
+"""
 
 from __future__ import annotations
 
@@ -6,6 +10,8 @@ import importlib
 
 from gpt_optuna.backends.base import Backend, BuildError, Built, KnobLimit, Runner
 from gpt_optuna.core.errors import UserError
+from gpt_optuna.core.space import Candidate, Condition, Knob, Space, Value
+from gpt_optuna.graph.model import Feeds, ModelInfo, ShapeRange, TensorSpec
 
 BACKENDS = {
     "onnxruntime": "gpt_optuna.backends.onnxruntime.backend:OnnxRuntimeBackend",
@@ -13,7 +19,24 @@ BACKENDS = {
     "tensorrt-rtx": "gpt_optuna.backends.tensorrt.backend:TensorRTRTXBackend",
 }
 
-__all__ = ["BACKENDS", "Backend", "BuildError", "Built", "KnobLimit", "Runner", "load_backend"]
+__all__ = [
+    "BACKENDS",
+    "Backend",
+    "BuildError",
+    "Built",
+    "Candidate",
+    "Condition",
+    "Feeds",
+    "Knob",
+    "KnobLimit",
+    "ModelInfo",
+    "Runner",
+    "ShapeRange",
+    "Space",
+    "TensorSpec",
+    "Value",
+    "load_backend",
+]
 
 
 def load_backend(spec: str) -> Backend:

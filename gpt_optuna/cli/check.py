@@ -210,8 +210,8 @@ def run_check(
     quiet: bool = False,
 ) -> int:
     """The whole check; returns the exit code (0 pass, 1 regression, 130 interrupted)."""
-    from gpt_optuna.results.progress import Progress
     from gpt_optuna.results.winner import record_winner
+    from gpt_optuna.search.progress import Progress
     from gpt_optuna.search.tune import tune
     from gpt_optuna.study.storage import load_study, open_storage
     from gpt_optuna.study.summary import finished_count, summarize_study

@@ -101,7 +101,7 @@ def best_record(summary: Any) -> dict[str, Any]:
 def run(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "tune":
-        from gpt_optuna.results.progress import Progress
+        from gpt_optuna.search.progress import Progress
         from gpt_optuna.search.tune import tune
 
         return tune(tune_config(args), Progress(enabled=not args.quiet), argv)
@@ -124,8 +124,8 @@ def run(argv: list[str]) -> int:
     if args.command == "space":
         return print_space(tune_config(args), as_json=args.json)
     if args.command == "worker":
-        from gpt_optuna.results.progress import Progress
         from gpt_optuna.search.join import JoinConfig, join
+        from gpt_optuna.search.progress import Progress
 
         config = JoinConfig(
             storage=args.storage,
@@ -143,7 +143,7 @@ def run(argv: list[str]) -> int:
         from gpt_optuna.study.storage import serve_storage
 
         return serve_storage(args.storage, args.host, args.port)
-    from gpt_optuna.results.progress import format_summary, format_verdict, headline
+    from gpt_optuna.results.summary_text import format_summary, format_verdict, headline
     from gpt_optuna.study.summary import summarize_study
 
     study = _open_existing(args)

@@ -13,7 +13,7 @@ from optuna.trial import FrozenTrial
 
 from gpt_optuna.core.errors import UserError
 from gpt_optuna.graph.interface import dtype_changes, io_record
-from gpt_optuna.results.progress import headline
+from gpt_optuna.results.summary_text import headline
 from gpt_optuna.study.artifacts import artifact_folder, verified
 from gpt_optuna.study.record import FINGERPRINT_ATTR, IO_CHANGE_ATTR, study_folder
 from gpt_optuna.study.summary import StudySummary, first_value, summarize_study

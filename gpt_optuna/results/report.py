@@ -328,7 +328,7 @@ def render(study: optuna.Study, where: str = "") -> str:
     failed = [r for r in rows if r.status == "failed" and r.reused_from is None]
     failures = "".join(f"<li>trial {r.number}: {html.escape(r.reason[:200])}</li>" for r in failed)
     per_trial = accuracy_rows(rows, criterion)
-    from gpt_optuna.results.progress import format_summary
+    from gpt_optuna.results.summary_text import format_summary
 
     return f"""<!DOCTYPE html>
 <html><head><meta charset="utf-8"><title>gpt-optuna report: {html.escape(study.study_name)}</title>

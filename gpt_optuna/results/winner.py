@@ -18,7 +18,7 @@ from typing import Any
 import optuna
 
 from gpt_optuna.results.export import figures_record
-from gpt_optuna.results.progress import headline
+from gpt_optuna.results.summary_text import headline
 from gpt_optuna.study.record import FINGERPRINT_ATTR
 from gpt_optuna.study.summary import StudySummary, summarize_study
 

@@ -29,6 +29,7 @@ from gpt_optuna.evaluation.measure import MeasureSettings, bootstrap_ratio
 from gpt_optuna.evaluation.worker import FailureKind, JobFailure, Worker
 from gpt_optuna.study.artifacts import INPUTS_FILE, REFERENCE_FILE
 from gpt_optuna.study.record import CONFIRMED_ATTR
+from gpt_optuna.study.taxonomy import baseline_trial
 
 WORKER_START_S = 5.0
 """A fresh worker process's start and library load, in the estimate of a process's time where it
@@ -49,7 +50,9 @@ def process_seconds(candidates: list[FrozenTrial], settings: MeasureSettings, st
 def finalists(study: optuna.Study, top: int) -> tuple[FrozenTrial | None, list[FrozenTrial]]:
     """The baseline trial and the ``top`` best distinct feasible candidates (reused trials skipped)."""
     trials = study.get_trials(deepcopy=False)
-    baseline = next((t for t in trials if t.user_attrs.get("baseline") and "latency" in t.user_attrs), None)
+    baseline = baseline_trial(trials)
+    if baseline is not None and "latency" not in baseline.user_attrs:
+        baseline = None  # nothing measured to compare with
     complete = [t for t in trials if t.state is TrialState.COMPLETE and t.values and "reused_from" not in t.user_attrs]
     complete.sort(key=lambda t: t.values[0])
     best = [t for t in complete if baseline is None or t.number != baseline.number][:top]

@@ -21,7 +21,7 @@ from gpt_optuna.core import interrupts
 from gpt_optuna.core.errors import UserError
 from gpt_optuna.core.space import Space
 from gpt_optuna.graph.model import load_model_info
-from gpt_optuna.results.progress import Progress, format_summary
+from gpt_optuna.results.summary_text import format_summary
 from gpt_optuna.search.config import DEFAULT_TRIAL_TIMEOUT_S
 from gpt_optuna.search.finalists import template_from_study
 from gpt_optuna.search.lanes import (
@@ -36,6 +36,7 @@ from gpt_optuna.search.lanes import (
     warming,
 )
 from gpt_optuna.search.objective import OWNER, Objective
+from gpt_optuna.search.progress import Progress
 from gpt_optuna.search.sampling_choice import make_sampler
 from gpt_optuna.study.artifacts import artifact_folder, fetch
 from gpt_optuna.study.record import FINGERPRINT_ATTR, SEARCH_ATTR, SPACE_ATTR, STUDIES

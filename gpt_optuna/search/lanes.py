@@ -15,7 +15,6 @@ import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,29 +26,14 @@ from gpt_optuna.core.errors import UserError, environment_fault
 from gpt_optuna.core.space import Space
 from gpt_optuna.evaluation.jobs import WarmUpJob, gpu_names
 from gpt_optuna.evaluation.worker import Worker
-from gpt_optuna.search.objective import OWNER, CandidateFailed, Objective, SearchTimeUp
+from gpt_optuna.search.objective import CandidateFailed, Lane, Objective, SearchTimeUp
 from gpt_optuna.search.time_budget import trial_seconds
 from gpt_optuna.study.recovery import fail_as_interrupted, recover_interrupted, retry_trial
-from gpt_optuna.study.taxonomy import has_own_result, is_interrupted, retried_numbers
+from gpt_optuna.study.taxonomy import baseline_trial, has_own_result, is_interrupted, retried_numbers
 
 WAIT_S = 1.0
 """How often a worker with nothing to start looks at the study again."""
 WARM_UP_S = 300.0
-
-
-@dataclass(frozen=True)
-class Lane:
-    """One evaluation worker: its process, the GPU it is pinned to (``CUDA_VISIBLE_DEVICES``;
-    None: the default device) and the name of the device its trials are measured on."""
-
-    index: int
-    worker: Worker
-    gpu: str | None
-    device: str
-
-    @property
-    def worker_id(self) -> str:
-        return f"{OWNER}/{self.index}"
 
 
 def runs_on_cpu(space: Space) -> bool:
@@ -159,9 +143,7 @@ def check_devices(lanes: Sequence[Lane], study_device: str | None, allow_mixed: 
 
 def study_device(study: optuna.Study) -> str | None:
     """The device the study's baseline was measured on (None before it ran)."""
-    trials = study.get_trials(deepcopy=False)
-    retried = retried_numbers(trials)
-    baseline = next((t for t in trials if t.user_attrs.get("baseline") and has_own_result(t, retried)), None)
+    baseline = baseline_trial(study.get_trials(deepcopy=False))
     return None if baseline is None else baseline.user_attrs.get("gpu")
 
 

@@ -14,8 +14,8 @@ import os
 import socket
 import time
 from collections.abc import Callable
-from dataclasses import asdict, replace
-from typing import TYPE_CHECKING, Any
+from dataclasses import asdict, dataclass, replace
+from typing import Any
 
 import optuna
 from optuna.artifacts import FileSystemArtifactStore, upload_artifact
@@ -26,15 +26,29 @@ from gpt_optuna.core.errors import UserError
 from gpt_optuna.core.space import Candidate, Space
 from gpt_optuna.evaluation.jobs import EvaluateJob, run_evaluation
 from gpt_optuna.evaluation.outcome import Outcome, TrialResult
+from gpt_optuna.evaluation.worker import Worker
 from gpt_optuna.study.record import IO_CHANGE_ATTR
 from gpt_optuna.study.taxonomy import has_own_result, retried_numbers
-
-if TYPE_CHECKING:
-    from gpt_optuna.search.lanes import Lane
 
 HOST = socket.gethostname()
 OWNER = f"{HOST}:{os.getpid()}"
 """Which tuner process runs a trial, so a later run can tell a dead owner's trials apart."""
+
+
+@dataclass(frozen=True)
+class Lane:
+    """One evaluation worker: its process, the GPU it is pinned to (``CUDA_VISIBLE_DEVICES``;
+    None: the default device) and the name of the device its trials are measured on."""
+
+    index: int
+    worker: Worker
+    gpu: str | None
+    device: str
+
+    @property
+    def worker_id(self) -> str:
+        return f"{OWNER}/{self.index}"
+
 
 _COPIED_ATTRS = (
     "outcome",

@@ -11,6 +11,7 @@ from optuna.trial import TrialState
 from gpt_optuna.core.errors import UserError
 from gpt_optuna.core.space import Candidate, CandidateKey, Space, Value, candidate_key
 from gpt_optuna.search.lanes import runs_on_cpu
+from gpt_optuna.study.taxonomy import baseline_trial, measured_latency_ms
 
 SPEED_VALUES: dict[str, tuple[Value, ...]] = {
     "graph_fusion": ("transformer",),
@@ -83,9 +84,10 @@ def warm_start(
 def _best_of(study: optuna.Study, space: Space, skip: CandidateKey) -> list[tuple[float, Candidate, str]]:
     """A study's best :data:`WARM_PER_STUDY` distinct feasible configurations mapped onto ``space``
     (other than ``skip``, this space's baseline), each with its speedup over that study's baseline
-    (1 where the baseline has no latency)."""
+    (1 where the baseline measured no latency)."""
     trials = study.get_trials(deepcopy=False)
-    base = next((t.values[0] for t in trials if t.user_attrs.get("baseline") and t.values), None)
+    baseline = baseline_trial(trials)
+    base = None if baseline is None else measured_latency_ms(baseline)
     complete = sorted((t for t in trials if t.state is TrialState.COMPLETE and t.values), key=lambda t: t.values[0])
     best: dict[CandidateKey, tuple[float, Candidate, str]] = {}
     for trial in complete:
@@ -102,5 +104,5 @@ def _same_kind(storage: optuna.storages.BaseStorage, name: str, backend: str, de
 
     study = optuna.load_study(study_name=name, storage=storage)
     recorded: dict[str, Any] = study.user_attrs.get(FINGERPRINT_ATTR) or {}
-    baseline = next((t for t in study.get_trials(deepcopy=False) if t.user_attrs.get("baseline")), None)
+    baseline = baseline_trial(study.get_trials(deepcopy=False))
     return recorded.get("backend") == backend and baseline is not None and baseline.user_attrs.get("gpu") == device

@@ -23,7 +23,7 @@ from gpt_optuna.core.space import Candidate, Space
 from gpt_optuna.evaluation.jobs import EvaluateJob
 from gpt_optuna.evaluation.worker import JobFailure
 from gpt_optuna.results.export import export_suffix
-from gpt_optuna.results.progress import Progress, warm_summary
+from gpt_optuna.results.summary_text import warm_summary
 from gpt_optuna.results.winner import name_objectives, record_winner
 from gpt_optuna.search.config import TuneConfig, study_flags
 from gpt_optuna.search.finalists import confirm
@@ -42,6 +42,7 @@ from gpt_optuna.search.lanes import (
 from gpt_optuna.search.objective import Objective
 from gpt_optuna.search.phases import Phases
 from gpt_optuna.search.preparation import Prepared, check_resumable, fingerprint, load_inputs, prepare
+from gpt_optuna.search.progress import Progress
 from gpt_optuna.search.sampling_choice import check_sampler, make_sampler
 from gpt_optuna.search.seeds import speed_seed, warm_start
 from gpt_optuna.search.time_budget import FINISH_S, kept_for_confirmation, plan_confirmation

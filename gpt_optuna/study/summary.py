@@ -14,9 +14,11 @@ from gpt_optuna.study.record import FINGERPRINT_ATTR, IO_CHANGE_ATTR, MEASURE_AT
 from gpt_optuna.study.recovery import orphans
 from gpt_optuna.study.taxonomy import (
     STATUSES,
+    baseline_trial,
     failure_causes,
     has_own_result,
     is_interrupted,
+    measured_latency_ms,
     retried_numbers,
     trial_status,
 )
@@ -117,8 +119,7 @@ class StudySummary:
             return None
         if self.dry_run:
             return first_value(self.baseline)
-        latency = self.baseline.user_attrs.get("latency")
-        return float(latency["median_ms"]) if latency else None
+        return measured_latency_ms(self.baseline)
 
     def figures(self, trial: FrozenTrial) -> Figures:
         """The trial's figures beside the baseline's: confirmed where it was a finalist (or is the
@@ -203,7 +204,6 @@ def summarize_study(study: optuna.Study) -> StudySummary:
     trials = study.get_trials(deepcopy=False)
     retried = retried_numbers(trials)
     counts = dict.fromkeys(STATUSES, 0) | Counter(trial_status(t, retried) for t in trials)
-    baselines = [t for t in trials if t.user_attrs.get("baseline") and has_own_result(t, retried)]
     complete = [t for t in trials if t.state is TrialState.COMPLETE and t.values]
     best = min(complete, key=lambda t: (t.values[0], t.number)) if complete else None
     confirmed = study.user_attrs.get("confirmed")
@@ -216,8 +216,7 @@ def summarize_study(study: optuna.Study) -> StudySummary:
         name=study.study_name,
         counts=counts,
         reused=sum(1 for t in trials if "reused_from" in t.user_attrs),
-        baseline=next((t for t in baselines if t.state is TrialState.COMPLETE or "latency" in t.user_attrs), None)
-        or (baselines[0] if baselines else None),
+        baseline=baseline_trial(trials),
         best=best,
         dry_run=recorded.get("objective") == "build_s",
         confirmed=confirmed,

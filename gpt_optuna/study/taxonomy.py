@@ -30,6 +30,21 @@ def has_own_result(trial: FrozenTrial, retried: set[int]) -> bool:
     )
 
 
+def baseline_trial(trials: list[FrozenTrial]) -> FrozenTrial | None:
+    """The baseline: the trial of the default configuration (user attr ``baseline``) that holds its
+    own result, the one that measured a latency (even an infeasible one) where there are several."""
+    retried = retried_numbers(trials)
+    own = [t for t in trials if t.user_attrs.get("baseline") and has_own_result(t, retried)]
+    measured = (t for t in own if t.state is TrialState.COMPLETE or "latency" in t.user_attrs)
+    return next(measured, own[0] if own else None)
+
+
+def measured_latency_ms(trial: FrozenTrial) -> float | None:
+    """The trial's measured median latency in ms (measured even where it was infeasible), if any."""
+    latency = trial.user_attrs.get("latency")
+    return float(latency["median_ms"]) if latency else None
+
+
 STATUSES = ("feasible", "infeasible", "failed", "interrupted", "running", "waiting")
 
 

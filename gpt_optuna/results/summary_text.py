@@ -1,24 +1,13 @@
-"""What a person sees during and after a search: a progress bar, notes and the summary."""
+"""A study's outcome in words: the verdict first, the headline, the summary, the confirmation's ranking."""
 
 from __future__ import annotations
 
-import sys
-import threading
-import time
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, Any
 
-from optuna.trial import TrialState
-from tqdm import tqdm
-
-from gpt_optuna.evaluation.outcome import Outcome, TrialResult
 from gpt_optuna.graph.interface import describe_changes
 from gpt_optuna.study.summary import first_value
 
 if TYPE_CHECKING:
-    import optuna
-
-    from gpt_optuna.core.space import Candidate, Space
-    from gpt_optuna.search.config import TuneConfig
     from gpt_optuna.study.summary import Figures, StudySummary
 
 
@@ -204,150 +193,3 @@ def _ms(row: dict[str, Any]) -> str:
     """A median, with the per-process medians where there are several."""
     each = _per_process(row)
     return f"{row['median_ms']:.4g} ms" + (f" ({' / '.join(f'{v:.4g}' for v in each)})" if len(each) > 1 else "")
-
-
-def _ended(trial: optuna.trial.FrozenTrial) -> str:
-    """How a trial without a value ended, with its reason: infeasible, failed or interrupted."""
-    attrs = trial.user_attrs
-    if "interrupted" in attrs:
-        return f"interrupted: {attrs['interrupted']}"
-    if "infeasible" in attrs:
-        return f"infeasible: {str(attrs['infeasible'])[:160]}"
-    if "failure" in attrs:
-        detail = (str(attrs["failure"]).splitlines() or [""])[0][:160]
-        return f"failed ({attrs.get('outcome', 'error')}): {detail}"
-    return trial.state.name.lower()
-
-
-class Progress:
-    """A tqdm bar on stderr with the best latency so far; notes and the summary around it. Where
-    stderr is no terminal (a CI log, a file), one line per trial instead of a redrawn bar."""
-
-    def __init__(self, stream: TextIO | None = None, enabled: bool = True) -> None:
-        self._stream = stream
-        self.enabled = enabled
-        self._bar: tqdm | None = None
-        self._lines: tuple[int, int | None] | None = None
-        """Without a terminal: (trials done, trials to do) of the per-trial lines."""
-        self._best: tuple[float, int] | None = None
-        self._deadline: float | None = None
-        self._workers = 1
-        self._lock = threading.RLock()  # several workers report at once
-
-    @property
-    def stream(self) -> TextIO:
-        return self._stream or sys.stderr
-
-    def start(
-        self,
-        config: TuneConfig,
-        space: Space,
-        resumed: bool,
-        done: int,
-        recovered: list[int],
-        remaining: int | None,
-        deadline: float | None = None,
-        workers: int = 1,
-    ) -> None:
-        """Say what is searched; a bar counts the trials, and shows the workers and, with
-        --timeout, the time left."""
-        verb = "resuming" if resumed else "new"
-        self.note(
-            f"{verb} study {config.study_name} in {config.storage} ({done} trials done); {len(space)} knobs"
-            + (f"; {workers} workers" if workers > 1 else "")
-        )
-        if recovered:
-            self.note(f"trials {', '.join(map(str, recovered))} were interrupted by a killed run; retrying them")
-        self.begin(remaining, deadline, workers)
-
-    def begin(self, remaining: int | None, deadline: float | None, workers: int = 1) -> None:
-        """The bar: trials this process adds (of ``remaining``), its workers, the time left."""
-        self._deadline = deadline
-        self._workers = workers
-        if not self.enabled or remaining == 0:
-            return
-        if self.stream.isatty():
-            self._bar = tqdm(total=remaining, file=self.stream, unit="trial", dynamic_ncols=True)
-            self._show()
-        else:
-            self._lines = (0, remaining)
-
-    def end(self) -> None:
-        """Close the bar (or end the per-trial lines)."""
-        with self._lock:
-            self._lines = None
-            if self._bar is not None:
-                self._bar.close()
-                self._bar = None
-
-    def note(self, text: str) -> None:
-        with self._lock:
-            if self._bar is not None:
-                self._bar.write(text, file=self.stream)
-            else:
-                print(text, file=self.stream)
-
-    def result(self, number: int, candidate: Candidate, result: TrialResult | None) -> None:
-        """A note for a candidate that failed or was infeasible (None: an earlier result reused);
-        without a terminal the trial's own line says it instead."""
-        if self._lines is not None:
-            return
-        if result is not None and result.outcome.is_failure:
-            self.note(f"trial {number} failed ({result.outcome.value}): {result.detail.splitlines()[0][:160]}")
-        elif result is not None and result.outcome is Outcome.INFEASIBLE:
-            self.note(f"trial {number} infeasible: {result.detail[:160]}")
-
-    def trial_done(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
-        with self._lock:
-            self._trial_done(study, trial)
-
-    def _trial_done(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
-        if self._bar is None and self._lines is None:
-            return
-        if self._best is None:  # once per run, so that a resumed study shows its earlier best
-            complete = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-            if complete:
-                first = min(complete, key=lambda t: t.values[0])
-                self._best = (first.values[0], first.number)
-        if trial.values and (self._best is None or trial.values[0] < self._best[0]):
-            self._best = (trial.values[0], trial.number)
-        if self._bar is not None:
-            self._bar.update(1)
-            self._show()
-        elif self._lines is not None:
-            done, total = self._lines[0] + 1, self._lines[1]
-            self._lines = (done, total)
-            value = f"{trial.values[0]:.4g} ms" if trial.values else _ended(trial)
-            counted = f"{done}/{total}" if total is not None else str(done)
-            print(f"trial {trial.number} ({counted}): {value}; {self._status()}", file=self.stream, flush=True)
-
-    def _status(self) -> str:
-        """The best so far, the workers, and the time left before --timeout."""
-        parts = [] if self._best is None else [f"best {self._best[0]:.4g} ms (trial {self._best[1]})"]
-        if self._workers > 1:
-            parts.append(f"{self._workers} workers")
-        if self._deadline is not None:
-            left = max(self._deadline - time.monotonic(), 0.0)
-            parts.append(f"{int(left // 3600)}h{int(left % 3600 // 60):02d}m{int(left % 60):02d}s left")
-        return ", ".join(parts)
-
-    def _show(self) -> None:
-        """The bar's postfix: :meth:`_status`."""
-        if self._bar is not None:
-            self._bar.set_postfix_str(self._status())
-
-    def quiet_finish(self, *_: Any, **__: Any) -> None:
-        """Close the bar and print nothing (for a caller that judges the study itself)."""
-        self.end()
-
-    def finish(self, summary: StudySummary, steps: list[str], note: str = "", took: str = "") -> None:
-        """The summary, the run's time by phase (``took``), and the commands worth running next
-        (extend, report, export)."""
-        self.end()
-        if note:
-            print(note, file=self.stream)
-        print(format_summary(summary), file=sys.stdout)
-        if took:
-            print(took, file=sys.stdout)
-        for step in steps:
-            print(step, file=sys.stdout)
