@@ -26,21 +26,16 @@ from gpt_optuna.search.config import DEFAULT_TRIAL_TIMEOUT_S
 from gpt_optuna.search.finalists import template_from_study
 from gpt_optuna.search.lanes import (
     TrialBudget,
-    check_devices,
-    lane_gpus,
-    make_lanes,
     measured_on,
-    open_workers,
-    run_lanes,
     study_device,
     warming,
 )
 from gpt_optuna.search.objective import OWNER, Objective
 from gpt_optuna.search.progress import Progress
 from gpt_optuna.search.sampling_choice import make_sampler
+from gpt_optuna.search.session import SearchSession
 from gpt_optuna.study.artifacts import artifact_folder, fetch
 from gpt_optuna.study.record import FINGERPRINT_ATTR, SEARCH_ATTR, SPACE_ATTR, STUDIES
-from gpt_optuna.study.recovery import tuner_presence
 from gpt_optuna.study.storage import load_study, open_storage
 from gpt_optuna.study.summary import finished_count, summarize_study
 
@@ -97,18 +92,15 @@ def join(config: JoinConfig, progress: Progress) -> int:
     search = study.user_attrs.get(SEARCH_ATTR, {})
     target = config.n_trials or search.get("n_trials")
     sampler = make_sampler(search.get("sampler", "tpe"), None, space)
-    notes: list[str] = []
     with contextlib.ExitStack() as stack:
         log = f"worker-{OWNER.replace(':', '-')}"  # apart from a tuner's logs in the same folder
-        gpus = lane_gpus(config.workers, config.gpus, workdir / f"{log}.log")
-        workers = open_workers(stack, gpus, workdir, log)
-        with warming(workers, recorded["backend"]) as names:
+        session = SearchSession(stack, workdir, log, config.workers, config.gpus)
+        with warming(session.workers, recorded["backend"]) as names:
             pass  # nothing to do meanwhile: the names are there once every worker has started
-        lanes = make_lanes(workers, gpus, names, space)
-        stack.enter_context(tuner_presence(workdir))  # a tuner starting on this host leaves our trials be
+        lanes = session.place(names, space)
         versions = recorded.get("versions", {})
         creator = measured_on(versions["gpu"], space) if "gpu" in versions else None
-        notes += check_devices(lanes, study_device(study) or creator, config.allow_mixed_gpus)
+        notes, _ = session.enter(study_device(study) or creator, config.allow_mixed_gpus)
         done = finished_count(study)
         remaining = None if target is None else max(target - done, 0)
         deadline = search_deadline(
@@ -127,13 +119,14 @@ def join(config: JoinConfig, progress: Progress) -> int:
             space, job, timeout, artifacts, progress.result, _objectives(recorded), note=progress.note
         )
         progress.begin(remaining, deadline, len(lanes))
+        budget = TrialBudget(study, target, deadline)
         try:
-            budget = TrialBudget(study, target, deadline)
-            run_lanes(config.study_name, storage, sampler, lanes, objective, budget, progress.trial_done)
-        except (KeyboardInterrupt, UserError) as exc:
+            stopped_by = session.search(study, storage, sampler, objective, budget, progress)
+        except UserError:
             progress.end()
-            if isinstance(exc, UserError):
-                raise
+            raise
+        if stopped_by is not None:
+            progress.end()
             print(format_summary(summarize_study(study)))
             return interrupts.exit_code()
     progress.end()

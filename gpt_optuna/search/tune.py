@@ -29,12 +29,7 @@ from gpt_optuna.search.config import TuneConfig, study_flags
 from gpt_optuna.search.finalists import confirm
 from gpt_optuna.search.lanes import (
     TrialBudget,
-    check_devices,
-    lane_gpus,
-    make_lanes,
-    open_workers,
     pinned,
-    run_lanes,
     started_in,
     study_device,
     warming,
@@ -45,10 +40,11 @@ from gpt_optuna.search.preparation import Prepared, check_resumable, fingerprint
 from gpt_optuna.search.progress import Progress
 from gpt_optuna.search.sampling_choice import check_sampler, make_sampler
 from gpt_optuna.search.seeds import speed_seed, warm_start
+from gpt_optuna.search.session import SearchSession
 from gpt_optuna.search.time_budget import FINISH_S, kept_for_confirmation, plan_confirmation
 from gpt_optuna.study.artifacts import artifact_folder, publish
 from gpt_optuna.study.record import FOLDER_ATTR, MEASURE_ATTR, SEARCH_ATTR, SPACE_ATTR, STUDIES
-from gpt_optuna.study.recovery import recover_interrupted, tuner_presence
+from gpt_optuna.study.recovery import recover_interrupted
 from gpt_optuna.study.resume import open_study, recorded_fingerprint, recorded_folder
 from gpt_optuna.study.storage import open_storage, storage_file
 from gpt_optuna.study.summary import StudySummary, finished_count
@@ -84,12 +80,12 @@ def tune(
         folder = recorded_folder(storage, config.study_name)
         if folder is not None and folder.is_dir():  # a study resumed from another directory keeps its folder
             config = replace(config, folder=folder)
-        gpus = lane_gpus(config.workers, config.gpus, config.workdir / "worker.log")
-        workers = open_workers(stack, gpus, config.workdir, "worker")
-        start_s = started_in(workers[0], config.backend)  # what each finalists' process will cost to start
-        with warming(workers[1:], config.backend) as names:  # the others start while the first finds the space
-            prepared = prepare(config, workers[0], inputs, notes, progress.note)
-        lanes = make_lanes(workers, gpus, [prepared.versions.get("gpu", "none"), *names], prepared.space)
+        session = SearchSession(stack, config.workdir, "worker", config.workers, config.gpus)
+        first, others = session.workers[0], session.workers[1:]
+        start_s = started_in(first, config.backend)  # what each finalists' process will cost to start
+        with warming(others, config.backend) as names:  # the others start while the first finds the space
+            prepared = prepare(config, first, inputs, notes, progress.note)
+        lanes = session.place([prepared.versions.get("gpu", "none"), *names], prepared.space)
         sampler = make_sampler(config.sampler, config.seed, prepared.space)
         study, resumed = open_study(
             storage,
@@ -102,8 +98,8 @@ def tune(
         )
         new.clear()  # the study exists: what this run made is its own from here on
         name_objectives(study)
-        notes += check_devices(lanes, study_device(study), config.allow_mixed_gpus)
-        alone = stack.enter_context(tuner_presence(config.workdir))
+        warnings, alone = session.enter(study_device(study), config.allow_mixed_gpus)
+        notes += warnings
         recovered = recover_interrupted(study, alone)
         done = finished_count(study)
         remaining = None if config.n_trials is None else max(config.n_trials - done, 0)
@@ -143,14 +139,11 @@ def tune(
             progress.note,
         )
         phases.begin("searching")
-        try:
-            run_lanes(config.study_name, storage, sampler, lanes, objective, budget, progress.trial_done)
-        except (KeyboardInterrupt, UserError) as exc:
-            if isinstance(exc, UserError):
-                raise
+        stopped_by = session.search(study, storage, sampler, objective, budget, progress)
+        if stopped_by is not None:
             summary = record_winner(study)
             steps = next_steps(config, args, finished_count(study), summary, stopped=True)
-            finish(summary, steps, note=f"stopped by {interrupts.cause()}", took=phases.line())
+            finish(summary, steps, note=f"stopped by {stopped_by}", took=phases.line())
             return interrupts.exit_code()
         if deadline is not None:  # the search is over: workers that joined it stop, and leave the GPU to the finalists
             study.set_user_attr(SEARCH_ATTR, study.user_attrs[SEARCH_ATTR] | {"ends_at": time.time()})
@@ -163,7 +156,8 @@ def tune(
         if not config.dry_run and config.confirm_top > 0:
             phases.begin("re-measuring the finalists")
             try:
-                note = confirm_finalists(config, study, job, deadline, progress, pinned(gpus[0]), start_s) or note
+                pinning = pinned(session.gpus[0])
+                note = confirm_finalists(config, study, job, deadline, progress, pinning, start_s) or note
                 interrupts.check()
             except KeyboardInterrupt:
                 note = f"the finalists' re-measurement was stopped by {interrupts.cause()}"

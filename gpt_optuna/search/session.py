@@ -1,0 +1,64 @@
+"""This host's part of a study's search, one code path for ``tune`` and ``worker``: its worker
+processes, each on a lane pinned to a GPU, checked against each other and the study's device,
+marked present (a tuner starting on this host leaves their trials be), and the lanes searching
+until the trial budget is spent."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Sequence
+from pathlib import Path
+
+import optuna
+
+from gpt_optuna.core import interrupts
+from gpt_optuna.core.space import Space
+from gpt_optuna.evaluation.worker import Worker
+from gpt_optuna.search.lanes import TrialBudget, check_devices, lane_gpus, make_lanes, open_workers, run_lanes
+from gpt_optuna.search.objective import Lane, Objective
+from gpt_optuna.search.progress import Progress
+from gpt_optuna.study.recovery import tuner_presence
+
+
+class SearchSession:
+    """Opened on ``stack``: ``workers`` processes (``gpus``: ``all`` or CUDA indices, see
+    :func:`lane_gpus`) logging to ``folder/<log>.log``; they close with the stack."""
+
+    def __init__(
+        self, stack: contextlib.ExitStack, folder: Path, log: str, workers: int | None, gpus: str | None
+    ) -> None:
+        self.stack = stack
+        self.folder = folder
+        self.gpus = lane_gpus(workers, gpus, folder / f"{log}.log")
+        self.workers: list[Worker] = open_workers(stack, self.gpus, folder, log)
+        self.lanes: list[Lane] = []
+
+    def place(self, device_names: Sequence[str], space: Space) -> list[Lane]:
+        """Put each worker on its lane: measuring on its GPU (``device_names``), or on the CPU."""
+        self.lanes = make_lanes(self.workers, self.gpus, device_names, space)
+        return self.lanes
+
+    def enter(self, study_device: str | None, allow_mixed: bool) -> tuple[list[str], bool]:
+        """Refuse lanes on devices that differ from each other or from the study's (unless
+        ``allow_mixed``) and mark this search present here; the warnings to show, and whether no
+        other tuner runs on this host."""
+        notes = check_devices(self.lanes, study_device, allow_mixed)
+        alone = self.stack.enter_context(tuner_presence(self.folder))
+        return notes, alone
+
+    def search(
+        self,
+        study: optuna.Study,
+        storage: optuna.storages.BaseStorage,
+        sampler: optuna.samplers.BaseSampler,
+        objective: Objective,
+        budget: TrialBudget,
+        progress: Progress,
+    ) -> str | None:
+        """Search on every lane until ``budget`` is spent; what stopped it early (a signal's
+        description), else None. A :class:`UserError` in a trial is raised."""
+        try:
+            run_lanes(study.study_name, storage, sampler, self.lanes, objective, budget, progress.trial_done)
+        except KeyboardInterrupt:
+            return interrupts.cause()
+        return None
