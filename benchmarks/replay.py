@@ -50,7 +50,7 @@ from gpt_optuna.evaluation.outcome import Outcome, TrialResult
 from gpt_optuna.search.config import TuneConfig
 from gpt_optuna.search.lanes import TrialBudget, run_lanes
 from gpt_optuna.search.objective import Lane, Objective
-from gpt_optuna.search.sampling_choice import make_sampler
+from gpt_optuna.search.sampling import make_sampler
 from gpt_optuna.search.tune import first_candidates
 from gpt_optuna.study.record import FINGERPRINT_ATTR
 from gpt_optuna.study.resume import open_study

@@ -97,7 +97,7 @@ def test_a_rejected_run_leaves_no_study_behind(cnn_path: Path, tmp_path: Path) -
 KILLED_AFTER_RESULT = textwrap.dedent(
     """
     import os, signal, sys
-    from gpt_optuna import objective
+    from gpt_optuna.search import objective
     from gpt_optuna.cli.main import main
 
     write = objective.record

@@ -17,13 +17,8 @@ import pytest
 from fake_tensorrt import ROUTES_JSON, VERSIONS, FakeCuPy, FakeTensorRT
 
 from gpt_optuna.backends.base import BuildError
-from gpt_optuna.backends.tensorrt.backend import (
-    MIB,
-    TensorRTBackend,
-    TensorRTRTXBackend,
-    parse_build_routes,
-    route_string,
-)
+from gpt_optuna.backends.tensorrt.backend import TensorRTBackend, TensorRTRTXBackend
+from gpt_optuna.backends.tensorrt.knobs import MIB, parse_build_routes, route_string
 from gpt_optuna.core.space import Space
 from gpt_optuna.graph import model as m
 

@@ -1,0 +1,1 @@
+"""The ``gpt-optuna`` command: its parser, one handler per command, and ``check``."""

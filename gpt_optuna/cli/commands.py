@@ -1,10 +1,11 @@
-"""The ``gpt-optuna`` command: tune, status, best."""
+"""One handler per ``gpt-optuna`` command, found in a table by the command's name."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -99,102 +100,127 @@ def best_record(summary: Any) -> dict[str, Any]:
 
 
 def run(argv: list[str]) -> int:
+    """Parse ``argv`` and run its command; the exit code."""
     args = build_parser().parse_args(argv)
-    if args.command == "tune":
-        from gpt_optuna.search.progress import Progress
-        from gpt_optuna.search.tune import tune
+    if args.command in STUDY_COMMANDS:
+        return STUDY_COMMANDS[args.command](args, _open_existing(args))
+    return COMMANDS[args.command](args, argv)
 
-        return tune(tune_config(args), Progress(enabled=not args.quiet), argv)
-    if args.command == "check":
-        from gpt_optuna.cli.check import run_check
 
-        allowed = ("measure", "space", "trial_timeout_s", "confirm_processes", "confirm_top", "sampler", "seed")
-        base = {k: v for k, v in (read_toml(Path(args.config)) if args.config else {}).items() if k in allowed}
-        junit = writable_file(Path(args.junit)) if args.junit else None
-        return run_check(
-            Path(args.model),
-            Path(args.baseline),
-            parse_duration(args.budget),
-            parse_tolerance(args.tolerance),
-            base,
-            junit,
-            args.update,
-            args.quiet,
+def _tune(args: argparse.Namespace, argv: list[str]) -> int:
+    from gpt_optuna.search.progress import Progress
+    from gpt_optuna.search.tune import tune
+
+    return tune(tune_config(args), Progress(enabled=not args.quiet), argv)
+
+
+def _check(args: argparse.Namespace, _: list[str]) -> int:
+    from gpt_optuna.cli.check import run_check
+
+    allowed = ("measure", "space", "trial_timeout_s", "confirm_processes", "confirm_top", "sampler", "seed")
+    base = {k: v for k, v in (read_toml(Path(args.config)) if args.config else {}).items() if k in allowed}
+    junit = writable_file(Path(args.junit)) if args.junit else None
+    return run_check(
+        Path(args.model),
+        Path(args.baseline),
+        parse_duration(args.budget),
+        parse_tolerance(args.tolerance),
+        base,
+        junit,
+        args.update,
+        args.quiet,
+    )
+
+
+def _space(args: argparse.Namespace, _: list[str]) -> int:
+    return print_space(tune_config(args), as_json=args.json)
+
+
+def _worker(args: argparse.Namespace, _: list[str]) -> int:
+    from gpt_optuna.search.join import JoinConfig, join
+    from gpt_optuna.search.progress import Progress
+
+    config = JoinConfig(
+        storage=args.storage,
+        study_name=args.study_name,
+        model=Path(args.model) if args.model else None,
+        n_trials=args.n_trials,
+        timeout_s=parse_duration(args.timeout) if args.timeout else None,
+        artifacts=Path(args.artifacts) if args.artifacts else None,
+        workers=args.workers,
+        gpus=args.gpus,
+        allow_mixed_gpus=bool(args.allow_mixed_gpus),
+    )
+    return join(config, Progress(enabled=not args.quiet))
+
+
+def _storage_proxy(args: argparse.Namespace, _: list[str]) -> int:
+    from gpt_optuna.study.storage import serve_storage
+
+    return serve_storage(args.storage, args.host, args.port)
+
+
+def _report(args: argparse.Namespace, study: Any) -> int:
+    import shlex
+
+    from gpt_optuna.results.report import render
+
+    output = writable_file(Path(args.output))
+    output.write_text(render(study, shlex.join(study_flags(_resolve_storage(args)[0], study.study_name))))
+    print(f"wrote {output}")
+    return 0
+
+
+def _export(args: argparse.Namespace, study: Any) -> int:
+    if args.format == "triton":
+        from gpt_optuna.results.triton import model_name, write_repository
+
+        folder, left_out, side = write_repository(
+            study, args.trial, Path(args.output), args.model_name or model_name(study), args.force
         )
-    if args.command == "space":
-        return print_space(tune_config(args), as_json=args.json)
-    if args.command == "worker":
-        from gpt_optuna.search.join import JoinConfig, join
-        from gpt_optuna.search.progress import Progress
+        print(f"wrote {folder}/config.pbtxt and the model in {folder}/1")
+        print("\n".join(export_lines(side)[1:]))
+        for item in left_out:
+            print(f"note: Triton's model configuration has no field for {item}; the model runs without it")
+        return 0
+    from gpt_optuna.results.export import export_trial
 
-        config = JoinConfig(
-            storage=args.storage,
-            study_name=args.study_name,
-            model=Path(args.model) if args.model else None,
-            n_trials=args.n_trials,
-            timeout_s=parse_duration(args.timeout) if args.timeout else None,
-            artifacts=Path(args.artifacts) if args.artifacts else None,
-            workers=args.workers,
-            gpus=args.gpus,
-            allow_mixed_gpus=bool(args.allow_mixed_gpus),
-        )
-        return join(config, Progress(enabled=not args.quiet))
-    if args.command == "storage-proxy":
-        from gpt_optuna.study.storage import serve_storage
+    _, side = export_trial(study, args.trial, writable_file(Path(args.output)), args.force)
+    print("\n".join(export_lines(side)))
+    return 0
 
-        return serve_storage(args.storage, args.host, args.port)
-    from gpt_optuna.results.summary_text import format_summary, format_verdict, headline
+
+def _confirm(args: argparse.Namespace, study: Any) -> int:
+    from gpt_optuna.results.summary_text import format_summary
+    from gpt_optuna.results.winner import record_winner
+    from gpt_optuna.search.finalists import confirm, template_from_study
+    from gpt_optuna.study.record import study_folder
+
+    if args.top < 1 or args.processes < 1:
+        raise UserError("--top and --processes must be at least 1")
+    log = study_folder(study) / "confirm.log"
+    plural = "es" if args.processes > 1 else ""
+    print(f"re-measuring the {args.top} best candidates and the baseline in {args.processes} process{plural} ...")
+    say = lambda text: print(text, flush=True)  # noqa: E731
+    if confirm(study, template_from_study(study), log, args.top, args.processes, say=say) is None:
+        raise UserError(f"study {study.study_name} has no measured baseline and feasible candidate to confirm")
+    print(format_summary(record_winner(study)))
+    return 0
+
+
+def _status(_: argparse.Namespace, study: Any) -> int:
+    from gpt_optuna.results.summary_text import format_summary
     from gpt_optuna.study.summary import summarize_study
 
-    study = _open_existing(args)
-    if args.command == "report":
-        import shlex
+    print(format_summary(summarize_study(study)))
+    return 0
 
-        from gpt_optuna.results.report import render
 
-        output = writable_file(Path(args.output))
-        output.write_text(render(study, shlex.join(study_flags(_resolve_storage(args)[0], study.study_name))))
-        print(f"wrote {output}")
-        return 0
-    if args.command == "export":
-        if args.format == "triton":
-            from gpt_optuna.results.triton import model_name, write_repository
+def _best(args: argparse.Namespace, study: Any) -> int:
+    from gpt_optuna.results.summary_text import format_verdict, headline
+    from gpt_optuna.study.summary import summarize_study
 
-            folder, left_out, side = write_repository(
-                study, args.trial, Path(args.output), args.model_name or model_name(study), args.force
-            )
-            print(f"wrote {folder}/config.pbtxt and the model in {folder}/1")
-            print("\n".join(export_lines(side)[1:]))
-            for item in left_out:
-                print(f"note: Triton's model configuration has no field for {item}; the model runs without it")
-            return 0
-        from gpt_optuna.results.export import export_trial
-
-        _, side = export_trial(study, args.trial, writable_file(Path(args.output)), args.force)
-        print("\n".join(export_lines(side)))
-        return 0
-    if args.command == "confirm":
-        from gpt_optuna.search.finalists import confirm, template_from_study
-
-        if args.top < 1 or args.processes < 1:
-            raise UserError("--top and --processes must be at least 1")
-        from gpt_optuna.study.record import study_folder
-
-        log = study_folder(study) / "confirm.log"
-        plural = "es" if args.processes > 1 else ""
-        print(f"re-measuring the {args.top} best candidates and the baseline in {args.processes} process{plural} ...")
-        say = lambda text: print(text, flush=True)  # noqa: E731
-        if confirm(study, template_from_study(study), log, args.top, args.processes, say=say) is None:
-            raise UserError(f"study {study.study_name} has no measured baseline and feasible candidate to confirm")
-    if args.command == "confirm":
-        from gpt_optuna.results.winner import record_winner
-
-        summary = record_winner(study)
-    else:
-        summary = summarize_study(study)
-    if args.command in ("status", "confirm"):
-        print(format_summary(summary))
-        return 0
+    summary = summarize_study(study)
     if summary.best is None:
         raise UserError(f"study {summary.name} has no feasible trial yet")
     record = best_record(summary)
@@ -205,6 +231,24 @@ def run(argv: list[str]) -> int:
     if record["accuracy"]:
         print("accuracy: " + ", ".join(f"{k}={v:.6g}" for k, v in record["accuracy"].items()))
     return 0
+
+
+COMMANDS: dict[str, Callable[[argparse.Namespace, list[str]], int]] = {
+    "tune": _tune,
+    "check": _check,
+    "space": _space,
+    "worker": _worker,
+    "storage-proxy": _storage_proxy,
+}
+"""The commands that open no study first, each with the command line's arguments."""
+STUDY_COMMANDS: dict[str, Callable[[argparse.Namespace, Any], int]] = {
+    "report": _report,
+    "export": _export,
+    "confirm": _confirm,
+    "status": _status,
+    "best": _best,
+}
+"""The commands that read (``confirm``: and write) an existing study."""
 
 
 def export_lines(side: Path) -> list[str]:

@@ -1,4 +1,4 @@
-"""ONNX model loading and checks, input specs, input feeds and reference outputs."""
+"""ONNX model loading and checks, tensor specs and the shape ranges of its inputs."""
 
 from __future__ import annotations
 

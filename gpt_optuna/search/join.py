@@ -32,7 +32,7 @@ from gpt_optuna.search.lanes import (
 )
 from gpt_optuna.search.objective import OWNER, Objective
 from gpt_optuna.search.progress import Progress
-from gpt_optuna.search.sampling_choice import make_sampler
+from gpt_optuna.search.sampling import make_sampler
 from gpt_optuna.search.session import SearchSession
 from gpt_optuna.study.artifacts import artifact_folder, fetch
 from gpt_optuna.study.record import FINGERPRINT_ATTR, SEARCH_ATTR, SPACE_ATTR, STUDIES

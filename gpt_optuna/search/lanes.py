@@ -29,7 +29,7 @@ from gpt_optuna.evaluation.worker import Worker
 from gpt_optuna.search.objective import CandidateFailed, Lane, Objective, SearchTimeUp
 from gpt_optuna.search.time_budget import trial_seconds
 from gpt_optuna.study.recovery import fail_as_interrupted, recover_interrupted, retry_trial
-from gpt_optuna.study.taxonomy import baseline_trial, has_own_result, is_interrupted, retried_numbers
+from gpt_optuna.study.taxonomy import baseline_trial, is_interrupted, own_results, retried_numbers
 
 WAIT_S = 1.0
 """How often a worker with nothing to start looks at the study again."""
@@ -204,8 +204,7 @@ class TrialBudget:
             optuna.storages.fail_stale_trials(self.study)  # a lost host, where the storage keeps heartbeats
         recover_interrupted(self.study)  # a dead process on this host
         trials = self.study.get_trials(deepcopy=False)
-        retried = retried_numbers(trials)
-        finished = sum(1 for t in trials if has_own_result(t, retried))
+        finished = len(own_results(trials))
         running = sum(1 for t in trials if t.state is TrialState.RUNNING)
         return finished, running, trial_seconds(trials)
 

@@ -28,7 +28,7 @@ from gpt_optuna.evaluation.jobs import EvaluateJob, run_evaluation
 from gpt_optuna.evaluation.outcome import Outcome, TrialResult
 from gpt_optuna.evaluation.worker import Worker
 from gpt_optuna.study.record import IO_CHANGE_ATTR
-from gpt_optuna.study.taxonomy import has_own_result, retried_numbers
+from gpt_optuna.study.taxonomy import own_results
 
 HOST = socket.gethostname()
 OWNER = f"{HOST}:{os.getpid()}"
@@ -265,9 +265,5 @@ def record(trial: optuna.Trial, attrs: dict[str, Any], limits: dict[str, float])
 def find_evaluated(study: optuna.Study, candidate: Candidate, exclude: int) -> FrozenTrial | None:
     """An earlier trial with the same parameters that holds its own result (an interrupted one
     does not: its candidate is evaluated again)."""
-    trials = study.get_trials(deepcopy=False)
-    retried = retried_numbers(trials)
-    for earlier in trials:
-        if earlier.number != exclude and earlier.params == candidate and has_own_result(earlier, retried):
-            return earlier
-    return None
+    found = (t for t in own_results(study.get_trials(deepcopy=False)) if t.number != exclude and t.params == candidate)
+    return next(found, None)

@@ -38,7 +38,7 @@ from gpt_optuna.search.objective import Objective
 from gpt_optuna.search.phases import Phases
 from gpt_optuna.search.preparation import Prepared, check_resumable, fingerprint, load_inputs, prepare
 from gpt_optuna.search.progress import Progress
-from gpt_optuna.search.sampling_choice import check_sampler, make_sampler
+from gpt_optuna.search.sampling import check_sampler, make_sampler
 from gpt_optuna.search.seeds import speed_seed, warm_start
 from gpt_optuna.search.session import SearchSession
 from gpt_optuna.search.time_budget import FINISH_S, kept_for_confirmation, plan_confirmation

@@ -15,8 +15,8 @@ from optuna.trial import FrozenTrial, TrialState
 
 from gpt_optuna.study.record import WHY_TRIED, study_folder
 from gpt_optuna.study.taxonomy import (
-    has_own_result,
     is_interrupted,
+    own_results,
     retried_numbers,
 )
 
@@ -140,7 +140,9 @@ def recover_interrupted(study: optuna.Study, alone: bool = False) -> list[int]:
     ]
     trials = study.get_trials(deepcopy=False)
     retried = retried_numbers(trials)
-    settled = {_params_key(t) for t in trials if has_own_result(t, retried) or not t.state.is_finished()}
+    settled = {_params_key(t) for t in own_results(trials)} | {
+        _params_key(t) for t in trials if not t.state.is_finished()
+    }
     for trial in trials:
         key = _params_key(trial)
         if (

@@ -16,9 +16,9 @@ from gpt_optuna.study.taxonomy import (
     STATUSES,
     baseline_trial,
     failure_causes,
-    has_own_result,
     is_interrupted,
     measured_latency_ms,
+    own_results,
     retried_numbers,
     trial_status,
 )
@@ -26,9 +26,7 @@ from gpt_optuna.study.taxonomy import (
 
 def finished_count(study: optuna.Study) -> int:
     """Trials that count towards --n-trials: evaluated ones, not interrupted ones."""
-    trials = study.get_trials(deepcopy=False)
-    retried = retried_numbers(trials)
-    return sum(1 for t in trials if has_own_result(t, retried))
+    return len(own_results(study.get_trials(deepcopy=False)))
 
 
 def first_value(trial: FrozenTrial) -> float | None:

@@ -30,11 +30,16 @@ def has_own_result(trial: FrozenTrial, retried: set[int]) -> bool:
     )
 
 
+def own_results(trials: list[FrozenTrial]) -> list[FrozenTrial]:
+    """The trials that hold their candidate's own result: what counts towards ``--n-trials``."""
+    retried = retried_numbers(trials)
+    return [t for t in trials if has_own_result(t, retried)]
+
+
 def baseline_trial(trials: list[FrozenTrial]) -> FrozenTrial | None:
     """The baseline: the trial of the default configuration (user attr ``baseline``) that holds its
     own result, the one that measured a latency (even an infeasible one) where there are several."""
-    retried = retried_numbers(trials)
-    own = [t for t in trials if t.user_attrs.get("baseline") and has_own_result(t, retried)]
+    own = [t for t in own_results(trials) if t.user_attrs.get("baseline")]
     measured = (t for t in own if t.state is TrialState.COMPLETE or "latency" in t.user_attrs)
     return next(measured, own[0] if own else None)
 

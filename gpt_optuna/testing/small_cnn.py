@@ -61,4 +61,4 @@ def small_cnn(seed: int = 0) -> onnx.ModelProto:
 
 
 if __name__ == "__main__":
-    onnx.save(small_cnn(), Path(__file__).with_name("small_cnn.onnx"))
+    onnx.save(small_cnn(), Path(__file__).parents[1] / "data" / "small_cnn.onnx")

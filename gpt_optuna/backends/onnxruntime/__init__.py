@@ -1,0 +1,2 @@
+"""ONNX Runtime: its backend, the knobs it offers, the session settings a candidate maps to, and
+``open_session`` for an exported model."""

@@ -11,8 +11,6 @@ from __future__ import annotations
 import hashlib
 import importlib
 import importlib.util
-import json
-import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,144 +20,13 @@ from typing import Any
 import numpy as np
 
 from gpt_optuna.backends.base import Backend, BuildError, Built, KnobLimit, Runner, import_cupy
+from gpt_optuna.backends.tensorrt.knobs import RouteKnob, configure, discover_knobs, parse_build_routes, route_string
 from gpt_optuna.core.errors import MissingDependencyError
-from gpt_optuna.core.space import Candidate, Condition, Knob, Space
+from gpt_optuna.core.space import Candidate, Space
 from gpt_optuna.graph.constant_folding import folded
 from gpt_optuna.graph.model import Feeds, ModelInfo, ShapeRange
 
-MIB = 1 << 20
-BUILDER_LEVELS = (0, 1, 2, 3, 4, 5)
-WORKSPACE_MIB = ("default", 256, 1024, 4096, 16384)
-SPEED_FLAGS = ("TF32", "SPARSE_WEIGHTS")
-WEAK_TYPING_FLAGS = ("FP16", "BF16")
 _LOGGED = ("INTERNAL_ERROR", "ERROR", "WARNING")
-
-
-def _with_default(default: int, others: tuple[int, ...]) -> tuple[int, ...]:
-    return (default, *[v for v in others if v != default])
-
-
-@dataclass(frozen=True)
-class RouteKnob:
-    """One entry of ``IBuilderConfig.all_build_routes``: a compiler knob of TensorRT 11.1+."""
-
-    option: str
-    values: tuple[str, ...]
-    default: str
-    open_ended: bool
-    help: str = ""
-
-    @property
-    def knob_name(self) -> str:
-        return "route." + self.option.lstrip("-")
-
-
-def parse_build_routes(text: str) -> list[RouteKnob]:
-    """Parse the ``all_build_routes`` JSON; an empty string (RTX, Windows) means no routes."""
-    if not text.strip():
-        return []
-    knobs = []
-    for entry in json.loads(text).get("tuner_options", []):
-        option = entry["option"]
-        allowed = re.search(r"\[([^\]]*)\]", entry.get("allowed_values", ""))
-        inside = allowed.group(1) if allowed else ""
-        open_ended = not inside or "..." in inside
-        default = str(entry.get("default_value", ""))
-        if default.startswith(option + "="):
-            default = default[len(option) + 1 :]
-        values = () if open_ended else tuple(v.strip() for v in inside.split("|") if v.strip())
-        knobs.append(RouteKnob(option, values, default, open_ended, entry.get("help", "")))
-    return knobs
-
-
-def route_string(candidate: Candidate, routes: list[RouteKnob]) -> str:
-    """The ``build_route`` for a candidate: a ``-name=value`` token for each non-default knob."""
-    tokens = []
-    for route in routes:
-        value = candidate.get(route.knob_name)
-        if value is not None and str(value) != route.default:
-            tokens.append(f"{route.option}={value}")
-    return " ".join(tokens)
-
-
-def discover_knobs(trt: ModuleType, config: Any, *, has_qdq: bool, dynamic: bool, l2_bytes: int | None) -> list[Knob]:
-    """The search space the installed library offers, with defaults read from a fresh config."""
-    knobs = [Knob("builder_optimization_level", BUILDER_LEVELS, int(config.builder_optimization_level))]
-    if hasattr(trt, "TilingOptimizationLevel") and hasattr(config, "tiling_optimization_level"):
-        levels = tuple(trt.TilingOptimizationLevel.__members__)
-        knobs.append(Knob("tiling_optimization_level", levels, config.tiling_optimization_level.name))
-        if hasattr(config, "l2_limit_for_tiling"):
-            default = int(config.l2_limit_for_tiling)
-            fractions = tuple(l2_bytes // d for d in (1, 2, 4)) if l2_bytes else ()
-            tiled = Condition("tiling_optimization_level", tuple(x for x in levels if x != "NONE"))
-            knobs.append(Knob("l2_limit_for_tiling", _with_default(default, fractions), default, condition=tiled))
-    if hasattr(config, "max_aux_streams"):
-        default = int(config.max_aux_streams)
-        knobs.append(Knob("max_aux_streams", _with_default(default, (0, 1, 2, 4)), default))
-    if hasattr(config, "max_num_tactics"):
-        default = int(config.max_num_tactics)
-        knobs.append(Knob("max_num_tactics", _with_default(default, (-1, 1, 8, 32)), default))
-    if hasattr(config, "avg_timing_iterations"):
-        default = int(config.avg_timing_iterations)
-        knobs.append(Knob("avg_timing_iterations", _with_default(default, (1, 2, 4, 8)), default))
-    flags = [*SPEED_FLAGS, *WEAK_TYPING_FLAGS, *(("INT8",) if has_qdq else ())]
-    for flag in flags:
-        if hasattr(trt.BuilderFlag, flag):
-            default = bool(config.get_flag(getattr(trt.BuilderFlag, flag)))
-            knobs.append(Knob(f"flag.{flag}", (default, not default), default))
-    sources = int(config.get_tactic_sources())
-    for name, member in trt.TacticSource.__members__.items():
-        default = bool(sources & (1 << int(member)))
-        knobs.append(Knob(f"tactic.{name}", (default, not default), default))
-    knobs.append(Knob("workspace_mib", WORKSPACE_MIB, "default", "workspace memory-pool limit"))
-    if hasattr(config, "all_build_routes"):
-        for route in parse_build_routes(config.all_build_routes):
-            choices = (route.default,) if route.open_ended else _route_choices(route)
-            knobs.append(Knob(route.knob_name, choices, route.default, route.help))
-    if hasattr(trt, "CudaGraphStrategy"):
-        knobs.append(Knob("runtime.cuda_graph_strategy", tuple(trt.CudaGraphStrategy.__members__), "DISABLED"))
-    else:
-        knobs.append(Knob("runtime.cuda_graph", (False, True), False, "capture execute_async_v3 in a CUDA graph"))
-    if dynamic and hasattr(trt, "DynamicShapesKernelSpecializationStrategy"):
-        strategies = tuple(trt.DynamicShapesKernelSpecializationStrategy.__members__)
-        knobs.append(Knob("runtime.dynamic_shapes_kernel_specialization", strategies, strategies[0]))
-    knobs.append(Knob("runtime.aux_streams", (False, True), False, "give the context our own auxiliary streams"))
-    return knobs
-
-
-def _route_choices(route: RouteKnob) -> tuple[str, ...]:
-    return (route.default, *[v for v in route.values if v != route.default])
-
-
-def configure(trt: ModuleType, config: Any, candidate: Candidate, routes: list[RouteKnob]) -> None:
-    """Apply a candidate's build knobs to an ``IBuilderConfig``; knobs absent stay at defaults."""
-    simple = ("builder_optimization_level", "max_aux_streams", "max_num_tactics", "avg_timing_iterations")
-    for name in simple:
-        if name in candidate:
-            setattr(config, name, int(candidate[name]))
-    if "tiling_optimization_level" in candidate:
-        config.tiling_optimization_level = getattr(
-            trt.TilingOptimizationLevel, str(candidate["tiling_optimization_level"])
-        )
-    if "l2_limit_for_tiling" in candidate:
-        config.l2_limit_for_tiling = int(candidate["l2_limit_for_tiling"])
-    for name, value in candidate.items():
-        if name.startswith("flag."):
-            flag = getattr(trt.BuilderFlag, name.removeprefix("flag."))
-            config.set_flag(flag) if value else config.clear_flag(flag)
-    sources = int(config.get_tactic_sources())
-    for name, value in candidate.items():
-        if name.startswith("tactic."):
-            bit = 1 << int(getattr(trt.TacticSource, name.removeprefix("tactic.")))
-            sources = sources | bit if value else sources & ~bit
-    if any(name.startswith("tactic.") for name in candidate) and not config.set_tactic_sources(sources):
-        raise BuildError(f"TensorRT refused tactic sources {sources:#x}")
-    workspace = candidate.get("workspace_mib", "default")
-    if workspace != "default":
-        config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, int(workspace) * MIB)
-    route = route_string(candidate, routes)
-    if route:
-        config.build_route = route
 
 
 def optimization_profile(builder: Any, model: ModelInfo, shapes: dict[str, ShapeRange]) -> Any | None:

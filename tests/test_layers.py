@@ -1,0 +1,109 @@
+"""The package's layering, as docs/architecture.md states it: one folder per layer, imports only
+from the same layer or one above it in the page's table, no import cycles, and the page's list of
+modules is the tree."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "gpt_optuna"
+PAGE = ROOT / "docs" / "architecture.md"
+OUTSIDE_LAYERS = {"gpt_optuna", "gpt_optuna.backends"}
+"""The public API and the engine registry: package entry points that gather from several layers."""
+
+
+def section(name: str) -> str:
+    """The page's text between ``<!-- name -->`` and ``<!-- /name -->``."""
+    text = PAGE.read_text()
+    return text[text.index(f"<!-- {name} -->") : text.index(f"<!-- /{name} -->")]
+
+
+def layer_order() -> list[str]:
+    """The layers in the page's table, first (lowest) to last."""
+    return re.findall(r"^\| (\w+) \| \[`gpt_optuna/(\w+)/`\]", section("layers"), re.M)
+
+
+def module_name(path: Path) -> str:
+    return ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+
+
+def imports(path: Path) -> set[str]:
+    """The gpt_optuna modules ``path`` imports anywhere (in functions and TYPE_CHECKING blocks too)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("gpt_optuna"):
+            for alias in node.names:  # ``from gpt_optuna.graph import model`` imports the module
+                as_module = f"{node.module}.{alias.name}"
+                found.add(as_module if as_module in MODULES else node.module)
+        elif isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.startswith("gpt_optuna"))
+    return found
+
+
+MODULES = {module_name(p): p for p in PACKAGE.rglob("*.py")}
+
+
+def layer_of(module: str) -> str | None:
+    """The module's layer (its folder); None outside the layers."""
+    parts = module.split(".")
+    outside = module in OUTSIDE_LAYERS or parts[1] in ("testing", "data")
+    return None if outside or len(parts) < 3 else parts[1]
+
+
+def test_the_page_names_each_folder_as_a_layer_once() -> None:
+    order = [folder for folder, _ in layer_order()]
+    assert order == [folder for _, folder in layer_order()]
+    assert len(order) == len(set(order)) >= 8
+    folders = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").exists()}
+    assert folders - {"testing", "data"} == set(order)
+
+
+@pytest.mark.parametrize("module", sorted(m for m in MODULES if layer_of(m) is not None))
+def test_a_module_imports_only_from_its_layer_and_the_layers_above_it(module: str) -> None:
+    order = [folder for folder, _ in layer_order()]
+    rank = order.index(layer_of(module))
+    for target in imports(MODULES[module]):
+        where = layer_of(target)
+        if where is not None:
+            assert order.index(where) <= rank, f"{module} ({order[rank]}) imports {target} ({where}): below it"
+
+
+def test_no_module_outside_testing_imports_it() -> None:
+    for module, path in MODULES.items():
+        if not module.startswith("gpt_optuna.testing"):
+            assert not any(t.startswith("gpt_optuna.testing") for t in imports(path)), module
+
+
+def test_no_import_cycles() -> None:
+    graph = {m: {t for t in imports(p) if t in MODULES and t != m} for m, p in MODULES.items()}
+    done: set[str] = set()
+
+    def visit(module: str, path: list[str]) -> None:
+        if module in path:
+            cycle = path[path.index(module) :] + [module]
+            pytest.fail("import cycle: " + " -> ".join(cycle))
+        if module in done:
+            return
+        for target in sorted(graph[module]):
+            visit(target, [*path, module])
+        done.add(module)
+
+    for module in sorted(graph):
+        visit(module, [])
+
+
+def test_the_page_lists_every_module_and_no_other() -> None:
+    listed = set(re.findall(r"^(gpt_optuna/\S+\.py)\s", section("modules"), re.M))
+    in_layers = {str(p.relative_to(ROOT)) for m, p in MODULES.items() if layer_of(m) and p.name != "__init__.py"}
+    assert sorted(listed - in_layers) == [] and sorted(in_layers - listed) == []
+
+
+def test_the_layering_check_catches_an_upward_import(tmp_path: Path) -> None:
+    upward = tmp_path / "upward.py"
+    upward.write_text("def f():\n    from gpt_optuna.search.tune import tune\n")
+    assert "gpt_optuna.search.tune" in imports(upward)
