@@ -2,7 +2,7 @@
 calibrated on those photographs and on generated N(0, 1) inputs.
 
 MobileNetV2 carries its real ImageNet weights; the samples are 30 crops of the photographs shipped
-with scikit-image (``tests/mobilenet_v2.py``), one image per sample. For each calibration the real
+with scikit-image (``gpt_optuna/testing/mobilenet_v2.py``), one image per sample. For each calibration the real
 tuner searches every precision the backend offers (int8/fp8 with every choice of quantized op
 types; every other knob at its default), judging each candidate by the user metric ``top1_agree``
 below (share of samples whose top-1 class is the fp32 model's) against ``--accuracy``. The table

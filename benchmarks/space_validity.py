@@ -2,7 +2,7 @@
 
 For real models other projects exported (the MiniLM encoder, PP-OCRv4 detector and recognizer,
 the PaddleOCR direction classifier, magika, MobileNetV2 with real weights, and where torch is
-installed a torch-exported fp32 encoder) and for the test graphs of ``tests/pattern_graphs.py``,
+installed a torch-exported fp32 encoder) and for the test graphs of ``gpt_optuna/testing/pattern_graphs.py``,
 it runs a search on ONNX Runtime (the CUDA provider where a GPU is usable, else the CPU) and,
 where TensorRT-RTX is installed, a dry run that builds every candidate; then prints per model the
 share of failed trials (transform, build or session errors, crashes, hangs), the failures by
@@ -13,7 +13,7 @@ repeats, every dry run building engines.
                                         [--cache DIR] [--json FILE]
 
 Models come from the packages named in the README (downloaded once into the tests' model cache);
-MobileNetV2 is built from its real weights as ``tests/mobilenet_v2.py`` does, and the torch encoder
+MobileNetV2 is built from its real weights as ``gpt_optuna/testing/mobilenet_v2.py`` does, and the torch encoder
 is exported with torch (where it is installed) into ``--cache``.
 """
 

@@ -8,61 +8,17 @@ from typing import Any
 
 from gpt_optuna import __version__
 from gpt_optuna.core.errors import UserError
-from gpt_optuna.search.config import SAMPLERS, TuneConfig, parse_duration, read_toml
+from gpt_optuna.search.config import TuneConfig, read_toml
+from gpt_optuna.search.options import OPTIONS
+
+_OPTIONS = {option.dest: option for option in OPTIONS}
 
 
-def _worker_flags(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--workers", type=int, help="evaluation workers in parallel (default: one per --gpus entry, else one)"
-    )
-    parser.add_argument("--gpus", help="GPUs to search on, one worker pinned to each: all, or indices such as 0,1")
-    parser.add_argument(
-        "--allow-mixed-gpus",
-        action="store_true",
-        default=None,
-        help="let workers on different GPU models search one study (their latencies are ranked together)",
-    )
-
-
-def _io_flag(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--allow-io-change",
-        action="store_true",
-        default=None,
-        help="let fp16/bf16 candidates take and return fp16/bf16 tensors (TOML: allow_io_change = true); "
-        "by default every candidate keeps the model's input and output names, dtypes and ranks",
-    )
-
-
-def _storage_flags(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--storage", help="Optuna storage URL (default sqlite:///studies/<study-name>.db)")
-    parser.add_argument("--study-name", help="study name (default: the only study in the storage)")
-
-
-_TUNE_ONLY = (
-    "accuracy",
-    "samples",
-    "metric",
-    "calibration",
-    "n_trials",
-    "timeout",
-    "trial_timeout",
-    "storage",
-    "study_name",
-    "sampler",
-    "seed",
-    "dry_run",
-    "confirm_top",
-    "confirm_processes",
-    "objectives",
-    "workers",
-    "gpus",
-    "artifacts",
-    "allow_mixed_gpus",
-    "no_seeds",
-    "warm_start",
-    "allow_io_change",
-)
+def _add(parser: argparse.ArgumentParser, *dests: str, **changes: Any) -> None:
+    """Add these tune options to ``parser``; ``changes`` are another command's own keywords (help, required)."""
+    for dest in dests:
+        option = _OPTIONS[dest]
+        parser.add_argument(option.flag, **{"help": option.help, **option.kind.argparse, **option.argparse, **changes})
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -76,99 +32,27 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
 
     tune = commands.add_parser("tune", help="run or resume a search")
-    tune.add_argument("model", nargs="?", help="ONNX model file (or `model` in --config)")
-    tune.add_argument(
-        "--backend",
-        help="onnxruntime (default), tensorrt (10.x/11.x), tensorrt-rtx, or package.module:Class, "
-        "e.g. --backend tensorrt-rtx",
-    )
-    tune.add_argument("--accuracy", help='criterion, e.g. "cosine>=0.9999 and max_abs<=1e-2" (default cosine>=0.9999)')
-    tune.add_argument(
-        "--inputs",
-        help="input samples: an .npz keyed by input name (a leading sample axis for several), a folder of "
-        ".npz files, or a data loader module:function / script.py:function yielding feed dicts "
-        "(default: one generated batch)",
-    )
-    tune.add_argument("--samples", type=int, help="use at most this many samples of --inputs")
-    tune.add_argument(
-        "--metric",
-        help="module:function (or script.py:function) computing task metrics from the outputs, reference "
-        "outputs and inputs of all samples; its names can be used in --accuracy, e.g. top1_agree>=0.99",
-    )
-    tune.add_argument(
-        "--calibration",
-        help="int8/fp8 calibration samples, in any form --inputs takes (default: the --inputs samples)",
-    )
-    tune.add_argument(
-        "--shape", action="append", default=None, metavar="NAME:DIMS", help="input shape, e.g. x:1x3x224x224"
-    )
-    tune.add_argument(
-        "--n-trials", type=int, help="trials the study should hold when done (default 100 without --timeout)"
-    )
-    tune.add_argument("--timeout", help="stop after this long, e.g. 8h, 30m, 90s")
-    tune.add_argument("--trial-timeout", help="deadline for one candidate (default 600 s)")
-    _storage_flags(tune)
-    tune.add_argument("--sampler", choices=SAMPLERS, help="tpe (default), gp (needs the gp extra), random or nsga2")
-    tune.add_argument("--seed", type=int, help="sampler seed")
-    tune.add_argument("--config", help="tune.toml with the same keys, plus [measure] and [space] tables")
-    tune.add_argument(
-        "--dry-run",
-        action="store_true",
-        default=None,
-        help="build every candidate without running it; the value is the build time",
-    )
-    tune.add_argument(
-        "--confirm-top", type=int, help="finalists re-measured with the baseline after the search (default 5, 0: off)"
-    )
-    tune.add_argument(
-        "--confirm-processes", type=int, help="fresh processes the finalists are re-measured in (default 3)"
-    )
-    tune.add_argument(
-        "--objectives",
-        help="latency (default), or latency with any of error, memory (TensorRT), build_s: a multi-objective "
-        "search, e.g. --objectives latency,error",
-    )
-    _worker_flags(tune)
-    tune.add_argument(
-        "--artifacts",
-        help="artifact store folder for engines and the study's data (default studies/<study>/artifacts); "
-        "a folder every host mounts lets workers on other hosts join",
-    )
-    tune.add_argument(
-        "--no-seeds",
-        action="store_true",
-        default=None,
-        help="do not try the backend's every-speed-feature-on candidate right after the baseline",
-    )
-    tune.add_argument(
-        "--warm-start",
-        help="try first the best configurations of these studies in the same storage (comma-separated), "
-        "or auto: every finished study of this backend measured on this device",
-    )
-    _io_flag(tune)
-    tune.add_argument("--quiet", action="store_true", help="no progress bar")
+    _add(tune, *_OPTIONS)
 
     space = commands.add_parser("space", help="print the search space for a model, building nothing")
-    space.add_argument("model", nargs="?", help="ONNX model file (or `model` in --config)")
-    space.add_argument("--backend", help="onnxruntime (default), tensorrt, tensorrt-rtx, or module:Class")
-    space.add_argument("--shape", action="append", default=None, metavar="NAME:DIMS")
-    space.add_argument("--inputs", help="input data: .npz keyed by input name")
-    space.add_argument("--config", help="tune.toml; its [space] table is applied")
+    _add(space, "model")
+    _add(space, "backend", help="onnxruntime (default), tensorrt, tensorrt-rtx, or module:Class")
+    _add(space, "shape", help=None)
+    _add(space, "inputs", help="input data: .npz keyed by input name")
+    _add(space, "config", help="tune.toml; its [space] table is applied")
     space.add_argument("--json", action="store_true", help="print the knobs as JSON")
-    _io_flag(space)
-    space.set_defaults(**dict.fromkeys(set(_TUNE_ONLY) - {"allow_io_change"}))
+    _add(space, "allow_io_change")
 
     worker = commands.add_parser(
         "worker", help="join a study's search from this host (its storage must be reachable from here)"
     )
-    worker.add_argument("--storage", required=True, help="the study's storage URL (PostgreSQL, grpc://, journal:)")
-    worker.add_argument("--study-name", required=True, help="the study to join")
+    _add(worker, "storage", required=True, help="the study's storage URL (PostgreSQL, grpc://, journal:)")
+    _add(worker, "study_name", required=True, help="the study to join")
     worker.add_argument("--model", help="the model file here (default: the path the study recorded)")
-    worker.add_argument("--n-trials", type=int, help="the study's trial target (default: the one its search set)")
-    worker.add_argument("--timeout", help="stop after this long, e.g. 8h, 30m, 90s")
-    worker.add_argument("--artifacts", help="the study's artifact store as mounted here (default: its recorded path)")
-    _worker_flags(worker)
-    worker.add_argument("--quiet", action="store_true", help="no progress bar")
+    _add(worker, "n_trials", help="the study's trial target (default: the one its search set)")
+    _add(worker, "timeout")
+    _add(worker, "artifacts", help="the study's artifact store as mounted here (default: its recorded path)")
+    _add(worker, "workers", "gpus", "allow_mixed_gpus", "quiet")
 
     proxy = commands.add_parser(
         "storage-proxy", help="serve a storage to many workers over gRPC (they use --storage grpc://HOST:PORT)"
@@ -178,9 +62,9 @@ def build_parser() -> argparse.ArgumentParser:
     proxy.add_argument("--port", type=int, default=13000, help="port (default 13000)")
 
     status = commands.add_parser("status", help="trial counts, baseline and best of a study")
-    _storage_flags(status)
+    _add(status, "storage", "study_name")
     confirm = commands.add_parser("confirm", help="re-measure the best candidates and the baseline, interleaved")
-    _storage_flags(confirm)
+    _add(confirm, "storage", "study_name")
     confirm.add_argument("--top", type=int, default=5, help="how many of the best feasible candidates (default 5)")
     confirm.add_argument("--processes", type=int, default=3, help="fresh processes to measure in (default 3)")
 
@@ -194,15 +78,15 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--tolerance", default="5%", help="allowed latency change, e.g. 5%% (default 5%%)")
     check.add_argument("--junit", help="write a JUnit XML report here")
     check.add_argument("--update", action="store_true", help="rewrite the record when the check finds it faster")
-    check.add_argument("--config", help="tune.toml: its [measure] and [space] tables, trial_timeout, confirm_processes")
-    check.add_argument("--quiet", action="store_true", help="no progress bar")
+    _add(check, "config", help="tune.toml: its [measure] and [space] tables, trial_timeout, confirm_processes")
+    _add(check, "quiet")
 
     report = commands.add_parser("report", help="write the study as one self-contained HTML page")
-    _storage_flags(report)
+    _add(report, "storage", "study_name")
     report.add_argument("-o", "--output", default="report.html", help="HTML file to write (default report.html)")
 
     export = commands.add_parser("export", help="write a trial's engine (default: the best) with a JSON side file")
-    _storage_flags(export)
+    _add(export, "storage", "study_name")
     export.add_argument("--trial", type=int, help="trial number (default: the best)")
     export.add_argument(
         "-o",
@@ -220,40 +104,16 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--force", action="store_true", help="overwrite files (or a Triton model folder) that exist")
 
     best = commands.add_parser("best", help="the best feasible trial")
-    _storage_flags(best)
+    _add(best, "storage", "study_name")
     best.add_argument("--json", action="store_true", help="print one JSON object")
     return parser
 
 
 def tune_config(args: argparse.Namespace) -> TuneConfig:
     values: dict[str, Any] = read_toml(Path(args.config)) if args.config else {}
+    # getattr: space takes only some of the options
     flags = {
-        "model": Path(args.model) if args.model else None,
-        "backend": args.backend,
-        "accuracy": args.accuracy,
-        "inputs": Path(args.inputs) if args.inputs else None,
-        "samples": args.samples,
-        "metric": args.metric,
-        "calibration": Path(args.calibration) if args.calibration else None,
-        "shapes": args.shape,
-        "n_trials": args.n_trials,
-        "timeout_s": parse_duration(args.timeout) if args.timeout else None,
-        "trial_timeout_s": parse_duration(args.trial_timeout) if args.trial_timeout else None,
-        "storage": args.storage,
-        "study_name": args.study_name,
-        "sampler": args.sampler,
-        "seed": args.seed,
-        "dry_run": args.dry_run,
-        "confirm_top": args.confirm_top,
-        "confirm_processes": args.confirm_processes,
-        "objectives": args.objectives,
-        "workers": args.workers,
-        "gpus": args.gpus,
-        "artifacts": Path(args.artifacts) if args.artifacts else None,
-        "allow_mixed_gpus": args.allow_mixed_gpus,
-        "no_seeds": args.no_seeds,
-        "warm_start": args.warm_start,
-        "allow_io_change": args.allow_io_change,
+        option.field: option.kind.from_flag(getattr(args, option.dest, None)) for option in OPTIONS if option.field
     }
     values.update({k: v for k, v in flags.items() if v is not None})
     if "model" not in values:

@@ -14,28 +14,14 @@ from gpt_optuna.core.space import Value
 from gpt_optuna.evaluation.accuracy import DEFAULT_CRITERION, Criterion, parse_criterion
 from gpt_optuna.evaluation.measure import MeasureSettings
 from gpt_optuna.graph.feeds import absolute_spec
+from gpt_optuna.search.options import FLAG, INT, OPTIONS, SAMPLERS
+from gpt_optuna.search.options import parse_duration as parse_duration
 from gpt_optuna.study.record import STUDIES
 
-SAMPLERS = ("tpe", "gp", "random", "nsga2")
 OBJECTIVES = ("latency", "error", "memory", "build_s")
 DEFAULT_N_TRIALS = 100
 DEFAULT_TRIAL_TIMEOUT_S = 600.0
-_DURATION_RE = re.compile(r"^(?:(?P<h>\d+(?:\.\d+)?)h)?(?:(?P<m>\d+(?:\.\d+)?)m)?(?:(?P<s>\d+(?:\.\d+)?)s?)?$")
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-
-
-def parse_duration(text: str | float | int) -> float:
-    """Seconds from ``8h``, ``30m``, ``1h30m``, ``90s`` or a plain number of seconds."""
-    if isinstance(text, int | float):
-        seconds = float(text)
-    else:
-        match = _DURATION_RE.match(text.strip())
-        if not text.strip() or not match or not any(match.groupdict().values()):
-            raise UserError(f"malformed duration {text!r}: use e.g. 8h, 30m, 1h30m, 90s or 90")
-        seconds = sum(float(match[u] or 0) * k for u, k in (("h", 3600), ("m", 60), ("s", 1)))
-    if seconds <= 0:
-        raise UserError(f"duration must be positive, got {text!r}")
-    return seconds
 
 
 GENERIC_STEMS = frozenset({"model", "inference", "infer", "saved_model", "export", "exported", "net", "network"})
@@ -168,66 +154,7 @@ class TuneConfig:
         return self.folder or STUDIES / self.study_name
 
 
-_TOML_KEYS = {
-    "model": "model",
-    "backend": "backend",
-    "accuracy": "accuracy",
-    "inputs": "inputs",
-    "calibration": "calibration",
-    "shape": "shapes",
-    "shapes": "shapes",
-    "n_trials": "n_trials",
-    "timeout": "timeout_s",
-    "trial_timeout": "trial_timeout_s",
-    "storage": "storage",
-    "study_name": "study_name",
-    "sampler": "sampler",
-    "seed": "seed",
-    "dry_run": "dry_run",
-    "confirm_top": "confirm_top",
-    "confirm_processes": "confirm_processes",
-    "objectives": "objectives",
-    "samples": "samples",
-    "metric": "metric",
-    "workers": "workers",
-    "gpus": "gpus",
-    "artifacts": "artifacts",
-    "allow_mixed_gpus": "allow_mixed_gpus",
-    "no_seeds": "no_seeds",
-    "warm_start": "warm_start",
-    "allow_io_change": "allow_io_change",
-}
-
-
-_TEXT, _INT, _DURATION, _FLAG = "a string", "an integer", 'a duration (e.g. "8h" or seconds)', "true or false"
-_TOML_TYPES: dict[str, tuple[str, tuple[type, ...]]] = {
-    "model": (_TEXT, (str,)),
-    "backend": (_TEXT, (str,)),
-    "accuracy": (_TEXT, (str,)),
-    "inputs": (_TEXT, (str,)),
-    "calibration": (_TEXT, (str,)),
-    "shapes": ("a string or a list of strings", (str, list)),
-    "n_trials": (_INT, (int,)),
-    "timeout_s": (_DURATION, (str, int, float)),
-    "trial_timeout_s": (_DURATION, (str, int, float)),
-    "storage": (_TEXT, (str,)),
-    "study_name": (_TEXT, (str,)),
-    "sampler": (_TEXT, (str,)),
-    "seed": (_INT, (int,)),
-    "dry_run": (_FLAG, (bool,)),
-    "confirm_top": (_INT, (int,)),
-    "confirm_processes": (_INT, (int,)),
-    "objectives": ("a string or a list of strings", (str, list)),
-    "samples": (_INT, (int,)),
-    "metric": (_TEXT, (str,)),
-    "workers": (_INT, (int,)),
-    "gpus": (_TEXT, (str,)),
-    "artifacts": (_TEXT, (str,)),
-    "allow_mixed_gpus": (_FLAG, (bool,)),
-    "no_seeds": (_FLAG, (bool,)),
-    "warm_start": (_TEXT, (str,)),
-    "allow_io_change": (_FLAG, (bool,)),
-}
+_TOML_OPTIONS = {key: option for option in OPTIONS for key in option.toml_keys}
 
 
 def _check_type(path: Path, key: str, value: Any, expected: str, types: tuple[type, ...]) -> None:
@@ -248,13 +175,9 @@ def _measure(path: Path, value: Any) -> MeasureSettings:
     for key, item in value.items():
         kind = known[key]
         wanted = (bool,) if kind == "bool" else (int,) if kind == "int" else (int, float)
-        _check_type(path, f"[measure] {key}", item, {"bool": _FLAG, "int": _INT}.get(str(kind), "a number"), wanted)
+        expected = {"bool": FLAG.expected, "int": INT.expected}.get(str(kind), "a number")
+        _check_type(path, f"[measure] {key}", item, expected, wanted)
     return MeasureSettings(**value)
-
-
-def _is_loader(value: str, folder: Path) -> bool:
-    """A ``module:function`` data loader rather than a file or folder."""
-    return ":" in value and not (folder / value).exists() and not Path(value).exists()
 
 
 def read_toml(path: Path) -> dict[str, Any]:
@@ -274,22 +197,13 @@ def read_toml(path: Path) -> dict[str, Any]:
             if not isinstance(value, dict):
                 raise UserError(f"{path}: [space] must be a table of knob = values; got {value!r}")
             values["space"] = dict(value)
-        elif key in _TOML_KEYS:
-            expected, types = _TOML_TYPES[_TOML_KEYS[key]]
-            _check_type(path, raw_key, value, expected, types)
-            values[_TOML_KEYS[key]] = value
+        elif key in _TOML_OPTIONS:
+            option = _TOML_OPTIONS[key]
+            _check_type(path, raw_key, value, option.kind.expected, option.kind.toml_types)
+            values[option.field] = value
         else:
             raise UserError(f"{path}: unknown key {raw_key!r}")
-    for key in ("timeout_s", "trial_timeout_s"):
-        if key in values:
-            values[key] = parse_duration(values[key])
-    if "artifacts" in values:
-        values["artifacts"] = path.parent / values["artifacts"]
-    for key in ("model", "inputs", "calibration"):
-        if key in values and not _is_loader(values[key], path.parent):
-            values[key] = (path.parent / values[key]) if not Path(values[key]).is_absolute() else Path(values[key])
-        elif key in values:
-            values[key] = Path(values[key])
-    if isinstance(values.get("shapes"), str):
-        values["shapes"] = [values["shapes"]]
+    for option in OPTIONS:  # once every key's type is checked
+        if option.field in values:
+            values[option.field] = option.kind.from_toml(values[option.field], path.parent)
     return values
