@@ -166,7 +166,7 @@ def test_an_internal_error_exits_4_apart_from_a_regression(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """The mapping from an unexpected exception (a bug of ours) to its exit code: 4, with the traceback."""
-    import gpt_optuna.cli as cli
+    from gpt_optuna.cli import main as cli
 
     def broken(argv: list[str]) -> int:
         raise RuntimeError("a bug")

@@ -12,6 +12,7 @@ from typing import Any
 from gpt_optuna.cli.parser import build_parser, parse_tolerance, tune_config
 from gpt_optuna.core.errors import UserError
 from gpt_optuna.search.config import TuneConfig, default_storage, parse_duration, read_toml, study_flags
+from gpt_optuna.study.record import STUDIES
 
 
 def _resolve_storage(args: argparse.Namespace) -> tuple[str, str | None]:
@@ -19,7 +20,7 @@ def _resolve_storage(args: argparse.Namespace) -> tuple[str, str | None]:
         return args.storage, args.study_name
     if args.study_name:
         return default_storage(args.study_name), args.study_name
-    found = sorted(Path("studies").glob("*.db"))
+    found = sorted(STUDIES.glob("*.db"))
     if len(found) == 1:
         return default_storage(found[0].stem), found[0].stem
     if not found:
