@@ -42,6 +42,7 @@ from optuna.artifacts import FileSystemArtifactStore
 from optuna.distributions import CategoricalDistribution
 from optuna.trial import FrozenTrial, TrialState
 
+from gpt_optuna.backends.onnxruntime.backend import OnnxRuntimeBackend
 from gpt_optuna.core.space import Candidate, CandidateKey, Space, Value, candidate_key
 from gpt_optuna.evaluation.accuracy import Verdict, parse_criterion
 from gpt_optuna.evaluation.jobs import EvaluateJob
@@ -202,7 +203,7 @@ def search(
         if strategy == "optuna random"
         else make_sampler(config.sampler, seed, space)
     )
-    seeds = first_candidates(config, space, storage, landscape.gpu, [])
+    seeds = first_candidates(config, space, OnnxRuntimeBackend(), storage, landscape.gpu, [])
     study, _ = open_study(storage, landscape.name, sampler, {"backend": "onnxruntime"}, space.default(), 1, seeds)
     job = EvaluateJob(  # the lookup reads the candidate alone: no model, inputs or reference files
         backend="onnxruntime",

@@ -105,6 +105,7 @@ def parsed_config_type(name: str, message: str = "DataType") -> int:
 
 
 def test_triton_accelerators_carry_the_cuda_and_tensorrt_provider_options(tmp_path: Path) -> None:
+    from gpt_optuna.backends import DEPLOYMENTS
     from gpt_optuna.results.triton import config_text
 
     info = m.ModelInfo(tmp_path / "x.onnx", "", 17, (m.TensorSpec("x", np.dtype("float16"), ("batch", 3)),), ())
@@ -119,7 +120,7 @@ def test_triton_accelerators_carry_the_cuda_and_tensorrt_provider_options(tmp_pa
             "providers": [["CUDAExecutionProvider", cuda]],
         },
     }
-    text, left_out = config_text("m", info, record, plan=False)
+    text, left_out = config_text("m", info, record, DEPLOYMENTS["onnxruntime"])
     config = text_parsed(text)
     assert left_out == ["graph_optimization_level=ORT_ENABLE_LAYOUT"] and not config.optimization.HasField("graph")
     (accelerator,) = config.optimization.execution_accelerators.gpu_execution_accelerator
@@ -135,7 +136,7 @@ def test_triton_accelerators_carry_the_cuda_and_tensorrt_provider_options(tmp_pa
     }
     record["onnxruntime"]["providers"] = [["TensorrtExecutionProvider", trt]]
     (accelerator,) = text_parsed(
-        config_text("m", info, record, plan=False)[0]
+        config_text("m", info, record, DEPLOYMENTS["onnxruntime"])[0]
     ).optimization.execution_accelerators.gpu_execution_accelerator
     assert accelerator.name == "tensorrt" and dict(accelerator.parameters) == {
         "precision_mode": "FP16",
@@ -143,7 +144,9 @@ def test_triton_accelerators_carry_the_cuda_and_tensorrt_provider_options(tmp_pa
         "trt_cuda_graph_enable": "1",
     }
     plan = text_parsed(
-        config_text("m", info, {"study": "s", "trial": 1, "params": {"runtime.cuda_graph": True}}, plan=True)[0]
+        config_text(
+            "m", info, {"study": "s", "trial": 1, "params": {"runtime.cuda_graph": True}}, DEPLOYMENTS["tensorrt"]
+        )[0]
     )
     assert plan.platform == "tensorrt_plan" and plan.optimization.cuda.graphs
 

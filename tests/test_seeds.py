@@ -7,6 +7,7 @@ import optuna
 import pytest
 from conftest import SYNTHETIC, synthetic_config, tune
 
+from gpt_optuna.backends.onnxruntime.backend import OnnxRuntimeBackend
 from gpt_optuna.backends.onnxruntime.knobs import discover_knobs
 from gpt_optuna.backends.onnxruntime.settings import CPU, CUDA
 from gpt_optuna.core.space import Space
@@ -16,6 +17,7 @@ from gpt_optuna.search.seeds import WARM_PER_STUDY, speed_seed
 from gpt_optuna.search.tune import first_candidates
 
 LEVELS = ["ORT_DISABLE_ALL", "ORT_ENABLE_BASIC", "ORT_ENABLE_ALL"]
+ORT = OnnxRuntimeBackend()
 
 
 def gpu_space() -> Space:
@@ -27,15 +29,15 @@ def gpu_space() -> Space:
 
 
 def test_the_speed_seed_turns_on_every_speed_feature_the_space_searches() -> None:
-    seed = speed_seed(gpu_space())
+    seed = speed_seed(gpu_space(), ORT)
     assert seed is not None
     assert seed["precision"] == "fp16" and seed["provider"] == CUDA
     assert seed["cuda.use_tf32"] and seed["cuda.prefer_nhwc"] and seed["cuda.enable_cuda_graph"]
     assert seed["graph_optimization_level"] == "ORT_ENABLE_ALL"
     restricted = gpu_space().with_overrides({"cuda.enable_cuda_graph": "default", "precision": "fp32"})
-    assert not restricted.fitted(speed_seed(restricted) or {}).get("cuda.enable_cuda_graph")
+    assert not restricted.fitted(speed_seed(restricted, ORT) or {}).get("cuda.enable_cuda_graph")
     cpu = Space(discover_knobs([CPU], LEVELS, 4))
-    assert speed_seed(cpu) is None  # on the CPU, every speed feature is the default already
+    assert speed_seed(cpu, ORT) is None  # on the CPU, every speed feature is the default already
 
 
 def test_no_seeds_leaves_only_the_given_candidates(tmp_path: Path) -> None:
@@ -43,10 +45,10 @@ def test_no_seeds_leaves_only_the_given_candidates(tmp_path: Path) -> None:
     model.write_bytes(b"")
     storage = optuna.storages.InMemoryStorage()
     config = TuneConfig(model=model, no_seeds=True, seeds=[({"precision": "fp16"}, "the record")])
-    seeds = first_candidates(config, gpu_space(), storage, "cpu", [])
+    seeds = first_candidates(config, gpu_space(), ORT, storage, "cpu", [])
     assert [attrs for _, attrs in seeds] == [{"seeded": "the record"}]
     config = TuneConfig(model=model)
-    assert [attrs for _, attrs in first_candidates(config, gpu_space(), storage, "cpu", [])] == [
+    assert [attrs for _, attrs in first_candidates(config, gpu_space(), ORT, storage, "cpu", [])] == [
         {"seeded": "every speed feature on"}
     ]
 

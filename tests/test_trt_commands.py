@@ -84,15 +84,22 @@ def test_a_real_study_trial_gets_its_lines_and_the_onnx_that_was_parsed(cnn_path
     import onnx
     import optuna
 
+    from gpt_optuna.backends.base import ExportedTrial
+    from gpt_optuna.backends.tensorrt.commands import build_commands
     from gpt_optuna.cli.main import main
-    from gpt_optuna.results.export import build_commands
+    from gpt_optuna.results.export import trial_model
+    from gpt_optuna.study.record import study_folder
 
     flags = ["--backend", "tensorrt-rtx", "--dry-run", "--quiet", "--n-trials", "4", "--seed", "1"]
     assert main(["tune", str(cnn_path), *flags]) == 0
     study = optuna.load_study(study_name="cnn-tensorrt-rtx", storage="sqlite:///studies/cnn-tensorrt-rtx.db")
     defaults = {k["name"]: k["default"] for k in study.user_attrs["gpt_optuna"]["space"]}
     for trial in study.get_trials():
-        commands = build_commands(study, trial, Path(f"t{trial.number}.plan"), defaults)
+        engine, models = Path(f"t{trial.number}.plan"), study_folder(study) / "models"
+        shapes = study.user_attrs["gpt_optuna"].get("shapes", {})
+        commands = build_commands(
+            ExportedTrial(trial_model(study, trial), engine, trial.params, defaults, shapes, models)
+        )
         onnx.checker.check_model(f"t{trial.number}.plan.onnx")
         assert commands["trtexec"].startswith(
             f"trtexec --onnx=t{trial.number}.plan.onnx --saveEngine=t{trial.number}.plan"

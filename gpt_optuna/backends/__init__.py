@@ -8,7 +8,11 @@ from __future__ import annotations
 
 import importlib
 
-from gpt_optuna.backends.base import Backend, BuildError, Built, KnobLimit, Runner
+from gpt_optuna.backends.base import Backend, BuildError, Built, Deployment, KnobLimit, Runner
+from gpt_optuna.backends.onnxruntime import settings as _onnxruntime_settings
+from gpt_optuna.backends.onnxruntime import triton as _onnxruntime_triton
+from gpt_optuna.backends.tensorrt import commands as _tensorrt_commands
+from gpt_optuna.backends.tensorrt import triton as _tensorrt_triton
 from gpt_optuna.core.errors import UserError
 from gpt_optuna.core.space import Candidate, Condition, Knob, Space, Value
 from gpt_optuna.graph.model import Feeds, ModelInfo, ShapeRange, TensorSpec
@@ -18,6 +22,20 @@ BACKENDS = {
     "tensorrt": "gpt_optuna.backends.tensorrt.backend:TensorRTBackend",
     "tensorrt-rtx": "gpt_optuna.backends.tensorrt.backend:TensorRTRTXBackend",
 }
+DEPLOYMENTS = {
+    "onnxruntime": Deployment(
+        _onnxruntime_settings.side_file, 'backend: "onnxruntime"', "model.onnx", _onnxruntime_triton.triton_fields
+    ),
+    "tensorrt": Deployment(
+        _tensorrt_commands.side_file,
+        'platform: "tensorrt_plan"',
+        "model.plan",
+        _tensorrt_triton.triton_fields,
+        (".onnx",),
+    ),
+}
+"""How each registered engine's exported trial runs outside the tuner (export's side file, Triton);
+an engine without an entry exports its model or engine and the common record alone."""
 
 __all__ = [
     "BACKENDS",
@@ -25,6 +43,8 @@ __all__ = [
     "BuildError",
     "Built",
     "Candidate",
+    "DEPLOYMENTS",
+    "Deployment",
     "Condition",
     "Feeds",
     "Knob",

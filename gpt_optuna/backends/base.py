@@ -15,16 +15,16 @@ backend returns must be picklable plain data.
 from __future__ import annotations
 
 import abc
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType, TracebackType
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
 from gpt_optuna.core.errors import GptOptunaError, MissingDependencyError
-from gpt_optuna.core.space import Candidate, Condition, Space
+from gpt_optuna.core.space import Candidate, Condition, Space, Value
 from gpt_optuna.graph.model import Feeds, ModelInfo, ShapeRange
 
 
@@ -48,6 +48,43 @@ class BuildError(GptOptunaError):
 CANNOT_RUN = "the engine cannot run it"
 """How a refusal at inference (:meth:`Backend.refused_run`) is told: in a trial's failure, and
 where checking the space keeps a knob out."""
+
+
+@dataclass(frozen=True)
+class ExportedTrial:
+    """A trial as ``export`` writes it: the ONNX model it ran, the file written (``out``: the engine
+    or the model), its params over the space's defaults, the study's input shapes and the study's
+    folder of transformed models."""
+
+    model: Path
+    out: Path
+    params: Mapping[str, Any]
+    defaults: Mapping[str, Any]
+    shapes: Mapping[str, Any]
+    models: Path
+
+
+@dataclass(frozen=True)
+class TritonFields:
+    """What Triton's model configuration says of an exported trial besides its tensors."""
+
+    on_gpu: bool
+    lines: list[str] = field(default_factory=list)
+    left_out: list[str] = field(default_factory=list)
+    """The trial's settings Triton has no field for."""
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """How an engine's trial runs outside the tuner: what its export's side file adds
+    (``side_file``), the files an engine export writes beside it (``beside``: suffixes), and how
+    Triton serves it (its platform line, model file and configuration fields)."""
+
+    side_file: Callable[[ExportedTrial], dict[str, Any]]
+    triton_platform: str
+    triton_model_file: str
+    triton_fields: Callable[[dict[str, Any]], TritonFields]
+    beside: tuple[str, ...] = ()
 
 
 @dataclass
@@ -134,6 +171,14 @@ class Backend(abc.ABC):
         ``outputs`` are the reference outputs in the candidate model's output dtypes: their shapes
         and dtypes size the output buffers.
         """
+
+    speed_values: ClassVar[Mapping[str, tuple[Value, ...]]] = {}
+    """Per knob of the engine, the values that make it fast, in order of preference: the seeded
+    candidate tried right after the baseline turns them on."""
+
+    def runs_on_cpu(self, space: Space) -> bool:
+        """Whether the space's baseline runs on the CPU: its latencies are the CPU's, whatever the GPU."""
+        return False
 
     reports_device_memory: bool = False
     """Its runners report the engine's device memory (``device_memory_bytes``), for ``--objectives memory``."""

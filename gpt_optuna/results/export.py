@@ -11,6 +11,8 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial
 
+from gpt_optuna.backends import DEPLOYMENTS
+from gpt_optuna.backends.base import ExportedTrial
 from gpt_optuna.core.errors import UserError
 from gpt_optuna.graph.interface import dtype_changes, io_record
 from gpt_optuna.results.summary_text import headline
@@ -19,43 +21,12 @@ from gpt_optuna.study.record import FINGERPRINT_ATTR, IO_CHANGE_ATTR, study_fold
 from gpt_optuna.study.summary import StudySummary, first_value, summarize_study
 
 
-def onnxruntime_settings(candidate: dict[str, Any], folder: Path) -> dict[str, Any]:
-    """How ONNX Runtime must open the model to run it as the trial did, in its own names
-    (``gpt_optuna.open_session`` applies it); a TensorRT-provider timing cache goes in ``folder``."""
-    from gpt_optuna.backends.onnxruntime.settings import provider_options, session_settings
-
-    return session_settings(candidate) | {
-        "providers": [[candidate["provider"], provider_options(candidate, None, folder.resolve())]]
-    }
-
-
 def trial_model(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> Path:
     """The ONNX model a trial ran: its transformed copy in the study folder, else the study's model."""
     transformed = trial.user_attrs.get("transformed_model")
     if transformed:
         return study_folder(study) / "models" / transformed
     return Path(study.user_attrs[FINGERPRINT_ATTR]["model"])
-
-
-def build_commands(
-    study: optuna.Study, trial: optuna.trial.FrozenTrial, engine: Path, defaults: dict[str, Any]
-) -> dict[str, Any]:
-    """``trtexec`` and ``polygraphy convert`` lines that build the trial's engine from the ONNX
-    model TensorRT parsed (written beside the engine as ``ENGINE.onnx``), and the settings that
-    have no flag in each."""
-    from gpt_optuna.backends.tensorrt.commands import polygraphy, trtexec
-    from gpt_optuna.graph.constant_folding import folded
-    from gpt_optuna.graph.model import load_model_info
-
-    recorded = study.user_attrs[FINGERPRINT_ATTR]
-    parsed = engine.with_name(engine.name + ".onnx")
-    models = study_folder(study) / "models"
-    shutil.copyfile(folded(load_model_info(trial_model(study, trial)), models).path, parsed)
-    lines = [
-        make(parsed.name, engine.name, trial.params, defaults, recorded.get("shapes", {}))
-        for make in (trtexec, polygraphy)
-    ]
-    return {line.tool: line.text() for line in lines} | {f"{line.tool}_no_flag": line.no_flag for line in lines}
 
 
 def _beside(out: Path, kind: str) -> str:
@@ -69,9 +40,12 @@ def export_suffix(trial: optuna.trial.FrozenTrial) -> str:
 
 def written_files(out: Path, engine: bool, backend: str | None) -> list[Path]:
     """Every file an export to ``out`` writes: the file, its side file, the recorded inputs and
-    reference outputs, and for a TensorRT engine the ONNX model it parses."""
+    reference outputs, and beside an engine what its engine's deployment adds (TensorRT: the ONNX
+    model it parses)."""
     files = [out, out.with_name(out.name + ".json"), *(out.with_name(_beside(out, k)) for k in ("inputs", "reference"))]
-    return files + ([out.with_name(out.name + ".onnx")] if engine and backend == "tensorrt" else [])
+    deployment = DEPLOYMENTS.get(backend or "")
+    beside = deployment.beside if engine and deployment is not None else ()
+    return files + [out.with_name(out.name + suffix) for suffix in beside]
 
 
 def refuse_overwrite(files: list[Path], force: bool) -> None:
@@ -164,10 +138,12 @@ def export_trial(study: optuna.Study, number: int | None, out: Path, force: bool
         "file": "engine" if artifact is not None else "onnx model",
         "model_sha256": hashlib.sha256(out.read_bytes()).hexdigest(),
     }
-    if recorded.get("backend") == "onnxruntime":
-        side["onnxruntime"] = onnxruntime_settings(defaults | trial.params, out.parent)
-    elif recorded.get("backend") == "tensorrt":
-        side["commands"] = build_commands(study, trial, out, defaults)
+    deployment = DEPLOYMENTS.get(recorded.get("backend", ""))
+    if deployment is not None:
+        models = study_folder(study) / "models"
+        side |= deployment.side_file(
+            ExportedTrial(source, out, trial.params, defaults, recorded.get("shapes", {}), models)
+        )
     for kind in ("inputs", "reference"):  # what a later `gpt-optuna check` compares a changed model on
         shutil.copyfile(workdir / f"{kind}.npz", out.with_name(_beside(out, kind)))
     side_path = out.with_name(out.name + ".json")

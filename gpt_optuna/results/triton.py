@@ -3,11 +3,10 @@
 ``REPO/<model>/config.pbtxt`` and ``REPO/<model>/1/model.onnx`` (ONNX Runtime backend) or
 ``1/model.plan`` (TensorRT backend), with the export's JSON side file beside the model. Inputs,
 outputs, data types and dims come from the model the trial ran (dynamic dims as -1, no batching
-by Triton: ``max_batch_size: 0``). The trial's ONNX Runtime settings go where Triton's ONNX
-Runtime backend reads them: the graph level in ``optimization.graph.level``, threads, execution
-mode, memory arena and pattern in ``parameters``, CUDA and TensorRT provider options in
-``optimization.execution_accelerators``. A setting Triton has no field for is named in a comment
-at the top of the file and returned, so the caller can say so.
+by Triton: ``max_batch_size: 0``). Each engine's settings go where Triton reads them (its
+:class:`Deployment`'s ``triton_fields``: ONNX Runtime's in ``optimization`` and ``parameters``,
+TensorRT's CUDA graphs). A setting Triton has no field for is named in a comment at the top of
+the file and returned, so the caller can say so.
 """
 
 from __future__ import annotations
@@ -20,6 +19,8 @@ from typing import Any
 import numpy as np
 import optuna
 
+from gpt_optuna.backends import DEPLOYMENTS
+from gpt_optuna.backends.base import Deployment
 from gpt_optuna.core.errors import UserError
 from gpt_optuna.graph.interface import describe_changes
 from gpt_optuna.graph.model import ModelInfo, TensorSpec, load_model_info
@@ -41,27 +42,6 @@ DATA_TYPES = {
     "bool": "TYPE_BOOL",
     "object": "TYPE_STRING",
 }
-GRAPH_LEVELS = {"ORT_ENABLE_ALL": None, "ORT_ENABLE_BASIC": -1, "ORT_ENABLE_EXTENDED": 1, "ORT_DISABLE_ALL": 2}
-"""ONNX Runtime's graph levels as the backend's ``optimization.graph.level`` (None: the default, all)."""
-SESSION_PARAMETERS = {
-    "execution_mode": "execution_mode",
-    "intra_op_num_threads": "intra_op_thread_count",
-    "inter_op_num_threads": "inter_op_thread_count",
-    "enable_cpu_mem_arena": "enable_mem_arena",
-    "enable_mem_pattern": "enable_mem_pattern",
-}
-"""SessionOptions attributes and the backend's ``parameters`` keys for them."""
-CONFIG_DEFAULTS = {"session.intra_op.allow_spinning": "1", "session.set_denormal_as_zero": "0"}
-"""ONNX Runtime's own values for the session config entries the search sets: one at its default
-needs no field in Triton's configuration."""
-TENSORRT_ACCELERATOR = {
-    "trt_builder_optimization_level": "trt_builder_optimization_level",
-    "trt_cuda_graph_enable": "trt_cuda_graph_enable",
-    "trt_auxiliary_streams": "trt_auxiliary_streams",
-    "trt_timing_cache_enable": "trt_timing_cache_enable",
-}
-"""TensorRT provider options the backend's ``tensorrt`` accelerator takes under the same names
-(``trt_fp16_enable`` is its ``precision_mode``)."""
 
 
 def model_name(study: optuna.Study) -> str:
@@ -78,42 +58,30 @@ def write_repository(
     if not repo.is_dir():
         raise UserError(f"{repo} is not a folder: create the model repository first")
     backend = study.user_attrs.get(FINGERPRINT_ATTR, {}).get("backend")
-    if backend not in ("onnxruntime", "tensorrt"):
+    deployment = DEPLOYMENTS.get(backend or "")
+    if deployment is None:
         raise UserError(f"Triton serves ONNX Runtime and TensorRT models; study {study.study_name} used {backend}")
     if (repo / name).exists() and not force:
         raise UserError(f"{repo / name} already exists: choose another --model-name, or overwrite with --force")
     version = repo / name / "1"
     version.mkdir(parents=True, exist_ok=True)
-    plan = backend == "tensorrt"
-    written, side = export_trial(study, number, version / ("model.plan" if plan else "model.onnx"), force=True)
+    _, side = export_trial(study, number, version / deployment.triton_model_file, force=True)
     exported = json.loads(side.read_text())
-    info = load_model_info(trial_model(study, study.trials[exported["trial"]]) if plan else written)
-    text, left_out = config_text(name, info, exported, plan)
+    info = load_model_info(trial_model(study, study.trials[exported["trial"]]))  # an engine: the ONNX it was built from
+    text, left_out = config_text(name, info, exported, deployment)
     (repo / name / "config.pbtxt").write_text(text)
     return repo / name, left_out, side
 
 
-def config_text(name: str, info: ModelInfo, record: dict[str, Any], plan: bool) -> tuple[str, list[str]]:
+def config_text(name: str, info: ModelInfo, record: dict[str, Any], deployment: Deployment) -> tuple[str, list[str]]:
     """``config.pbtxt`` in protobuf text format, and the trial's settings it cannot express."""
-    settings = record.get("onnxruntime")
-    provider = settings["providers"][0][0] if settings else "TensorrtPlan"
-    gpu = plan or provider != "CPUExecutionProvider"
-    lines = [f'name: "{name}"', 'platform: "tensorrt_plan"' if plan else 'backend: "onnxruntime"', "max_batch_size: 0"]
+    fields = deployment.triton_fields(record)
+    lines = [f'name: "{name}"', deployment.triton_platform, "max_batch_size: 0"]
     lines += [_tensor("input", spec) for spec in info.inputs]
     lines += [_tensor("output", spec) for spec in info.outputs]
-    lines.append(f"instance_group [ {{ kind: {'KIND_GPU' if gpu else 'KIND_CPU'} count: 1 }} ]")
-    left_out: list[str] = []
-    if plan:
-        graphs = bool(record["params"].get("runtime.cuda_graph")) or (
-            record["params"].get("runtime.cuda_graph_strategy", "DISABLED") != "DISABLED"
-        )
-        if graphs:
-            lines.append("optimization { cuda { graphs: true } }")
-        left_out += [k for k in record["params"] if k == "runtime.aux_streams" and record["params"][k]]
-    elif settings:
-        optimization, parameters, more = _onnxruntime_fields(settings)
-        lines += optimization + parameters
-        left_out += more
+    lines.append(f"instance_group [ {{ kind: {'KIND_GPU' if fields.on_gpu else 'KIND_CPU'} count: 1 }} ]")
+    lines += fields.lines
+    left_out = fields.left_out
     header = [f"# gpt-optuna: study {record['study']}, trial {record['trial']}"]
     interface = record.get("interface") or {}
     if interface.get("changed"):
@@ -121,45 +89,6 @@ def config_text(name: str, info: ModelInfo, record: dict[str, Any], plan: bool) 
         header.append(f"# the interface differs from the original model's (--allow-io-change): {changed}")
     header += [f"# not expressible in Triton's model configuration: {item}" for item in left_out]
     return "\n".join([*header, *lines]) + "\n", left_out
-
-
-def _onnxruntime_fields(settings: dict[str, Any]) -> tuple[list[str], list[str], list[str]]:
-    options, entries = settings["session_options"], settings["session_config_entries"]
-    provider, provider_options = settings["providers"][0]
-    left_out: list[str] = []
-    inner: list[str] = []
-    level = options["graph_optimization_level"]
-    if level not in GRAPH_LEVELS:
-        left_out.append(f"graph_optimization_level={level}")
-    elif GRAPH_LEVELS[level] is not None:
-        inner.append(f"graph {{ level: {GRAPH_LEVELS[level]} }}")
-    accelerator = _accelerator(provider, provider_options, left_out)
-    if accelerator:
-        inner.append(f"execution_accelerators {{ gpu_execution_accelerator [ {accelerator} ] }}")
-    optimization = [f"optimization {{ {' '.join(inner)} }}"] if inner else []
-    parameters = []
-    for attribute, key in SESSION_PARAMETERS.items():
-        if attribute in options:
-            value = options[attribute]
-            text = {"ORT_SEQUENTIAL": "0", "ORT_PARALLEL": "1"}.get(str(value), str(value).lower())
-            parameters.append(f'parameters {{ key: "{key}" value: {{ string_value: "{text}" }} }}')
-    left_out += [f"session config {key}={value}" for key, value in entries.items() if CONFIG_DEFAULTS.get(key) != value]
-    return optimization, parameters, left_out
-
-
-def _accelerator(provider: str, options: dict[str, str], left_out: list[str]) -> str:
-    if provider == "CUDAExecutionProvider":
-        chosen = {k: v for k, v in options.items() if k != "device_id"}  # Triton picks the device
-        name = "cuda"
-    elif provider == "TensorrtExecutionProvider":
-        chosen = {TENSORRT_ACCELERATOR[k]: v for k, v in options.items() if k in TENSORRT_ACCELERATOR}
-        if options.get("trt_fp16_enable") == "1":
-            chosen["precision_mode"] = "FP16"
-        name = "tensorrt"
-    else:
-        return ""
-    pairs = " ".join(f'parameters {{ key: "{k}" value: "{v}" }}' for k, v in chosen.items())
-    return f'{{ name: "{name}" {pairs} }}'
 
 
 def _tensor(kind: str, spec: TensorSpec) -> str:

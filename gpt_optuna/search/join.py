@@ -17,6 +17,7 @@ from pathlib import Path
 import optuna
 from optuna.artifacts import FileSystemArtifactStore
 
+from gpt_optuna.backends import load_backend
 from gpt_optuna.core import interrupts
 from gpt_optuna.core.errors import UserError
 from gpt_optuna.core.space import Space
@@ -97,9 +98,10 @@ def join(config: JoinConfig, progress: Progress) -> int:
         session = SearchSession(stack, workdir, log, config.workers, config.gpus)
         with warming(session.workers, recorded["backend"]) as names:
             pass  # nothing to do meanwhile: the names are there once every worker has started
-        lanes = session.place(names, space)
+        on_cpu = load_backend(recorded["backend"]).runs_on_cpu(space)
+        lanes = session.place(names, on_cpu)
         versions = recorded.get("versions", {})
-        creator = measured_on(versions["gpu"], space) if "gpu" in versions else None
+        creator = measured_on(versions["gpu"], on_cpu) if "gpu" in versions else None
         notes, _ = session.enter(study_device(study) or creator, config.allow_mixed_gpus)
         done = finished_count(study)
         remaining = None if target is None else max(target - done, 0)

@@ -23,7 +23,6 @@ from optuna.trial import FrozenTrial, TrialState
 
 from gpt_optuna.core import interrupts
 from gpt_optuna.core.errors import UserError, environment_fault
-from gpt_optuna.core.space import Space
 from gpt_optuna.evaluation.jobs import WarmUpJob, gpu_names
 from gpt_optuna.evaluation.worker import Worker
 from gpt_optuna.search.objective import CandidateFailed, Lane, Objective, SearchTimeUp
@@ -36,15 +35,10 @@ WAIT_S = 1.0
 WARM_UP_S = 300.0
 
 
-def runs_on_cpu(space: Space) -> bool:
-    """Whether the space's candidates run on the CPU (ONNX Runtime's CPU provider) by default."""
-    return space.default().get("provider") == "CPUExecutionProvider"
-
-
-def measured_on(gpu: str, space: Space) -> str:
+def measured_on(gpu: str, on_cpu: bool) -> str:
     """The device trials are measured on: the GPU's name (``none`` where there is none), or
-    ``cpu`` where the space's candidates run there."""
-    return "cpu" if gpu == "none" or runs_on_cpu(space) else gpu
+    ``cpu`` where the candidates run there (``on_cpu``)."""
+    return "cpu" if gpu == "none" or on_cpu else gpu
 
 
 def pinned(gpu: str | None) -> dict[str, str]:
@@ -108,10 +102,10 @@ def started_in(worker: Worker, backend: str) -> float:
     return time.monotonic() - start
 
 
-def make_lanes(workers: Sequence[Worker], gpus: Sequence[str | None], names: Sequence[str], space: Space) -> list[Lane]:
-    """The lanes of ``workers``, each measuring on its GPU (``names``), or on the CPU."""
+def make_lanes(workers: Sequence[Worker], gpus: Sequence[str | None], names: Sequence[str], on_cpu: bool) -> list[Lane]:
+    """The lanes of ``workers``, each measuring on its GPU (``names``), or on the CPU (``on_cpu``)."""
     return [
-        Lane(index, worker, gpu, measured_on(name, space))
+        Lane(index, worker, gpu, measured_on(name, on_cpu))
         for index, (worker, gpu, name) in enumerate(zip(workers, gpus, names, strict=True))
     ]
 

@@ -8,27 +8,12 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
+from gpt_optuna.backends.base import Backend
 from gpt_optuna.core.errors import UserError
 from gpt_optuna.core.space import Candidate, CandidateKey, Space, Value, candidate_key
-from gpt_optuna.search.lanes import runs_on_cpu
+from gpt_optuna.graph.transforms import SPEED_VALUES
 from gpt_optuna.study.taxonomy import baseline_trial, measured_latency_ms
 
-SPEED_VALUES: dict[str, tuple[Value, ...]] = {
-    "graph_fusion": ("transformer",),
-    "precision": ("fp16",),
-    "graph_optimization_level": ("ORT_ENABLE_ALL",),
-    "cuda.use_tf32": (True,),
-    "cuda.prefer_nhwc": (True,),
-    "cuda.enable_cuda_graph": (True,),
-    "cuda.fuse_conv_bias": (True,),
-    "trt.fp16": (True,),
-    "trt.cuda_graph": (True,),
-    "flag.TF32": (True,),
-    "flag.FP16": (True,),
-    "runtime.cuda_graph": (True,),
-    "runtime.cuda_graph_strategy": ("WHOLE_GRAPH_CAPTURE",),
-}
-"""Per knob, the values that make engines fast, in order of preference (each backend's names)."""
 WARM_PER_STUDY = 3
 """The best distinct feasible configurations a warm start takes from each earlier study."""
 WARM_LIMIT = 6
@@ -36,15 +21,17 @@ WARM_LIMIT = 6
 most of them agree on, then the largest speedups over their own baselines."""
 
 
-def speed_seed(space: Space) -> Candidate | None:
-    """Every speed feature the space searches switched on (reduced precision only off the CPU,
-    where it is slow), every other knob at a value the search tries; None where no speed feature
-    is searched away from its default."""
-    on_cpu = runs_on_cpu(space)
+def speed_seed(space: Space, backend: Backend) -> Candidate | None:
+    """Every speed feature the space searches switched on (the graph transforms' and the
+    backend's :attr:`Backend.speed_values`; reduced precision only off the CPU, where it is slow),
+    every other knob at a value the search tries; None where no speed feature is searched away
+    from its default."""
+    on_cpu = backend.runs_on_cpu(space)
+    speed_values = {**SPEED_VALUES, **backend.speed_values}
     values: dict[str, Value] = {}
     turned_on = set()
     for knob in space.knobs:
-        speed = () if on_cpu and knob.name == "precision" else SPEED_VALUES.get(knob.name, ())
+        speed = () if on_cpu and knob.name == "precision" else speed_values.get(knob.name, ())
         preferred = next((v for v in speed if v in knob.search_choices), None)
         searched = knob.default if knob.default in knob.search_choices else knob.search_choices[0]
         values[knob.name] = searched if preferred is None else preferred  # a value the search tries

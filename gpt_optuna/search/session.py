@@ -12,7 +12,6 @@ from pathlib import Path
 import optuna
 
 from gpt_optuna.core import interrupts
-from gpt_optuna.core.space import Space
 from gpt_optuna.evaluation.worker import Worker
 from gpt_optuna.search.lanes import TrialBudget, check_devices, lane_gpus, make_lanes, open_workers, run_lanes
 from gpt_optuna.search.objective import Lane, Objective
@@ -33,9 +32,10 @@ class SearchSession:
         self.workers: list[Worker] = open_workers(stack, self.gpus, folder, log)
         self.lanes: list[Lane] = []
 
-    def place(self, device_names: Sequence[str], space: Space) -> list[Lane]:
-        """Put each worker on its lane: measuring on its GPU (``device_names``), or on the CPU."""
-        self.lanes = make_lanes(self.workers, self.gpus, device_names, space)
+    def place(self, device_names: Sequence[str], on_cpu: bool) -> list[Lane]:
+        """Put each worker on its lane: measuring on its GPU (``device_names``), or on the CPU where
+        the candidates run there (``on_cpu``)."""
+        self.lanes = make_lanes(self.workers, self.gpus, device_names, on_cpu)
         return self.lanes
 
     def enter(self, study_device: str | None, allow_mixed: bool) -> tuple[list[str], bool]:

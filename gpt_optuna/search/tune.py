@@ -16,7 +16,7 @@ from pathlib import Path
 import optuna
 from optuna.artifacts import FileSystemArtifactStore
 
-from gpt_optuna.backends import load_backend
+from gpt_optuna.backends import Backend, load_backend
 from gpt_optuna.core import interrupts
 from gpt_optuna.core.errors import EXIT_NO_FEASIBLE, UserError
 from gpt_optuna.core.space import Candidate, Space
@@ -85,7 +85,8 @@ def tune(
         start_s = started_in(first, config.backend)  # what each finalists' process will cost to start
         with warming(others, config.backend) as names:  # the others start while the first finds the space
             prepared = prepare(config, first, inputs, notes, progress.note)
-        lanes = session.place([prepared.versions.get("gpu", "none"), *names], prepared.space)
+        engine = load_backend(config.backend)
+        lanes = session.place([prepared.versions.get("gpu", "none"), *names], engine.runs_on_cpu(prepared.space))
         sampler = make_sampler(config.sampler, config.seed, prepared.space)
         study, resumed = open_study(
             storage,
@@ -94,7 +95,7 @@ def tune(
             fingerprint(config, prepared),
             prepared.space.default(),
             len(config.objectives),
-            first_candidates(config, prepared.space, storage, lanes[0].device, notes),
+            first_candidates(config, prepared.space, engine, storage, lanes[0].device, notes),
         )
         new.clear()  # the study exists: what this run made is its own from here on
         name_objectives(study)
@@ -222,13 +223,18 @@ def holds_a_study(path: Path) -> bool:
 
 
 def first_candidates(
-    config: TuneConfig, space: Space, storage: optuna.storages.BaseStorage, device: str, notes: list[str]
+    config: TuneConfig,
+    space: Space,
+    backend: Backend,
+    storage: optuna.storages.BaseStorage,
+    device: str,
+    notes: list[str],
 ) -> list[tuple[Candidate, dict[str, str]]]:
     """What a new study tries right after its baseline, with the user attrs that say why: the
     configurations given (``config.seeds``), every speed feature on (unless ``--no-seeds``), and
     the best of the ``--warm-start`` studies."""
     seeds = [(space.fitted(values), {"seeded": why}) for values, why in config.seeds]
-    speed = None if config.no_seeds else speed_seed(space)
+    speed = None if config.no_seeds else speed_seed(space, backend)
     if speed is not None:
         seeds.append((speed, {"seeded": "every speed feature on"}))
     if config.warm_start:

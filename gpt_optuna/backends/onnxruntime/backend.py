@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
@@ -24,6 +25,7 @@ from gpt_optuna.backends.onnxruntime.knobs import (
 )
 from gpt_optuna.backends.onnxruntime.settings import (
     _OPTIONAL_GRAPH_LEVELS,
+    CPU,
     CUDA,
     CUDA_GRAPH,
     FUSE_CONV_BIAS,
@@ -64,6 +66,20 @@ class OnnxRuntimeBackend(Backend):
     """ONNX Runtime with whichever of the CPU, CUDA and TensorRT providers work here."""
 
     name = "onnxruntime"
+    speed_values = MappingProxyType(
+        {
+            GRAPH_LEVEL: ("ORT_ENABLE_ALL",),
+            "cuda.use_tf32": (True,),
+            NHWC: (True,),
+            CUDA_GRAPH: (True,),
+            FUSE_CONV_BIAS: (True,),
+            "trt.fp16": (True,),
+            "trt.cuda_graph": (True,),
+        }
+    )
+
+    def runs_on_cpu(self, space: Space) -> bool:
+        return space.default().get("provider") == CPU
 
     def missing_library(self) -> MissingDependencyError | None:
         import importlib.util

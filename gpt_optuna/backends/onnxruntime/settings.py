@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gpt_optuna.backends.base import ExportedTrial
 from gpt_optuna.core.errors import MissingDependencyError
 from gpt_optuna.core.space import Candidate, Value
 
@@ -262,3 +263,11 @@ def provider_options(candidate: Candidate, stream_ptr: int | None, workdir: Path
         options["has_user_compute_stream"] = "1"
         options["user_compute_stream"] = str(stream_ptr)
     return options
+
+
+def side_file(trial: ExportedTrial) -> dict[str, Any]:
+    """How ONNX Runtime must open the exported model to run it as the trial did, in its own names
+    (``gpt_optuna.open_session`` applies it); a TensorRT-provider timing cache goes beside the model."""
+    candidate = dict(trial.defaults) | dict(trial.params)
+    options = provider_options(candidate, None, trial.out.parent.resolve())
+    return {"onnxruntime": session_settings(candidate) | {"providers": [[candidate["provider"], options]]}}

@@ -14,7 +14,7 @@ import importlib.util
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
+from types import MappingProxyType, ModuleType
 from typing import Any
 
 import numpy as np
@@ -90,6 +90,14 @@ class TensorRTBackend(Backend):
     weak_typing_knobs = frozenset({"flag.FP16", "flag.BF16", "flag.INT8"})
 
     reports_device_memory = True
+    speed_values = MappingProxyType(
+        {
+            "flag.TF32": (True,),
+            "flag.FP16": (True,),
+            "runtime.cuda_graph": (True,),
+            "runtime.cuda_graph_strategy": ("WHOLE_GRAPH_CAPTURE",),
+        }
+    )
 
     def __init__(self) -> None:
         self._trt: ModuleType | None = None

@@ -10,9 +10,12 @@ trtexec's ``--useCudaGraph`` is the one that exists for inference.
 from __future__ import annotations
 
 import shlex
+import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from gpt_optuna.backends.base import ExportedTrial
 
 TILING_LEVELS = {"NONE": 0, "FAST": 1, "MODERATE": 2, "FULL": 3}
 """trtexec takes ``--tilingOptimizationLevel`` as the enum's integer."""
@@ -124,3 +127,24 @@ def _polygraphy_argument(name: str, value: Any) -> list[str] | None:
     if name in ("flag.SPARSE_WEIGHTS", "flag.FP16", "flag.BF16", "flag.INT8") and value:
         return ["--sparse-weights" if name == "flag.SPARSE_WEIGHTS" else f"--{name[5:].lower()}"]
     return None
+
+
+def build_commands(trial: ExportedTrial) -> dict[str, Any]:
+    """``trtexec`` and ``polygraphy convert`` lines that build the trial's engine from the ONNX
+    model TensorRT parsed (written beside the engine as ``ENGINE.onnx``), and the settings that
+    have no flag in each."""
+    from gpt_optuna.graph.constant_folding import folded
+    from gpt_optuna.graph.model import load_model_info
+
+    parsed = trial.out.with_name(trial.out.name + ".onnx")
+    shutil.copyfile(folded(load_model_info(trial.model), trial.models).path, parsed)
+    lines = [
+        make(parsed.name, trial.out.name, dict(trial.params), dict(trial.defaults), dict(trial.shapes))
+        for make in (trtexec, polygraphy)
+    ]
+    return {line.tool: line.text() for line in lines} | {f"{line.tool}_no_flag": line.no_flag for line in lines}
+
+
+def side_file(trial: ExportedTrial) -> dict[str, Any]:
+    """The command lines that build the exported engine again, for the export's side file."""
+    return {"commands": build_commands(trial)}

@@ -1,0 +1,80 @@
+"""How Triton's ONNX Runtime backend runs an exported trial: the graph level in
+``optimization.graph.level``, threads, execution mode, memory arena and pattern in ``parameters``,
+CUDA and TensorRT provider options in ``optimization.execution_accelerators``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpt_optuna.backends.base import TritonFields
+from gpt_optuna.backends.onnxruntime.settings import CPU, CUDA, TENSORRT
+
+GRAPH_LEVELS = {"ORT_ENABLE_ALL": None, "ORT_ENABLE_BASIC": -1, "ORT_ENABLE_EXTENDED": 1, "ORT_DISABLE_ALL": 2}
+"""ONNX Runtime's graph levels as the backend's ``optimization.graph.level`` (None: the default, all)."""
+SESSION_PARAMETERS = {
+    "execution_mode": "execution_mode",
+    "intra_op_num_threads": "intra_op_thread_count",
+    "inter_op_num_threads": "inter_op_thread_count",
+    "enable_cpu_mem_arena": "enable_mem_arena",
+    "enable_mem_pattern": "enable_mem_pattern",
+}
+"""SessionOptions attributes and the backend's ``parameters`` keys for them."""
+CONFIG_DEFAULTS = {"session.intra_op.allow_spinning": "1", "session.set_denormal_as_zero": "0"}
+"""ONNX Runtime's own values for the session config entries the search sets: one at its default
+needs no field in Triton's configuration."""
+TENSORRT_ACCELERATOR = {
+    "trt_builder_optimization_level": "trt_builder_optimization_level",
+    "trt_cuda_graph_enable": "trt_cuda_graph_enable",
+    "trt_auxiliary_streams": "trt_auxiliary_streams",
+    "trt_timing_cache_enable": "trt_timing_cache_enable",
+}
+"""TensorRT provider options the backend's ``tensorrt`` accelerator takes under the same names
+(``trt_fp16_enable`` is its ``precision_mode``)."""
+
+
+def triton_fields(record: dict[str, Any]) -> TritonFields:
+    """The side file's ONNX Runtime settings as Triton configuration fields, and those it has no field for."""
+    settings = record.get("onnxruntime")
+    if not settings:
+        return TritonFields(on_gpu=True)
+    optimization, parameters, left_out = _onnxruntime_fields(settings)
+    return TritonFields(settings["providers"][0][0] != CPU, optimization + parameters, left_out)
+
+
+def _onnxruntime_fields(settings: dict[str, Any]) -> tuple[list[str], list[str], list[str]]:
+    options, entries = settings["session_options"], settings["session_config_entries"]
+    provider, provider_options = settings["providers"][0]
+    left_out: list[str] = []
+    inner: list[str] = []
+    level = options["graph_optimization_level"]
+    if level not in GRAPH_LEVELS:
+        left_out.append(f"graph_optimization_level={level}")
+    elif GRAPH_LEVELS[level] is not None:
+        inner.append(f"graph {{ level: {GRAPH_LEVELS[level]} }}")
+    accelerator = _accelerator(provider, provider_options, left_out)
+    if accelerator:
+        inner.append(f"execution_accelerators {{ gpu_execution_accelerator [ {accelerator} ] }}")
+    optimization = [f"optimization {{ {' '.join(inner)} }}"] if inner else []
+    parameters = []
+    for attribute, key in SESSION_PARAMETERS.items():
+        if attribute in options:
+            value = options[attribute]
+            text = {"ORT_SEQUENTIAL": "0", "ORT_PARALLEL": "1"}.get(str(value), str(value).lower())
+            parameters.append(f'parameters {{ key: "{key}" value: {{ string_value: "{text}" }} }}')
+    left_out += [f"session config {key}={value}" for key, value in entries.items() if CONFIG_DEFAULTS.get(key) != value]
+    return optimization, parameters, left_out
+
+
+def _accelerator(provider: str, options: dict[str, str], left_out: list[str]) -> str:
+    if provider == CUDA:
+        chosen = {k: v for k, v in options.items() if k != "device_id"}  # Triton picks the device
+        name = "cuda"
+    elif provider == TENSORRT:
+        chosen = {TENSORRT_ACCELERATOR[k]: v for k, v in options.items() if k in TENSORRT_ACCELERATOR}
+        if options.get("trt_fp16_enable") == "1":
+            chosen["precision_mode"] = "FP16"
+        name = "tensorrt"
+    else:
+        return ""
+    pairs = " ".join(f'parameters {{ key: "{k}" value: "{v}" }}' for k, v in chosen.items())
+    return f'{{ name: "{name}" {pairs} }}'

@@ -1,0 +1,18 @@
+"""How Triton runs an exported TensorRT engine (``platform: "tensorrt_plan"``): CUDA graphs where the
+trial captured them; auxiliary streams have no field."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpt_optuna.backends.base import TritonFields
+
+
+def triton_fields(record: dict[str, Any]) -> TritonFields:
+    """The trial's runtime knobs as Triton configuration fields, and those it has no field for."""
+    params = record["params"]
+    graphs = (
+        bool(params.get("runtime.cuda_graph")) or params.get("runtime.cuda_graph_strategy", "DISABLED") != "DISABLED"
+    )
+    lines = ["optimization { cuda { graphs: true } }"] if graphs else []
+    return TritonFields(True, lines, [k for k in params if k == "runtime.aux_streams" and params[k]])
