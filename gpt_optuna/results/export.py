@@ -17,7 +17,7 @@ from gpt_optuna.core.errors import UserError
 from gpt_optuna.graph.interface import dtype_changes, io_record
 from gpt_optuna.results.summary_text import headline
 from gpt_optuna.study.artifacts import artifact_folder, verified
-from gpt_optuna.study.record import FINGERPRINT_ATTR, IO_CHANGE_ATTR, study_folder
+from gpt_optuna.study.record import IO_CHANGE_ATTR, StudyRecord, study_folder
 from gpt_optuna.study.summary import StudySummary, first_value, summarize_study
 
 
@@ -26,7 +26,10 @@ def trial_model(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> Path:
     transformed = trial.user_attrs.get("transformed_model")
     if transformed:
         return study_folder(study) / "models" / transformed
-    return Path(study.user_attrs[FINGERPRINT_ATTR]["model"])
+    model = StudyRecord.read(study).model
+    if model is None:
+        raise UserError(f"study {study.study_name!r} was not made by gpt-optuna: it records no model")
+    return model
 
 
 def _beside(out: Path, kind: str) -> str:
@@ -96,14 +99,14 @@ def export_trial(study: optuna.Study, number: int | None, out: Path, force: bool
     is where it has none) and ``out``.json, overwriting nothing without ``force``."""
     summary = summarize_study(study)
     trial = chosen_trial(study, summary, number)
-    recorded = study.user_attrs.get(FINGERPRINT_ATTR, {})
+    record = StudyRecord.read(study)
     artifact = trial.user_attrs.get("engine_artifact")
     if out.suffix in (".json", ".npz"):
         kind = "engine" if artifact else "model"
         raise UserError(f"-o names the {kind} file to write; its record FILE.json is written beside it")
     if not out.suffix:
         out = out.with_name(out.name + export_suffix(trial))
-    refuse_overwrite(written_files(out, artifact is not None, recorded.get("backend")), force)
+    refuse_overwrite(written_files(out, artifact is not None, record.backend), force)
     workdir = verified(study, study_folder(study))
     source = trial_model(study, trial)
     if not source.is_file():
@@ -117,32 +120,31 @@ def export_trial(study: optuna.Study, number: int | None, out: Path, force: bool
         )
     else:  # ONNX Runtime builds no engine file: the model it ran, with the options in the side file
         shutil.copyfile(source, out)
-    defaults = {knob["name"]: knob["default"] for knob in recorded.get("space", [])}
     confirmed = next((r for r in (summary.confirmed or {}).get("ranking", []) if r["number"] == trial.number), None)
     side: dict[str, Any] = {
         "study": study.study_name,
         "trial": trial.number,
-        "backend": recorded.get("backend"),
+        "backend": record.backend,
         "params": trial.params,
         **figures_record(summary, trial),
         "latency": trial.user_attrs.get("latency"),
         "accuracy": trial.user_attrs.get("accuracy"),
-        "accuracy_criterion": recorded.get("accuracy"),
-        "metric": recorded.get("metric"),
-        "shapes": recorded.get("shapes"),
+        "accuracy_criterion": record.accuracy,
+        "metric": record.metric,
+        "shapes": record.shapes,
         "interface": model_interface(study, trial, source),
         "samples": {"inputs": _beside(out, "inputs"), "reference": _beside(out, "reference")},
         "confirmed": confirmed,
         "confirmed_baseline": (summary.confirmed or {}).get("baseline") if confirmed else None,
-        "versions": recorded.get("versions", {}),
+        "versions": record.versions,
         "file": "engine" if artifact is not None else "onnx model",
         "model_sha256": hashlib.sha256(out.read_bytes()).hexdigest(),
     }
-    deployment = DEPLOYMENTS.get(recorded.get("backend", ""))
+    deployment = DEPLOYMENTS.get(record.backend or "")
     if deployment is not None:
         models = study_folder(study) / "models"
         side |= deployment.side_file(
-            ExportedTrial(source, out, trial.params, defaults, recorded.get("shapes", {}), models)
+            ExportedTrial(source, out, trial.params, record.defaults, record.shapes or {}, models)
         )
     for kind in ("inputs", "reference"):  # what a later `gpt-optuna check` compares a changed model on
         shutil.copyfile(workdir / f"{kind}.npz", out.with_name(_beside(out, kind)))
@@ -156,14 +158,14 @@ def model_interface(study: optuna.Study, trial: FrozenTrial, model: Path) -> dic
     was built from), with the dtypes it changed against the study's model: the side file's ``interface``."""
     from gpt_optuna.graph.model import load_model_info
 
-    recorded = study.user_attrs.get(FINGERPRINT_ATTR, {})
+    record = StudyRecord.read(study)
     made = load_model_info(model)
-    original = Path(recorded.get("model", ""))
-    if original.is_file():
+    original = record.model
+    if original is not None and original.is_file():
         changes = dtype_changes(load_model_info(original), made)
     else:  # the model file moved: the changes the evaluation recorded
         changes = trial.user_attrs.get(IO_CHANGE_ATTR, {})
-    record = io_record(made, changes, bool(recorded.get("allow_io_change")))
+    interface = io_record(made, changes, record.allow_io_change)
     if "engine_io" in trial.user_attrs:  # the dtypes the engine itself was built to take and return
-        record["engine"] = trial.user_attrs["engine_io"]
-    return record
+        interface["engine"] = trial.user_attrs["engine_io"]
+    return interface

@@ -16,7 +16,7 @@ from typing import Any
 import optuna
 
 from gpt_optuna.evaluation.accuracy import Criterion, parse_criterion
-from gpt_optuna.study.record import FINGERPRINT_ATTR
+from gpt_optuna.study.record import StudyRecord
 from gpt_optuna.study.summary import StudySummary, summarize_study
 from gpt_optuna.study.taxonomy import retried_numbers, trial_status
 
@@ -54,10 +54,10 @@ class TrialRow:
 
 def criterion_of(study: optuna.Study) -> Criterion | None:
     """The accuracy criterion the study was made with (None for a study made by other means)."""
-    recorded = study.user_attrs.get(FINGERPRINT_ATTR, {})
-    if "accuracy" not in recorded:
+    record = StudyRecord.read(study)
+    if record.accuracy is None:
         return None
-    return parse_criterion(recorded["accuracy"], user_metrics=recorded.get("metric") is not None)
+    return parse_criterion(record.accuracy, user_metrics=record.metric is not None)
 
 
 def collect(study: optuna.Study) -> list[TrialRow]:
@@ -349,16 +349,16 @@ def render(study: optuna.Study, where: str = "") -> str:
 
 def criterion_sentence(study: optuna.Study, rows: list[TrialRow]) -> str:
     """The accuracy criterion in words: what it requires, on how many samples, with whose metrics."""
-    recorded = study.user_attrs.get(FINGERPRINT_ATTR, {})
-    if "accuracy" not in recorded:
+    record = StudyRecord.read(study)
+    if record.accuracy is None:
         return "Accuracy criterion: not recorded."
     samples = max((int(r.accuracy.get("samples", 1)) for r in rows if r.accuracy), default=None)
-    sentence = f"Accuracy criterion: {recorded['accuracy']}"
+    sentence = f"Accuracy criterion: {record.accuracy}"
     if samples is not None:
         plural = "s" if samples != 1 else ""
         sentence += f", on {samples} sample{plural} (output metrics: the worst sample; mean(...): the average)"
-    if recorded.get("metric"):
-        sentence += f"; user metrics from {recorded['metric']}"
+    if record.metric:
+        sentence += f"; user metrics from {record.metric}"
     return sentence + "."
 
 

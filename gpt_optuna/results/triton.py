@@ -25,7 +25,7 @@ from gpt_optuna.core.errors import UserError
 from gpt_optuna.graph.interface import describe_changes
 from gpt_optuna.graph.model import ModelInfo, TensorSpec, load_model_info
 from gpt_optuna.results.export import export_trial, trial_model
-from gpt_optuna.study.record import FINGERPRINT_ATTR
+from gpt_optuna.study.record import StudyRecord
 
 DATA_TYPES = {
     "float32": "TYPE_FP32",
@@ -46,7 +46,7 @@ DATA_TYPES = {
 
 def model_name(study: optuna.Study) -> str:
     """The default Triton model name: the model file's stem, in the characters Triton allows."""
-    stem = Path(study.user_attrs.get(FINGERPRINT_ATTR, {}).get("model", study.study_name)).stem
+    stem = (StudyRecord.read(study).model or Path(study.study_name)).stem
     return re.sub(r"[^A-Za-z0-9_.-]", "_", stem)
 
 
@@ -57,7 +57,7 @@ def write_repository(
     it, the settings left out and the export's side file."""
     if not repo.is_dir():
         raise UserError(f"{repo} is not a folder: create the model repository first")
-    backend = study.user_attrs.get(FINGERPRINT_ATTR, {}).get("backend")
+    backend = StudyRecord.read(study).backend
     deployment = DEPLOYMENTS.get(backend or "")
     if deployment is None:
         raise UserError(f"Triton serves ONNX Runtime and TensorRT models; study {study.study_name} used {backend}")

@@ -19,7 +19,7 @@ import optuna
 
 from gpt_optuna.results.export import figures_record
 from gpt_optuna.results.summary_text import headline
-from gpt_optuna.study.record import FINGERPRINT_ATTR
+from gpt_optuna.study.record import StudyRecord
 from gpt_optuna.study.summary import StudySummary, summarize_study
 
 WINNER_ATTR = "winner"
@@ -34,8 +34,8 @@ def objective_names(objectives: tuple[str, ...] | list[str], dry_run: bool) -> l
 
 def name_objectives(study: optuna.Study) -> None:
     """Name the objective values as the study recorded them (optuna-dashboard shows these names)."""
-    recorded = study.user_attrs.get(FINGERPRINT_ATTR, {})
-    names = objective_names(recorded.get("objectives", ["latency"]), recorded.get("objective") == "build_s")
+    record = StudyRecord.read(study)
+    names = objective_names(list(record.objectives), record.dry_run)
     if study.metric_names != names:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)

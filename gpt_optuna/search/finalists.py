@@ -28,7 +28,7 @@ from gpt_optuna.evaluation.jobs import EvaluateJob
 from gpt_optuna.evaluation.measure import MeasureSettings, bootstrap_ratio
 from gpt_optuna.evaluation.worker import FailureKind, JobFailure, Worker
 from gpt_optuna.study.artifacts import INPUTS_FILE, REFERENCE_FILE
-from gpt_optuna.study.record import CONFIRMED_ATTR
+from gpt_optuna.study.record import CONFIRMED_ATTR, StudyRecord
 from gpt_optuna.study.taxonomy import baseline_trial
 
 WORKER_START_S = 5.0
@@ -153,15 +153,15 @@ def template_from_study(study: optuna.Study, model: Path | None = None, workdir:
     from gpt_optuna.evaluation.measure import MeasureSettings
     from gpt_optuna.graph.model import ShapeRange, load_model_info, with_distinct_dims
     from gpt_optuna.study.artifacts import verified
-    from gpt_optuna.study.record import FINGERPRINT_ATTR, MEASURE_ATTR, study_folder
+    from gpt_optuna.study.record import MEASURE_ATTR, study_folder
 
-    recorded = study.user_attrs.get(FINGERPRINT_ATTR)
-    if recorded is None:
+    record = StudyRecord.of(study)
+    if record is None:
         raise UserError(f"study {study.study_name!r} was not made by gpt-optuna")
-    if recorded.get("objective") == "build_s":
+    if record.dry_run:
         raise UserError(f"study {study.study_name!r} is a dry run: there is no latency to confirm")
-    info = load_model_info(model or recorded["model"])
-    if info.sha256 != recorded["model_sha256"]:
+    info = load_model_info(model or record.model)
+    if info.sha256 != record.model_sha256:
         raise UserError(f"{info.path} has changed since the study was made")
     workdir = verified(study, (workdir or study_folder(study)).resolve())
     info = with_distinct_dims(info, workdir / "models")
@@ -170,11 +170,11 @@ def template_from_study(study: optuna.Study, model: Path | None = None, workdir:
             raise UserError(f"the study folder {workdir} lacks {name}: it was moved or removed")
     return EvaluateJob.in_study(
         workdir,
-        recorded["backend"],
+        record.backend,
         info,
-        {n: ShapeRange(*(tuple(s) for s in r)) for n, r in recorded["shapes"].items()},
-        parse_criterion(recorded["accuracy"], user_metrics=recorded.get("metric") is not None),
+        {n: ShapeRange(*(tuple(s) for s in r)) for n, r in (record.shapes or {}).items()},
+        parse_criterion(record.accuracy, user_metrics=record.metric is not None),
         MeasureSettings(**study.user_attrs.get(MEASURE_ATTR, {})),
-        {knob["name"]: knob["default"] for knob in recorded["space"]},
-        metric=recorded.get("metric"),
+        record.defaults,
+        metric=record.metric,
     )

@@ -36,7 +36,7 @@ from gpt_optuna.search.progress import Progress
 from gpt_optuna.search.sampling import make_sampler
 from gpt_optuna.search.session import SearchSession
 from gpt_optuna.study.artifacts import artifact_folder, fetch
-from gpt_optuna.study.record import FINGERPRINT_ATTR, SEARCH_ATTR, SPACE_ATTR, STUDIES
+from gpt_optuna.study.record import SEARCH_ATTR, SPACE_ATTR, STUDIES, StudyRecord
 from gpt_optuna.study.storage import load_study, open_storage
 from gpt_optuna.study.summary import finished_count, summarize_study
 
@@ -56,15 +56,15 @@ class JoinConfig:
     allow_mixed_gpus: bool = False
 
 
-def checked_model(recorded: dict[str, object], given: Path | None) -> Path:
+def checked_model(record: StudyRecord, given: Path | None) -> Path:
     """The model file this worker runs: ``given`` or the recorded path, with the recorded hash."""
-    path = given or Path(str(recorded["model"]))
+    path = given or record.model or Path()
     if not path.is_file():
         raise UserError(f"no model file at {path}" + ("" if given else " (the path the study recorded): give --model"))
-    if load_model_info(path).sha256 != recorded["model_sha256"]:
+    if load_model_info(path).sha256 != record.model_sha256:
         raise UserError(
             f"{path} is not the study's model (its content hash differs from "
-            f"{str(recorded['model_sha256'])[:12]}): give the same file with --model"
+            f"{str(record.model_sha256)[:12]}): give the same file with --model"
         )
     return path
 
@@ -79,12 +79,12 @@ def join(config: JoinConfig, progress: Progress) -> int:
     started = time.monotonic()
     storage = open_storage(config.storage, create=False)
     study = load_study(storage, config.study_name)
-    recorded = study.user_attrs.get(FINGERPRINT_ATTR)
-    if recorded is None or SPACE_ATTR not in study.user_attrs:
+    record = StudyRecord.of(study)
+    if record is None or SPACE_ATTR not in study.user_attrs:
         raise UserError(f"study {config.study_name!r} has no search to join: start it with gpt-optuna tune")
-    if recorded.get("objective") == "build_s":
+    if record.dry_run:
         raise UserError(f"study {config.study_name!r} is a dry run: workers join searches that measure latency")
-    model = checked_model(recorded, config.model)
+    model = checked_model(record, config.model)
     workdir = STUDIES / config.study_name
     store = artifact_folder(study, config.artifacts)
     fetch(study, store, workdir)
@@ -96,12 +96,11 @@ def join(config: JoinConfig, progress: Progress) -> int:
     with contextlib.ExitStack() as stack:
         log = f"worker-{OWNER.replace(':', '-')}"  # apart from a tuner's logs in the same folder
         session = SearchSession(stack, workdir, log, config.workers, config.gpus)
-        with warming(session.workers, recorded["backend"]) as names:
+        with warming(session.workers, record.backend) as names:
             pass  # nothing to do meanwhile: the names are there once every worker has started
-        on_cpu = load_backend(recorded["backend"]).runs_on_cpu(space)
+        on_cpu = load_backend(record.backend).runs_on_cpu(space)
         lanes = session.place(names, on_cpu)
-        versions = recorded.get("versions", {})
-        creator = measured_on(versions["gpu"], on_cpu) if "gpu" in versions else None
+        creator = measured_on(record.versions["gpu"], on_cpu) if "gpu" in record.versions else None
         notes, _ = session.enter(study_device(study) or creator, config.allow_mixed_gpus)
         done = finished_count(study)
         remaining = None if target is None else max(target - done, 0)
@@ -117,9 +116,7 @@ def join(config: JoinConfig, progress: Progress) -> int:
             progress.note(note)
         timeout = search.get("trial_timeout_s", DEFAULT_TRIAL_TIMEOUT_S)
         artifacts = FileSystemArtifactStore(store)
-        objective = Objective(
-            space, job, timeout, artifacts, progress.result, _objectives(recorded), note=progress.note
-        )
+        objective = Objective(space, job, timeout, artifacts, progress.result, record.objectives, note=progress.note)
         progress.begin(remaining, deadline, len(lanes))
         budget = TrialBudget(study, target, deadline)
         try:
@@ -143,8 +140,3 @@ def search_deadline(ends_at: float | None, own: float | None) -> float | None:
     joined ends (``ends_at``, wall-clock time, where the tuner had a ``--timeout``), whichever is first."""
     shared = None if ends_at is None else time.monotonic() + ends_at - time.time()
     return min((d for d in (shared, own) if d is not None), default=None)
-
-
-def _objectives(recorded: dict[str, object]) -> tuple[str, ...]:
-    objectives = recorded.get("objectives") or ["latency"]
-    return tuple(str(o) for o in objectives)  # type: ignore[union-attr]

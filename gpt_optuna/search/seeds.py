@@ -3,8 +3,6 @@ of earlier studies in the same storage (a warm start)."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import optuna
 from optuna.trial import TrialState
 
@@ -87,9 +85,9 @@ def _best_of(study: optuna.Study, space: Space, skip: CandidateKey) -> list[tupl
 
 def _same_kind(storage: optuna.storages.BaseStorage, name: str, backend: str, device: str) -> bool:
     """Whether study ``name`` searched this backend and measured its baseline on this device."""
-    from gpt_optuna.study.record import FINGERPRINT_ATTR
+    from gpt_optuna.study.record import StudyRecord
 
     study = optuna.load_study(study_name=name, storage=storage)
-    recorded: dict[str, Any] = study.user_attrs.get(FINGERPRINT_ATTR) or {}
     baseline = baseline_trial(study.get_trials(deepcopy=False))
-    return recorded.get("backend") == backend and baseline is not None and baseline.user_attrs.get("gpu") == device
+    same_backend = StudyRecord.read(study).backend == backend
+    return same_backend and baseline is not None and baseline.user_attrs.get("gpu") == device

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import optuna
@@ -40,3 +42,55 @@ def study_folder(study: optuna.Study) -> Path:
     ``studies/<name>`` here (studies made before it was recorded)."""
     recorded = study.user_attrs.get(FOLDER_ATTR)
     return Path(recorded) if recorded else (STUDIES / study.study_name).resolve()
+
+
+@dataclass(frozen=True)
+class StudyRecord:
+    """How a study was made, read from its fingerprint (:data:`FINGERPRINT_ATTR`): the one place
+    that knows its keys and what an absent one means."""
+
+    backend: str | None
+    model: Path | None
+    model_sha256: str | None
+    accuracy: str | None
+    metric: str | None
+    dry_run: bool
+    """The study measured build time, not latency (``tune --dry-run``)."""
+    objectives: tuple[str, ...]
+    shapes: dict[str, Any] | None
+    space: tuple[dict[str, Any], ...]
+    versions: dict[str, str]
+    allow_io_change: bool
+
+    @classmethod
+    def of(cls, study: optuna.Study) -> StudyRecord | None:
+        """The study's record; None for a study gpt-optuna did not make."""
+        recorded = study.user_attrs.get(FINGERPRINT_ATTR)
+        return None if recorded is None else cls.from_fingerprint(recorded)
+
+    @classmethod
+    def read(cls, study: optuna.Study) -> StudyRecord:
+        """The study's record, or what an absent key means for each (a study gpt-optuna did not make)."""
+        return cls.from_fingerprint(study.user_attrs.get(FINGERPRINT_ATTR, {}))
+
+    @classmethod
+    def from_fingerprint(cls, recorded: Mapping[str, Any]) -> StudyRecord:
+        model = recorded.get("model")
+        return cls(
+            backend=recorded.get("backend"),
+            model=Path(str(model)) if model else None,
+            model_sha256=recorded.get("model_sha256"),
+            accuracy=recorded.get("accuracy"),
+            metric=recorded.get("metric"),
+            dry_run=recorded.get("objective") == "build_s",
+            objectives=tuple(str(o) for o in recorded.get("objectives") or ("latency",)),
+            shapes=recorded.get("shapes"),
+            space=tuple(recorded.get("space", ())),
+            versions=dict(recorded.get("versions", {})),
+            allow_io_change=bool(recorded.get("allow_io_change")),
+        )
+
+    @property
+    def defaults(self) -> dict[str, Any]:
+        """Each knob's default: the baseline's configuration."""
+        return {knob["name"]: knob["default"] for knob in self.space}

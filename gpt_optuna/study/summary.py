@@ -10,7 +10,7 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from gpt_optuna.study.record import FINGERPRINT_ATTR, IO_CHANGE_ATTR, MEASURE_ATTR
+from gpt_optuna.study.record import IO_CHANGE_ATTR, MEASURE_ATTR, StudyRecord
 from gpt_optuna.study.recovery import orphans
 from gpt_optuna.study.taxonomy import (
     STATUSES,
@@ -208,7 +208,7 @@ def summarize_study(study: optuna.Study) -> StudySummary:
     if confirmed and confirmed.get("ranking"):  # the interleaved re-measurement decides the winner
         top = max(confirmed["ranking"], key=lambda row: row["speedup"])
         best = trials[confirmed["baseline"]["number"] if top["ci_high"] < 1.0 else top["number"]]
-    recorded = study.user_attrs.get(FINGERPRINT_ATTR, {})
+    record = StudyRecord.read(study)
     target = float(study.user_attrs.get(MEASURE_ATTR, {}).get("target_rel_ci", 0.01))
     return StudySummary(
         name=study.study_name,
@@ -216,7 +216,7 @@ def summarize_study(study: optuna.Study) -> StudySummary:
         reused=sum(1 for t in trials if "reused_from" in t.user_attrs),
         baseline=baseline_trial(trials),
         best=best,
-        dry_run=recorded.get("objective") == "build_s",
+        dry_run=record.dry_run,
         confirmed=confirmed,
         failures=tuple(failure_causes(trials)),
         warm_started=tuple(
@@ -224,7 +224,7 @@ def summarize_study(study: optuna.Study) -> StudySummary:
             for t in trials
             if "warm_start_from" in t.user_attrs and not is_interrupted(t, retried)  # a retry counts once
         ),
-        allow_io_change=bool(recorded.get("allow_io_change")),
+        allow_io_change=record.allow_io_change,
         stability=stability(trials, target, best),
         orphaned=orphans(study, trials),
         trials=tuple(trials),
