@@ -17,7 +17,7 @@ from gpt_optuna.core.errors import UserError
 from gpt_optuna.core.space import Candidate, Condition, Space
 from gpt_optuna.evaluation.accuracy import Criterion
 from gpt_optuna.evaluation.measure import MeasureSettings, measure
-from gpt_optuna.evaluation.outcome import MetricFailed, Outcome, TrialResult, _build_failure, _failure
+from gpt_optuna.evaluation.outcome import MetricFailed, Outcome, TrialResult, build_failure, failure
 from gpt_optuna.evaluation.sensitivity import rank_sensitive_nodes
 from gpt_optuna.evaluation.worker import JobFailure, Worker, report_progress
 from gpt_optuna.graph.feeds import feeds_sha256, load_function, read_npz, unstack
@@ -214,7 +214,7 @@ class EvaluateJob:
         try:
             built = backend.build(model, self.engine_candidate, self.workdir, self.shapes)
         except BuildError as exc:
-            return _build_failure(exc)
+            return build_failure(exc)
         if model is not self.model:
             built.attrs["transformed_model"] = model.path.name
             changes = dtype_changes(self.model, model)
@@ -236,11 +236,11 @@ class EvaluateJob:
                     reason = backend.refused_run(exc)
                     if reason is None:
                         raise
-                    return _failure(Outcome.BUILD_ERROR, f"{CANNOT_RUN}: {reason}", traceback.format_exc())
+                    return failure(Outcome.BUILD_ERROR, f"{CANNOT_RUN}: {reason}", traceback.format_exc())
             try:
                 verdict = self.criterion.evaluate(outputs, references, self._user_metric(outputs, references))
             except MetricFailed as exc:
-                return _failure(Outcome.METRIC_ERROR, str(exc), exc.log)
+                return failure(Outcome.METRIC_ERROR, str(exc), exc.log)
             verdict = replace(verdict, metrics={**verdict.metrics, "samples": len(samples)})
             latency, timing = None, {}
             if verdict.feasible or self.measure_infeasible:
@@ -281,7 +281,7 @@ class EvaluateJob:
             candidate = self.engine_candidate
             limits = _backend(self.backend).check_model(model, space, candidate, self.workdir, self.shapes)
         except BuildError as exc:
-            return _build_failure(exc)
+            return build_failure(exc)
         return TrialResult(Outcome.OK, attrs={"limits": limits})
 
     def _made_model(self) -> ModelInfo | TrialResult:
@@ -293,7 +293,7 @@ class EvaluateJob:
         except Exception as exc:  # a graph the optimizer, an op the converter or quantizer cannot handle
             log = exc.log if isinstance(exc, TransformFailed) else traceback.format_exc()
             detail = str(exc) if isinstance(exc, TransformFailed) else f"{type(exc).__name__}: {exc}"
-            return _failure(Outcome.TRANSFORM_ERROR, f"{self._transforms()} transform failed: {detail}", log)
+            return failure(Outcome.TRANSFORM_ERROR, f"{self._transforms()} transform failed: {detail}", log)
 
     def samples(self, model: ModelInfo) -> list[Feeds]:
         """Every input sample, in the dtypes of the (possibly transformed) model."""

@@ -60,11 +60,11 @@ class TrialResult:
     engine_path: Path | None = None
 
 
-def _build_failure(exc: BuildError) -> TrialResult:
-    return _failure(Outcome.BUILD_ERROR, str(exc), f"{exc.log}\n{traceback.format_exc()}".lstrip())
+def build_failure(exc: BuildError) -> TrialResult:
+    return failure(Outcome.BUILD_ERROR, str(exc), f"{exc.log}\n{traceback.format_exc()}".lstrip())
 
 
-def _failure(outcome: Outcome, detail: str, log: str) -> TrialResult:
+def failure(outcome: Outcome, detail: str, log: str) -> TrialResult:
     """A failed candidate's result; its whole log goes to the worker log too."""
     print(f"{outcome.value}: {detail}\n{log}", file=sys.stderr, flush=True)
     return TrialResult(outcome, detail, log=log)

@@ -9,14 +9,14 @@ from typing import Any
 import numpy as np
 
 from gpt_optuna.graph.model import Feeds
-from gpt_optuna.graph.precision import _onnx, candidate_nodes, float_tensors, named
+from gpt_optuna.graph.precision import candidate_nodes, float_tensors, named
 
 
 def with_switched_fp16_rounding(model: Any, node_names: list[str], floats: set[str]) -> tuple[Any, dict[str, str]]:
     """The model with each named node's float inputs and outputs rounded through fp16 while that
     node's switch is on, and untouched while it is off; the switches are bool scalar inputs, named
     per node in the returned map. One session then measures each node alone in fp16."""
-    onnx = _onnx()
+    import onnx
     from onnx import TensorProto, helper
 
     copy = onnx.ModelProto()
@@ -101,9 +101,10 @@ def _fp16_rounding_error(value: np.ndarray) -> float:
 
 def _local_errors(model: Any, nodes: list[Any], floats: set[str], feeds: Feeds) -> dict[str, float]:
     """Per node, the worst fp16 rounding error of its own tensors, from one run exposing them all."""
+    import onnx
     from onnx import TensorProto, helper, numpy_helper
 
-    probe = _onnx().ModelProto()
+    probe = onnx.ModelProto()
     probe.CopyFrom(model)
     initializers = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
     wanted = sorted({t for n in nodes for t in [*n.input, *n.output] if t in floats and t not in initializers})
@@ -133,7 +134,9 @@ def rank_sensitive_nodes(
     whose own tensors fp16 rounding changes most, from one run. ``progress`` is told (nodes ranked,
     nodes to rank) before the first and after each.
     """
-    model = named(_onnx().load(str(model_path)))
+    import onnx
+
+    model = named(onnx.load(str(model_path)))
     floats = float_tensors(model)
     nodes = candidate_nodes(model, floats)
     if len(nodes) > limit:

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from gpt_optuna.core.errors import MissingDependencyError, UserError
-from gpt_optuna.graph.model import Feeds, ModelInfo, ShapeRange, _check_shape, _one_line, file_sha256
+from gpt_optuna.graph.model import Feeds, ModelInfo, ShapeRange, check_shape, file_sha256, one_line
 
 
 def _read_npz_file(npz_path: Path, what: str) -> Feeds:
@@ -19,7 +19,7 @@ def _read_npz_file(npz_path: Path, what: str) -> Feeds:
         with np.load(npz_path, allow_pickle=False) as data:
             return {key: np.ascontiguousarray(data[key]) for key in data.files}
     except Exception as exc:
-        raise UserError(f"{npz_path} is not a readable .npz file: {_one_line(exc)}") from exc
+        raise UserError(f"{npz_path} is not a readable .npz file: {one_line(exc)}") from exc
 
 
 def check_feeds(npz_path: Path, feeds: Feeds, info: ModelInfo, shapes: dict[str, ShapeRange]) -> None:
@@ -37,7 +37,7 @@ def check_feeds(npz_path: Path, feeds: Feeds, info: ModelInfo, shapes: dict[str,
             raise UserError(
                 f"{npz_path}: input {spec.name!r} is {array.dtype.name}, the model expects {spec.describe()}"
             )
-        _check_shape(spec, tuple(array.shape), str(npz_path))
+        check_shape(spec, tuple(array.shape), str(npz_path))
         if spec.name in shapes and tuple(array.shape) != shapes[spec.name].opt:
             raise UserError(
                 f"{npz_path}: input {spec.name!r} has shape {'x'.join(map(str, array.shape))}, "
@@ -95,7 +95,7 @@ def _loaded_samples(spec: str) -> list[Feeds]:
     try:
         samples = [dict(feeds) for feeds in function()]
     except Exception as exc:
-        raise UserError(f"the data loader {spec} failed: {type(exc).__name__}: {_one_line(exc)}") from exc
+        raise UserError(f"the data loader {spec} failed: {type(exc).__name__}: {one_line(exc)}") from exc
     return [{name: _contiguous(np.asarray(array)) for name, array in feeds.items()} for feeds in samples]
 
 
@@ -144,7 +144,7 @@ def load_function(spec: str, what: str) -> Any:
     except UserError:
         raise
     except Exception as exc:
-        raise UserError(f"{what} {spec!r} cannot be loaded: {type(exc).__name__}: {_one_line(exc)}") from exc
+        raise UserError(f"{what} {spec!r} cannot be loaded: {type(exc).__name__}: {one_line(exc)}") from exc
     function = getattr(module, name, None)
     if not callable(function):
         raise UserError(f"{what} {spec!r}: {target} has no function {name!r}")
@@ -208,7 +208,7 @@ def reference_outputs(info: ModelInfo, feeds: Feeds) -> Feeds:
         session = ort.InferenceSession(str(info.path), options, providers=["CPUExecutionProvider"])
         values = session.run(None, feeds)
     except Exception as exc:
-        raise UserError(f"ONNX Runtime cannot run {info.path} on CPU for the reference: {_one_line(exc)}") from exc
+        raise UserError(f"ONNX Runtime cannot run {info.path} on CPU for the reference: {one_line(exc)}") from exc
     return {spec.name: np.asarray(v) for spec, v in zip(info.outputs, values, strict=True)}
 
 

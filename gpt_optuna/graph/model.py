@@ -77,11 +77,11 @@ def load_model_info(path: str | Path) -> ModelInfo:
     try:
         model = onnx.load(str(model_path), load_external_data=False)
     except Exception as exc:  # onnx raises DecodeError, ValueError, ... on garbage
-        raise UserError(f"{model_path} is not a valid ONNX model: {_one_line(exc)}") from exc
+        raise UserError(f"{model_path} is not a valid ONNX model: {one_line(exc)}") from exc
     try:
         onnx.checker.check_model(str(model_path))
     except Exception as exc:
-        raise UserError(f"{model_path} fails the ONNX checker: {_one_line(exc)}") from exc
+        raise UserError(f"{model_path} fails the ONNX checker: {one_line(exc)}") from exc
     initializers = {init.name for init in model.graph.initializer}
     inputs = tuple(_tensor_spec(v) for v in model.graph.input if v.name not in initializers)
     outputs = tuple(_tensor_spec(v) for v in model.graph.output)
@@ -145,7 +145,7 @@ def with_distinct_dims(info: ModelInfo, cache_dir: Path) -> ModelInfo:
     return load_model_info(out)
 
 
-def _one_line(exc: BaseException) -> str:
+def one_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return text[0] if text else type(exc).__name__
 
@@ -212,7 +212,7 @@ def resolve_shapes(info: ModelInfo, shapes: dict[str, ShapeRange]) -> dict[str, 
             )
         if given is not None:
             for shape in (given.min, given.opt, given.max):
-                _check_shape(spec, shape, "--shape")
+                check_shape(spec, shape, "--shape")
             resolved[spec.name] = given
             continue
         resolved[spec.name] = ShapeRange.fixed(tuple(int(d) for d in spec.shape))  # type: ignore[arg-type]
@@ -245,7 +245,7 @@ def _shape_request(spec: TensorSpec, named: dict[str, tuple[int, int, int]]) -> 
     )
 
 
-def _check_shape(spec: TensorSpec, shape: tuple[int, ...], source: str) -> None:
+def check_shape(spec: TensorSpec, shape: tuple[int, ...], source: str) -> None:
     if len(shape) != len(spec.shape):
         raise UserError(f"{source} gives input {spec.name!r} rank {len(shape)}, the model expects {spec.describe()}")
     for axis, (want, got) in enumerate(zip(spec.shape, shape, strict=True)):

@@ -20,17 +20,17 @@ from typing import Any
 import numpy as np
 
 from gpt_optuna.graph.tensor_types import (
-    _TYPE_AGNOSTIC,
     BFLOAT16,
     DOUBLE,
     FLOAT,
     FLOAT16,
-    _attribute,
-    _has_subgraph,
-    _node_schema,
-    _onnx,
-    _opsets,
-    _subgraph_reads,
+    TYPE_AGNOSTIC,
+    attribute,
+    has_subgraph,
+    model_opsets,
+    node_schema,
+    onnx_module,
+    subgraph_reads,
     tensor_types,
 )
 
@@ -94,7 +94,7 @@ def convert(
     ``keep_ops`` and ``keep_nodes`` (op types, node names) stay fp32; ``keep_io`` keeps the
     graph's fp32 inputs and outputs fp32, otherwise they take the reduced type too.
     """
-    onnx = _onnx()
+    onnx = onnx_module()
     copy = onnx.ModelProto()
     copy.CopyFrom(model)
     return _Conversion(copy, target, frozenset(keep_ops), frozenset(keep_nodes), keep_io).run()
@@ -108,11 +108,11 @@ class _Conversion:
     def __init__(self, model: Any, target: int, keep_ops: frozenset[str], keep_nodes: frozenset[str], keep_io: bool):
         self.model, self.graph, self.target, self.keep_io = model, model.graph, target, keep_io
         self.keep_ops, self.keep_nodes = keep_ops, keep_nodes
-        self.opsets = _opsets(model)
+        self.opsets = model_opsets(model)
         self.types = tensor_types(model)
         self.initializers = {i.name: i for i in self.graph.initializer}
         self.graph_inputs = {v.name for v in self.graph.input if v.name not in self.initializers}
-        self.outer_reads = {name for node in self.graph.node for name in _subgraph_reads(node)}
+        self.outer_reads = {name for node in self.graph.node for name in subgraph_reads(node)}
         self.names = _Names(self.graph)
         self.out_of_range = _out_of_range_constants(self.graph) if target == FLOAT16 else set()
 
@@ -143,12 +143,12 @@ class _Conversion:
             or node.name in self.keep_nodes
             or node.op_type in BLOCKED
             or domain == "ai.onnx.ml"
-            or _has_subgraph(node)
+            or has_subgraph(node)
         )
 
     def _admits_target(self, node: Any) -> bool:
         """Whether the node's schema lets any of its fp32 tensors take the reduced type."""
-        found = _node_schema(node, self.opsets)
+        found = node_schema(node, self.opsets)
         if found is None:
             return False
         slots = [found.input_type(p) for p, n in enumerate(node.input) if self.is_float(n)]
@@ -176,10 +176,10 @@ class _Conversion:
 
     def _is_shape_sink(self, reader: Any, position: int, shape_only: set[int], index_of: dict[int, int]) -> bool:
         if reader.op_type == "Cast":
-            return int(_attribute(reader, "to").i) not in (FLOAT, FLOAT16, BFLOAT16, DOUBLE)
+            return int(attribute(reader, "to").i) not in (FLOAT, FLOAT16, BFLOAT16, DOUBLE)
         if index_of[id(reader)] in shape_only:
             return True
-        found = _node_schema(reader, self.opsets)
+        found = node_schema(reader, self.opsets)
         return found is not None and found.input_type(position) == "tensor(float)"
 
     # -- the types each tensor gets, and each reader wants ----------------------------------------
@@ -190,16 +190,16 @@ class _Conversion:
     def produced_type(self, node: Any, position: int, converted: bool) -> int:
         if not converted:
             return FLOAT
-        found = _node_schema(node, self.opsets)
+        found = node_schema(node, self.opsets)
         assert found is not None
         return self.target if found.admits(found.output_type(position), self.target) else FLOAT
 
     def wanted_type(self, node: Any, position: int, converted: bool) -> int:
-        if node.op_type == "Cast" or node.op_type in _TYPE_AGNOSTIC:
+        if node.op_type == "Cast" or node.op_type in TYPE_AGNOSTIC:
             return _ANY
         if not converted:
             return FLOAT
-        found = _node_schema(node, self.opsets)
+        found = node_schema(node, self.opsets)
         assert found is not None
         return self.target if found.admits(found.input_type(position), self.target) else FLOAT
 
@@ -301,16 +301,16 @@ class _Conversion:
         """Constants carried in attributes take their node's new type."""
         from onnx import helper
 
-        if node.op_type == "Cast" and _attribute(node, "to").i == FLOAT:
-            _attribute(node, "to").i = self.target
+        if node.op_type == "Cast" and attribute(node, "to").i == FLOAT:
+            attribute(node, "to").i = self.target
         elif node.op_type in ("Constant", "ConstantOfShape"):
-            value = _attribute(node, "value")
+            value = attribute(node, "value")
             if value is not None and value.t.data_type == FLOAT:
                 value.t.CopyFrom(reduced_tensor(value.t, self.target))
             elif node.op_type == "ConstantOfShape" and value is None:
                 node.attribute.append(helper.make_attribute("value", _vector([0.0], self.target, scalar=False)))
             for scalar_name in ("value_float", "value_floats"):
-                scalar = _attribute(node, scalar_name)
+                scalar = attribute(node, scalar_name)
                 if scalar is not None:
                     values = [scalar.f] if scalar_name == "value_float" else list(scalar.floats)
                     node.attribute.remove(scalar)
@@ -330,7 +330,7 @@ def _out_of_range_constants(graph: Any) -> set[str]:
 
     tensors = [(i.name, i) for i in graph.initializer if i.data_type == FLOAT]
     for node in graph.node:
-        value = _attribute(node, "value") if node.op_type == "Constant" else None
+        value = attribute(node, "value") if node.op_type == "Constant" else None
         if value is not None and value.t.data_type == FLOAT:
             tensors.append((node.output[0], value.t))
     with np.errstate(invalid="ignore"):

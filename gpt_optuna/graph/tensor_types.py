@@ -11,14 +11,14 @@ import numpy as np
 
 FLOAT, FLOAT16, DOUBLE, BFLOAT16 = 1, 10, 11, 16
 """``onnx.TensorProto`` element types, as plain ints so that this module imports onnx lazily."""
-_TYPE_AGNOSTIC = frozenset({"Shape", "Size"})
+TYPE_AGNOSTIC = frozenset({"Shape", "Size"})
 """Ops that read only the shape of their input: any type will do, so no Cast is ever needed."""
 
 
 _TYPE_NAMES = {"tensor(float)": FLOAT, "tensor(float16)": FLOAT16, "tensor(bfloat16)": BFLOAT16}
 
 
-def _onnx() -> Any:
+def onnx_module() -> Any:
     import onnx
 
     return onnx
@@ -81,7 +81,7 @@ def _ort_schemas() -> dict[tuple[str, str], list[tuple[int, _Schema]]]:
 @functools.cache
 def schema(op_type: str, domain: str, version: int) -> _Schema | None:
     """The schema of ``op_type`` as of opset ``version`` of ``domain``, or None where unknown."""
-    onnx = _onnx()
+    onnx = onnx_module()
     if domain in ("", "ai.onnx"):
         try:
             found = onnx.defs.get_schema(op_type, version, "")
@@ -102,7 +102,7 @@ def schema(op_type: str, domain: str, version: int) -> _Schema | None:
 def tensor_types(model: Any) -> dict[str, int]:
     """The element type of every tensor of the main graph that ONNX's inference or the operator
     schemas can tell (contrib operators' outputs included)."""
-    onnx = _onnx()
+    onnx = onnx_module()
     graph = model.graph
     try:
         inferred = onnx.shape_inference.infer_shapes(_skeleton(model)).graph
@@ -113,7 +113,7 @@ def tensor_types(model: Any) -> dict[str, int]:
         if value.type.HasField("tensor_type") and value.type.tensor_type.elem_type:
             types.setdefault(value.name, value.type.tensor_type.elem_type)
     types.update({init.name: init.data_type for init in graph.initializer})
-    opsets = _opsets(model)
+    opsets = model_opsets(model)
     for node in graph.node:
         for position, name in enumerate(node.output):
             if name and name not in types:
@@ -131,7 +131,7 @@ def _skeleton(model: Any) -> Any:
     """The model with its large initializers' data left out (their names, types and dims kept):
     all that type inference reads, without serializing the weights. Small ones (shapes, axes) keep
     their values, which inference may read."""
-    onnx = _onnx()
+    onnx = onnx_module()
     graph = onnx.GraphProto(name=model.graph.name)
     for part in ("node", "input", "output", "value_info", "sparse_initializer"):
         getattr(graph, part).extend(getattr(model.graph, part))
@@ -146,16 +146,16 @@ def _skeleton(model: Any) -> Any:
     return light
 
 
-def _opsets(model: Any) -> dict[str, int]:
+def model_opsets(model: Any) -> dict[str, int]:
     return {("" if o.domain == "ai.onnx" else o.domain): o.version for o in model.opset_import}
 
 
-def _node_schema(node: Any, opsets: dict[str, int]) -> _Schema | None:
+def node_schema(node: Any, opsets: dict[str, int]) -> _Schema | None:
     domain = "" if node.domain == "ai.onnx" else node.domain
     return schema(node.op_type, domain, opsets.get(domain, 0))
 
 
-def _attribute(node: Any, name: str) -> Any | None:
+def attribute(node: Any, name: str) -> Any | None:
     return next((a for a in node.attribute if a.name == name), None)
 
 
@@ -163,13 +163,13 @@ def _output_type(node: Any, position: int, types: dict[str, int], opsets: dict[s
     """An output's element type from its node: Cast's ``to``, a constant's value, or the type
     its schema binds from the inputs; 0 where none of these tells."""
     if node.op_type == "Cast":
-        return int(_attribute(node, "to").i)
+        return int(attribute(node, "to").i)
     if node.op_type in ("Constant", "ConstantOfShape"):
-        value = _attribute(node, "value")
+        value = attribute(node, "value")
         if value is not None:
             return int(value.t.data_type)
-        return FLOAT if node.op_type == "ConstantOfShape" or _attribute(node, "value_float") else 0
-    found = _node_schema(node, opsets)
+        return FLOAT if node.op_type == "ConstantOfShape" or attribute(node, "value_float") else 0
+    found = node_schema(node, opsets)
     if found is None:
         return 0
     wanted = found.output_type(position)
@@ -181,17 +181,17 @@ def _output_type(node: Any, position: int, types: dict[str, int], opsets: dict[s
     return 0
 
 
-def _subgraph_reads(node: Any) -> Iterator[str]:
+def subgraph_reads(node: Any) -> Iterator[str]:
     """Names a node's subgraphs read from the enclosing scope (and their own, harmlessly)."""
-    onnx = _onnx()
+    onnx = onnx_module()
     for attribute in node.attribute:
         graphs = [attribute.g] if attribute.type == onnx.AttributeProto.GRAPH else list(attribute.graphs)
         for graph in graphs:
             for inner in graph.node:
                 yield from (n for n in inner.input if n)
-                yield from _subgraph_reads(inner)
+                yield from subgraph_reads(inner)
 
 
-def _has_subgraph(node: Any) -> bool:
-    onnx = _onnx()
+def has_subgraph(node: Any) -> bool:
+    onnx = onnx_module()
     return any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute)

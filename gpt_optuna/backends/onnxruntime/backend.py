@@ -24,7 +24,6 @@ from gpt_optuna.backends.onnxruntime.knobs import (
     where_it_works,
 )
 from gpt_optuna.backends.onnxruntime.settings import (
-    _OPTIONAL_GRAPH_LEVELS,
     CPU,
     CUDA,
     CUDA_GRAPH,
@@ -32,8 +31,9 @@ from gpt_optuna.backends.onnxruntime.settings import (
     GPU_PROVIDERS,
     GRAPH_LEVEL,
     NHWC,
-    _ort,
+    OPTIONAL_GRAPH_LEVELS,
     cuda_option_keys,
+    ort_module,
     ort_version,
     provider_options,
     session_options,
@@ -90,17 +90,15 @@ class OnnxRuntimeBackend(Backend):
         return refusal(error)
 
     def space(self, model: ModelInfo, shapes: dict[str, ShapeRange]) -> Space:
-        ort = _ort()
-        levels = [
-            lvl for lvl in (*_OPTIONAL_GRAPH_LEVELS, "ORT_ENABLE_ALL") if hasattr(ort.GraphOptimizationLevel, lvl)
-        ]
+        ort = ort_module()
+        levels = [lvl for lvl in (*OPTIONAL_GRAPH_LEVELS, "ORT_ENABLE_ALL") if hasattr(ort.GraphOptimizationLevel, lvl)]
         providers = usable_providers()
         keys = cuda_option_keys() if CUDA in providers else frozenset()
         extras = applicable_cuda_options(keys, ort_version(), model_ops(model.path)) if keys else ()
         return Space(discover_knobs(providers, levels, usable_cores(), extras))
 
     def build(self, model: ModelInfo, candidate: Candidate, workdir: Path, shapes: dict[str, ShapeRange]) -> Built:
-        ort = _ort()
+        ort = ort_module()
         provider = str(candidate["provider"])
         stream = import_cupy().cuda.Stream(non_blocking=True) if provider in GPU_PROVIDERS else None
         options = session_options(candidate)
@@ -166,7 +164,7 @@ class OnnxRuntimeBackend(Backend):
         return _DeviceRunner(session, stream, feeds, outputs)
 
     def versions(self) -> dict[str, str]:
-        return {"onnxruntime": _ort().__version__}
+        return {"onnxruntime": ort_module().__version__}
 
     def precisions(self) -> tuple[str, ...]:
         """fp16 and int8 Q/DQ graphs run on every provider; bf16 and fp8 kernels are missing."""

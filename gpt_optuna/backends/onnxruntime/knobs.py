@@ -18,7 +18,7 @@ from gpt_optuna.backends.onnxruntime.settings import (
     NHWC,
     TENSORRT,
     CudaOption,
-    _ort,
+    ort_module,
     provider_options,
     session_options,
     thread_choices,
@@ -109,7 +109,7 @@ def optimized_ops(model: ModelInfo, candidate: Candidate, workdir: Path) -> froz
     """The operator types a session of ``model`` configured as ``candidate`` runs: the graph's own
     and those ONNX Runtime's optimizations make at session creation (``Gelu``, ``Attention``...);
     the graph's own alone where ONNX Runtime cannot write its optimized copy."""
-    ort = _ort()
+    ort = ort_module()
     options = session_options(candidate)
     providers = [(candidate["provider"], provider_options(candidate, None, workdir))]
     with tempfile.TemporaryDirectory(dir=workdir) as folder:

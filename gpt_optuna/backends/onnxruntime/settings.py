@@ -36,7 +36,7 @@ FUSE_CONV_BIAS = "cuda.fuse_conv_bias"
 GRAPH_LEVEL = "graph_optimization_level"
 
 
-_OPTIONAL_GRAPH_LEVELS = ("ORT_DISABLE_ALL", "ORT_ENABLE_BASIC", "ORT_ENABLE_EXTENDED", "ORT_ENABLE_LAYOUT")
+OPTIONAL_GRAPH_LEVELS = ("ORT_DISABLE_ALL", "ORT_ENABLE_BASIC", "ORT_ENABLE_EXTENDED", "ORT_ENABLE_LAYOUT")
 
 
 @dataclass(frozen=True)
@@ -105,7 +105,7 @@ CUDA_OPTIONS = (
 """Options of the CUDA provider that can change latency, beyond the five every version has."""
 
 
-def _ort() -> Any:
+def ort_module() -> Any:
     try:
         import onnxruntime
     except ImportError as exc:
@@ -143,7 +143,7 @@ def _probe_model_bytes() -> bytes:
 
 def usable_providers() -> list[str]:
     """Providers, in order of preference, that really create a session on this machine."""
-    ort = _ort()
+    ort = ort_module()
     listed = ort.get_available_providers()
     if any(p in listed for p in GPU_PROVIDERS) and hasattr(ort, "preload_dlls"):
         with contextlib.suppress(Exception):  # a missing CUDA library shows up in the probe below
@@ -166,7 +166,7 @@ def usable_providers() -> list[str]:
 
 def cuda_option_keys() -> frozenset[str]:
     """The CUDA provider's option names in the installed ONNX Runtime (none where it cannot start)."""
-    ort = _ort()
+    ort = ort_module()
     options = ort.SessionOptions()
     options.log_severity_level = 4
     try:
@@ -177,7 +177,7 @@ def cuda_option_keys() -> frozenset[str]:
 
 
 def ort_version() -> tuple[int, int]:
-    major, minor, *_ = _ort().__version__.split(".")
+    major, minor, *_ = ort_module().__version__.split(".")
     return int(major), int(minor)
 
 
@@ -211,7 +211,7 @@ _ENUMS = {"graph_optimization_level": "GraphOptimizationLevel", "execution_mode"
 
 def options_from_settings(settings: dict[str, Any]) -> Any:
     """``onnxruntime.SessionOptions`` from :func:`session_settings`' description."""
-    ort = _ort()
+    ort = ort_module()
     options = ort.SessionOptions()
     for name, value in settings["session_options"].items():
         setattr(options, name, getattr(getattr(ort, _ENUMS[name]), value) if name in _ENUMS else value)
