@@ -29,7 +29,7 @@ import numpy as np
 import onnx
 import optuna
 
-from gpt_optuna.cli.main import main as cli
+from gpt_optuna.cli import main as cli
 from gpt_optuna.evaluation.measure import MeasureSettings
 from gpt_optuna.graph.precision import PRECISIONS, QUANTIZED, is_precision_knob
 from gpt_optuna.search.config import TuneConfig

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import onnx
 
-from gpt_optuna.cli.main import main as cli
+from gpt_optuna.cli import main as cli
 from gpt_optuna.testing.mobilenet_v2 import WEIGHTS, load_state_dict, mobilenet_v2
 from gpt_optuna.testing.registry import download_one
 

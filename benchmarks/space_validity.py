@@ -35,7 +35,7 @@ from pathlib import Path
 import onnx
 import optuna
 
-from gpt_optuna.cli.main import main
+from gpt_optuna.cli import main
 from gpt_optuna.study.taxonomy import failure_causes, trial_status
 from gpt_optuna.testing.mobilenet_v2 import WEIGHTS, load_state_dict
 from gpt_optuna.testing.mobilenet_v2 import mobilenet_v2 as build_mobilenet_v2

@@ -14,7 +14,7 @@ import optuna
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from gpt_optuna.cli.main import main
+from gpt_optuna.cli import main
 from gpt_optuna.testing.registry import RegistryUnavailable, download
 from gpt_optuna.testing.small_cnn import small_cnn
 

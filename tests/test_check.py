@@ -14,7 +14,7 @@ import pytest
 from conftest import tune
 from onnx import helper, numpy_helper
 
-from gpt_optuna.cli.main import main
+from gpt_optuna.cli import main
 
 CONFIG = 'confirm_processes = 2\n[measure]\nbudget_s = 0.1\nmin_samples = 5\n[space]\nprecision = "default"\n'
 
@@ -166,7 +166,7 @@ def test_an_internal_error_exits_4_apart_from_a_regression(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """The mapping from an unexpected exception (a bug of ours) to its exit code: 4, with the traceback."""
-    from gpt_optuna.cli import main as cli
+    from gpt_optuna.cli import entry as cli
 
     def broken(argv: list[str]) -> int:
         raise RuntimeError("a bug")

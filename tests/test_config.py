@@ -3,7 +3,8 @@ from pathlib import Path
 import pytest
 
 from gpt_optuna.core.errors import UserError
-from gpt_optuna.search.config import TuneConfig, parse_duration, read_toml
+from gpt_optuna.search.config import TuneConfig, read_toml
+from gpt_optuna.search.options import parse_duration
 
 
 @pytest.mark.parametrize(

@@ -11,7 +11,7 @@ from conftest import load, tune
 
 import gpt_optuna
 from gpt_optuna.backends.onnxruntime.backend import OnnxRuntimeBackend
-from gpt_optuna.cli.main import main
+from gpt_optuna.cli import main
 from gpt_optuna.core.errors import UserError
 from gpt_optuna.graph import feeds as mf
 from gpt_optuna.graph import model as m

@@ -98,7 +98,7 @@ KILLED_AFTER_RESULT = textwrap.dedent(
     """
     import os, signal, sys
     from gpt_optuna.search import objective
-    from gpt_optuna.cli.main import main
+    from gpt_optuna.cli import main
 
     write = objective.record
 

@@ -14,7 +14,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 from optuna.trial import TrialState
 
-from gpt_optuna.cli.main import main
+from gpt_optuna.cli import main
 from gpt_optuna.core.space import Knob
 from gpt_optuna.evaluation.accuracy import parse_criterion
 from gpt_optuna.evaluation.jobs import EvaluateJob, SpaceJob

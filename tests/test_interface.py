@@ -15,7 +15,7 @@ from conftest import load, tune
 from onnx import TensorProto, helper
 
 import gpt_optuna
-from gpt_optuna.cli.main import main
+from gpt_optuna.cli import main
 from gpt_optuna.core.errors import UserError
 from gpt_optuna.graph import model as m
 from gpt_optuna.graph.interface import InterfaceChanged, check_interface, dtype_changes, interface_problems

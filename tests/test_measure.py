@@ -11,7 +11,7 @@ import optuna
 import pytest
 from conftest import SYNTHETIC
 
-from gpt_optuna.cli.main import main
+from gpt_optuna.cli import main
 from gpt_optuna.evaluation.measure import (
     MeasureSettings,
     bootstrap_ratio,

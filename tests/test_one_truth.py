@@ -16,7 +16,7 @@ import pytest
 from conftest import SYNTHETIC, load, printed, run_notebook, synthetic_config, tune
 from optuna.trial import TrialState
 
-from gpt_optuna.cli.main import main
+from gpt_optuna.cli import main
 from gpt_optuna.results.report import best_rows, collect, history_figure, marks, pareto_figure
 from gpt_optuna.study.summary import summarize_study
 

@@ -20,7 +20,7 @@ import pytest
 from conftest import SYNTHETIC, matmul_model, save, synthetic_config, tune
 from optuna.trial import FrozenTrial, TrialState
 
-from gpt_optuna.cli.main import main
+from gpt_optuna.cli import main
 from gpt_optuna.core.errors import UserError
 from gpt_optuna.evaluation.jobs import gpu_names
 from gpt_optuna.evaluation.worker import Worker

@@ -14,7 +14,7 @@ from conftest import save
 from onnx import TensorProto, helper, numpy_helper
 from optuna.trial import TrialState
 
-from gpt_optuna.cli.main import main
+from gpt_optuna.cli import main
 from gpt_optuna.evaluation.accuracy import parse_criterion
 from gpt_optuna.evaluation.jobs import EvaluateJob
 from gpt_optuna.evaluation.measure import MeasureSettings

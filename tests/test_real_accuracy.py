@@ -12,7 +12,7 @@ import pytest
 from conftest import load, tune
 from optuna.trial import TrialState
 
-from gpt_optuna.cli.main import main
+from gpt_optuna.cli import main
 from gpt_optuna.results.report import render
 
 CRITERION = 0.45

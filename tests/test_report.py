@@ -15,7 +15,7 @@ import optuna
 import pytest
 from conftest import SYNTHETIC, printed, run_notebook, save
 
-from gpt_optuna.cli.main import main
+from gpt_optuna.cli import main
 from gpt_optuna.results.report import TrialRow, collect, pareto_front, render
 from gpt_optuna.testing.small_cnn import small_cnn
 

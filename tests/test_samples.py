@@ -9,7 +9,7 @@ import pytest
 from conftest import SYNTHETIC, load, synthetic_config, tune
 from optuna.trial import TrialState
 
-from gpt_optuna.cli.main import main
+from gpt_optuna.cli import main
 
 METRICS = '''
 import numpy as np

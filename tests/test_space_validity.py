@@ -17,7 +17,7 @@ from optuna.trial import TrialState
 
 from gpt_optuna.backends import BuildError
 from gpt_optuna.backends.tensorrt.backend import TensorRTRTXBackend
-from gpt_optuna.cli.main import main
+from gpt_optuna.cli import main
 from gpt_optuna.core.space import Knob, Space
 from gpt_optuna.evaluation.accuracy import parse_criterion
 from gpt_optuna.evaluation.sensitivity import rank_sensitive_nodes

@@ -14,7 +14,7 @@ from optuna.trial import TrialState
 
 from gpt_optuna.backends.base import BuildError
 from gpt_optuna.backends.tensorrt.backend import TensorRTRTXBackend
-from gpt_optuna.cli.main import main
+from gpt_optuna.cli import main
 from gpt_optuna.graph import model as m
 
 trt = pytest.importorskip("tensorrt_rtx", reason="the rtx extra (tensorrt-rtx-cu13) is not installed")

@@ -86,7 +86,7 @@ def test_a_real_study_trial_gets_its_lines_and_the_onnx_that_was_parsed(cnn_path
 
     from gpt_optuna.backends.base import ExportedTrial
     from gpt_optuna.backends.tensorrt.commands import build_commands
-    from gpt_optuna.cli.main import main
+    from gpt_optuna.cli import main
     from gpt_optuna.results.export import trial_model
     from gpt_optuna.study.record import study_folder
 

@@ -8,7 +8,7 @@ import pytest
 from conftest import SYNTHETIC, load, matmul_model, save, synthetic_config, tune
 from optuna.trial import TrialState
 
-from gpt_optuna.cli.main import main
+from gpt_optuna.cli import main
 
 
 def test_search_starts_with_the_baseline_and_reports_the_best(

@@ -18,9 +18,9 @@ from gpt_optuna.core.space import Candidate, Condition, Knob, Space, Value
 from gpt_optuna.graph.model import Feeds, ModelInfo, ShapeRange, TensorSpec
 
 BACKENDS = {
-    "onnxruntime": "gpt_optuna.backends.onnxruntime.backend:OnnxRuntimeBackend",
-    "tensorrt": "gpt_optuna.backends.tensorrt.backend:TensorRTBackend",
-    "tensorrt-rtx": "gpt_optuna.backends.tensorrt.backend:TensorRTRTXBackend",
+    "onnxruntime": "gpt_optuna.backends.onnxruntime:OnnxRuntimeBackend",
+    "tensorrt": "gpt_optuna.backends.tensorrt:TensorRTBackend",
+    "tensorrt-rtx": "gpt_optuna.backends.tensorrt:TensorRTRTXBackend",
 }
 DEPLOYMENTS = {
     "onnxruntime": Deployment(

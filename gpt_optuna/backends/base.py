@@ -15,6 +15,7 @@ backend returns must be picklable plain data.
 from __future__ import annotations
 
 import abc
+import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,7 +24,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from gpt_optuna.core.errors import GptOptunaError, MissingDependencyError
+from gpt_optuna.core.errors import GptOptunaError, MissingDependencyError, UserError
 from gpt_optuna.core.space import Candidate, Condition, Space, Value
 from gpt_optuna.graph.model import Feeds, ModelInfo, ShapeRange
 
@@ -224,3 +225,14 @@ class Backend(abc.ABC):
     def serialize(self, built: Built) -> bytes | None:
         """The engine as a file to keep, for backends that produce one."""
         return None
+
+
+def read_record(path: str | Path) -> dict[str, Any]:
+    """The side file ``PATH.json`` that ``gpt-optuna export`` wrote beside ``PATH``."""
+    side = Path(f"{path}.json")
+    if not side.is_file():
+        raise UserError(f"{side} is missing: open a file written by gpt-optuna export")
+    try:
+        return json.loads(side.read_text())
+    except json.JSONDecodeError as exc:
+        raise UserError(f"{side} is not the JSON gpt-optuna export writes: {exc}") from exc

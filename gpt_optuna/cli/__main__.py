@@ -2,6 +2,6 @@
 
 import sys
 
-from gpt_optuna.cli.main import main
+from gpt_optuna.cli import main
 
 sys.exit(main())

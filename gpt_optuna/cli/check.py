@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from gpt_optuna.backends.onnxruntime.deploy import read_record
+from gpt_optuna.backends.base import read_record
 from gpt_optuna.core.errors import EXIT_NO_FEASIBLE, EXIT_REGRESSION, UserError
 from gpt_optuna.evaluation.accuracy import parse_criterion
 from gpt_optuna.graph import feeds as feeds_io

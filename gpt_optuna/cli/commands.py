@@ -11,7 +11,8 @@ from typing import Any
 
 from gpt_optuna.cli.parser import build_parser, parse_tolerance, tune_config
 from gpt_optuna.core.errors import UserError
-from gpt_optuna.search.config import TuneConfig, default_storage, parse_duration, read_toml, study_flags
+from gpt_optuna.search.config import TuneConfig, default_storage, read_toml, study_flags
+from gpt_optuna.search.options import parse_duration
 from gpt_optuna.study.record import STUDIES
 
 

@@ -29,9 +29,6 @@ from gpt_optuna.graph.precision import QUANTIZED, PrecisionSetting, precision_kn
 from gpt_optuna.study.artifacts import CALIBRATION_FILE, INPUTS_FILE, REFERENCE_FILE
 from gpt_optuna.study.record import IO_CHANGE_ATTR
 
-"""What a study folder caches: the inputs, the fp32 reference outputs, the calibration samples."""
-
-
 PROGRESS_EVERY_S = 5.0
 """How often a long step inside a job (the fp16 sensitivity ranking) tells the tuner how far it is."""
 

@@ -22,6 +22,7 @@ from gpt_optuna.core.space import Candidate, Condition, Knob
 from gpt_optuna.graph import opset, reduced_float
 from gpt_optuna.graph.model import Feeds
 from gpt_optuna.graph.model_cache import produce
+from gpt_optuna.graph.tensor_types import onnx_module
 from gpt_optuna.graph.weight_quantization import per_channel_weights
 
 PRECISIONS = ("fp32", "fp16", "bf16", "int8", "fp8")
@@ -89,12 +90,6 @@ def is_precision_knob(name: str) -> bool:
     return name in ("precision", "keep_fp32_nodes", "keep_io_fp32", "quantize_ops") or name.startswith("keep_fp32.")
 
 
-def _onnx() -> Any:
-    import onnx
-
-    return onnx
-
-
 def op_types(model: Any) -> set[str]:
     return {node.op_type for node in model.graph.node}
 
@@ -132,7 +127,7 @@ def precision_knobs(model: Any, precisions: tuple[str, ...], allow_io_change: bo
 
 def named(model: Any) -> Any:
     """A copy in which every node has a unique name (the converter blocks nodes by name)."""
-    onnx = _onnx()
+    onnx = onnx_module()
     copy = onnx.ModelProto()
     copy.CopyFrom(model)
     seen: set[str] = set()
@@ -208,7 +203,7 @@ def ready_for_quantization(base_path: Path, base_sha256: str, precision: str, ca
 
     def make(tmp: Path) -> None:
         named_path = tmp.with_name(tmp.stem + ".named.onnx")
-        _onnx().save(opset.at_least(named(_onnx().load(str(base_path))), needed), str(named_path))
+        onnx_module().save(opset.at_least(named(onnx_module().load(str(base_path))), needed), str(named_path))
         try:
             quant_pre_process(str(named_path), str(tmp), skip_symbolic_shape=True)
         finally:
@@ -251,9 +246,9 @@ def quantize(ready_path: Path, out_path: Path, setting: PrecisionSetting, sample
         },
     )
     if int8:
-        quantized = _onnx().load(str(out_path))
-        if per_channel_weights(quantized, _onnx().load(str(ready_path)), tuple(ops)):
-            _onnx().save(quantized, str(out_path))
+        quantized = onnx_module().load(str(out_path))
+        if per_channel_weights(quantized, onnx_module().load(str(ready_path)), tuple(ops)):
+            onnx_module().save(quantized, str(out_path))
 
 
 def transform(
@@ -270,7 +265,7 @@ def transform(
     if setting.precision == "fp32":
         return base_path
     out = cache_dir / f"{setting.precision}-{setting_key(base_sha256, setting, ranking, calibration_sha256)}.onnx"
-    onnx = _onnx()
+    onnx = onnx_module()
 
     def make(tmp: Path) -> None:
         if setting.precision in REDUCED_FLOAT:

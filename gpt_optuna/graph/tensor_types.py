@@ -19,6 +19,7 @@ _TYPE_NAMES = {"tensor(float)": FLOAT, "tensor(float16)": FLOAT16, "tensor(bfloa
 
 
 def onnx_module() -> Any:
+    """ONNX, imported on first use: importing the graph modules does not load it."""
     import onnx
 
     return onnx

@@ -19,10 +19,9 @@ import optuna
 
 from gpt_optuna.results.export import figures_record
 from gpt_optuna.results.summary_text import headline
-from gpt_optuna.study.record import StudyRecord
+from gpt_optuna.study.record import WINNER_ATTR, StudyRecord
 from gpt_optuna.study.summary import StudySummary, summarize_study
 
-WINNER_ATTR = "winner"
 OBJECTIVE_NAMES = {"latency": "latency_ms", "error": "error", "memory": "memory_mib", "build_s": "build_s"}
 
 

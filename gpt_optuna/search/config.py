@@ -15,7 +15,6 @@ from gpt_optuna.evaluation.accuracy import DEFAULT_CRITERION, Criterion, parse_c
 from gpt_optuna.evaluation.measure import MeasureSettings
 from gpt_optuna.graph.feeds import absolute_spec
 from gpt_optuna.search.options import FLAG, INT, OPTIONS, SAMPLERS
-from gpt_optuna.search.options import parse_duration as parse_duration
 from gpt_optuna.study.record import STUDIES
 
 OBJECTIVES = ("latency", "error", "memory", "build_s")

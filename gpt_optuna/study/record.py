@@ -1,4 +1,5 @@
-"""What a study records about itself: the names of its user attrs and of its trials', and its folder."""
+"""What a study records about itself: the names of its user attrs, the folder studies live in and its
+own folder, and :class:`StudyRecord`, its fingerprint read by every reader."""
 
 from __future__ import annotations
 
@@ -25,6 +26,8 @@ FOLDER_ATTR = "study_folder"
 """The study folder (absolute): cached data, transformed models and logs, found from any directory."""
 CONFIRMED_ATTR = "confirmed"
 """The finalists' re-measurement: their ranking, speedups and intervals."""
+WINNER_ATTR = "winner"
+"""The decided winner and its figures, for readers outside gpt-optuna (optuna-dashboard, scripts)."""
 ARTIFACTS_ATTR = "artifact_store"
 """The artifact store's folder, as the study's creator gave it (absolute)."""
 DATA_ATTR = "shared_data"

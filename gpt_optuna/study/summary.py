@@ -10,7 +10,7 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from gpt_optuna.study.record import IO_CHANGE_ATTR, MEASURE_ATTR, StudyRecord
+from gpt_optuna.study.record import CONFIRMED_ATTR, IO_CHANGE_ATTR, MEASURE_ATTR, StudyRecord
 from gpt_optuna.study.recovery import orphans
 from gpt_optuna.study.taxonomy import (
     STATUSES,
@@ -204,7 +204,7 @@ def summarize_study(study: optuna.Study) -> StudySummary:
     counts = dict.fromkeys(STATUSES, 0) | Counter(trial_status(t, retried) for t in trials)
     complete = [t for t in trials if t.state is TrialState.COMPLETE and t.values]
     best = min(complete, key=lambda t: (t.values[0], t.number)) if complete else None
-    confirmed = study.user_attrs.get("confirmed")
+    confirmed = study.user_attrs.get(CONFIRMED_ATTR)
     if confirmed and confirmed.get("ranking"):  # the interleaved re-measurement decides the winner
         top = max(confirmed["ranking"], key=lambda row: row["speedup"])
         best = trials[confirmed["baseline"]["number"] if top["ci_high"] < 1.0 else top["number"]]

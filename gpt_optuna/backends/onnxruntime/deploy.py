@@ -3,24 +3,13 @@
 from __future__ import annotations
 
 import hashlib
-import json
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from gpt_optuna.backends.base import read_record
 from gpt_optuna.core.errors import UserError
-
-
-def read_record(path: str | Path) -> dict[str, Any]:
-    """The side file ``PATH.json`` that ``gpt-optuna export`` wrote beside ``PATH``."""
-    side = Path(f"{path}.json")
-    if not side.is_file():
-        raise UserError(f"{side} is missing: open a file written by gpt-optuna export")
-    try:
-        return json.loads(side.read_text())
-    except json.JSONDecodeError as exc:
-        raise UserError(f"{side} is not the JSON gpt-optuna export writes: {exc}") from exc
 
 
 def open_session(path: str | Path, device_id: int | None = None, io: str = "model") -> Any:
