@@ -18,7 +18,7 @@ import optuna
 from gpt_optuna.evaluation.accuracy import Criterion, parse_criterion
 from gpt_optuna.study.record import StudyRecord
 from gpt_optuna.study.summary import StudySummary, summarize_study
-from gpt_optuna.study.taxonomy import retried_numbers, trial_status
+from gpt_optuna.study.taxonomy import measured_latency_ms, retried_numbers, trial_status
 
 
 @dataclass(frozen=True)
@@ -68,7 +68,7 @@ def collect(study: optuna.Study) -> list[TrialRow]:
     retried = retried_numbers(trials)
     for trial in trials:
         attrs = trial.user_attrs
-        latency = attrs.get("latency", {}).get("median_ms")
+        latency = measured_latency_ms(trial)
         accuracy = attrs.get("accuracy")
         error = criterion.error(accuracy) if criterion is not None and accuracy else None
         reason = attrs.get("infeasible") or attrs.get("failure") or attrs.get("interrupted") or ""
@@ -76,7 +76,7 @@ def collect(study: optuna.Study) -> list[TrialRow]:
             TrialRow(
                 number=trial.number,
                 status=trial_status(trial, retried),
-                latency_ms=float(latency) if latency is not None else None,
+                latency_ms=latency,
                 error=float(error) if error is not None else None,
                 build_s=attrs.get("build_s"),
                 params=dict(trial.params),

@@ -29,7 +29,7 @@ from gpt_optuna.evaluation.measure import MeasureSettings, bootstrap_ratio
 from gpt_optuna.evaluation.worker import FailureKind, JobFailure, Worker
 from gpt_optuna.study.artifacts import INPUTS_FILE, REFERENCE_FILE
 from gpt_optuna.study.record import CONFIRMED_ATTR, StudyRecord
-from gpt_optuna.study.taxonomy import baseline_trial
+from gpt_optuna.study.taxonomy import baseline_trial, measured_latency_ms
 
 WORKER_START_S = 5.0
 """A fresh worker process's start and library load, in the estimate of a process's time where it
@@ -43,7 +43,7 @@ def process_seconds(candidates: list[FrozenTrial], settings: MeasureSettings, st
     over for the timer's own work, at most the rounds' budget)."""
     builds = sum(float(t.user_attrs.get("build_s") or 0.0) for t in candidates)
     warm = len(candidates) * min(1.0, settings.budget_s)
-    latency_s = sum(float(t.user_attrs.get("latency", {}).get("median_ms", 0.0)) for t in candidates) / 1000
+    latency_s = sum(measured_latency_ms(t) or 0.0 for t in candidates) / 1000
     return start_s + builds + warm + min(ROUNDS_BUDGET_S, 2 * ROUNDS * BLOCK * latency_s)
 
 

@@ -10,6 +10,7 @@ from gpt_optuna.backends.base import Backend
 from gpt_optuna.core.errors import UserError
 from gpt_optuna.core.space import Candidate, CandidateKey, Space, Value, candidate_key
 from gpt_optuna.graph.transforms import SPEED_VALUES
+from gpt_optuna.study.record import StudyRecord
 from gpt_optuna.study.taxonomy import baseline_trial, measured_latency_ms
 
 WARM_PER_STUDY = 3
@@ -85,8 +86,6 @@ def _best_of(study: optuna.Study, space: Space, skip: CandidateKey) -> list[tupl
 
 def _same_kind(storage: optuna.storages.BaseStorage, name: str, backend: str, device: str) -> bool:
     """Whether study ``name`` searched this backend and measured its baseline on this device."""
-    from gpt_optuna.study.record import StudyRecord
-
     study = optuna.load_study(study_name=name, storage=storage)
     baseline = baseline_trial(study.get_trials(deepcopy=False))
     same_backend = StudyRecord.read(study).backend == backend

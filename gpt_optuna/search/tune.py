@@ -69,7 +69,7 @@ def tune(
     progress = progress or Progress()
     finish = progress.finish if summarize else progress.quiet_finish
     notes: list[str] = []
-    check_run(config)
+    engine = check_run(config)
     phases.begin("preparing")
     inputs = load_inputs(config, notes)
     storage_path = storage_file(config.storage)
@@ -85,7 +85,6 @@ def tune(
         start_s = started_in(first, config.backend)  # what each finalists' process will cost to start
         with warming(others, config.backend) as names:  # the others start while the first finds the space
             prepared = prepare(config, first, inputs, notes, progress.note)
-        engine = load_backend(config.backend)
         lanes = session.place([prepared.versions.get("gpu", "none"), *names], engine.runs_on_cpu(prepared.space))
         sampler = make_sampler(config.sampler, config.seed, prepared.space)
         study, resumed = open_study(
@@ -174,10 +173,10 @@ def tune(
     return EXIT_NO_FEASIBLE if summary.best is None else 0
 
 
-def check_run(config: TuneConfig) -> None:
+def check_run(config: TuneConfig) -> Backend:
     """Refuse, before the model is read or anything is written, what cannot run here: a backend
     that does not load or whose library is missing, a sampler without its libraries, an objective
-    the backend cannot measure."""
+    the backend cannot measure; the backend, checked."""
     backend = load_backend(config.backend)
     missing = backend.missing_library()
     if missing is not None:
@@ -187,6 +186,7 @@ def check_run(config: TuneConfig) -> None:
         raise UserError(
             f"backend {config.backend!r} does not report engine device memory; drop memory from --objectives"
         )
+    return backend
 
 
 @contextlib.contextmanager
