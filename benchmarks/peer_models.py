@@ -1,6 +1,7 @@
 """The peer benchmark's models in PyTorch, with the same weights as their ONNX files.
 
-ResNet-50 is torchvision's (seeded random weights: latency does not depend on them), MobileNetV2
+ResNet-50, ViT-B/16 and ConvNeXt-T are torchvision's (seeded random weights: latency does not
+depend on them), MobileNetV2
 is torchvision's with its real ImageNet weights, and MiniLM-L6 is a BERT encoder built here and
 loaded from the registry's ONNX file (int8 weights with per-column scales, dequantized as the graph
 does), so that PyTorch and ONNX Runtime run the same network on the same inputs.
@@ -30,6 +31,20 @@ def resnet50() -> nn.Module:
 
     torch.manual_seed(0)
     return torchvision.models.resnet50(weights=None).eval()
+
+
+def vit_b_16() -> nn.Module:
+    import torchvision
+
+    torch.manual_seed(0)
+    return torchvision.models.vit_b_16(weights=None).eval()
+
+
+def convnext_tiny() -> nn.Module:
+    import torchvision
+
+    torch.manual_seed(0)
+    return torchvision.models.convnext_tiny(weights=None).eval()
 
 
 def mobilenet_v2() -> nn.Module:

@@ -1,17 +1,20 @@
 """What a user would pick instead, side by side on one GPU: ONNX Runtime's defaults, the tuned
 winner, PyTorch eager (fp32, fp16) and torch.compile (reduce-overhead, max-autotune; fp16, and
-channels-last for the CNNs), at batch 8 on the same inputs.
+channels-last for the CNNs), at batch 8 on the same inputs, every row timed by one protocol.
 
-Models: ResNet-50 (torchvision, seeded random weights), MobileNetV2 (torchvision's ImageNet
-weights; inputs are photo crops) and the MiniLM-L6 encoder (the registry's ONNX file, and the same
-weights in a PyTorch BERT encoder; 8x128 tokens with padding). Every latency is the median of
-CUDA-event-timed launches in this process tree; ONNX Runtime's are the tuner's own confirmed
-medians (its finalists and the baseline re-measured interleaved in fresh processes, CuPy CUDA
-events). Accuracy is each one's cosine similarity to PyTorch fp32 eager's outputs. The table goes
-to stdout (and ``--table``); compile logs go to stderr.
+Models: ResNet-50, ViT-B/16 and ConvNeXt-T (torchvision, seeded random weights), MobileNetV2
+(torchvision's ImageNet weights; inputs are photo crops) and the MiniLM-L6 encoder (the registry's
+ONNX file, and the same weights in a PyTorch BERT encoder; 8x128 tokens with padding). Each row is
+timed by :mod:`peer_timing` (per call: CUDA events around one synchronized call, as the tuner
+measures, median and p90; throughput: calls back to back), ONNX Runtime's rows through the tuner's
+own runner after its search, each PyTorch peer in a process of its own (a compile that takes
+longer than ``--compile-timeout`` is shown as not measured). The tuner's own figures (search and
+confirmed) are printed beside its row. Accuracy is each one's cosine similarity to PyTorch fp32
+eager's outputs. The table goes to stdout (and ``--table``); compile logs go to stderr.
 
-    python benchmarks/peers.py [--models resnet50,mobilenetv2,minilm] [--n-trials 40]
-                               [--peers eager32,eager16,reduce-overhead,max-autotune] [--table FILE]
+    python benchmarks/peers.py [--models resnet50,mobilenetv2,minilm,vit_b_16,convnext_tiny]
+                               [--n-trials 40] [--peers eager32,eager16,reduce-overhead,max-autotune]
+                               [--compile-timeout 600] [--table FILE] [--workdir DIR] [--profile]
 """
 
 from __future__ import annotations
@@ -19,11 +22,14 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
+import multiprocessing
 import os
 import sys
 import tempfile
+import time
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +38,7 @@ import optuna
 import peer_models
 import torch
 from kernel_profile import kernel_profile
+from peer_timing import Timing, time_calls
 from precision import mobilenet_v2 as mobilenet_v2_onnx
 from record_landscapes import CRITERION
 
@@ -41,10 +48,14 @@ from gpt_optuna.search.finalists import confirm, template_from_study
 from gpt_optuna.search.progress import Progress
 from gpt_optuna.search.tune import tune
 from gpt_optuna.study.summary import finished_count, summarize_study
+from gpt_optuna.study.taxonomy import measured_latency_ms
 from gpt_optuna.testing.mobilenet_v2 import PHOTOS, SKIMAGE, crops
 from gpt_optuna.testing.registry import download
 
 PEERS = ("eager32", "eager16", "reduce-overhead", "max-autotune")
+COMPILED = ("reduce-overhead", "max-autotune")
+REFERENCE = "reduce-overhead"
+"""The peer every row is set beside."""
 
 
 def photo_batch() -> np.ndarray:
@@ -57,52 +68,99 @@ def cosine(a: np.ndarray, b: np.ndarray) -> float:
     return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
 
 
-def cuda_median_ms(run: Callable[[], Any], warmup: int = 30, launches: int = 300) -> float:
-    """The median of ``launches`` launches, each timed with a pair of CUDA events."""
-    for _ in range(warmup):
-        run()
-    torch.cuda.synchronize()
-    pairs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(launches)]
-    for start, end in pairs:
-        start.record()
-        run()
-        end.record()
-    torch.cuda.synchronize()
-    return float(np.median([start.elapsed_time(end) for start, end in pairs]))
+@dataclass(frozen=True)
+class PeerModel:
+    """A model of the benchmark: its PyTorch module, inputs, whether it is a CNN, and its ONNX file
+    (made in the cache folder given)."""
+
+    module: Callable[[], torch.nn.Module]
+    feeds: Callable[[], dict[str, np.ndarray]]
+    cnn: bool
+    onnx: Callable[[Path], Path]
 
 
-Row = tuple[str, float, np.ndarray, str, Callable[[], Any]]
-"""label, latency ms, outputs, parameters, one inference (for the kernel profile)"""
+def _exported(
+    name: str,
+    module: Callable[[], torch.nn.Module],
+    feeds: Callable[[], dict[str, np.ndarray]],
+    opset: int | None = None,
+) -> Callable[[Path], Path]:
+    """The ONNX file of ``module`` exported by TorchScript at this batch (the same weights)."""
+
+    def export(cache: Path) -> Path:
+        path = cache / f"{name}_seed0_b{peer_models.BATCH}.onnx"
+        if not path.is_file():
+            inputs = feeds()
+            args = tuple(torch.from_numpy(v) for v in inputs.values())
+            torch.onnx.export(
+                module(),
+                args,
+                str(path),
+                input_names=list(inputs),
+                output_names=["logits"],
+                dynamo=False,
+                opset_version=opset,
+            )
+        return path
+
+    return export
 
 
-def torch_peers(
-    module: torch.nn.Module, feeds: dict[str, np.ndarray], cnn: bool, peers: list[str]
-) -> tuple[np.ndarray, list[Row]]:
-    """PyTorch fp32 eager's outputs, and each peer's row."""
+def _images() -> dict[str, np.ndarray]:
+    return {"x": photo_batch()}
+
+
+MODELS = {
+    "resnet50": PeerModel(peer_models.resnet50, _images, True, _exported("resnet50", peer_models.resnet50, _images)),
+    "mobilenetv2": PeerModel(
+        peer_models.mobilenet_v2,
+        lambda: {"input": photo_batch()},
+        True,
+        lambda cache: mobilenet_v2_onnx(cache, peer_models.BATCH),
+    ),
+    "minilm": PeerModel(peer_models.minilm, peer_models.token_inputs, False, lambda _: peer_models.minilm_onnx()),
+    "vit_b_16": PeerModel(
+        peer_models.vit_b_16, _images, False, _exported("vit_b_16", peer_models.vit_b_16, _images, 17)
+    ),
+    "convnext_tiny": PeerModel(
+        peer_models.convnext_tiny, _images, True, _exported("convnext_tiny", peer_models.convnext_tiny, _images, 17)
+    ),
+}
+
+
+@dataclass
+class Row:
+    """One line of the table: a peer's timing (None where it was not measured, with ``note``
+    saying why), outputs, parameters and kernel profile lines."""
+
+    label: str
+    timing: Timing | None
+    outputs: np.ndarray | None = None
+    params: str = ""
+    profile: list[str] = field(default_factory=list)
+    note: str = ""
+
+
+def _torch_peer(name: str, peer: str, profile: bool, conn: Connection) -> None:
+    """In a process of its own: one PyTorch peer of ``name``, timed; (timing, outputs, profile lines) to ``conn``."""
+    model = MODELS[name]
     device = torch.device("cuda")
-    inputs = [torch.from_numpy(v).to(device) for v in feeds.values()]
-    rows = []
-    reference = None
-    for peer in ["eager32", *[p for p in peers if p != "eager32"]]:
-        half = peer != "eager32"
-        model = module.to(device).half() if half else module.to(device).float()
-        args = [x.half() if half and x.is_floating_point() else x for x in inputs]
-        if cnn and peer in ("reduce-overhead", "max-autotune"):
-            model = model.to(memory_format=torch.channels_last)
-            args = [x.to(memory_format=torch.channels_last) for x in args]
-        if peer in ("reduce-overhead", "max-autotune"):
-            torch._dynamo.reset()
-            model = torch.compile(model, mode=peer)
-        with torch.inference_mode():
-            outputs = model(*args).float().cpu().numpy()
-            if peer == "eager32":
-                reference = outputs
-            if peer in peers:
-                run = functools.partial(_no_grad_call, model, args)
-                rows.append((f"torch {peer}", cuda_median_ms(run), outputs, "", run))
-                print(f"torch {peer}: {rows[-1][1]:.4f} ms", file=sys.stderr, flush=True)  # amid long compile logs
-    assert reference is not None
-    return reference, rows
+    inputs = [torch.from_numpy(v).to(device) for v in model.feeds().values()]
+    half = peer != "eager32"
+    module = model.module().to(device)
+    module = module.half() if half else module.float()
+    args = [x.half() if half and x.is_floating_point() else x for x in inputs]
+    if model.cnn and peer in COMPILED:
+        module = module.to(memory_format=torch.channels_last)
+        args = [x.to(memory_format=torch.channels_last) for x in args]
+    if peer in COMPILED:
+        module = torch.compile(module, mode=peer)
+    run = functools.partial(_no_grad_call, module, args)
+    with torch.inference_mode():
+        outputs = module(*args).float().cpu().numpy()
+    timing = time_calls(run, torch.cuda.current_stream())
+    lines = kernel_profile(run).lines(f"torch {peer}") if profile else []
+    conn.send((timing, outputs, lines))
 
 
 def _no_grad_call(model: Callable[..., Any], args: list[torch.Tensor]) -> Any:
@@ -110,11 +168,42 @@ def _no_grad_call(model: Callable[..., Any], args: list[torch.Tensor]) -> Any:
         return model(*args)
 
 
+def torch_row(name: str, peer: str, profile: bool, timeout: float) -> Row:
+    """One PyTorch peer measured in a child process; not measured where it takes over ``timeout`` s or fails."""
+    context = multiprocessing.get_context("spawn")
+    receive, send = context.Pipe(duplex=False)
+    process = context.Process(target=_torch_peer, args=(name, peer, profile, send))
+    started = time.monotonic()
+    process.start()
+    send.close()
+    label = f"torch {peer}"
+    try:
+        if not receive.poll(timeout):
+            process.kill()
+            return Row(label, None, note=f"not measured: compiling and timing took over {timeout:.0f} s")
+        timing, outputs, lines = receive.recv()
+    except EOFError:
+        process.join()
+        return Row(label, None, note=f"not measured: the process failed (exit code {process.exitcode})")
+    finally:
+        process.join()
+    print(
+        f"{label}: {timing.median_ms:.4f} ms per call, {time.monotonic() - started:.0f} s", file=sys.stderr, flush=True
+    )
+    return Row(label, timing, outputs, profile=lines)
+
+
 def onnxruntime_rows(
-    name: str, model: Path, feeds: dict[str, np.ndarray], n_trials: int, folder: Path, stack: contextlib.ExitStack
-) -> list[Row]:
-    """ONNX Runtime's defaults and the tuned winner: confirmed latencies, outputs, parameters, and
-    one inference as the tuner times it (its runner, open until ``stack`` closes)."""
+    name: str,
+    model: Path,
+    feeds: dict[str, np.ndarray],
+    n_trials: int,
+    folder: Path,
+    stack: contextlib.ExitStack,
+    profile: bool,
+) -> tuple[list[Row], str]:
+    """ONNX Runtime's defaults and the tuned winner, timed through the tuner's runner (open until
+    ``stack`` closes), and the tuner's own figures for both."""
     inputs = folder / f"{name}.inputs.npz"
     save_npz(inputs, feeds)
     config = TuneConfig(
@@ -125,50 +214,32 @@ def onnxruntime_rows(
         Path(f"studies/peers-{name}.db").is_file()
         and finished_count(optuna.load_study(study_name=f"peers-{name}", storage=storage)) >= n_trials
     )
+    started = time.monotonic()
     with contextlib.redirect_stdout(sys.stderr):
         tune(config, Progress(enabled=False), argv=[])
     study = optuna.load_study(study_name=f"peers-{name}", storage=storage)
     template = template_from_study(study, model)
     if searched:  # a finished search from an earlier run: its finalists are re-measured in this one
         confirm(study, template, folder / f"{name}.confirm.log")
+    took = time.monotonic() - started
     summary = summarize_study(study)
-    rows = []
-    for label, trial, ms in (
-        ("onnxruntime defaults", summary.baseline, summary.baseline_value),
-        ("onnxruntime tuned", summary.best, summary.best_value),
-    ):
-        assert trial is not None and ms is not None
+    rows, figures = [], []
+    for label, trial in (("onnxruntime defaults", summary.baseline), ("onnxruntime tuned", summary.best)):
+        assert trial is not None
         runner = stack.enter_context(replace(template, candidate=dict(trial.params)).open_candidate())
         outputs = next(iter(runner.infer().values()))
+        timing = time_calls(runner.launch, torch.cuda.ExternalStream(runner.stream.ptr))
         params = ", ".join(f"{k}={v}" for k, v in trial.params.items() if k != "provider")
-        rows.append((f"{label} ({summary.measurement})", ms, outputs, params, runner.launch))
-    return rows
-
-
-Module = Callable[[], torch.nn.Module]
-
-
-def models() -> dict[str, Callable[[Path], tuple[Module, Path, dict[str, np.ndarray], bool]]]:
-    """Per model: what makes its PyTorch module, its ONNX file (made in the cache folder given),
-    its inputs, and whether it is a CNN."""
-
-    def resnet(cache: Path) -> tuple[Module, Path, dict[str, np.ndarray], bool]:
-        feeds = {"x": photo_batch()}
-        path = cache / f"resnet50_seed0_b{peer_models.BATCH}.onnx"
-        if not path.is_file():  # the same module's weights
-            example = torch.from_numpy(feeds["x"])
-            torch.onnx.export(
-                peer_models.resnet50(), example, str(path), input_names=["x"], output_names=["logits"], dynamo=False
-            )
-        return peer_models.resnet50, path, feeds, True
-
-    def mobilenet(cache: Path) -> tuple[Module, Path, dict[str, np.ndarray], bool]:
-        return peer_models.mobilenet_v2, mobilenet_v2_onnx(cache, peer_models.BATCH), {"input": photo_batch()}, True
-
-    def minilm(_: Path) -> tuple[Module, Path, dict[str, np.ndarray], bool]:
-        return peer_models.minilm, peer_models.minilm_onnx(), peer_models.token_inputs(), False
-
-    return {"resnet50": resnet, "mobilenetv2": mobilenet, "minilm": minilm}
+        lines = kernel_profile(runner.launch).lines(label) if profile and trial is summary.best else []
+        rows.append(Row(label, timing, outputs, params, lines))
+        own = summary.figures(trial)
+        search = measured_latency_ms(trial)
+        figures.append(
+            f"{label} is trial {trial.number}: the tuner measured {search:.4f} ms in the search"
+            + (f", {own.latency_ms:.4f} ms confirmed" if own.measurement == "confirmed" else "")
+        )
+    finished = finished_count(study)
+    return rows, f"  {'; '.join(figures)} ({finished} trials, tune and confirmation {took:.0f} s in this run)"
 
 
 def emit(lines: list[str], start: int, table: Path | None) -> None:
@@ -179,11 +250,35 @@ def emit(lines: list[str], start: int, table: Path | None) -> None:
         table.write_text("\n".join(lines) + "\n")
 
 
+def model_lines(name: str, rows: list[Row], reference: np.ndarray | None) -> list[str]:
+    """The table's lines for one model: every row's per-call median and p90, throughput, per-call
+    latency over torch.compile reduce-overhead's, and cosine to PyTorch fp32 eager."""
+    against = next((r.timing.median_ms for r in rows if r.label == f"torch {REFERENCE}" and r.timing), None)
+    lines = [f"\n{name}: {'per call ms':>11} {'p90 ms':>8} {'throughput ms':>13} {'/ ' + REFERENCE:>17} {'cosine':>9}"]
+    for row in rows:
+        if row.timing is None:
+            lines.append(f"  {row.label:<26} {row.note}")
+            continue
+        ratio = f"{row.timing.median_ms / against:>16.3f}x" if against else f"{'-':>17}"
+        similar = (
+            f"{cosine(row.outputs, reference):>9.6f}"
+            if reference is not None and row.outputs is not None
+            else f"{'-':>9}"
+        )
+        timing = row.timing
+        lines.append(
+            f"  {row.label:<26}{timing.median_ms:>11.4f} {timing.p90_ms:>8.4f} {timing.throughput_ms:>13.4f} "
+            f"{ratio} {similar}" + (f"  [{row.params}]" if row.params else "")
+        )
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", default="resnet50,mobilenetv2,minilm")
+    parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--n-trials", type=int, default=40)
     parser.add_argument("--peers", default=",".join(PEERS))
+    parser.add_argument("--compile-timeout", type=float, default=600.0, help="seconds one PyTorch peer may take")
     parser.add_argument("--table", type=Path, help="also write the table here")
     parser.add_argument(
         "--workdir", type=Path, help="keep the studies here: a rerun resumes the search, or re-measures a finished one"
@@ -193,36 +288,37 @@ def main() -> None:
     args = parser.parse_args()
     args.cache.mkdir(parents=True, exist_ok=True)
     optuna.logging.set_verbosity(optuna.logging.ERROR)
-    peers = args.peers.split(",")
-    unknown = sorted(set(peers) - set(PEERS))
+    peers, names = args.peers.split(","), args.models.split(",")
+    unknown = sorted(set(peers) - set(PEERS)) + sorted(set(names) - set(MODELS))
     if unknown:
-        sys.exit(f"unknown peers {unknown}; choose from {', '.join(PEERS)}")
-    lines = [f"batch {peer_models.BATCH}, {torch.cuda.get_device_name()}, torch {torch.__version__}"]
+        sys.exit(f"unknown peers or models {unknown}; choose from {', '.join(PEERS)} and {', '.join(MODELS)}")
+    lines = [
+        f"batch {peer_models.BATCH}, {torch.cuda.get_device_name()}, torch {torch.__version__}, "
+        "every row timed alike: per call (CUDA events around one synchronized call, median and p90 of 300) "
+        "and throughput (300 calls back to back)"
+    ]
     with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
         folder = args.workdir.resolve() if args.workdir else Path(tmp)
         folder.mkdir(parents=True, exist_ok=True)
         os.chdir(folder)  # the studies go there
-        for name in args.models.split(","):
-            module, onnx_path, feeds, cnn = models()[name](args.cache)
-            tuned = onnxruntime_rows(name, onnx_path, feeds, args.n_trials, folder, stack)  # first: a rerun resumes it
-            reference, measured = torch_peers(module(), feeds, cnn, peers)
-            measured += tuned
-            best_peer = min((row for row in measured if row[0].startswith("torch")), key=lambda row: row[1])
+        for name in names:
+            model = MODELS[name]
+            onnx_path = model.onnx(args.cache.resolve())
+            # first: a rerun resumes the search
+            tuned, figures = onnxruntime_rows(
+                name, onnx_path, model.feeds(), args.n_trials, folder, stack, args.profile
+            )
+            reference = torch_row(name, "eager32", False, args.compile_timeout)
+            rows = [reference] if "eager32" in peers else []
+            rows += [torch_row(name, peer, args.profile, args.compile_timeout) for peer in peers if peer != "eager32"]
+            rows += tuned
             start = len(lines)
-            lines.append(f"\n{name}: {'latency ms':>10} {'/ best peer':>11} {'cosine vs fp32':>15}")
-            for label, ms, out, params, _ in measured:
-                lines.append(
-                    f"  {label:<42}{ms:>9.4f} {ms / best_peer[1]:>10.3f}x {cosine(out, reference):>15.6f}"
-                    + (f"  [{params}]" if params else "")
-                )
+            lines += [*model_lines(name, rows, reference.outputs), figures]
+            measured = [row for row in rows if row.label.startswith("torch") and row.timing is not None]
+            if args.profile and measured:
+                best_peer = min(measured, key=lambda row: row.timing.median_ms)  # type: ignore[union-attr]
+                lines += [f"{name}: GPU kernels per inference (CUPTI)", *best_peer.profile, *tuned[-1].profile]
             emit(lines, start, args.table)
-            if args.profile:
-                start = len(lines)
-                lines.append(f"{name}: GPU kernels per inference (CUPTI)")
-                lines += [
-                    line for label, *_, run in (best_peer, measured[-1]) for line in kernel_profile(run).lines(label)
-                ]
-                emit(lines, start, args.table)
     print("\n".join(lines))
 
 

@@ -149,9 +149,10 @@ def record(name: str, folder: Path, out: Path, deadline: float | None) -> bool:
         onnx_path, feeds = cpu_model(folder)
         searched, provider, precisions = CPU_SEARCHED, "CPUExecutionProvider", ["fp32"]
     else:
-        from peers import models  # PyTorch makes the CUDA landscapes' models
+        from peers import MODELS  # PyTorch makes the CUDA landscapes' models
 
-        _, onnx_path, feeds, cnn = models()[name](folder)
+        model = MODELS[name]
+        onnx_path, feeds, cnn = model.onnx(folder), model.feeds(), model.cnn
         searched = {k: v for k, v in SEARCHED.items() if cnn or k not in CNN_ONLY}
         provider, precisions = "CUDAExecutionProvider", ["fp32", "fp16"]
     inputs = folder / f"{name}.inputs.npz"

@@ -22,7 +22,7 @@ from gpt_optuna.evaluation.measure import MeasureSettings
 from gpt_optuna.evaluation.outcome import Outcome
 from gpt_optuna.graph import feeds as mf
 from gpt_optuna.graph import model as m
-from gpt_optuna.graph.fusion import fused_path, fusion_knobs, graph_ops
+from gpt_optuna.graph.fusion import FUSED_VERSION, fused_path, fusion_knobs, graph_ops
 from gpt_optuna.graph.model_cache import TransformFailed
 from gpt_optuna.graph.precision import PrecisionSetting, transform
 
@@ -151,7 +151,7 @@ def test_a_search_runs_fused_fp16_candidates_with_nodes_ranked_on_the_fused_grap
     assert all(t.user_attrs["transformed_model"].startswith("fp16-") for t in tuned)
     assert all(t.user_attrs["accuracy"]["cosine"] > 0.9999 for t in tuned)
     folder = Path("studies/model-onnxruntime")
-    (fused,) = folder.glob("models/transformer-v2-*.onnx")
+    (fused,) = folder.glob(f"models/transformer-{FUSED_VERSION}-*.onnx")
     assert "SkipLayerNormalization" in {n.op_type for n in onnx.load(str(fused)).graph.node}
     if any(t.params["keep_fp32_nodes"] for t in tuned):  # ranked on the graph the candidate converts
         assert (folder / f"sensitivity-transformer-{m.load_model_info(minilm_path).sha256[:16]}.json").is_file()

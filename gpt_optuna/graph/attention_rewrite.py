@@ -25,87 +25,17 @@ does not match exactly is left as it is, with the reason.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable
 from dataclasses import dataclass
-from functools import cached_property
-from typing import Any
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, helper
+
+from gpt_optuna.graph.onnx_graph import GraphIndex, attribute, drop_dead, elem_type, evaluate, subgraph
 
 PREFIX = "sdpa_rewrite"
 _SHAPE_ONLY = ("Shape", "Size")
 """Operators whose output depends on their input's shape alone, not its values."""
-
-Dim = int | str | None
-
-
-class _Graph:
-    """Lookups over a model's main graph."""
-
-    def __init__(self, model: onnx.ModelProto) -> None:
-        self.model = model
-        self.graph = model.graph
-        self.initializers = {t.name: t for t in self.graph.initializer}
-        self.inputs = {i.name: i for i in self.graph.input if i.name not in self.initializers}
-        self.producer = {o: n for n in self.graph.node for o in n.output}
-        self.consumers: dict[str, list[onnx.NodeProto]] = defaultdict(list)
-        for node in self.graph.node:
-            for name in node.input:
-                self.consumers[name].append(node)
-        self._names = 0
-
-    @cached_property
-    def shapes(self) -> dict[str, list[Dim]]:
-        """Each tensor's dims as shape inference knows them (a name, a size, or None)."""
-        try:
-            inferred = onnx.shape_inference.infer_shapes(self.model, data_prop=True).graph
-        except (ValueError, onnx.shape_inference.InferenceError):  # e.g. over 2 GB in memory
-            inferred = self.graph
-        infos = [*inferred.value_info, *inferred.input, *inferred.output]
-        return {
-            v.name: [d.dim_param or d.dim_value or None for d in v.type.tensor_type.shape.dim]
-            for v in infos
-            if v.type.tensor_type.HasField("shape")
-        }
-
-    def name(self, base: str) -> str:
-        self._names += 1
-        return f"{PREFIX}_{base}_{self._names}"
-
-    def constant(self, name: str) -> np.ndarray | None:
-        """The value of an initializer or a Constant node's output."""
-        if name in self.initializers:
-            return numpy_helper.to_array(self.initializers[name])
-        node = self.producer.get(name)
-        if node is not None and node.op_type == "Constant" and node.attribute[0].name == "value":
-            return numpy_helper.to_array(node.attribute[0].t)
-        return None
-
-    def scalar(self, name: str) -> float | None:
-        value = self.constant(name)
-        return None if value is None or value.size != 1 else float(value.reshape(()))
-
-    def parent(self, name: str, op_type: str, perm: list[int] | None = None) -> onnx.NodeProto | None:
-        """The producer of ``name`` if it is an ``op_type`` (with that ``perm``)."""
-        node = self.producer.get(name)
-        if node is None or node.op_type != op_type:
-            return None
-        if perm is not None and _attribute(node, "perm") != perm:
-            return None
-        return node
-
-    def initializer(self, value: np.ndarray, base: str) -> str:
-        name = self.name(base)
-        tensor = numpy_helper.from_array(value, name)
-        self.graph.initializer.append(tensor)
-        self.initializers[name] = tensor
-        return name
-
-
-def _attribute(node: onnx.NodeProto, name: str, default: Any = None) -> Any:
-    return next((helper.get_attribute_value(a) for a in node.attribute if a.name == name), default)
 
 
 @dataclass(frozen=True)
@@ -127,7 +57,7 @@ class _Block:
 
 def rewrite_attention(model: onnx.ModelProto) -> tuple[int, dict[str, str]]:
     """Rewrite ``model``'s attention blocks in place; return how many, and why each other Softmax was left."""
-    graph = _Graph(model)
+    graph = GraphIndex(model, PREFIX)
     blocks: list[_Block] = []
     skipped: dict[str, str] = {}
     masks: dict[str, str | None] = {}  # mask tensor -> its key-padding graph input, or None
@@ -146,9 +76,9 @@ def rewrite_attention(model: onnx.ModelProto) -> tuple[int, dict[str, str]]:
     return len(blocks), skipped
 
 
-def _match(graph: _Graph, softmax: onnx.NodeProto) -> _Block | str:
+def _match(graph: GraphIndex, softmax: onnx.NodeProto) -> _Block | str:
     """The attention block around ``softmax``, or why it is not one."""
-    if _attribute(softmax, "axis", -1) not in (-1, 3):
+    if attribute(softmax, "axis", -1) not in (-1, 3):
         return "softmax is not over the last axis"
     p, guard = softmax.output[0], None
     users = graph.consumers[p]
@@ -195,7 +125,7 @@ def _match(graph: _Graph, softmax: onnx.NodeProto) -> _Block | str:
     return _Block(add, mask, neg, q_transpose.output[0], k4, reshapes, heads, head, scale, consumer, p)
 
 
-def _mask_value(graph: _Graph, mask: str) -> np.ndarray | None:
+def _mask_value(graph: GraphIndex, mask: str) -> np.ndarray | None:
     """NEG of ``mask = Where(cond, 0, NEG)``, a finite negative scalar."""
     where = graph.parent(mask, "Where")
     if where is None or graph.scalar(where.input[1]) != 0.0:
@@ -206,7 +136,7 @@ def _mask_value(graph: _Graph, mask: str) -> np.ndarray | None:
     return neg.reshape(())
 
 
-def _unscaled(graph: _Graph, name: str) -> tuple[str, float]:
+def _unscaled(graph: GraphIndex, name: str) -> tuple[str, float]:
     """``x`` and ``c`` where ``name`` is Mul(x, c) or Div(x, 1/c) of a constant scalar, else (name, 1)."""
     node = graph.producer.get(name)
     if node is not None and node.op_type == "Mul":
@@ -221,7 +151,7 @@ def _unscaled(graph: _Graph, name: str) -> tuple[str, float]:
     return name, 1.0
 
 
-def _k_source(graph: _Graph, k: str) -> str | None:
+def _k_source(graph: GraphIndex, k: str) -> str | None:
     """The [batch, seq, heads, head] tensor that ``k`` permutes by [0,2,3,1]: one Transpose, two,
     or dynamo's Reshape(Transpose[0,2,1](Reshape(Transpose[0,2,1,3](k4)))) (checked by the caller)."""
     if (t := graph.parent(k, "Transpose", [0, 2, 3, 1])) is not None:
@@ -236,7 +166,7 @@ def _k_source(graph: _Graph, k: str) -> str | None:
     return heads_first.input[0] if heads_first else None
 
 
-def _heads(graph: _Graph, reshape: onnx.NodeProto) -> tuple[int, int] | None:
+def _heads(graph: GraphIndex, reshape: onnx.NodeProto) -> tuple[int, int] | None:
     """(heads, head) where shape inference proves ``reshape`` maps [b, s, heads*head] to [b, s, heads, head]."""
     source, result = graph.shapes.get(reshape.input[0]), graph.shapes.get(reshape.output[0])
     if source is None or result is None or len(source) != 3 or len(result) != 4 or None in result:
@@ -248,25 +178,15 @@ def _heads(graph: _Graph, reshape: onnx.NodeProto) -> tuple[int, int] | None:
     return heads, head
 
 
-def _evaluates_to_permutation(graph: _Graph, k4: str, k: str, shape: tuple[int, ...]) -> bool:
+def _evaluates_to_permutation(graph: GraphIndex, k4: str, k: str, shape: tuple[int, ...]) -> bool:
     """Whether ``k`` computed from ``k4`` alone is ``k4`` transposed by [0,2,3,1] (checked on one tensor)."""
-    dtype = helper.tensor_dtype_to_np_dtype(_elem_type(graph, k4))
+    dtype = helper.tensor_dtype_to_np_dtype(elem_type(graph, k4))
     source = np.arange(np.prod(shape)).reshape(shape).astype(dtype)
-    got = _evaluate(graph, k, {k4: source})
+    got = evaluate(graph, k, {k4: source})
     return got is not None and np.array_equal(got, source.transpose(0, 2, 3, 1))
 
 
-def _elem_type(graph: _Graph, name: str) -> int:
-    for value in [*graph.graph.value_info, *graph.graph.input, *graph.graph.output]:
-        if value.name == name and value.type.tensor_type.elem_type:
-            return value.type.tensor_type.elem_type
-    weight = next(
-        (graph.initializers[i] for n in graph.consumers[name] for i in n.input if i in graph.initializers), None
-    )
-    return weight.data_type if weight is not None else TensorProto.FLOAT
-
-
-def _key_padding_input(graph: _Graph, mask: str, neg: np.ndarray) -> str | None:
+def _key_padding_input(graph: GraphIndex, mask: str, neg: np.ndarray) -> str | None:
     """The graph input ``mask`` is ``where(input[:, None, None, :] != 0, 0, neg)`` of, checked with
     ONNX Runtime on masks padded right, left, with holes, full and empty; None if it is not."""
     sources = _value_sources(graph, mask)
@@ -282,7 +202,7 @@ def _key_padding_input(graph: _Graph, mask: str, neg: np.ndarray) -> str | None:
         batch = np.ones(sizes, helper.tensor_dtype_to_np_dtype(tensor.elem_type))
         chunk = rows[start : start + sizes[0]]
         batch[: len(chunk)] = chunk
-        got = _evaluate(graph, mask, _feeds(graph, mask, name, batch))
+        got = evaluate(graph, mask, _feeds(graph, mask, name, batch))
         want = np.where(batch[:, None, None, :] != 0, np.zeros((), neg.dtype), neg)
         if got is None or got.dtype != want.dtype or got.ndim > 4:
             return None
@@ -302,7 +222,7 @@ def _mask_rows(length: int) -> np.ndarray:
     return np.stack([position >= 0, position < half, position >= length - half, position % 3 != 1, position < 0])
 
 
-def _value_sources(graph: _Graph, name: str) -> set[str]:
+def _value_sources(graph: GraphIndex, name: str) -> set[str]:
     """The graph inputs whose values (not only shapes) ``name`` is computed from."""
     sources: set[str] = set()
     seen: set[str] = set()
@@ -320,7 +240,7 @@ def _value_sources(graph: _Graph, name: str) -> set[str]:
     return sources
 
 
-def _feeds(graph: _Graph, target: str, mask_input: str, mask: np.ndarray) -> dict[str, np.ndarray]:
+def _feeds(graph: GraphIndex, target: str, mask_input: str, mask: np.ndarray) -> dict[str, np.ndarray]:
     """``mask`` for the mask input, and plausible values (ones, zeros) of consistent sizes for the
     other graph inputs ``target`` needs (the caller made sure only their shapes matter)."""
     named = {
@@ -328,7 +248,7 @@ def _feeds(graph: _Graph, target: str, mask_input: str, mask: np.ndarray) -> dic
         for d, size in zip(graph.inputs[mask_input].type.tensor_type.shape.dim, mask.shape, strict=True)
     }
     feeds = {mask_input: mask}
-    for name in _subgraph(graph, target, set())[2] - {mask_input}:
+    for name in subgraph(graph, target, set())[2] - {mask_input}:
         tensor = graph.inputs[name].type.tensor_type
         sizes = [
             d.dim_value or named.get(d.dim_param) or (mask.shape[i] if i < 2 else 1)
@@ -339,55 +259,9 @@ def _feeds(graph: _Graph, target: str, mask_input: str, mask: np.ndarray) -> dic
     return feeds
 
 
-def _subgraph(graph: _Graph, target: str, given: set[str]) -> tuple[list[onnx.NodeProto], set[str], set[str]]:
-    """The nodes ``target`` is computed by from ``given`` tensors, the initializers they read, and
-    the graph inputs they need besides ``given``."""
-    nodes: dict[int, onnx.NodeProto] = {}
-    initializers: set[str] = set()
-    inputs: set[str] = set()
-    todo = [target]
-    while todo:
-        current = todo.pop()
-        if current in given or current == "":
-            continue
-        if current in graph.initializers:
-            initializers.add(current)
-        elif current in graph.inputs:
-            inputs.add(current)
-        elif (node := graph.producer.get(current)) is not None and id(node) not in nodes:
-            nodes[id(node)] = node
-            todo.extend(node.input)
-    order = {id(n): i for i, n in enumerate(graph.graph.node)}
-    return sorted(nodes.values(), key=lambda n: order[id(n)]), initializers, inputs
-
-
-def _evaluate(graph: _Graph, target: str, feeds: dict[str, np.ndarray]) -> np.ndarray | None:
-    """``target`` computed by ONNX Runtime (CPU) from ``feeds`` alone; None where it needs more or fails."""
-    import onnxruntime as ort
-
-    nodes, initializers, missing = _subgraph(graph, target, set(feeds))
-    if missing - set(feeds) or any(a.type in (a.GRAPH, a.GRAPHS) for n in nodes for a in n.attribute):
-        return None
-    inputs = [
-        helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(v.dtype), None) for n, v in feeds.items()
-    ]
-    output = helper.make_tensor_value_info(target, _elem_type(graph, target), None)
-    sub = helper.make_graph(nodes, "subgraph", inputs, [output], [graph.initializers[i] for i in initializers])
-    model = helper.make_model(sub, opset_imports=graph.model.opset_import, ir_version=graph.model.ir_version)
-    model.functions.extend(graph.model.functions)
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    try:
-        session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
-        return np.asarray(session.run(None, feeds)[0])
-    except Exception:  # ONNX Runtime's own error types: the subgraph does not run on its own
-        return None
-
-
-def _apply(graph: _Graph, blocks: list[_Block], mask_inputs: dict[str, str]) -> None:
+def _apply(graph: GraphIndex, blocks: list[_Block], mask_inputs: dict[str, str]) -> None:
     """Rewrite ``blocks``: new nodes go right before the Add they feed; what they replace is left
-    to :func:`_drop_dead`."""
+    to :func:`drop_dead`."""
     before: dict[int, list[onnx.NodeProto]] = defaultdict(list)
     new_masks: dict[str, str] = {}
     for block in blocks:
@@ -413,10 +287,10 @@ def _apply(graph: _Graph, blocks: list[_Block], mask_inputs: dict[str, str]) -> 
     nodes = [new for node in graph.graph.node for new in (*before.get(id(node), ()), node)]
     graph.graph.ClearField("node")
     graph.graph.node.extend(nodes)
-    _drop_dead(graph.graph)
+    drop_dead(graph.graph)
 
 
-def _add_mask(graph: _Graph, mask_input: str, neg: np.ndarray, nodes: list[onnx.NodeProto]) -> str:
+def _add_mask(graph: GraphIndex, mask_input: str, neg: np.ndarray, nodes: list[onnx.NodeProto]) -> str:
     """Append the BERT-form additive mask ``(1 - float(bool(mask_input)))[:, None, None, :] * neg``."""
     names = [graph.name(step) for step in ("mask_bool", "mask_unsqueeze", "mask_unsqueeze", "mask_cast", "mask_sub")]
     out = graph.name("mask")
@@ -433,32 +307,3 @@ def _add_mask(graph: _Graph, mask_input: str, neg: np.ndarray, nodes: list[onnx.
         helper.make_node("Mul", [names[4], graph.initializer(neg.copy(), "mask_value")], [out], name=out),
     ]
     return out
-
-
-def _drop_dead(graph: onnx.GraphProto) -> None:
-    """Remove nodes, initializers and value_info no graph output (or subgraph) reads any more."""
-    live = {o.name for o in graph.output}
-    kept: list[onnx.NodeProto] = []
-    for node in reversed(graph.node):
-        if any(o in live for o in node.output):
-            kept.append(node)
-            live.update(_reads(node))
-    graph.ClearField("node")
-    graph.node.extend(reversed(kept))
-    inputs = {i.name for i in graph.input}
-    initializers = [t for t in graph.initializer if t.name in live or t.name in inputs]
-    graph.ClearField("initializer")
-    graph.initializer.extend(initializers)
-    produced = {o for n in graph.node for o in n.output}
-    value_info = [v for v in graph.value_info if v.name in produced]
-    graph.ClearField("value_info")
-    graph.value_info.extend(value_info)
-
-
-def _reads(node: onnx.NodeProto) -> Iterable[str]:
-    """The names a node reads, its subgraphs' outer-scope references included."""
-    yield from node.input
-    for attribute in node.attribute:
-        for sub in [attribute.g] if attribute.type == attribute.GRAPH else attribute.graphs:
-            for inner in sub.node:
-                yield from _reads(inner)

@@ -6,7 +6,9 @@ BiasGelu, Attention, ...), which cut the kernel count and run well in fp16. The 
 ``com.microsoft`` operators, so only ONNX Runtime can run it. Constants are folded first (ONNX
 Runtime's basic level, on the CPU), so weights stored compressed and expanded in the graph become
 plain initializers the fusion patterns recognise, and attention as torch's dynamo exporter writes
-it is rewritten into the form the attention fusion matches (:mod:`gpt_optuna.graph.attention_rewrite`).
+it is rewritten into the form the attention fusion matches (:mod:`gpt_optuna.graph.attention_rewrite`);
+attention with one packed Q/K/V projection (``torch.nn.MultiheadAttention``, vision transformers)
+is fused directly (:mod:`gpt_optuna.graph.packed_attention`).
 Auto-detects head count and hidden size. ``transformer-mha`` fuses attention into
 MultiHeadAttention instead of Attention (the operator the CUDA provider runs with its flash,
 memory-efficient and cuDNN kernels).
@@ -30,12 +32,13 @@ from gpt_optuna.graph import opset
 from gpt_optuna.graph.attention_rewrite import rewrite_attention
 from gpt_optuna.graph.model import ModelInfo
 from gpt_optuna.graph.model_cache import TransformFailed, produce
+from gpt_optuna.graph.packed_attention import rewrite_packed_attention
 
 FUSIONS = ("none", "transformer", "transformer-mha")
 WITHOUT_MULTI_HEAD = FUSIONS[:2]
 """The values where attention is not, or cannot be, fused into MultiHeadAttention."""
 FUSION_KNOB = "graph_fusion"
-FUSED_VERSION = "v2"
+FUSED_VERSION = "v3"
 """In the fused models' file names: a new version is made anew, not read from the cache."""
 MULTI_HEAD = "MultiHeadAttention"
 
@@ -57,14 +60,18 @@ def _quiet() -> Iterator[None]:
 
 
 def fold_constants(source: Path, out: Path) -> None:
-    """Save the model after ONNX Runtime's basic, provider-independent rewrites (constant folding)."""
+    """Save the model after ONNX Runtime's basic, provider-independent rewrites (constant folding),
+    projections left as MatMul + Add: the transformer fusion's patterns (bias GELU, skip layer
+    norm with bias) read them so, not as the Gemm the basic level would make of them."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
     options.log_severity_level = 3
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
     options.optimized_model_filepath = str(out)
-    ort.InferenceSession(str(source), options, providers=["CPUExecutionProvider"])
+    ort.InferenceSession(
+        str(source), options, providers=["CPUExecutionProvider"], disabled_optimizers=["MatMulAddFusion"]
+    )
 
 
 def fuse_transformer(source: Path, out: Path, multi_head: bool = False) -> dict[str, int]:
@@ -89,6 +96,8 @@ def fuse_transformer(source: Path, out: Path, multi_head: bool = False) -> dict[
         folded.unlink(missing_ok=True)
     rewritten, skipped = rewrite_attention(model)
     logger.debug("attention blocks rewritten: %d; left: %s", rewritten, skipped)
+    rewritten, skipped = rewrite_packed_attention(model, multi_head)
+    logger.debug("packed attention blocks rewritten: %d; left: %s", rewritten, skipped)
     options = FusionOptions("bert")
     options.use_raw_attention_mask(True)  # a mask index (sequence lengths) would assume right padding
     options.use_multi_head_attention = multi_head

@@ -1,0 +1,172 @@
+"""Lookups over an ONNX graph for the graph rewrites: producers, consumers, constants, shapes,
+a part of the graph evaluated on its own with ONNX Runtime (CPU), and dead nodes dropped."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+from functools import cached_property
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+Dim = int | str | None
+
+
+class GraphIndex:
+    """Lookups over a model's main graph; the names it makes start with ``prefix``."""
+
+    def __init__(self, model: onnx.ModelProto, prefix: str) -> None:
+        self.model = model
+        self.graph = model.graph
+        self.initializers = {t.name: t for t in self.graph.initializer}
+        self.inputs = {i.name: i for i in self.graph.input if i.name not in self.initializers}
+        self.producer = {o: n for n in self.graph.node for o in n.output}
+        self.consumers: dict[str, list[onnx.NodeProto]] = defaultdict(list)
+        for node in self.graph.node:
+            for name in node.input:
+                self.consumers[name].append(node)
+        self._prefix = prefix
+        self._names = 0
+
+    @cached_property
+    def shapes(self) -> dict[str, list[Dim]]:
+        """Each tensor's dims as shape inference knows them (a name, a size, or None)."""
+        try:
+            inferred = onnx.shape_inference.infer_shapes(self.model, data_prop=True).graph
+        except (ValueError, onnx.shape_inference.InferenceError):  # e.g. over 2 GB in memory
+            inferred = self.graph
+        infos = [*inferred.value_info, *inferred.input, *inferred.output]
+        return {
+            v.name: [d.dim_param or d.dim_value or None for d in v.type.tensor_type.shape.dim]
+            for v in infos
+            if v.type.tensor_type.HasField("shape")
+        }
+
+    def name(self, base: str) -> str:
+        self._names += 1
+        return f"{self._prefix}_{base}_{self._names}"
+
+    def constant(self, name: str) -> np.ndarray | None:
+        """The value of an initializer or a Constant node's output."""
+        if name in self.initializers:
+            return numpy_helper.to_array(self.initializers[name])
+        node = self.producer.get(name)
+        if node is not None and node.op_type == "Constant" and node.attribute[0].name == "value":
+            return numpy_helper.to_array(node.attribute[0].t)
+        return None
+
+    def scalar(self, name: str) -> float | None:
+        value = self.constant(name)
+        return None if value is None or value.size != 1 else float(value.reshape(()))
+
+    def parent(self, name: str, op_type: str, perm: list[int] | None = None) -> onnx.NodeProto | None:
+        """The producer of ``name`` if it is an ``op_type`` (with that ``perm``)."""
+        node = self.producer.get(name)
+        if node is None or node.op_type != op_type:
+            return None
+        if perm is not None and attribute(node, "perm") != perm:
+            return None
+        return node
+
+    def initializer(self, value: np.ndarray, base: str) -> str:
+        name = self.name(base)
+        tensor = numpy_helper.from_array(value, name)
+        self.graph.initializer.append(tensor)
+        self.initializers[name] = tensor
+        return name
+
+
+def attribute(node: onnx.NodeProto, name: str, default: Any = None) -> Any:
+    return next((helper.get_attribute_value(a) for a in node.attribute if a.name == name), default)
+
+
+def elem_type(graph: GraphIndex, name: str) -> int:
+    for value in [*graph.graph.value_info, *graph.graph.input, *graph.graph.output]:
+        if value.name == name and value.type.tensor_type.elem_type:
+            return value.type.tensor_type.elem_type
+    weight = next(
+        (graph.initializers[i] for n in graph.consumers[name] for i in n.input if i in graph.initializers), None
+    )
+    return weight.data_type if weight is not None else TensorProto.FLOAT
+
+
+def subgraph(graph: GraphIndex, target: str, given: set[str]) -> tuple[list[onnx.NodeProto], set[str], set[str]]:
+    """The nodes ``target`` is computed by from ``given`` tensors, in an order that runs (inputs
+    first), the initializers they read, and the graph inputs they need besides ``given``."""
+    nodes: list[onnx.NodeProto] = []
+    expanded: set[int] = set()
+    initializers: set[str] = set()
+    inputs: set[str] = set()
+    todo: list[tuple[str, bool]] = [(target, False)]
+    while todo:
+        current, done = todo.pop()
+        node = graph.producer.get(current)
+        if done:
+            nodes.append(node)  # type: ignore[arg-type]  # its inputs' producers are in the list
+        elif current in given or current == "":
+            continue
+        elif current in graph.initializers:
+            initializers.add(current)
+        elif current in graph.inputs:
+            inputs.add(current)
+        elif node is not None and id(node) not in expanded:
+            expanded.add(id(node))
+            todo.append((current, True))
+            todo.extend((name, False) for name in node.input)
+    return nodes, initializers, inputs
+
+
+def evaluate(graph: GraphIndex, target: str, feeds: dict[str, np.ndarray]) -> np.ndarray | None:
+    """``target`` computed by ONNX Runtime (CPU) from ``feeds`` alone; None where it needs more or fails."""
+    import onnxruntime as ort
+
+    nodes, initializers, missing = subgraph(graph, target, set(feeds))
+    if missing - set(feeds) or any(a.type in (a.GRAPH, a.GRAPHS) for n in nodes for a in n.attribute):
+        return None
+    inputs = [
+        helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(v.dtype), None) for n, v in feeds.items()
+    ]
+    output = helper.make_tensor_value_info(target, elem_type(graph, target), None)
+    sub = helper.make_graph(nodes, "subgraph", inputs, [output], [graph.initializers[i] for i in initializers])
+    model = helper.make_model(sub, opset_imports=graph.model.opset_import, ir_version=graph.model.ir_version)
+    model.functions.extend(graph.model.functions)
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    try:
+        session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        return np.asarray(session.run(None, feeds)[0])
+    except Exception:  # ONNX Runtime's own error types: the subgraph does not run on its own
+        return None
+
+
+def drop_dead(graph: onnx.GraphProto) -> None:
+    """Remove nodes, initializers and value_info no graph output (or subgraph) reads any more."""
+    live = {o.name for o in graph.output}
+    kept: list[onnx.NodeProto] = []
+    for node in reversed(graph.node):
+        if any(o in live for o in node.output):
+            kept.append(node)
+            live.update(reads(node))
+    graph.ClearField("node")
+    graph.node.extend(reversed(kept))
+    inputs = {i.name for i in graph.input}
+    initializers = [t for t in graph.initializer if t.name in live or t.name in inputs]
+    graph.ClearField("initializer")
+    graph.initializer.extend(initializers)
+    produced = {o for n in graph.node for o in n.output}
+    value_info = [v for v in graph.value_info if v.name in produced]
+    graph.ClearField("value_info")
+    graph.value_info.extend(value_info)
+
+
+def reads(node: onnx.NodeProto) -> Iterable[str]:
+    """The names a node reads, its subgraphs' outer-scope references included."""
+    yield from node.input
+    for attribute in node.attribute:
+        for sub in [attribute.g] if attribute.type == attribute.GRAPH else attribute.graphs:
+            for inner in sub.node:
+                yield from reads(inner)
