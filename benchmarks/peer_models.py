@@ -34,10 +34,14 @@ def resnet50() -> nn.Module:
 
 
 def vit_b_16() -> nn.Module:
+    """torchvision's ViT-B/16; its classifier, which torchvision starts at zero, seeded like the rest
+    (zero logits would make every accuracy comparison meaningless)."""
     import torchvision
 
     torch.manual_seed(0)
-    return torchvision.models.vit_b_16(weights=None).eval()
+    model = torchvision.models.vit_b_16(weights=None).eval()
+    nn.init.normal_(model.heads.head.weight, std=0.02)
+    return model
 
 
 def convnext_tiny() -> nn.Module:

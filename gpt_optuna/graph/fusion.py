@@ -8,7 +8,9 @@ Runtime's basic level, on the CPU), so weights stored compressed and expanded in
 plain initializers the fusion patterns recognise, and attention as torch's dynamo exporter writes
 it is rewritten into the form the attention fusion matches (:mod:`gpt_optuna.graph.attention_rewrite`);
 attention with one packed Q/K/V projection (``torch.nn.MultiheadAttention``, vision transformers)
-is fused directly (:mod:`gpt_optuna.graph.packed_attention`).
+is fused directly (:mod:`gpt_optuna.graph.packed_attention`), patch convolutions become matrix
+products (:mod:`gpt_optuna.graph.patch_convolution`) and per-channel layer scales are folded into
+the projection before them (:mod:`gpt_optuna.graph.layer_scale`).
 Auto-detects head count and hidden size. ``transformer-mha`` fuses attention into
 MultiHeadAttention instead of Attention (the operator the CUDA provider runs with its flash,
 memory-efficient and cuDNN kernels).
@@ -30,9 +32,11 @@ from gpt_optuna.core.errors import MissingDependencyError
 from gpt_optuna.core.space import Knob
 from gpt_optuna.graph import opset
 from gpt_optuna.graph.attention_rewrite import rewrite_attention
+from gpt_optuna.graph.layer_scale import fold_layer_scales
 from gpt_optuna.graph.model import ModelInfo
 from gpt_optuna.graph.model_cache import TransformFailed, produce
 from gpt_optuna.graph.packed_attention import rewrite_packed_attention
+from gpt_optuna.graph.patch_convolution import rewrite_patch_convolutions
 
 FUSIONS = ("none", "transformer", "transformer-mha")
 WITHOUT_MULTI_HEAD = FUSIONS[:2]
@@ -98,6 +102,8 @@ def fuse_transformer(source: Path, out: Path, multi_head: bool = False) -> dict[
     logger.debug("attention blocks rewritten: %d; left: %s", rewritten, skipped)
     rewritten, skipped = rewrite_packed_attention(model, multi_head)
     logger.debug("packed attention blocks rewritten: %d; left: %s", rewritten, skipped)
+    logger.debug("patch convolutions rewritten: %d", rewrite_patch_convolutions(model))
+    logger.debug("layer scales folded: %d", fold_layer_scales(model))
     options = FusionOptions("bert")
     options.use_raw_attention_mask(True)  # a mask index (sequence lengths) would assume right padding
     options.use_multi_head_attention = multi_head
@@ -185,7 +191,10 @@ def fusion_knobs(
 
 
 def _knob(values: tuple[str, ...]) -> Knob:
-    what = "ONNX Runtime transformer fusions (SkipLayerNorm, Gelu, Attention; -mha: attention as MultiHeadAttention)"
+    what = (
+        "ONNX Runtime transformer fusions (SkipLayerNorm, Gelu, Attention; -mha: attention as MultiHeadAttention), "
+        "patch convolutions as matrix products, layer scales folded"
+    )
     return Knob(FUSION_KNOB, values, "none", what)
 
 

@@ -32,16 +32,20 @@ class GraphIndex:
         self._names = 0
 
     @cached_property
-    def shapes(self) -> dict[str, list[Dim]]:
-        """Each tensor's dims as shape inference knows them (a name, a size, or None)."""
+    def inferred(self) -> dict[str, onnx.ValueInfoProto]:
+        """Each tensor's type and shape as shape inference knows them."""
         try:
             inferred = onnx.shape_inference.infer_shapes(self.model, data_prop=True).graph
         except (ValueError, onnx.shape_inference.InferenceError):  # e.g. over 2 GB in memory
             inferred = self.graph
-        infos = [*inferred.value_info, *inferred.input, *inferred.output]
+        return {v.name: v for v in [*inferred.value_info, *inferred.input, *inferred.output]}
+
+    @cached_property
+    def shapes(self) -> dict[str, list[Dim]]:
+        """Each tensor's dims as shape inference knows them (a name, a size, or None)."""
         return {
-            v.name: [d.dim_param or d.dim_value or None for d in v.type.tensor_type.shape.dim]
-            for v in infos
+            name: [d.dim_param or d.dim_value or None for d in v.type.tensor_type.shape.dim]
+            for name, v in self.inferred.items()
             if v.type.tensor_type.HasField("shape")
         }
 
@@ -84,8 +88,9 @@ def attribute(node: onnx.NodeProto, name: str, default: Any = None) -> Any:
 
 
 def elem_type(graph: GraphIndex, name: str) -> int:
-    for value in [*graph.graph.value_info, *graph.graph.input, *graph.graph.output]:
-        if value.name == name and value.type.tensor_type.elem_type:
+    """The element type of tensor ``name``: as declared or inferred, else that of a weight its readers take."""
+    for value in [*graph.graph.value_info, *graph.graph.input, *graph.graph.output, graph.inferred.get(name)]:
+        if value is not None and value.name == name and value.type.tensor_type.elem_type:
             return value.type.tensor_type.elem_type
     weight = next(
         (graph.initializers[i] for n in graph.consumers[name] for i in n.input if i in graph.initializers), None
