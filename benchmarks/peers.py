@@ -8,13 +8,16 @@ ONNX file, and the same weights in a PyTorch BERT encoder; 8x128 tokens with pad
 timed by :mod:`peer_timing` (per call: CUDA events around one synchronized call, as the tuner
 measures, median and p90; throughput: calls back to back), ONNX Runtime's rows through the tuner's
 own runner after its search, each PyTorch peer in a process of its own (a compile that takes
-longer than ``--compile-timeout`` is shown as not measured). The tuner's own figures (search and
-confirmed) are printed beside its row. Accuracy is each one's cosine similarity to PyTorch fp32
-eager's outputs. The table goes to stdout (and ``--table``); compile logs go to stderr.
+longer than ``--compile-timeout`` is shown as not measured), and Olive's session-parameter tuning
+of the same ONNX file (:mod:`olive_peer`; shown as not measured where olive-ai is not installed).
+The tuner's own figures (search and confirmed) are printed beside its row. Accuracy is each one's
+cosine similarity to PyTorch fp32 eager's outputs. The table goes to stdout (and ``--table``); compile logs
+go to stderr.
 
     python benchmarks/peers.py [--models resnet50,mobilenetv2,minilm,vit_b_16,convnext_tiny]
-                               [--n-trials 40] [--peers eager32,eager16,reduce-overhead,max-autotune]
-                               [--compile-timeout 600] [--table FILE] [--workdir DIR] [--profile]
+                               [--n-trials 40] [--peers eager32,eager16,reduce-overhead,max-autotune,olive]
+                               [--compile-timeout 600] [--olive-timeout 900] [--table FILE]
+                               [--workdir DIR] [--profile]
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import olive_peer
 import optuna
 import peer_models
 import torch
@@ -52,7 +56,7 @@ from gpt_optuna.study.taxonomy import measured_latency_ms
 from gpt_optuna.testing.mobilenet_v2 import PHOTOS, SKIMAGE, crops
 from gpt_optuna.testing.registry import download
 
-PEERS = ("eager32", "eager16", "reduce-overhead", "max-autotune")
+PEERS = ("eager32", "eager16", "reduce-overhead", "max-autotune", "olive")
 COMPILED = ("reduce-overhead", "max-autotune")
 REFERENCE = "reduce-overhead"
 """The peer every row is set beside."""
@@ -120,7 +124,7 @@ MODELS = {
     ),
     "minilm": PeerModel(peer_models.minilm, peer_models.token_inputs, False, lambda _: peer_models.minilm_onnx()),
     "vit_b_16": PeerModel(
-        peer_models.vit_b_16, _images, False, _exported("vit_b_16", peer_models.vit_b_16, _images, 17)
+        peer_models.vit_b_16, _images, False, _exported("vit_b_16_seeded_classifier", peer_models.vit_b_16, _images, 17)
     ),
     "convnext_tiny": PeerModel(
         peer_models.convnext_tiny, _images, True, _exported("convnext_tiny", peer_models.convnext_tiny, _images, 17)
@@ -250,6 +254,46 @@ def emit(lines: list[str], start: int, table: Path | None) -> None:
         table.write_text("\n".join(lines) + "\n")
 
 
+def olive_row(name: str, model: Path, feeds: dict[str, np.ndarray], folder: Path, timeout: float) -> Row:
+    """Olive's session-parameter tuning of the model as it is, its settings timed by the same
+    protocol; not measured where Olive is not installed, fails or takes over ``timeout`` s."""
+    label = "olive session tuning"
+    settings, note = olive_peer.tuned_settings(model, feeds, folder / f"{name}.olive", timeout)
+    print(f"{label}: {note}", file=sys.stderr, flush=True)
+    if settings is None:
+        return Row(label, None, note=note)
+    stream = torch.cuda.current_stream()
+    session = olive_peer.open_session(model, settings, "gpu", stream.cuda_stream)
+    names = [o.name for o in session.get_outputs()]
+    if settings.get("io_bind"):  # buffers at fixed addresses (a CUDA graph replays them), shaped by one plain run
+        plain = olive_peer.open_session(model, {**settings, "provider_options": [{}]}, "gpu", None)
+        first = dict(zip(names, plain.run(names, feeds), strict=True))
+        del plain
+        inputs = {n: torch.from_numpy(v).cuda() for n, v in feeds.items()}
+        outputs = {n: torch.from_numpy(np.empty_like(v)).cuda() for n, v in first.items()}
+        binding = session.io_binding()
+        for bind, buffers, arrays in ((binding.bind_input, inputs, feeds), (binding.bind_output, outputs, first)):
+            for n, buffer in buffers.items():
+                bind(n, "cuda", 0, arrays[n].dtype, list(arrays[n].shape), buffer.data_ptr())
+
+        def run() -> None:
+            session.run_with_iobinding(binding)
+
+        run()
+        stream.synchronize()
+        result = outputs[names[0]].float().cpu().numpy()
+    else:
+
+        def run() -> None:
+            session.run(names, feeds)
+
+        result = session.run(names, feeds)[0]
+    options = [f"{k}={v}" for o in settings["provider_options"] for k, v in o.items()]
+    options += [f"{k}={v}" for k, v in settings.get("session_options", {}).items() if v is not None]
+    params = ", ".join([f"io_bind={settings.get('io_bind')}", *options])
+    return Row(label, time_calls(run, stream), result, f"{params}; {note}")
+
+
 def model_lines(name: str, rows: list[Row], reference: np.ndarray | None) -> list[str]:
     """The table's lines for one model: every row's per-call median and p90, throughput, per-call
     latency over torch.compile reduce-overhead's, and cosine to PyTorch fp32 eager."""
@@ -279,6 +323,7 @@ def main() -> None:
     parser.add_argument("--n-trials", type=int, default=40)
     parser.add_argument("--peers", default=",".join(PEERS))
     parser.add_argument("--compile-timeout", type=float, default=600.0, help="seconds one PyTorch peer may take")
+    parser.add_argument("--olive-timeout", type=float, default=900.0, help="seconds Olive's tuning may take")
     parser.add_argument("--table", type=Path, help="also write the table here")
     parser.add_argument(
         "--workdir", type=Path, help="keep the studies here: a rerun resumes the search, or re-measures a finished one"
@@ -310,7 +355,13 @@ def main() -> None:
             )
             reference = torch_row(name, "eager32", False, args.compile_timeout)
             rows = [reference] if "eager32" in peers else []
-            rows += [torch_row(name, peer, args.profile, args.compile_timeout) for peer in peers if peer != "eager32"]
+            rows += [
+                torch_row(name, peer, args.profile, args.compile_timeout)
+                for peer in peers
+                if peer not in ("eager32", "olive")
+            ]
+            if "olive" in peers:
+                rows.append(olive_row(name, onnx_path, model.feeds(), folder, args.olive_timeout))
             rows += tuned
             start = len(lines)
             lines += [*model_lines(name, rows, reference.outputs), figures]
