@@ -24,11 +24,13 @@ def multihead_block(
     scale: float | None = None,
     batch_first: bool = True,
     layer_norm: bool = False,
+    dynamic: bool = False,
     seed: int = 0,
 ) -> onnx.ModelProto:
     """``y = x + MultiheadAttention(x)`` in TorchScript's export form (``batch_first`` adds the
     transposes around it): one packed Q/K/V projection, the scale split over Q and K; ``parts``
-    gathers Q, K and V from those parts of the projection."""
+    gathers Q, K and V from those parts of the projection. ``dynamic``: a batch of any size, the
+    reshapes' shapes and the scale computed in the graph, as TorchScript writes them then."""
     rng = np.random.default_rng(seed)
     inits: list[onnx.TensorProto] = []
 
@@ -52,10 +54,20 @@ def multihead_block(
         nodes.append(helper.make_node("Transpose", [source], ["x_sbe"], perm=[1, 0, 2]))
     else:
         nodes.append(helper.make_node("Identity", [source], ["x_sbe"]))
+
+    def shape(name: str, *tail: int, head: tuple[int, ...] = ()) -> str:
+        """[*head, seq, batch, *tail]: constant, or (``dynamic``) read from x_sbe's shape."""
+        if not dynamic:
+            return ints(name, *head, SEQ, BATCH, *tail)
+        parts = [ints(f"{name}_head", *head)] if head else []
+        nodes.append(helper.make_node("Concat", [*parts, "seq_batch", ints(f"{name}_tail", *tail)], [name], axis=0))
+        return name
+
+    nodes.append(helper.make_node("Shape", ["x_sbe"], ["seq_batch"], start=0, end=2))
     nodes += [
         helper.make_node("MatMul", ["x_sbe", const("w_in", weight)], ["proj"]),
         helper.make_node("Add", ["proj", const("b_in", rng.standard_normal(3 * HIDDEN).astype(np.float32))], ["qkv"]),
-        helper.make_node("Reshape", ["qkv", ints("unflat", 1, SEQ, BATCH, 3, HIDDEN)], ["qkv5"]),
+        helper.make_node("Reshape", ["qkv", shape("unflat", 3, HIDDEN, head=(1,))], ["qkv5"]),
         helper.make_node("Transpose", ["qkv5"], ["qkv_t"], perm=[3, 1, 2, 0, 4]),
         helper.make_node("Squeeze", ["qkv_t", ints("axis3", 3)], ["packed"]),
     ]
@@ -68,31 +80,44 @@ def multihead_block(
             helper.make_node(
                 "Gather", ["packed", const(f"i_{name}", np.array(index, np.int64))], [f"{name}_sbe"], axis=0
             ),
-            helper.make_node("Reshape", [f"{name}_sbe", ints(f"heads_{name}", SEQ, BATCH, HEADS, HEAD)], [f"{name}4"]),
+            helper.make_node("Reshape", [f"{name}_sbe", shape(f"heads_{name}", HEADS, HEAD)], [f"{name}4"]),
             helper.make_node("Transpose", [f"{name}4"], [f"{name}_t"], perm=perm),
         ]
+    if dynamic:  # sqrt(1 / sqrt(head)) from Q's shape, computed at run time
+        nodes += [
+            helper.make_node("Shape", ["q_t"], ["q_shape"], start=-1),
+            helper.make_node("Cast", ["q_shape"], ["head_f"], to=TensorProto.FLOAT),
+            helper.make_node("Sqrt", ["head_f"], ["root_head"]),
+            helper.make_node("Div", [const("one", np.array(1.0, np.float32)), "root_head"], ["inverse"]),
+            helper.make_node("Sqrt", ["inverse"], ["cq"]),
+            helper.make_node("Identity", ["cq"], ["ck"]),
+        ]
+    else:
+        const("cq", np.array([root], np.float32))
+        const("ck", np.array([root], np.float32))
     nodes += [
-        helper.make_node("Mul", ["q_t", const("cq", np.array([root], np.float32))], ["q_s"]),
-        helper.make_node("Mul", ["k_t", const("ck", np.array([root], np.float32))], ["k_s"]),
+        helper.make_node("Mul", ["q_t", "cq"], ["q_s"]),
+        helper.make_node("Mul", ["k_t", "ck"], ["k_s"]),
         helper.make_node("MatMul", ["q_s", "k_s"], ["scores"]),
         helper.make_node("Softmax", ["scores"], ["p"], axis=-1),
         helper.make_node("MatMul", ["p", "v_t"], ["attended"]),
         helper.make_node("Transpose", ["attended"], ["attended_s"], perm=[2, 0, 1, 3]),
-        helper.make_node("Reshape", ["attended_s", ints("merge", SEQ * BATCH, HIDDEN)], ["merged"]),
+        helper.make_node("Reshape", ["attended_s", ints("merge", -1 if dynamic else SEQ * BATCH, HIDDEN)], ["merged"]),
         helper.make_node(
             "Gemm",
             ["merged", const("w_out", out_weight), const("b_out", np.full(HIDDEN, 0.1, np.float32))],
             ["out2"],
             transB=1,
         ),
-        helper.make_node("Reshape", ["out2", ints("back", SEQ, BATCH, HIDDEN)], ["out_sbe"]),
+        helper.make_node("Reshape", ["out2", shape("back", HIDDEN)], ["out_sbe"]),
     ]
     if batch_first:
         nodes.append(helper.make_node("Transpose", ["out_sbe"], ["out"], perm=[1, 0, 2]))
     else:
         nodes.append(helper.make_node("Identity", ["out_sbe"], ["out"]))
     nodes.append(helper.make_node("Add", ["x", "out"], ["y"]))
-    dims = [BATCH, SEQ, HIDDEN] if batch_first else [SEQ, BATCH, HIDDEN]
+    batch: int | str = "batch" if dynamic else BATCH
+    dims = [batch, SEQ, HIDDEN] if batch_first else [SEQ, batch, HIDDEN]
     graph = helper.make_graph(
         nodes,
         "multihead",
@@ -109,7 +134,7 @@ def run(model: onnx.ModelProto, x: np.ndarray) -> np.ndarray:
 
 
 def inputs(model: onnx.ModelProto) -> np.ndarray:
-    dims = [d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim]
+    dims = [d.dim_value or 3 for d in model.graph.input[0].type.tensor_type.shape.dim]  # a dynamic batch of 3
     return np.random.default_rng(1).standard_normal(dims).astype(np.float32)
 
 
@@ -160,7 +185,7 @@ def test_the_rewrite_is_refused_where_evaluation_disagrees(monkeypatch: pytest.M
 
     def wrong_heads(graph: object, softmax: onnx.NodeProto) -> object:
         block = real(graph, softmax)  # type: ignore[arg-type]
-        return packed._Block(**{**block.__dict__, "heads": 1}) if isinstance(block, packed._Block) else block
+        return packed._Block(**{**block.__dict__, "heads": (1,)}) if isinstance(block, packed._Block) else block
 
     monkeypatch.setattr(packed, "_match", wrong_heads)
     original = multihead_block()
@@ -182,3 +207,18 @@ def test_the_transformer_fusion_fuses_a_packed_encoder_block(tmp_path: Path) -> 
     fused = onnx.load(str(tmp_path / "fused.onnx"))
     x = inputs(original)
     np.testing.assert_allclose(run(fused, x), run(original, x), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("multi_head", [False, True])
+def test_a_dynamic_batch_block_with_shapes_and_scale_computed_at_run_time_is_rewritten(multi_head: bool) -> None:
+    """The head count is read from the sizes the computed shapes name, the scale evaluated, and
+    the check runs at a batch size of its own: the rewrite holds at another."""
+    original = multihead_block(dynamic=True)
+    model = onnx.ModelProto()
+    model.CopyFrom(original)
+    assert rewrite_packed_attention(model, multi_head) == (1, {})
+    attention = next(n for n in model.graph.node if n.op_type in ("Attention", "MultiHeadAttention"))
+    attributes = {a.name: helper.get_attribute_value(a) for a in attention.attribute}
+    assert attributes["num_heads"] == HEADS and attributes["scale"] == pytest.approx(1 / np.sqrt(HEAD), rel=1e-6)
+    x = inputs(original)  # batch 3
+    np.testing.assert_allclose(run(model, x), run(original, x), rtol=1e-5, atol=1e-5)

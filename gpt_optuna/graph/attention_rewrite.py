@@ -31,11 +31,9 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from gpt_optuna.graph.onnx_graph import GraphIndex, attribute, drop_dead, elem_type, evaluate, subgraph
+from gpt_optuna.graph.onnx_graph import GraphIndex, attribute, drop_dead, elem_type, evaluate, subgraph, value_sources
 
 PREFIX = "sdpa_rewrite"
-_SHAPE_ONLY = ("Shape", "Size")
-"""Operators whose output depends on their input's shape alone, not its values."""
 
 
 @dataclass(frozen=True)
@@ -189,7 +187,7 @@ def _evaluates_to_permutation(graph: GraphIndex, k4: str, k: str, shape: tuple[i
 def _key_padding_input(graph: GraphIndex, mask: str, neg: np.ndarray) -> str | None:
     """The graph input ``mask`` is ``where(input[:, None, None, :] != 0, 0, neg)`` of, checked with
     ONNX Runtime on masks padded right, left, with holes, full and empty; None if it is not."""
-    sources = _value_sources(graph, mask)
+    sources = value_sources(graph, mask)
     if len(sources) != 1:
         return None
     (name,) = sources
@@ -220,24 +218,6 @@ def _mask_rows(length: int) -> np.ndarray:
     position = np.arange(length)
     half = max(length // 2, 1)
     return np.stack([position >= 0, position < half, position >= length - half, position % 3 != 1, position < 0])
-
-
-def _value_sources(graph: GraphIndex, name: str) -> set[str]:
-    """The graph inputs whose values (not only shapes) ``name`` is computed from."""
-    sources: set[str] = set()
-    seen: set[str] = set()
-    todo = [name]
-    while todo:
-        current = todo.pop()
-        if current in seen:
-            continue
-        seen.add(current)
-        if current in graph.inputs:
-            sources.add(current)
-        node = graph.producer.get(current)
-        if node is not None:
-            todo.extend(node.input[1:] if node.op_type in _SHAPE_ONLY else node.input)
-    return sources
 
 
 def _feeds(graph: GraphIndex, target: str, mask_input: str, mask: np.ndarray) -> dict[str, np.ndarray]:

@@ -13,6 +13,8 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 Dim = int | str | None
+SHAPE_ONLY = ("Shape", "Size")
+"""Operators whose output depends on their input's shape alone, not its values."""
 
 
 class GraphIndex:
@@ -96,6 +98,24 @@ def elem_type(graph: GraphIndex, name: str) -> int:
         (graph.initializers[i] for n in graph.consumers[name] for i in n.input if i in graph.initializers), None
     )
     return weight.data_type if weight is not None else TensorProto.FLOAT
+
+
+def value_sources(graph: GraphIndex, name: str) -> set[str]:
+    """The graph inputs whose values (not only shapes) ``name`` is computed from."""
+    sources: set[str] = set()
+    seen: set[str] = set()
+    todo = [name]
+    while todo:
+        current = todo.pop()
+        if current in seen:
+            continue
+        seen.add(current)
+        if current in graph.inputs:
+            sources.add(current)
+        node = graph.producer.get(current)
+        if node is not None:
+            todo.extend(node.input[1:] if node.op_type in SHAPE_ONLY else node.input)
+    return sources
 
 
 def subgraph(graph: GraphIndex, target: str, given: set[str]) -> tuple[list[onnx.NodeProto], set[str], set[str]]:

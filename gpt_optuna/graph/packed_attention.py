@@ -9,13 +9,16 @@ and V with one ``[hidden, 3 * hidden]`` matrix and works sequence-first; TorchSc
     o = Reshape(Transpose[2,0,1,3](MatMul(p, Transpose[1,2,0,3](Reshape(v)))))
     y = Transpose[1,0,2](Reshape(o @ Wo + bo))                                   [batch, seq, hidden]
 
-which ONNX Runtime's attention fusion does not match, so each head's scores, softmax and layout
-changes run as kernels of their own. Each such block becomes ``Attention(x, W, b)`` (or, for
-``multi_head``, the projection split into Q, K and V for ``MultiHeadAttention`` with the bias),
-batch-first, then the output projection ``MatMul(o, Wo) + bo``. The match reads the structure
-loosely; every block is then proven by evaluation: the rewritten block and the original are run
-with ONNX Runtime (CPU) on the same random input and must agree, else the block is left as it is,
-with the reason.
+(with a dynamic batch, the head split goes through ``[seq, batch * heads, head]`` and the shapes
+and the scale are computed in the graph), which ONNX Runtime's attention fusion does not match, so
+each head's scores, softmax and layout changes run as kernels of their own. Each such block
+becomes ``Attention(x, W, b)`` (or, for ``multi_head``, the projection split into Q, K and V for
+``MultiHeadAttention`` with the bias), batch-first, then the output projection
+``MatMul(o, Wo) + bo`` where it can be taken in. The match reads the structure loosely (Q, K and
+V are layout changes of the projection's three parts; the head count is one of the sizes their
+reshapes name); every block is then proven by evaluation: the rewritten block and the original
+are run with ONNX Runtime (CPU) on the same random input (a dynamic dim at size 2) and must agree,
+at the first head count that does, else the block is left as it is, with the reason.
 """
 
 from __future__ import annotations
@@ -26,10 +29,12 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from gpt_optuna.graph.onnx_graph import GraphIndex, attribute, drop_dead, elem_type, evaluate
+from gpt_optuna.graph.onnx_graph import SHAPE_ONLY, GraphIndex, attribute, drop_dead, elem_type, evaluate, value_sources
 
 PREFIX = "packed_attention"
 MICROSOFT = "com.microsoft"
+CHECKED_SIZE = 2
+"""The size a dynamic dim of a block's input takes in the check of its rewrite."""
 _PASS_THROUGH = ("Squeeze", "Unsqueeze", "Transpose", "Reshape")
 """Layout operators between the packed projection and the Q/K/V gathers."""
 
@@ -42,8 +47,8 @@ class _Block:
     sequence_first: bool
     weight: np.ndarray  # [hidden_in, 3 * hidden], columns Q | K | V
     bias: np.ndarray  # [3 * hidden]
-    heads: int
-    scale: float
+    heads: tuple[int, ...]  # head counts to try, most likely first
+    scale: tuple[tuple[str, int], ...]  # the scores' scale: tensors (scalars) and their exponents
     target: str  # what the rewrite computes anew
     output_weight: np.ndarray | None  # [hidden, hidden_out] where the output projection is taken in
     output_bias: np.ndarray | None
@@ -84,53 +89,80 @@ def _match(graph: GraphIndex, softmax: onnx.NodeProto) -> _Block | str:
         return "softmax input is not a scaled MatMul(q, k)"
     q, q_scale = _unscaled(graph, matmul_qk.input[0])
     k, k_scale = _unscaled(graph, matmul_qk.input[1])
-    parts = ((q, [1, 2, 0, 3]), (k, [1, 2, 3, 0]), (matmul_v.input[1], [1, 2, 0, 3]))
-    heads_and_sources = [_head_split(graph, name, perm) for name, perm in parts]
-    if any(found is None for found in heads_and_sources):
-        return "Q, K or V is not a sequence-first [seq, batch, heads, head] reshape permuted to heads first"
-    heads = {found[0] for found in heads_and_sources if found is not None}
-    sources = [found[1] for found in heads_and_sources if found is not None]
-    if len(heads) != 1:
-        return "Q, K and V disagree on the head count"
-    gathers = [graph.parent(name, "Gather") for name in sources]
-    if any(g is None for g in gathers) or len({g.input[0] for g in gathers if g is not None}) != 1:
+    paths = [_head_path(graph, name) for name in (q, k, matmul_v.input[1])]
+    if any(path is None for path in paths):
+        return "Q, K or V is not a layout change (Transpose, Reshape) of one part of a packed projection"
+    gathers = [path[0] for path in paths if path is not None]
+    if len({g.input[0] for g in gathers}) != 1:
         return "Q, K and V are not gathered from one packed projection"
-    if [graph.scalar(g.input[1]) for g in gathers if g is not None] != [0, 1, 2]:
+    if [graph.scalar(g.input[1]) for g in gathers] != [0, 1, 2]:
         return "Q, K and V are not the packed projection's parts 0, 1 and 2"
-    projection = _packed_projection(graph, gathers[0].input[0])  # type: ignore[union-attr]
+    projection = _packed_projection(graph, gathers[0].input[0])
     if isinstance(projection, str):
         return projection
     x, sequence_first, weight, bias = projection
     tail = _tail(graph, matmul_v.output[0])
     if isinstance(tail, str):
         return tail
-    (heads_count,) = heads
-    return _Block(x, sequence_first, weight, bias, heads_count, scale * q_scale * k_scale, *tail)
+    hidden = weight.shape[1] // 3
+    sizes = {size for path in paths if path is not None for size in path[1]}
+    divisors = (h for h in sizes if 1 < h < hidden and hidden % h == 0)
+    heads = sorted(divisors, key=lambda h: (hidden // h not in sizes, h))  # head size named too: likelier
+    if not heads:
+        return "no head count found in the Q/K/V reshapes"
+    factors = (*scale, *q_scale, *k_scale)
+    return _Block(x, sequence_first, weight, bias, tuple(heads), factors, *tail)
 
 
-def _unscaled(graph: GraphIndex, name: str) -> tuple[str, float]:
-    """``name`` without the multiplications (or divisions) by scalar constants that made it, and their product."""
-    scale = 1.0
+def _unscaled(graph: GraphIndex, name: str) -> tuple[str, tuple[tuple[str, int], ...]]:
+    """``name`` without the multiplications (or divisions) by scalars that made it (constants, or
+    computed from constants and shapes alone), and those scalars with their exponents."""
+    factors: list[tuple[str, int]] = []
     while (node := graph.producer.get(name)) is not None and node.op_type in ("Mul", "Div"):
-        constants = [graph.scalar(i) for i in node.input]
-        if node.op_type == "Mul" and constants[0] is not None:
-            scale, name = scale * constants[0], node.input[1]
-        elif constants[1] is not None and constants[1] != 0:
-            scale, name = scale * (constants[1] if node.op_type == "Mul" else 1 / constants[1]), node.input[0]
+        first, second = (_is_scalar(graph, i) for i in node.input)
+        if node.op_type == "Mul" and first:
+            factors.append((node.input[0], 1))
+            name = node.input[1]
+        elif second:
+            factors.append((node.input[1], 1 if node.op_type == "Mul" else -1))
+            name = node.input[0]
         else:
             break
-    return name, scale
+    return name, tuple(factors)
 
 
-def _head_split(graph: GraphIndex, name: str, perm: list[int]) -> tuple[int, str] | None:
-    """(heads, the [seq, batch, hidden] tensor) where ``name`` is
-    ``Transpose[perm](Reshape(tensor, [seq, batch, heads, head]))``."""
-    transpose = graph.parent(name, "Transpose", perm)
-    reshape = graph.parent(transpose.input[0], "Reshape") if transpose is not None else None
-    shape = graph.constant(reshape.input[1]) if reshape is not None else None
-    if reshape is None or shape is None or shape.shape != (4,) or min(shape[2:]) <= 0:
-        return None
-    return int(shape[2]), reshape.input[0]
+def _is_scalar(graph: GraphIndex, name: str) -> bool:
+    """Whether ``name`` is one value that depends on no input's values (a constant, or computed
+    from constants and shapes)."""
+    value = graph.constant(name)
+    if value is not None:
+        return value.size == 1
+    dims = graph.shapes.get(name)
+    return dims is not None and all(d == 1 for d in dims) and not value_sources(graph, name)
+
+
+def _head_path(graph: GraphIndex, name: str) -> tuple[onnx.NodeProto, set[int]] | None:
+    """The Gather ``name`` is a layout change of (through Transpose and Reshape nodes), and the
+    sizes the reshapes on the way name (constants, or constants their computed shapes are made of)."""
+    sizes: set[int] = set()
+    node = graph.producer.get(name)
+    while node is not None and node.op_type in ("Transpose", "Reshape"):
+        if node.op_type == "Reshape":
+            sizes |= _sizes(graph, node.input[1])
+        node = graph.producer.get(node.input[0])
+    return (node, sizes) if node is not None and node.op_type == "Gather" else None
+
+
+def _sizes(graph: GraphIndex, shape: str, depth: int = 6) -> set[int]:
+    """The integer constants a shape tensor is made of, up to ``depth`` nodes back (not through
+    the tensors whose shapes it reads)."""
+    value = graph.constant(shape)
+    if value is not None:
+        return {int(v) for v in value.reshape(-1)} if value.dtype.kind in "iu" and value.size <= 8 else set()
+    node = graph.producer.get(shape)
+    if node is None or depth == 0 or node.op_type in SHAPE_ONLY:
+        return set()
+    return {size for i in node.input for size in _sizes(graph, i, depth - 1)}
 
 
 def _packed_projection(graph: GraphIndex, packed: str) -> tuple[str, bool, np.ndarray, np.ndarray] | str:
@@ -202,9 +234,21 @@ def _only_user(graph: GraphIndex, name: str, op_type: str) -> onnx.NodeProto | N
 
 
 def _apply(graph: GraphIndex, block: _Block, multi_head: bool) -> _Block | str:
-    """Put the rewritten block in the graph if it computes what the original does; else why not."""
+    """Put the rewritten block in the graph with the first head count at which it computes what
+    the original does; else why not."""
     if any(block.target == o.name for o in graph.graph.output):
         return "the block's output is a graph output"
+    reason = ""
+    for heads in block.heads:
+        reason = _apply_with(graph, block, heads, multi_head)
+        if not reason:
+            return block
+    return reason
+
+
+def _apply_with(graph: GraphIndex, block: _Block, heads: int, multi_head: bool) -> str:
+    """Put the block rewritten with ``heads`` heads in the graph if it computes what the original
+    does; else why not."""
     hidden = block.weight.shape[1] // 3
     dtype = helper.tensor_dtype_to_np_dtype(elem_type(graph, block.x))
     nodes: list[onnx.NodeProto] = []
@@ -213,7 +257,11 @@ def _apply(graph: GraphIndex, block: _Block, multi_head: bool) -> _Block | str:
         x = _node(graph, nodes, "Transpose", [x], perm=[1, 0, 2])
     weight = graph.initializer(block.weight.astype(dtype), "qkv_weight")
     bias = graph.initializer(block.bias.astype(dtype), "qkv_bias")
-    options = {"domain": MICROSOFT, "num_heads": block.heads, "scale": float(block.scale)}
+    feed = _feed(graph, block, dtype)
+    scale = _scale(graph, block, feed) if feed is not None else None
+    if feed is None or scale is None:
+        return "the block's scale or input is not known well enough to check a rewrite with"
+    options = {"domain": MICROSOFT, "num_heads": heads, "scale": scale}
     if multi_head:
         qkv = _node(graph, nodes, "MatMul", [x, weight])
         split = graph.initializer(np.array([hidden] * 3, np.int64), "split")
@@ -236,7 +284,7 @@ def _apply(graph: GraphIndex, block: _Block, multi_head: bool) -> _Block | str:
     for node in nodes:
         for name in node.output:
             graph.producer[name] = node
-    reason = _differs(graph, block, out, dtype)
+    reason = _differs(graph, block, out, feed)
     if reason:
         return reason
     position = next(i for i, n in enumerate(graph.graph.node) if block.target in n.output)
@@ -246,7 +294,7 @@ def _apply(graph: GraphIndex, block: _Block, multi_head: bool) -> _Block | str:
         for i, name in enumerate(user.input):
             if name == block.target:
                 user.input[i] = out
-    return block
+    return ""
 
 
 def _node(graph: GraphIndex, nodes: list[onnx.NodeProto], op_type: str, inputs: list[str], **attributes: object) -> str:
@@ -257,16 +305,33 @@ def _node(graph: GraphIndex, nodes: list[onnx.NodeProto], op_type: str, inputs: 
     return out
 
 
-def _differs(graph: GraphIndex, block: _Block, rewritten: str, dtype: np.dtype) -> str | None:
-    """Why the rewritten block is not the original, run on one random input; None where they agree."""
+def _feed(graph: GraphIndex, block: _Block, dtype: np.dtype) -> dict[str, np.ndarray] | None:
+    """One random input of the block (a dynamic dim at :data:`CHECKED_SIZE`); None without a known rank."""
     dims = graph.shapes.get(block.x)
-    if not dims or not all(isinstance(d, int) for d in dims):
-        return "the block's input has no known static shape to check the rewrite with"
-    feed = {block.x: np.random.default_rng(0).standard_normal(dims).astype(dtype)}
+    if not dims:
+        return None
+    sizes = [d if isinstance(d, int) else CHECKED_SIZE for d in dims]
+    return {block.x: np.random.default_rng(0).standard_normal(sizes).astype(dtype)}
+
+
+def _scale(graph: GraphIndex, block: _Block, feed: dict[str, np.ndarray]) -> float | None:
+    """The product of the block's scale factors, evaluated with ``feed`` (it only reads shapes)."""
+    scale = 1.0
+    for name, exponent in block.scale:
+        value = graph.constant(name)
+        value = evaluate(graph, name, feed) if value is None else value
+        if value is None or value.size != 1 or not np.isfinite(value).all() or float(value.reshape(())) == 0:
+            return None
+        scale *= float(value.reshape(())) ** exponent
+    return scale
+
+
+def _differs(graph: GraphIndex, block: _Block, rewritten: str, feed: dict[str, np.ndarray]) -> str | None:
+    """Why the rewritten block is not the original, run on ``feed``; None where they agree."""
     expected, got = evaluate(graph, block.target, feed), evaluate(graph, rewritten, feed)
     if expected is None or got is None:
         return "the block or its rewrite does not run on its own with ONNX Runtime (CPU)"
-    tolerance = 1e-4 if dtype == np.float32 else 2e-2
+    tolerance = 1e-4 if feed[block.x].dtype == np.float32 else 2e-2
     atol = tolerance * float(np.abs(expected).max())
     if expected.shape != got.shape or not np.allclose(got, expected, rtol=tolerance, atol=atol):
         return "the rewritten block computes something else than the original (checked on a random input)"
