@@ -17,7 +17,7 @@ becomes ``Attention(x, W, b)`` (or, for ``multi_head``, the projection split int
 ``MatMul(o, Wo) + bo`` where it can be taken in. The match reads the structure loosely (Q, K and
 V are layout changes of the projection's three parts; the head count is one of the sizes their
 reshapes name); every block is then proven by evaluation: the rewritten block and the original
-are run with ONNX Runtime (CPU) on the same random input (a dynamic dim at size 2) and must agree,
+are run with ONNX Runtime (CPU) on the same random input (a dynamic dim at sizes 2 and 3) and must agree,
 at the first head count that does, else the block is left as it is, with the reason.
 """
 
@@ -33,8 +33,9 @@ from gpt_optuna.graph.onnx_graph import SHAPE_ONLY, GraphIndex, attribute, drop_
 
 PREFIX = "packed_attention"
 MICROSOFT = "com.microsoft"
-CHECKED_SIZE = 2
-"""The size a dynamic dim of a block's input takes in the check of its rewrite."""
+CHECKED_SIZES = (2, 3)
+"""The sizes a dynamic dim of a block's input takes in the checks of its rewrite (the scale too
+must come out the same at both)."""
 _PASS_THROUGH = ("Squeeze", "Unsqueeze", "Transpose", "Reshape")
 """Layout operators between the packed projection and the Q/K/V gathers."""
 
@@ -257,10 +258,11 @@ def _apply_with(graph: GraphIndex, block: _Block, heads: int, multi_head: bool) 
         x = _node(graph, nodes, "Transpose", [x], perm=[1, 0, 2])
     weight = graph.initializer(block.weight.astype(dtype), "qkv_weight")
     bias = graph.initializer(block.bias.astype(dtype), "qkv_bias")
-    feed = _feed(graph, block, dtype)
-    scale = _scale(graph, block, feed) if feed is not None else None
-    if feed is None or scale is None:
+    feeds = _feeds(graph, block, dtype)
+    scales = {_scale(graph, block, feed) for feed in feeds}
+    if not feeds or len(scales) != 1 or None in scales:
         return "the block's scale or input is not known well enough to check a rewrite with"
+    (scale,) = scales
     options = {"domain": MICROSOFT, "num_heads": heads, "scale": scale}
     if multi_head:
         qkv = _node(graph, nodes, "MatMul", [x, weight])
@@ -284,7 +286,7 @@ def _apply_with(graph: GraphIndex, block: _Block, heads: int, multi_head: bool) 
     for node in nodes:
         for name in node.output:
             graph.producer[name] = node
-    reason = _differs(graph, block, out, feed)
+    reason = next((r for feed in feeds if (r := _differs(graph, block, out, feed))), None)
     if reason:
         return reason
     position = next(i for i, n in enumerate(graph.graph.node) if block.target in n.output)
@@ -305,13 +307,18 @@ def _node(graph: GraphIndex, nodes: list[onnx.NodeProto], op_type: str, inputs: 
     return out
 
 
-def _feed(graph: GraphIndex, block: _Block, dtype: np.dtype) -> dict[str, np.ndarray] | None:
-    """One random input of the block (a dynamic dim at :data:`CHECKED_SIZE`); None without a known rank."""
+def _feeds(graph: GraphIndex, block: _Block, dtype: np.dtype) -> list[dict[str, np.ndarray]]:
+    """Random inputs of the block: one, or where a dim is dynamic one per size of
+    :data:`CHECKED_SIZES`; none without a known rank."""
     dims = graph.shapes.get(block.x)
     if not dims:
-        return None
-    sizes = [d if isinstance(d, int) else CHECKED_SIZE for d in dims]
-    return {block.x: np.random.default_rng(0).standard_normal(sizes).astype(dtype)}
+        return []
+    sizes = CHECKED_SIZES if not all(isinstance(d, int) for d in dims) else CHECKED_SIZES[:1]
+    rng = np.random.default_rng(0)
+    return [
+        {block.x: rng.standard_normal([d if isinstance(d, int) else size for d in dims]).astype(dtype)}
+        for size in sizes
+    ]
 
 
 def _scale(graph: GraphIndex, block: _Block, feed: dict[str, np.ndarray]) -> float | None:
