@@ -21,6 +21,17 @@ from gpt_optuna.testing.small_cnn import small_cnn
 SYNTHETIC = "gpt_optuna.testing.synthetic:SyntheticBackend"
 
 
+class Initializers(list[onnx.TensorProto]):
+    """The initializers of a graph being built: :meth:`const` and :meth:`ints` add one and return its name."""
+
+    def const(self, name: str, value: Any) -> str:
+        self.append(numpy_helper.from_array(np.asarray(value), name))
+        return name
+
+    def ints(self, name: str, *values: int) -> str:
+        return self.const(name, np.array(values, np.int64))
+
+
 def load(name: str) -> optuna.Study:
     """A study of the default storage in the test's folder."""
     return optuna.load_study(study_name=name, storage=f"sqlite:///studies/{name}.db")

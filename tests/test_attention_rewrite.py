@@ -10,7 +10,8 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from conftest import Initializers
+from onnx import TensorProto, helper
 
 from gpt_optuna.graph import model as m
 from gpt_optuna.graph.attention_rewrite import rewrite_attention
@@ -26,14 +27,8 @@ def sdpa_encoder_layer(scale: float | None = None, causal: bool = False, seed: i
     ``F.scaled_dot_product_attention(q, k, v, attn_mask, scale=scale)`` with a boolean key-padding
     mask (and a causal term where ``causal``)."""
     rng = np.random.default_rng(seed)
-    inits: list[onnx.TensorProto] = []
-
-    def const(name: str, value: np.ndarray) -> str:
-        inits.append(numpy_helper.from_array(np.asarray(value), name))
-        return name
-
-    def ints(name: str, *values: int) -> str:
-        return const(name, np.array(values, np.int64))
+    inits = Initializers()
+    const, ints = inits.const, inits.ints
 
     root = np.sqrt(1 / np.sqrt(HEAD) if scale is None else scale).astype(np.float32)
     nodes = [

@@ -10,7 +10,8 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from conftest import Initializers
+from onnx import TensorProto, helper
 
 from gpt_optuna.graph.fusion import fuse_transformer
 from gpt_optuna.graph.packed_attention import rewrite_packed_attention
@@ -32,14 +33,8 @@ def multihead_block(
     gathers Q, K and V from those parts of the projection. ``dynamic``: a batch of any size, the
     reshapes' shapes and the scale computed in the graph, as TorchScript writes them then."""
     rng = np.random.default_rng(seed)
-    inits: list[onnx.TensorProto] = []
-
-    def const(name: str, value: np.ndarray) -> str:
-        inits.append(numpy_helper.from_array(np.asarray(value), name))
-        return name
-
-    def ints(name: str, *values: int) -> str:
-        return const(name, np.array(values, np.int64))
+    inits = Initializers()
+    const, ints = inits.const, inits.ints
 
     root = np.float32(np.sqrt(1 / np.sqrt(HEAD) if scale is None else scale))
     weight = (rng.standard_normal((HIDDEN, 3 * HIDDEN)) / 3).astype(np.float32)

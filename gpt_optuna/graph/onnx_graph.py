@@ -77,6 +77,13 @@ class GraphIndex:
             return None
         return node
 
+    def add(self, nodes: list[onnx.NodeProto]) -> None:
+        """Make ``nodes`` (not yet placed in the graph) the producers of their outputs, so that
+        :func:`evaluate` can run them."""
+        for node in nodes:
+            for name in node.output:
+                self.producer[name] = node
+
     def initializer(self, value: np.ndarray, base: str) -> str:
         name = self.name(base)
         tensor = numpy_helper.from_array(value, name)
@@ -166,6 +173,19 @@ def evaluate(graph: GraphIndex, target: str, feeds: dict[str, np.ndarray]) -> np
         return np.asarray(session.run(None, feeds)[0])
     except Exception:  # ONNX Runtime's own error types: the subgraph does not run on its own
         return None
+
+
+def disagreement(graph: GraphIndex, original: str, rewritten: str, feed: dict[str, np.ndarray]) -> str | None:
+    """Why ``rewritten`` does not compute what ``original`` does from ``feed`` (both run with ONNX
+    Runtime on the CPU; a relative tolerance of 1e-4 in fp32, 2e-2 otherwise); None where they agree."""
+    expected, got = evaluate(graph, original, feed), evaluate(graph, rewritten, feed)
+    if expected is None or got is None:
+        return "the original or its rewrite does not run on its own with ONNX Runtime (CPU)"
+    tolerance = 1e-4 if next(iter(feed.values())).dtype == np.float32 else 2e-2
+    atol = tolerance * float(np.abs(expected).max())
+    if expected.shape != got.shape or not np.allclose(got, expected, rtol=tolerance, atol=atol):
+        return "the rewrite computes something else than the original (checked on a random input)"
+    return None
 
 
 def drop_dead(graph: onnx.GraphProto) -> None:
