@@ -348,11 +348,9 @@ def main() -> None:
         os.chdir(folder)  # the studies go there
         for name in names:
             model = MODELS[name]
-            onnx_path = model.onnx(args.cache.resolve())
+            onnx_path, feeds = model.onnx(args.cache.resolve()), model.feeds()
             # first: a rerun resumes the search
-            tuned, figures = onnxruntime_rows(
-                name, onnx_path, model.feeds(), args.n_trials, folder, stack, args.profile
-            )
+            tuned, figures = onnxruntime_rows(name, onnx_path, feeds, args.n_trials, folder, stack, args.profile)
             reference = torch_row(name, "eager32", False, args.compile_timeout)
             rows = [reference] if "eager32" in peers else []
             rows += [
@@ -361,7 +359,7 @@ def main() -> None:
                 if peer not in ("eager32", "olive")
             ]
             if "olive" in peers:
-                rows.append(olive_row(name, onnx_path, model.feeds(), folder, args.olive_timeout))
+                rows.append(olive_row(name, onnx_path, feeds, folder, args.olive_timeout))
             rows += tuned
             start = len(lines)
             lines += [*model_lines(name, rows, reference.outputs), figures]
