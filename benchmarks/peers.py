@@ -246,12 +246,16 @@ def onnxruntime_rows(
     return rows, f"  {'; '.join(figures)} ({finished} trials, tune and confirmation {took:.0f} s in this run)"
 
 
+def write_table(lines: list[str], table: Path | None) -> None:
+    if table:
+        table.write_text("\n".join(lines) + "\n")
+
+
 def emit(lines: list[str], start: int, table: Path | None) -> None:
     """Show the lines from ``start`` on stderr, and write the whole table so far: a long run
     stopped midway keeps what it measured."""
     print("\n".join(lines[start:]), file=sys.stderr, flush=True)
-    if table:
-        table.write_text("\n".join(lines) + "\n")
+    write_table(lines, table)
 
 
 def olive_row(name: str, model: Path, feeds: dict[str, np.ndarray], folder: Path, timeout: float) -> Row:
@@ -353,13 +357,15 @@ def main() -> None:
             tuned, figures = onnxruntime_rows(name, onnx_path, feeds, args.n_trials, folder, stack, args.profile)
             reference = torch_row(name, "eager32", False, args.compile_timeout)
             rows = [reference] if "eager32" in peers else []
-            rows += [
-                torch_row(name, peer, args.profile, args.compile_timeout)
-                for peer in peers
-                if peer not in ("eager32", "olive")
-            ]
-            if "olive" in peers:
-                rows.append(olive_row(name, onnx_path, feeds, folder, args.olive_timeout))
+            for peer in peers:
+                if peer != "eager32":
+                    rows.append(
+                        olive_row(name, onnx_path, feeds, folder, args.olive_timeout)
+                        if peer == "olive"
+                        else torch_row(name, peer, args.profile, args.compile_timeout)
+                    )
+                # the table so far, so a run stopped midway keeps every row it measured
+                write_table([*lines, *model_lines(name, [*rows, *tuned], reference.outputs), figures], args.table)
             rows += tuned
             start = len(lines)
             lines += [*model_lines(name, rows, reference.outputs), figures]
