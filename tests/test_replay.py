@@ -4,6 +4,7 @@ landscapes through the tuner's search loop."""
 from __future__ import annotations
 
 import itertools
+import re
 import statistics
 import subprocess
 import sys
@@ -11,7 +12,7 @@ from pathlib import Path
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 sys.path.insert(0, str(BENCHMARKS))
-from replay import Landscape, random_order  # noqa: E402
+from replay import STRATEGIES, Landscape, random_order, random_order_share  # noqa: E402
 
 from gpt_optuna.core.space import candidate_key  # noqa: E402
 
@@ -23,6 +24,13 @@ def test_random_order_median_matches_every_order_of_a_small_space() -> None:
             for order in itertools.permutations(range(configurations))
         ]
         assert random_order(configurations, hits) == statistics.median_low(firsts)
+
+
+def test_random_order_share_matches_every_order_of_a_small_space() -> None:
+    for configurations, hits, trials in ((6, 1, 2), (6, 2, 3), (7, 3, 1), (5, 1, 5), (5, 0, 3)):
+        orders = list(itertools.permutations(range(configurations)))
+        held = sum(any(c < hits for c in order[:trials]) for order in orders)
+        assert abs(random_order_share(configurations, hits, trials) - held / len(orders)) < 1e-12
 
 
 def test_the_recorded_landscapes_are_complete_grids() -> None:
@@ -37,8 +45,16 @@ def test_a_short_replay_runs_every_strategy_on_every_landscape() -> None:
         [sys.executable, str(BENCHMARKS / "replay.py"), "--seeds", "2"], capture_output=True, text=True, timeout=300
     )
     assert done.returncode == 0, done.stderr
-    rows = [line.split() for line in done.stdout.splitlines()]
     names = sorted(p.stem for p in (BENCHMARKS / "landscapes").glob("*.json"))
-    table = {row[0]: row[1:] for row in rows if row and row[0] in names}
+    table = {}
+    for line in done.stdout.splitlines():
+        name, _, rest = line.partition(" ")
+        if name in names:
+            cells = re.findall(r"(\d+(?:\.\d+)?) / (\d+)%", rest)
+            table[name] = [(float(trials), int(share)) for trials, share in cells]
     assert sorted(table) == names
-    assert all(len(values) == 9 and all(float(v) >= 1 for v in values[2:]) for values in table.values())
+    for cells in table.values():  # each strategy: a median number of trials and a share of short runs
+        assert len(cells) == len(STRATEGIES)
+        assert all(trials >= 1 and 0 <= share <= 100 for trials, share in cells)
+    verdicts = [line for line in done.stdout.splitlines() if line.endswith(("met", "NOT met"))]
+    assert len(verdicts) == 5 * len(names)
