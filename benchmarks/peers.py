@@ -44,7 +44,7 @@ import torch
 from kernel_profile import kernel_profile
 from peer_timing import Timing, time_calls
 from precision import mobilenet_v2 as mobilenet_v2_onnx
-from record_landscapes import CRITERION
+from record_landscapes import CRITERION, photo_batch
 
 from gpt_optuna.graph.feeds import save_npz
 from gpt_optuna.search.config import TuneConfig
@@ -53,18 +53,11 @@ from gpt_optuna.search.progress import Progress
 from gpt_optuna.search.tune import tune
 from gpt_optuna.study.summary import finished_count, summarize_study
 from gpt_optuna.study.taxonomy import measured_latency_ms
-from gpt_optuna.testing.mobilenet_v2 import PHOTOS, SKIMAGE, crops
-from gpt_optuna.testing.registry import download
 
 PEERS = ("eager32", "eager16", "reduce-overhead", "max-autotune", "olive")
 COMPILED = ("reduce-overhead", "max-autotune")
 REFERENCE = "reduce-overhead"
 """The peer every row is set beside."""
-
-
-def photo_batch() -> np.ndarray:
-    photos = np.stack(crops(download(SKIMAGE, tuple(f"skimage/data/{name}" for name in PHOTOS))))
-    return photos[: peer_models.BATCH]
 
 
 def cosine(a: np.ndarray, b: np.ndarray) -> float:
@@ -111,14 +104,14 @@ def _exported(
 
 
 def _images() -> dict[str, np.ndarray]:
-    return {"x": photo_batch()}
+    return {"x": photo_batch(peer_models.BATCH)}
 
 
 MODELS = {
     "resnet50": PeerModel(peer_models.resnet50, _images, True, _exported("resnet50", peer_models.resnet50, _images)),
     "mobilenetv2": PeerModel(
         peer_models.mobilenet_v2,
-        lambda: {"input": photo_batch()},
+        lambda: {"input": photo_batch(peer_models.BATCH)},
         True,
         lambda cache: mobilenet_v2_onnx(cache, peer_models.BATCH),
     ),

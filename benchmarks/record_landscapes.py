@@ -1,19 +1,25 @@
 """Record landscapes: every configuration of a small ONNX Runtime space, measured by the tuner.
 
-Each model's landscape goes to ``benchmarks/landscapes/NAME.json``, the replay benchmark's tables.
+Each landscape goes to ``benchmarks/landscapes/NAME.json``, the replay benchmark's tables.
 
-The CUDA space (``minilm``, ``mobilenetv2``, ``resnet50``; batch 8): fp32 or fp16, basic or full
-graph optimization, TF32 and CUDA graph; for the CNNs exhaustive or heuristic cuDNN algorithm
-search and NHWC, for the encoder the transformer fusion. The CPU space (``mobilenetv2-cpu``:
-MobileNetV2 with its real weights at batch 1, on this machine's cores): intra-op threads (the
-counts the space offers here: the library's choice, powers of two, every core), sequential or
-parallel execution with its inter-op threads, basic, extended or full graph optimization, the
-memory arena, spinning, denormals as zero; fp32; the processor is recorded with the landscape.
-Every other knob stays at ONNX Runtime's default. Every candidate is queued in one study and evaluated as
-a trial (build, accuracy against fp32 on the CPU, latency), so the landscape holds what a search
-would have measured; a rerun resumes the studies kept in ``--workdir``.
+The CUDA landscapes (batch 8 unless named): ``minilm``, ``mobilenetv2``, ``resnet50``: fp32 or
+fp16, basic or full graph optimization, TF32 and CUDA graph; for the CNNs exhaustive or heuristic
+cuDNN algorithm search and NHWC, for the encoder the transformer fusion. ``mobilenetv2-b1`` and
+``mobilenetv2-b64``: the same space for MobileNetV2 at batch 1 (launch-bound) and 64
+(compute-bound). ``mobilenetv2-strict``: fp32, fp16 or int8 judged by ``cosine>=0.9999``, with
+every cuDNN algorithm search (the default one included), NHWC, CUDA graph and graph level: a
+landscape with infeasible and failing regions, where every speed feature on is not the answer.
+The CPU landscape (``mobilenetv2-cpu``: MobileNetV2 with its real weights at batch 1, on this
+machine's cores): intra-op threads (the counts the space offers here: the library's choice, powers
+of two, every core), sequential or parallel execution with its inter-op threads, basic, extended or
+full graph optimization, the memory arena, spinning, denormals as zero; fp32; the processor is
+recorded with the landscape. MobileNetV2 has its real ImageNet weights and photo crops as inputs.
+Every other knob stays at ONNX Runtime's default. Every candidate is queued in one study and
+evaluated as a trial (build, accuracy against fp32 on the CPU, latency), so the landscape holds
+what a search would have measured, with the GPU and library versions it was measured with; a
+rerun resumes the studies kept in ``--workdir``.
 
-    python benchmarks/record_landscapes.py [--models minilm,mobilenetv2,resnet50,mobilenetv2-cpu]
+    python benchmarks/record_landscapes.py [--models minilm,mobilenetv2,resnet50,mobilenetv2-b1,...]
         [--timeout SECONDS] [--workdir landscape-studies] [--out benchmarks/landscapes]
 """
 
@@ -26,10 +32,12 @@ import os
 import platform
 import sys
 import time
-from dataclasses import replace
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import optuna
 from precision import mobilenet_v2 as mobilenet_v2_onnx
 
@@ -59,6 +67,15 @@ SEARCHED: dict[str, list[Value]] = {
 }
 """The CUDA landscapes' knobs and values; a model's space may lack some (no fusion for the CNNs)."""
 CNN_ONLY = ("cuda.cudnn_conv_algo_search", "cuda.prefer_nhwc")
+STRICT_SEARCHED: dict[str, list[Value] | None] = {
+    "precision": ["fp32", "fp16", "int8"],
+    "graph_optimization_level": ["ORT_ENABLE_BASIC", "ORT_ENABLE_ALL"],
+    "cuda.cudnn_conv_algo_search": ["EXHAUSTIVE", "HEURISTIC", "DEFAULT"],
+    "cuda.prefer_nhwc": [False, True],
+    "cuda.enable_cuda_graph": [False, True],
+}
+"""The strict landscape's knobs: reduced precisions against a strict criterion, every cuDNN algorithm search."""
+STRICT_CRITERION = "cosine>=0.9999"
 CPU_SEARCHED: dict[str, list[Value] | None] = {
     "intra_op_num_threads": None,
     "execution_mode": None,
@@ -69,7 +86,61 @@ CPU_SEARCHED: dict[str, list[Value] | None] = {
     "denormal_as_zero": None,
 }
 """The CPU landscape's knobs and values (None: every value the space offers on this machine)."""
-CPU_LANDSCAPES = ("mobilenetv2-cpu",)
+CUDA = "CUDAExecutionProvider"
+PEER_BATCH = 8
+"""The batch of the landscapes made from the peer benchmark's models."""
+
+
+@dataclass(frozen=True)
+class LandscapeSpec:
+    """How one landscape is measured: its model and inputs (made in the cache folder given), the
+    provider, the precisions made, the knobs searched and the accuracy criterion."""
+
+    make: Callable[[Path], tuple[Path, dict[str, np.ndarray]]]
+    provider: str
+    precisions: list[str]
+    searched: dict[str, list[Value] | None]
+    criterion: str = CRITERION
+
+
+def photo_batch(batch: int) -> np.ndarray:
+    """``batch`` ImageNet-normalized photo crops (the crops repeated where there are fewer)."""
+    photos = np.stack(crops(download(SKIMAGE, tuple(f"skimage/data/{name}" for name in PHOTOS))))
+    return np.resize(photos, (batch, *photos.shape[1:]))
+
+
+def mobilenet_v2(batch: int) -> Callable[[Path], tuple[Path, dict[str, np.ndarray]]]:
+    """MobileNetV2 with its real weights at ``batch``, and photo crops as its input."""
+    return lambda cache: (mobilenet_v2_onnx(cache, batch), {"input": photo_batch(batch)})
+
+
+def peer_model(name: str) -> Callable[[Path], tuple[Path, dict[str, np.ndarray]]]:
+    """A model of the peer benchmark (PyTorch makes it) with its inputs."""
+
+    def make(cache: Path) -> tuple[Path, dict[str, np.ndarray]]:
+        from peers import MODELS
+
+        return MODELS[name].onnx(cache), MODELS[name].feeds()
+
+    return make
+
+
+def cuda_searched(cnn: bool) -> dict[str, list[Value] | None]:
+    return {k: v for k, v in SEARCHED.items() if cnn or k not in CNN_ONLY}
+
+
+FP = ["fp32", "fp16"]
+LANDSCAPES = {
+    "minilm": LandscapeSpec(peer_model("minilm"), CUDA, FP, cuda_searched(cnn=False)),
+    "mobilenetv2": LandscapeSpec(mobilenet_v2(PEER_BATCH), CUDA, FP, cuda_searched(cnn=True)),
+    "resnet50": LandscapeSpec(peer_model("resnet50"), CUDA, FP, cuda_searched(cnn=True)),
+    "mobilenetv2-b1": LandscapeSpec(mobilenet_v2(1), CUDA, FP, cuda_searched(cnn=True)),
+    "mobilenetv2-b64": LandscapeSpec(mobilenet_v2(64), CUDA, FP, cuda_searched(cnn=True)),
+    "mobilenetv2-strict": LandscapeSpec(
+        mobilenet_v2(PEER_BATCH), CUDA, ["fp32", "fp16", "int8"], STRICT_SEARCHED, STRICT_CRITERION
+    ),
+    "mobilenetv2-cpu": LandscapeSpec(mobilenet_v2(1), "CPUExecutionProvider", ["fp32"], CPU_SEARCHED),
+}
 
 
 def overrides(offered: Space, searched: dict[str, list[Value] | None], provider: str) -> dict[str, Value | list[Value]]:
@@ -87,12 +158,6 @@ def searched_space(config: TuneConfig, precisions: list[str]) -> Space:
     the given precisions made)."""
     space, _ = offered_space(replace(config, space={"precision": precisions}), [], lambda _: None)
     return space
-
-
-def cpu_model(cache: Path) -> tuple[Path, dict[str, Any]]:
-    """MobileNetV2 with its real weights at batch 1, and a photograph as its input."""
-    photo = crops(download(SKIMAGE, tuple(f"skimage/data/{name}" for name in PHOTOS[:1])))[0]
-    return mobilenet_v2_onnx(cache, 1), {"input": photo[None]}
 
 
 def landscape(study: optuna.Study, name: str, space: Space) -> dict[str, Any]:
@@ -144,22 +209,14 @@ def cpu_name() -> str:
 
 
 def record(name: str, folder: Path, out: Path, deadline: float | None) -> bool:
-    """Measure (or go on measuring) one model's landscape; whether it is complete."""
-    if name in CPU_LANDSCAPES:
-        onnx_path, feeds = cpu_model(folder)
-        searched, provider, precisions = CPU_SEARCHED, "CPUExecutionProvider", ["fp32"]
-    else:
-        from peers import MODELS  # PyTorch makes the CUDA landscapes' models
-
-        model = MODELS[name]
-        onnx_path, feeds, cnn = model.onnx(folder), model.feeds(), model.cnn
-        searched = {k: v for k, v in SEARCHED.items() if cnn or k not in CNN_ONLY}
-        provider, precisions = "CUDAExecutionProvider", ["fp32", "fp16"]
+    """Measure (or go on measuring) one landscape; whether it is complete."""
+    spec = LANDSCAPES[name]
+    onnx_path, feeds = spec.make(folder)
     inputs = folder / f"{name}.inputs.npz"
     save_npz(inputs, feeds)
-    base = TuneConfig(model=onnx_path, inputs=inputs, accuracy=CRITERION, study_name=f"landscape-{name}", seed=0)
-    offered = searched_space(base, precisions)
-    table = overrides(offered, searched, provider)
+    base = TuneConfig(model=onnx_path, inputs=inputs, accuracy=spec.criterion, study_name=f"landscape-{name}", seed=0)
+    offered = searched_space(base, spec.precisions)
+    table = overrides(offered, spec.searched, spec.provider)
     space = offered.with_overrides(table)
     candidates = space.every_candidate()
     remaining = None if deadline is None else deadline - time.monotonic()
@@ -188,12 +245,16 @@ def record(name: str, folder: Path, out: Path, deadline: float | None) -> bool:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", default="minilm,mobilenetv2,resnet50")
+    parser.add_argument("--models", default="minilm,mobilenetv2,resnet50", help=f"of {', '.join(LANDSCAPES)}")
     parser.add_argument("--timeout", type=float, help="stop after this many seconds; a rerun goes on where it stopped")
     parser.add_argument("--workdir", type=Path, default=Path("landscape-studies"))
     parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "landscapes")
     parser.add_argument("--cache", type=Path, default=Path.home() / ".cache" / "gpt_optuna" / "benchmarks")
     args = parser.parse_args()
+    names = args.models.split(",")
+    unknown = sorted(set(names) - set(LANDSCAPES))
+    if unknown:
+        sys.exit(f"unknown landscapes {unknown}; choose from {', '.join(LANDSCAPES)}")
     deadline = None if args.timeout is None else time.monotonic() + args.timeout
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     args.out = args.out.resolve()
@@ -201,7 +262,7 @@ def main() -> None:
     args.cache.mkdir(parents=True, exist_ok=True)
     args.workdir.mkdir(parents=True, exist_ok=True)
     os.chdir(args.workdir)  # the studies go there
-    for name in args.models.split(","):
+    for name in names:
         if not record(name, args.cache.resolve(), args.out, deadline):
             print(f"{name}: not complete; run again to go on", file=sys.stderr)
             break

@@ -13,7 +13,8 @@ products (:mod:`gpt_optuna.graph.patch_convolution`) and per-channel layer scale
 the projection before them (:mod:`gpt_optuna.graph.layer_scale`).
 Auto-detects head count and hidden size. ``transformer-mha`` fuses attention into
 MultiHeadAttention instead of Attention (the operator the CUDA provider runs with its flash,
-memory-efficient and cuDNN kernels).
+memory-efficient and cuDNN kernels), a key-padding mask given to it as an attention bias, which its
+memory-efficient kernel takes (:mod:`gpt_optuna.graph.mask_bias`).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from gpt_optuna.core.space import Knob
 from gpt_optuna.graph import opset
 from gpt_optuna.graph.attention_rewrite import rewrite_attention
 from gpt_optuna.graph.layer_scale import fold_layer_scales
+from gpt_optuna.graph.mask_bias import masks_as_bias
 from gpt_optuna.graph.model import ModelInfo
 from gpt_optuna.graph.model_cache import TransformFailed, produce
 from gpt_optuna.graph.packed_attention import rewrite_packed_attention
@@ -42,7 +44,7 @@ FUSIONS = ("none", "transformer", "transformer-mha")
 WITHOUT_MULTI_HEAD = FUSIONS[:2]
 """The values where attention is not, or cannot be, fused into MultiHeadAttention."""
 FUSION_KNOB = "graph_fusion"
-FUSED_VERSION = "v3"
+FUSED_VERSION = "v4"
 """In the fused models' file names: a new version is made anew, not read from the cache."""
 MULTI_HEAD = "MultiHeadAttention"
 
@@ -111,6 +113,9 @@ def fuse_transformer(source: Path, out: Path, multi_head: bool = False) -> dict[
         fused = optimizer.optimize_model(
             model, model_type="bert", opt_level=0, use_gpu=True, optimization_options=options
         )
+    if multi_head:
+        rewritten, skipped = masks_as_bias(fused.model)
+        logger.debug("key-padding masks given as attention biases: %d; left: %s", rewritten, skipped)
     fused.save_model_to_file(str(out))
     onnx.checker.check_model(str(out), full_check=True)
     had = Counter(node.op_type for node in original.graph.node)
