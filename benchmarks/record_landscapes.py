@@ -88,7 +88,8 @@ CPU_SEARCHED: dict[str, list[Value] | None] = {
 """The CPU landscape's knobs and values (None: every value the space offers on this machine)."""
 CUDA = "CUDAExecutionProvider"
 PEER_BATCH = 8
-"""The batch of the landscapes made from the peer benchmark's models."""
+"""The batch of the landscapes made from the peer benchmark's models (``peer_models.BATCH``, not
+imported: that module needs PyTorch, which the CPU landscape does without)."""
 
 
 @dataclass(frozen=True)
