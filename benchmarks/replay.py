@@ -57,6 +57,7 @@ from gpt_optuna.search.config import TuneConfig
 from gpt_optuna.search.lanes import TrialBudget, run_lanes
 from gpt_optuna.search.objective import Lane, Objective
 from gpt_optuna.search.sampling import make_sampler
+from gpt_optuna.search.transfer import TransferQueue
 from gpt_optuna.search.tune import first_candidates
 from gpt_optuna.study.record import FINGERPRINT_ATTR
 from gpt_optuna.study.resume import open_study
@@ -202,7 +203,8 @@ def earlier_study(storage: optuna.storages.BaseStorage, landscape: Landscape) ->
                 value=ms,
                 params=params,
                 distributions={n: distributions[n] for n in params},
-                user_attrs={"gpu": landscape.gpu, "baseline": k == baseline},
+                user_attrs={"gpu": landscape.gpu, "baseline": k == baseline}
+                | ({"latency": {"median_ms": ms}} if ms is not None else {}),
             )
         )
 
@@ -238,7 +240,7 @@ def search(
         if strategy == "optuna random"
         else make_sampler(config.sampler, seed, space)
     )
-    seeds = first_candidates(config, space, OnnxRuntimeBackend(), storage, landscape.gpu, [])
+    seeds, warm = first_candidates(config, space, OnnxRuntimeBackend(), storage, landscape.gpu, [])
     study, _ = open_study(storage, landscape.name, sampler, {"backend": "onnxruntime"}, space.default(), 1, seeds)
     job = EvaluateJob(  # the lookup reads the candidate alone: no model, inputs or reference files
         backend="onnxruntime",
@@ -255,10 +257,13 @@ def search(
     lane = Lane(0, LookupWorker(landscape), None, landscape.gpu)
     cap = 3 * len(landscape.results)
     budget = TrialBudget(study, cap, None)
+    transfer = TransferQueue(warm, budget.has_room)
+    transfer.update(study)
     found: list[int] = []
     near: list[int] = []
 
-    def on_trial(_: optuna.Study, trial: FrozenTrial) -> None:
+    def on_trial(ended: optuna.Study, trial: FrozenTrial) -> None:
+        transfer.update(ended)
         count = trial.number + 1
         if trial.state is TrialState.COMPLETE:
             if hit(trial.values[0]):

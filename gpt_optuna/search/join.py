@@ -120,7 +120,7 @@ def join(config: JoinConfig, progress: Progress) -> int:
         progress.begin(remaining, deadline, len(lanes))
         budget = TrialBudget(study, target, deadline)
         try:
-            stopped_by = session.search(study, storage, sampler, objective, budget, progress)
+            stopped_by = session.search(study, storage, sampler, objective, budget, progress, lambda *_: None)
         except UserError:
             progress.end()
             raise

@@ -164,6 +164,15 @@ class TrialBudget:
     def stop(self) -> None:
         self._stopped.set()
 
+    def has_room(self) -> bool:
+        """Whether the search may still start a trial after those running: trials and time left."""
+        if self._stopped.is_set() or (self.deadline is not None and time.monotonic() >= self.deadline):
+            return False
+        if self.target is None:
+            return True
+        trials = self.study.get_trials(deepcopy=False)
+        return len(own_results(trials)) + sum(1 for t in trials if t.state is TrialState.RUNNING) < self.target
+
     def claim(self) -> bool:
         """Whether a worker may start one more trial; waits while the study's last trials run."""
         while True:

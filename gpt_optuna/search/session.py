@@ -6,10 +6,11 @@ until the trial budget is spent."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import optuna
+from optuna.trial import FrozenTrial
 
 from gpt_optuna.core import interrupts
 from gpt_optuna.evaluation.worker import Worker
@@ -54,11 +55,18 @@ class SearchSession:
         objective: Objective,
         budget: TrialBudget,
         progress: Progress,
+        after_trial: Callable[[optuna.Study, FrozenTrial], None],
     ) -> str | None:
-        """Search on every lane until ``budget`` is spent; what stopped it early (a signal's
-        description), else None. A :class:`UserError` in a trial is raised."""
+        """Search on every lane until ``budget`` is spent, telling ``after_trial`` (then the progress)
+        as each trial ends; what stopped it early (a signal's description), else None. A
+        :class:`UserError` in a trial is raised."""
+
+        def trial_done(study: optuna.Study, trial: FrozenTrial) -> None:
+            after_trial(study, trial)
+            progress.trial_done(study, trial)
+
         try:
-            run_lanes(study.study_name, storage, sampler, self.lanes, objective, budget, progress.trial_done)
+            run_lanes(study.study_name, storage, sampler, self.lanes, objective, budget, trial_done)
         except KeyboardInterrupt:
             return interrupts.cause()
         return None

@@ -42,6 +42,7 @@ from gpt_optuna.search.sampling import check_sampler, make_sampler
 from gpt_optuna.search.seeds import speed_seed, warm_start
 from gpt_optuna.search.session import SearchSession
 from gpt_optuna.search.time_budget import FINISH_S, kept_for_confirmation, plan_confirmation
+from gpt_optuna.search.transfer import TransferQueue
 from gpt_optuna.study.artifacts import artifact_folder, publish
 from gpt_optuna.study.record import FOLDER_ATTR, MEASURE_ATTR, SEARCH_ATTR, SPACE_ATTR, STUDIES
 from gpt_optuna.study.recovery import recover_interrupted
@@ -87,6 +88,7 @@ def tune(
             prepared = prepare(config, first, inputs, notes, progress.note)
         lanes = session.place([prepared.versions.get("gpu", "none"), *names], engine.runs_on_cpu(prepared.space))
         sampler = make_sampler(config.sampler, config.seed, prepared.space)
+        seeds, warm = first_candidates(config, prepared.space, engine, storage, lanes[0].device, notes)
         study, resumed = open_study(
             storage,
             config.study_name,
@@ -94,7 +96,7 @@ def tune(
             fingerprint(config, prepared),
             prepared.space.default(),
             len(config.objectives),
-            first_candidates(config, prepared.space, engine, storage, lanes[0].device, notes),
+            seeds,
         )
         new.clear()  # the study exists: what this run made is its own from here on
         name_objectives(study)
@@ -128,6 +130,8 @@ def tune(
         publish(study, store, config.workdir)
         artifacts = FileSystemArtifactStore(store)
         budget = TrialBudget(study, config.n_trials, deadline, lambda: kept_time(config, study, start_s))
+        transfer = TransferQueue(warm, budget.has_room, progress.note)
+        transfer.update(study)
         objective = Objective(
             prepared.space,
             job,
@@ -139,7 +143,7 @@ def tune(
             progress.note,
         )
         phases.begin("searching")
-        stopped_by = session.search(study, storage, sampler, objective, budget, progress)
+        stopped_by = session.search(study, storage, sampler, objective, budget, progress, transfer.update)
         if stopped_by is not None:
             summary = record_winner(study)
             steps = next_steps(config, args, finished_count(study), summary, stopped=True)
@@ -229,21 +233,22 @@ def first_candidates(
     storage: optuna.storages.BaseStorage,
     device: str,
     notes: list[str],
-) -> list[tuple[Candidate, dict[str, str]]]:
-    """What a new study tries right after its baseline, with the user attrs that say why: the
-    configurations given (``config.seeds``), every speed feature on (unless ``--no-seeds``), and
-    the best of the ``--warm-start`` studies."""
+) -> tuple[list[tuple[Candidate, dict[str, str]]], list[tuple[Candidate, str]]]:
+    """What a new study tries right after its baseline: the configurations given (``config.seeds``)
+    and every speed feature on (unless ``--no-seeds``), with the user attrs that say why, queued
+    with the baseline; then the best of the ``--warm-start`` studies, ranked, each with where it
+    came from (queued one at a time by :class:`TransferQueue`)."""
     seeds = [(space.fitted(values), {"seeded": why}) for values, why in config.seeds]
     speed = None if config.no_seeds else speed_seed(space, backend)
     if speed is not None:
         seeds.append((speed, {"seeded": "every speed feature on"}))
+    warm: list[tuple[Candidate, str]] = []
     if config.warm_start:
         assert config.study_name is not None
         warm = warm_start(storage, config.warm_start, config.study_name, config.backend, device, space)
-        seeds += [(candidate, {"warm_start_from": source}) for candidate, source in warm]
         if recorded_fingerprint(storage, config.study_name) is None:  # a new study: they are queued
             notes.append(f"warm start: {warm_summary([source for _, source in warm]) or 'no earlier feasible trial'}")
-    return seeds
+    return seeds, warm
 
 
 def record_search(study: optuna.Study, config: TuneConfig, prepared: Prepared, deadline: float | None) -> None:

@@ -1,0 +1,91 @@
+"""The warm start's candidates queued one at a time, so that an earlier study whose configuration
+loses here stops giving any.
+
+The best configurations of earlier studies (:func:`gpt_optuna.search.seeds.warm_start`, ranked)
+are tried right after the baseline and the seeds, one after another: each is queued once the one
+before it has ended. A candidate that loses to this study's baseline (no faster, infeasible, or
+not made at all) shows that its study's findings do not carry over to this model, and the rest of
+that study's candidates are not tried; the search samples instead. A resumed study goes on where
+its runs left: what they tried is judged again and not queued twice. Nothing is queued once the
+search has no room for another trial.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from gpt_optuna.core.space import Candidate, candidate_key
+from gpt_optuna.study.taxonomy import baseline_trial, is_interrupted, measured_latency_ms, retried_numbers
+
+SOURCE_ATTR = "warm_start_from"
+"""Trial user attr: the earlier trial (``STUDY:TRIAL``) a warm-start candidate came from."""
+
+
+def source_study(source: str) -> str:
+    return source.rsplit(":", 1)[0]
+
+
+class TransferQueue:
+    """The warm-start candidates (ranked, each with its ``STUDY:TRIAL``) not yet queued, and the
+    earlier studies stopped because one of their candidates lost here. ``room`` says whether the
+    search will start another trial; ``note`` is told when a study is stopped with candidates left."""
+
+    def __init__(
+        self,
+        candidates: list[tuple[Candidate, str]],
+        room: Callable[[], bool] = lambda: True,
+        note: Callable[[str], None] = lambda _: None,
+    ) -> None:
+        self.pending = list(candidates)
+        self.room = room
+        self.note = note
+        self.stopped: dict[str, str] = {}
+        """Earlier study -> the source of its candidate that lost here."""
+        self._lock = threading.Lock()
+
+    def update(self, study: optuna.Study, _ended: FrozenTrial | None = None) -> None:
+        """Judge the warm-start candidates that ended (in any process), and queue the next one
+        where none is waiting or running. Called as the search starts and as each trial ends."""
+        with self._lock:
+            trials = study.get_trials(deepcopy=False)
+            retried = retried_numbers(trials)
+            warm = [t for t in trials if SOURCE_ATTR in t.user_attrs]
+            for trial in warm:
+                self._judge(trial, trials, retried)
+            if not any(t.state in (TrialState.WAITING, TrialState.RUNNING) for t in warm):
+                self._queue_next(study, trials)
+
+    def _judge(self, trial: FrozenTrial, trials: list[FrozenTrial], retried: set[int]) -> None:
+        """Where ``trial`` holds its result and lost to the baseline, stop its study."""
+        if trial.state in (TrialState.WAITING, TrialState.RUNNING) or is_interrupted(trial, retried):
+            return  # no result yet: a retry will have one
+        baseline = baseline_trial(trials)
+        base = None if baseline is None else measured_latency_ms(baseline)
+        ms = measured_latency_ms(trial) if trial.state is TrialState.COMPLETE else None
+        lost = trial.state is not TrialState.COMPLETE or (base is not None and ms is not None and ms >= base)
+        source = str(trial.user_attrs[SOURCE_ATTR])
+        study = source_study(source)
+        if lost and study not in self.stopped:
+            self.stopped[study] = source
+            left = sum(1 for _, other in self.pending if source_study(other) == study)
+            if left:
+                self.note(f"warm start: {source} lost to the baseline here; the other {left} of {study} are not tried")
+
+    def _queue_next(self, study: optuna.Study, trials: list[FrozenTrial]) -> None:
+        """Queue the best candidate left from a study not stopped, and not in the study yet."""
+        there = {candidate_key(t.params or t.system_attrs.get("fixed_params", {})) for t in trials}
+        tried = {t.user_attrs[SOURCE_ATTR] for t in trials if SOURCE_ATTR in t.user_attrs}
+        self.pending = [
+            (candidate, source)
+            for candidate, source in self.pending
+            if source_study(source) not in self.stopped
+            and source not in tried
+            and candidate_key(candidate) not in there
+        ]
+        if self.pending and self.room():
+            candidate, source = self.pending.pop(0)
+            study.enqueue_trial(candidate, user_attrs={SOURCE_ATTR: source})

@@ -1,0 +1,98 @@
+"""The warm start's queue: one candidate at a time, and an earlier study whose candidate loses to
+this study's baseline gives no more."""
+
+from __future__ import annotations
+
+import optuna
+from optuna.distributions import CategoricalDistribution
+from optuna.trial import TrialState
+
+from gpt_optuna.search.transfer import SOURCE_ATTR, TransferQueue
+
+DISTRIBUTIONS = {"a": CategoricalDistribution(tuple(range(8)))}
+
+
+def study_with_baseline(ms: float = 10.0) -> optuna.Study:
+    study = optuna.create_study(storage=optuna.storages.InMemoryStorage())
+    study.add_trial(
+        optuna.trial.create_trial(
+            params={"a": 0},
+            distributions=DISTRIBUTIONS,
+            value=ms,
+            user_attrs={"baseline": True, "latency": {"median_ms": ms}},
+        )
+    )
+    return study
+
+
+def waiting(study: optuna.Study) -> list[tuple[int, str]]:
+    return [
+        (t.system_attrs["fixed_params"]["a"], t.user_attrs[SOURCE_ATTR])
+        for t in study.get_trials(states=(TrialState.WAITING,))
+    ]
+
+
+def run_next(study: optuna.Study, ms: float | None) -> optuna.trial.FrozenTrial:
+    """Evaluate the queued trial: a latency, or None for an infeasible candidate."""
+    trial = study.ask(DISTRIBUTIONS)
+    if ms is None:
+        study.tell(trial, state=TrialState.PRUNED)
+    else:
+        trial.set_user_attr("latency", {"median_ms": ms})
+        study.tell(trial, ms)
+    return study.get_trials()[-1]
+
+
+CANDIDATES = [({"a": 1}, "A:3"), ({"a": 2}, "A:7"), ({"a": 3}, "B:1"), ({"a": 4}, "A:9"), ({"a": 5}, "B:2")]
+
+
+def test_candidates_are_queued_one_at_a_time_while_they_beat_the_baseline() -> None:
+    study, notes = study_with_baseline(), []
+    queue = TransferQueue(CANDIDATES, note=notes.append)
+    queue.update(study)
+    assert waiting(study) == [(1, "A:3")]
+    queue.update(study)  # one is waiting already: nothing more
+    assert waiting(study) == [(1, "A:3")]
+    for expected, ms in ((2, 9.0), (3, 8.0), (4, 6.0), (5, 7.0)):
+        queue.update(study, run_next(study, ms))
+        assert [a for a, _ in waiting(study)] == [expected]
+    queue.update(study, run_next(study, 5.0))
+    assert waiting(study) == [] and notes == []
+
+
+def test_a_candidate_that_loses_stops_the_rest_of_its_study() -> None:
+    study, notes = study_with_baseline(), []
+    queue = TransferQueue(CANDIDATES, note=notes.append)
+    queue.update(study)
+    queue.update(study, run_next(study, 11.0))  # A:3 is slower than the baseline: A gives no more
+    assert waiting(study) == [(3, "B:1")]
+    assert notes == ["warm start: A:3 lost to the baseline here; the other 2 of A are not tried"]
+    queue.update(study, run_next(study, None))  # B:1 is infeasible: B gives no more either
+    assert waiting(study) == []
+    assert queue.stopped == {"A": "A:3", "B": "B:1"}
+
+
+def test_nothing_is_queued_for_a_search_that_is_over_and_a_resumed_one_goes_on_where_it_left() -> None:
+    study = study_with_baseline()
+    TransferQueue(CANDIDATES, room=lambda: False).update(study)
+    assert waiting(study) == []
+    queue = TransferQueue(CANDIDATES)
+    queue.update(study)
+    run_next(study, 9.0)  # A:3 won, and the run ended before it queued the next
+    resumed = TransferQueue(CANDIDATES)
+    resumed.update(study)
+    assert waiting(study) == [(2, "A:7")]
+    run_next(study, 12.0)  # A:7 lost, and again the run ended first
+    TransferQueue(CANDIDATES).update(study)
+    assert waiting(study) == [(3, "B:1")]
+
+
+def test_a_candidate_the_study_holds_already_is_not_queued_again() -> None:
+    study = study_with_baseline()
+    study.add_trial(
+        optuna.trial.create_trial(
+            params={"a": 1}, distributions=DISTRIBUTIONS, value=8.0, user_attrs={"latency": {"median_ms": 8.0}}
+        )
+    )
+    TransferQueue(CANDIDATES).update(study)
+    assert waiting(study) == [(2, "A:7")]
