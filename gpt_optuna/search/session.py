@@ -57,13 +57,13 @@ class SearchSession:
         progress: Progress,
         after_trial: Callable[[optuna.Study, FrozenTrial], None],
     ) -> str | None:
-        """Search on every lane until ``budget`` is spent, telling ``after_trial`` (then the progress)
+        """Search on every lane until ``budget`` is spent, telling the progress (then ``after_trial``)
         as each trial ends; what stopped it early (a signal's description), else None. A
         :class:`UserError` in a trial is raised."""
 
         def trial_done(study: optuna.Study, trial: FrozenTrial) -> None:
-            after_trial(study, trial)
             progress.trial_done(study, trial)
+            after_trial(study, trial)
 
         try:
             run_lanes(study.study_name, storage, sampler, self.lanes, objective, budget, trial_done)
