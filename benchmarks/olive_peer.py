@@ -41,7 +41,7 @@ def installed() -> bool:
 def _tune(model: Path, feeds: dict[str, np.ndarray], folder: Path, device: str, conn: Connection) -> None:
     """In a process of its own: Olive's session-parameter tuning of ``model``; its inference settings to ``conn``."""
     folder.mkdir(parents=True, exist_ok=True)
-    log = os.open(folder / "olive.log", os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    log = os.open(folder / "olive.log", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     os.dup2(log, 1)  # Olive's own output, kept beside its run rather than mixed into the table's
     os.dup2(log, 2)
     from olive.workflows import run as olive_run
@@ -128,7 +128,7 @@ def tuned_settings(
             return None, f"not measured: Olive's tuning took over {timeout:g} s"
         settings = receive.recv()
     except EOFError:
-        process.join()
+        process.join(EXIT_WAIT_S)
         return None, f"not measured: Olive's tuning failed (exit code {process.exitcode}; see {folder / 'olive.log'})"
     finally:
         process.join(EXIT_WAIT_S)  # its settings are in; a child that hangs on its way out is stopped

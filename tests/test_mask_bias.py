@@ -101,3 +101,17 @@ def test_a_bias_that_computes_something_else_is_refused_by_the_check(monkeypatch
     assert changed == 0
     assert "something else" in skipped["attention0"]
     assert model.SerializeToString() == before
+
+
+def test_a_mask_made_later_in_the_graph_gets_its_bias_after_it() -> None:
+    model = attention_graph()
+    second = next(n for n in model.graph.node if n.name == "attention1")
+    second.input[4] = "mask_again"
+    model.graph.node.insert(1, helper.make_node("Identity", ["mask"], ["mask_again"]))
+    original = onnx.ModelProto()
+    original.CopyFrom(model)
+    assert masks_as_bias(model) == (2, {})
+    onnx.checker.check_model(model, full_check=True)  # topologically sorted
+    assert Counter(n.op_type for n in model.graph.node)["Expand"] == 2
+    mask = padded_masks()
+    np.testing.assert_allclose(run(model, mask), run(original, mask), atol=1e-5)

@@ -3,10 +3,13 @@ this study's baseline gives no more."""
 
 from __future__ import annotations
 
+import time
+
 import optuna
 from optuna.distributions import CategoricalDistribution
 from optuna.trial import TrialState
 
+from gpt_optuna.search.lanes import TrialBudget
 from gpt_optuna.search.transfer import SOURCE_ATTR, TransferQueue
 
 DISTRIBUTIONS = {"a": CategoricalDistribution(tuple(range(8)))}
@@ -26,9 +29,11 @@ def study_with_baseline(ms: float = 10.0) -> optuna.Study:
 
 
 def waiting(study: optuna.Study) -> list[tuple[int, str]]:
+    """The warm-start candidates waiting in the study's queue."""
     return [
         (t.system_attrs["fixed_params"]["a"], t.user_attrs[SOURCE_ATTR])
         for t in study.get_trials(states=(TrialState.WAITING,))
+        if SOURCE_ATTR in t.user_attrs
     ]
 
 
@@ -96,3 +101,26 @@ def test_a_candidate_the_study_holds_already_is_not_queued_again() -> None:
     )
     TransferQueue(CANDIDATES).update(study)
     assert waiting(study) == [(2, "A:7")]
+
+
+def test_a_resumed_study_counts_only_the_candidates_left_when_it_says_a_study_stopped() -> None:
+    study = study_with_baseline()
+    TransferQueue(CANDIDATES).update(study)
+    run_next(study, 9.0)  # A:3 won
+    TransferQueue(CANDIDATES).update(study)
+    run_next(study, 12.0)  # A:7 lost, and the run ended before it judged it
+    notes: list[str] = []
+    TransferQueue(CANDIDATES, note=notes.append).update(study)
+    assert notes == ["warm start: A:7 lost to the baseline here; the other 1 of A are not tried"]
+    assert waiting(study) == [(3, "B:1")]
+
+
+def test_the_budget_has_no_room_for_a_candidate_when_the_queued_trials_fill_it() -> None:
+    study = optuna.create_study(storage=optuna.storages.InMemoryStorage())
+    study.enqueue_trial({"a": 0}, user_attrs={"baseline": True})
+    study.enqueue_trial({"a": 1}, user_attrs={"seeded": "every speed feature on"})
+    assert not TrialBudget(study, 2, None).has_room()
+    assert TrialBudget(study, 3, None).has_room()
+    assert not TrialBudget(study, None, time.monotonic() - 1.0).has_room()  # the time is spent
+    TransferQueue(CANDIDATES, room=TrialBudget(study, 2, None).has_room).update(study)
+    assert waiting(study) == []  # a search of two trials ends with nothing left waiting

@@ -13,8 +13,10 @@ fed to every node the mask fed, in place of the mask. Each node is proven before
 node with the mask and with the bias run with ONNX Runtime on the CPU on random queries, keys and
 values and on masks padded right, left and with holes, and must agree; a node that does not is
 left as it is, with the reason. In fp32 a row whose keys are all masked stays uniform, as with the
-mask; in fp16 a filter value beyond fp16's range (an exporter's float minimum) becomes -inf, and
-such a row is no longer uniform: the accuracy check on the model's own inputs judges it.
+mask. The filter value is kept within the graph's float type; where an fp32 graph is reduced to
+fp16 afterwards, a filter value beyond fp16's range (an exporter's float minimum) is cast to -inf
+at run time, and such a row is no longer uniform: the accuracy check on the model's own inputs
+judges it.
 """
 
 from __future__ import annotations
@@ -71,12 +73,27 @@ def masks_as_bias(model: onnx.ModelProto) -> tuple[int, dict[str, str]]:
 
 
 def _place(graph: onnx.GraphProto, added: list[onnx.NodeProto]) -> None:
-    """Put the bias nodes before the first node reading a bias; drop those no node reads."""
-    made = {o for n in added for o in n.output}
-    nodes = list(graph.node)
-    first = next(i for i, n in enumerate(nodes) if made & set(n.input))
+    """Put each bias's nodes right before the first node reading that bias (after its mask is
+    made); drop those no node reads."""
+    made = {o: node for node in added for o in node.output}
+    placed: set[int] = set()
+    order: list[onnx.NodeProto] = []
+
+    def place(name: str) -> None:
+        node = made.get(name)
+        if node is None or id(node) in placed:
+            return
+        placed.add(id(node))
+        for read in node.input:
+            place(read)
+        order.append(node)
+
+    for node in list(graph.node):
+        for read in node.input:
+            place(read)
+        order.append(node)
     graph.ClearField("node")
-    graph.node.extend([*nodes[:first], *added, *nodes[first:]])
+    graph.node.extend(order)
     drop_dead(graph)
 
 
@@ -101,7 +118,7 @@ def _bias(graph: GraphIndex, added: list[onnx.NodeProto], mask: str, neg: float,
     """The nodes computing ``mask`` as a ``[batch, 1, keys, keys]`` bias of ``dtype`` (not yet in the graph)."""
     values = helper.tensor_dtype_to_np_dtype(dtype)
     zero = graph.initializer(np.zeros((), values), "zero")
-    filtered = graph.initializer(np.array(neg, values), "filter")
+    filtered = graph.initializer(np.array(max(neg, float(np.finfo(values).min)), values), "filter")  # finite
     axes = graph.initializer(np.array([1, 2], np.int64), "axes")
     one = graph.initializer(np.array([1], np.int64), "one")
     valid, rows, wide, dims, batch, keys, size, bias = (
@@ -135,13 +152,14 @@ def _check(graph: GraphIndex, node: onnx.NodeProto, bias: str) -> str | None:
     graph.add([trial])
     feed = _feed(graph, inputs)
     if feed is None:
-        return "the sizes of its queries are not known"
+        return "the sizes of its queries, keys or values are not known"
     return disagreement(graph, node.output[0], trial.output[0], feed)
 
 
 def _feed(graph: GraphIndex, inputs: list[str]) -> dict[str, np.ndarray] | None:
     """Random queries, keys and values, and masks padded right, left and with holes."""
-    hidden = [graph.shapes[inputs[i]][2] for i in range(3)]
+    shapes = [graph.shapes.get(inputs[i]) or [] for i in range(3)]
+    hidden = [shape[2] if len(shape) == 3 else None for shape in shapes]
     if not all(isinstance(h, int) for h in hidden):
         return None
     rng = np.random.default_rng(0)

@@ -165,13 +165,15 @@ class TrialBudget:
         self._stopped.set()
 
     def has_room(self) -> bool:
-        """Whether the search may still start a trial after those running: trials and time left."""
-        if self._stopped.is_set() or (self.deadline is not None and time.monotonic() >= self.deadline):
+        """Whether one more trial would start after those queued and running, as :meth:`claim`
+        judges trials and time (without taking the slot)."""
+        if self._stopped.is_set():
             return False
-        if self.target is None:
-            return True
         trials = self.study.get_trials(deepcopy=False)
-        return len(own_results(trials)) + sum(1 for t in trials if t.state is TrialState.RUNNING) < self.target
+        if self.deadline is not None and time.monotonic() + trial_seconds(trials) + self.kept() >= self.deadline:
+            return False
+        queued = sum(1 for t in trials if t.state in (TrialState.RUNNING, TrialState.WAITING))
+        return self.target is None or len(own_results(trials)) + queued < self.target
 
     def claim(self) -> bool:
         """Whether a worker may start one more trial; waits while the study's last trials run."""

@@ -52,12 +52,13 @@ class TransferQueue:
         where none is waiting or running. Called as the search starts and as each trial ends."""
         with self._lock:
             trials = study.get_trials(deepcopy=False)
+            self._drop_tried(trials)
             retried = retried_numbers(trials)
             warm = [t for t in trials if SOURCE_ATTR in t.user_attrs]
             for trial in warm:
                 self._judge(trial, trials, retried)
             if not any(t.state in (TrialState.WAITING, TrialState.RUNNING) for t in warm):
-                self._queue_next(study, trials)
+                self._queue_next(study)
 
     def _judge(self, trial: FrozenTrial, trials: list[FrozenTrial], retried: set[int]) -> None:
         """Where ``trial`` holds its result and lost to the baseline, stop its study."""
@@ -75,17 +76,15 @@ class TransferQueue:
             if left:
                 self.note(f"warm start: {source} lost to the baseline here; the other {left} of {study} are not tried")
 
-    def _queue_next(self, study: optuna.Study, trials: list[FrozenTrial]) -> None:
-        """Queue the best candidate left from a study not stopped, and not in the study yet."""
+    def _drop_tried(self, trials: list[FrozenTrial]) -> None:
+        """Forget the candidates the study holds already (tried, or the same configuration)."""
         there = {candidate_key(t.params or t.system_attrs.get("fixed_params", {})) for t in trials}
         tried = {t.user_attrs[SOURCE_ATTR] for t in trials if SOURCE_ATTR in t.user_attrs}
-        self.pending = [
-            (candidate, source)
-            for candidate, source in self.pending
-            if source_study(source) not in self.stopped
-            and source not in tried
-            and candidate_key(candidate) not in there
-        ]
+        self.pending = [(c, s) for c, s in self.pending if s not in tried and candidate_key(c) not in there]
+
+    def _queue_next(self, study: optuna.Study) -> None:
+        """Queue the best candidate left from a study not stopped."""
+        self.pending = [(c, s) for c, s in self.pending if source_study(s) not in self.stopped]
         if self.pending and self.room():
             candidate, source = self.pending.pop(0)
             study.enqueue_trial(candidate, user_attrs={SOURCE_ATTR: source})
