@@ -10,7 +10,8 @@ from optuna.distributions import CategoricalDistribution
 from optuna.trial import TrialState
 
 from gpt_optuna.search.lanes import TrialBudget
-from gpt_optuna.search.transfer import SOURCE_ATTR, TransferQueue
+from gpt_optuna.search.transfer import TransferQueue
+from gpt_optuna.study.record import WARM_START_ATTR
 
 DISTRIBUTIONS = {"a": CategoricalDistribution(tuple(range(8)))}
 
@@ -31,9 +32,9 @@ def study_with_baseline(ms: float = 10.0) -> optuna.Study:
 def waiting(study: optuna.Study) -> list[tuple[int, str]]:
     """The warm-start candidates waiting in the study's queue."""
     return [
-        (t.system_attrs["fixed_params"]["a"], t.user_attrs[SOURCE_ATTR])
+        (t.system_attrs["fixed_params"]["a"], t.user_attrs[WARM_START_ATTR])
         for t in study.get_trials(states=(TrialState.WAITING,))
-        if SOURCE_ATTR in t.user_attrs
+        if WARM_START_ATTR in t.user_attrs
     ]
 
 

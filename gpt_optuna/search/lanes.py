@@ -170,7 +170,7 @@ class TrialBudget:
         if self._stopped.is_set():
             return False
         trials = self.study.get_trials(deepcopy=False)
-        if self.deadline is not None and time.monotonic() + trial_seconds(trials) + self.kept() >= self.deadline:
+        if self._out_of_time(trial_seconds(trials)):
             return False
         queued = sum(1 for t in trials if t.state in (TrialState.RUNNING, TrialState.WAITING))
         return self.target is None or len(own_results(trials)) + queued < self.target
@@ -182,7 +182,7 @@ class TrialBudget:
                 if self._stopped.is_set():
                     return False
                 finished, running, longest = self._counts()
-                if self.deadline is not None and time.monotonic() + longest + self.kept() >= self.deadline:
+                if self._out_of_time(longest):
                     return False
                 if self.target is None or finished + running + self._starting < self.target:
                     self._starting += 1
@@ -191,6 +191,11 @@ class TrialBudget:
                     return False
             interrupts.check()
             time.sleep(WAIT_S)
+
+    def _out_of_time(self, longest: float) -> bool:
+        """Whether one more trial as long as ``longest`` and the time kept for after the search
+        would run past the deadline."""
+        return self.deadline is not None and time.monotonic() + longest + self.kept() >= self.deadline
 
     def started(self) -> None:
         """The claimed trial is in the storage, RUNNING, named as this process's."""

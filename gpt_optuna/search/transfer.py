@@ -19,10 +19,8 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from gpt_optuna.core.space import Candidate, candidate_key
+from gpt_optuna.study.record import WARM_START_ATTR
 from gpt_optuna.study.taxonomy import baseline_trial, is_interrupted, measured_latency_ms, retried_numbers
-
-SOURCE_ATTR = "warm_start_from"
-"""Trial user attr: the earlier trial (``STUDY:TRIAL``) a warm-start candidate came from."""
 
 
 def source_study(source: str) -> str:
@@ -54,21 +52,22 @@ class TransferQueue:
             trials = study.get_trials(deepcopy=False)
             self._drop_tried(trials)
             retried = retried_numbers(trials)
-            warm = [t for t in trials if SOURCE_ATTR in t.user_attrs]
+            baseline = baseline_trial(trials)
+            base = None if baseline is None else measured_latency_ms(baseline)
+            warm = [t for t in trials if WARM_START_ATTR in t.user_attrs]
             for trial in warm:
-                self._judge(trial, trials, retried)
+                self._judge(trial, base, retried)
             if not any(t.state in (TrialState.WAITING, TrialState.RUNNING) for t in warm):
                 self._queue_next(study)
 
-    def _judge(self, trial: FrozenTrial, trials: list[FrozenTrial], retried: set[int]) -> None:
-        """Where ``trial`` holds its result and lost to the baseline, stop its study."""
+    def _judge(self, trial: FrozenTrial, base: float | None, retried: set[int]) -> None:
+        """Where ``trial`` holds its result and lost to the baseline (its latency ``base``, None
+        while unmeasured), stop its study."""
         if trial.state in (TrialState.WAITING, TrialState.RUNNING) or is_interrupted(trial, retried):
             return  # no result yet: a retry will have one
-        baseline = baseline_trial(trials)
-        base = None if baseline is None else measured_latency_ms(baseline)
         ms = measured_latency_ms(trial) if trial.state is TrialState.COMPLETE else None
         lost = trial.state is not TrialState.COMPLETE or (base is not None and ms is not None and ms >= base)
-        source = str(trial.user_attrs[SOURCE_ATTR])
+        source = str(trial.user_attrs[WARM_START_ATTR])
         study = source_study(source)
         if lost and study not in self.stopped:
             self.stopped[study] = source
@@ -79,7 +78,7 @@ class TransferQueue:
     def _drop_tried(self, trials: list[FrozenTrial]) -> None:
         """Forget the candidates the study holds already (tried, or the same configuration)."""
         there = {candidate_key(t.params or t.system_attrs.get("fixed_params", {})) for t in trials}
-        tried = {t.user_attrs[SOURCE_ATTR] for t in trials if SOURCE_ATTR in t.user_attrs}
+        tried = {t.user_attrs[WARM_START_ATTR] for t in trials if WARM_START_ATTR in t.user_attrs}
         self.pending = [(c, s) for c, s in self.pending if s not in tried and candidate_key(c) not in there]
 
     def _queue_next(self, study: optuna.Study) -> None:
@@ -87,4 +86,4 @@ class TransferQueue:
         self.pending = [(c, s) for c, s in self.pending if source_study(s) not in self.stopped]
         if self.pending and self.room():
             candidate, source = self.pending.pop(0)
-            study.enqueue_trial(candidate, user_attrs={SOURCE_ATTR: source})
+            study.enqueue_trial(candidate, user_attrs={WARM_START_ATTR: source})

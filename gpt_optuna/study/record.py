@@ -33,7 +33,9 @@ ARTIFACTS_ATTR = "artifact_store"
 DATA_ATTR = "shared_data"
 """file name -> {"artifact": id, "sha256": hash} of each data file in the store."""
 
-WHY_TRIED = ("baseline", "seeded", "warm_start_from")
+WARM_START_ATTR = "warm_start_from"
+"""Trial user attr: the earlier trial (``STUDY:TRIAL``) a warm-start candidate came from."""
+WHY_TRIED = ("baseline", "seeded", WARM_START_ATTR)
 """The trial user attrs that say why a candidate was tried: a retry keeps them."""
 IO_CHANGE_ATTR = "io_dtypes"
 """Trial user attr: the dtypes the trial's model changed at its inputs and outputs, where it changed

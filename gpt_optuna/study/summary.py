@@ -10,7 +10,7 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from gpt_optuna.study.record import CONFIRMED_ATTR, IO_CHANGE_ATTR, MEASURE_ATTR, StudyRecord
+from gpt_optuna.study.record import CONFIRMED_ATTR, IO_CHANGE_ATTR, MEASURE_ATTR, WARM_START_ATTR, StudyRecord
 from gpt_optuna.study.recovery import orphans
 from gpt_optuna.study.taxonomy import (
     STATUSES,
@@ -220,9 +220,9 @@ def summarize_study(study: optuna.Study) -> StudySummary:
         confirmed=confirmed,
         failures=tuple(failure_causes(trials)),
         warm_started=tuple(
-            str(t.user_attrs["warm_start_from"])
+            str(t.user_attrs[WARM_START_ATTR])
             for t in trials
-            if "warm_start_from" in t.user_attrs and not is_interrupted(t, retried)  # a retry counts once
+            if WARM_START_ATTR in t.user_attrs and not is_interrupted(t, retried)  # a retry counts once
         ),
         allow_io_change=record.allow_io_change,
         stability=stability(trials, target, best),
