@@ -15,7 +15,8 @@ cosine similarity to PyTorch fp32 eager's outputs. The table goes to stdout (and
 go to stderr.
 
     python benchmarks/peers.py [--models resnet50,mobilenetv2,minilm,vit_b_16,convnext_tiny]
-                               [--n-trials 40] [--peers eager32,eager16,reduce-overhead,max-autotune,olive]
+                               [--n-trials 40]
+                               [--peers onnxruntime,eager32,eager16,reduce-overhead,max-autotune,olive]
                                [--compile-timeout 600] [--olive-timeout 900] [--table FILE]
                                [--workdir DIR] [--profile]
 """
@@ -54,7 +55,9 @@ from gpt_optuna.search.tune import tune
 from gpt_optuna.study.summary import finished_count, summarize_study
 from gpt_optuna.study.taxonomy import measured_latency_ms
 
-PEERS = ("eager32", "eager16", "reduce-overhead", "max-autotune", "olive")
+PEERS = ("onnxruntime", "eager32", "eager16", "reduce-overhead", "max-autotune", "olive")
+"""``onnxruntime``: the defaults and the tuned winner (the search first); left out, a run measures
+only the other peers of a model (a peer added to a table made before)."""
 COMPILED = ("reduce-overhead", "max-autotune")
 REFERENCE = "reduce-overhead"
 """The peer every row is set beside."""
@@ -276,19 +279,28 @@ def olive_row(name: str, model: Path, feeds: dict[str, np.ndarray], folder: Path
         def run() -> None:
             session.run_with_iobinding(binding)
 
+        def result() -> np.ndarray:
+            stream.synchronize()
+            return outputs[names[0]].float().cpu().numpy()
+
         run()
-        stream.synchronize()
-        result = outputs[names[0]].float().cpu().numpy()
+        first = result()
     else:
 
         def run() -> None:
             session.run(names, feeds)
 
-        result = session.run(names, feeds)[0]
+        def result() -> np.ndarray:
+            return session.run(names, feeds)[0]
+
+        first = result()
+    timing = time_calls(run, stream)
+    steady = result()  # what the timed calls left: a CUDA graph's replays, not only the first run
+    print(f"{label}: first run vs the timed runs' outputs, cosine {cosine(first, steady):.6f}", file=sys.stderr)
     options = [f"{k}={v}" for o in settings["provider_options"] for k, v in o.items()]
     options += [f"{k}={v}" for k, v in settings.get("session_options", {}).items() if v is not None]
     params = ", ".join([f"io_bind={settings.get('io_bind')}", *options])
-    return Row(label, time_calls(run, stream), result, f"{params}; {note}")
+    return Row(label, timing, steady, f"{params}; {note}")
 
 
 def model_lines(name: str, rows: list[Row], reference: np.ndarray | None) -> list[str]:
@@ -346,26 +358,29 @@ def main() -> None:
         for name in names:
             model = MODELS[name]
             onnx_path, feeds = model.onnx(args.cache.resolve()), model.feeds()
-            # first: a rerun resumes the search
-            tuned, figures = onnxruntime_rows(name, onnx_path, feeds, args.n_trials, folder, stack, args.profile)
+            tuned, figures = [], []
+            if "onnxruntime" in peers:  # first: a rerun resumes the search
+                tuned, figure = onnxruntime_rows(name, onnx_path, feeds, args.n_trials, folder, stack, args.profile)
+                figures.append(figure)
             reference = torch_row(name, "eager32", False, args.compile_timeout)
             rows = [reference] if "eager32" in peers else []
             for peer in peers:
-                if peer != "eager32":
+                if peer not in ("eager32", "onnxruntime"):
                     rows.append(
                         olive_row(name, onnx_path, feeds, folder, args.olive_timeout)
                         if peer == "olive"
                         else torch_row(name, peer, args.profile, args.compile_timeout)
                     )
                 # the table so far, so a run stopped midway keeps every row it measured
-                write_table([*lines, *model_lines(name, [*rows, *tuned], reference.outputs), figures], args.table)
+                write_table([*lines, *model_lines(name, [*rows, *tuned], reference.outputs), *figures], args.table)
             rows += tuned
             start = len(lines)
-            lines += [*model_lines(name, rows, reference.outputs), figures]
+            lines += [*model_lines(name, rows, reference.outputs), *figures]
             measured = [row for row in rows if row.label.startswith("torch") and row.timing is not None]
             if args.profile and measured:
                 best_peer = min(measured, key=lambda row: row.timing.median_ms)  # type: ignore[union-attr]
-                lines += [f"{name}: GPU kernels per inference (CUPTI)", *best_peer.profile, *tuned[-1].profile]
+                lines += [f"{name}: GPU kernels per inference (CUPTI)", *best_peer.profile]
+                lines += [line for row in tuned for line in row.profile]  # the winner's (the defaults have none)
             emit(lines, start, args.table)
     print("\n".join(lines))
 
