@@ -194,6 +194,7 @@ def landscape(study: optuna.Study, name: str, space: Space) -> dict[str, Any]:
         "cpu": cpu_name(),
         "versions": fingerprint["versions"],
         "criterion": fingerprint["accuracy"],
+        "profile": fingerprint["model_profile"],
         "space": space.to_record(),
         "baseline": baseline.params,
         "trials": trials,

@@ -53,6 +53,7 @@ from gpt_optuna.evaluation.accuracy import Verdict, parse_criterion
 from gpt_optuna.evaluation.jobs import EvaluateJob
 from gpt_optuna.evaluation.measure import LatencyStats, MeasureSettings
 from gpt_optuna.evaluation.outcome import Outcome, TrialResult
+from gpt_optuna.graph.model_profile import ModelProfile
 from gpt_optuna.search.config import TuneConfig
 from gpt_optuna.search.lanes import TrialBudget, run_lanes
 from gpt_optuna.search.objective import Lane, Objective
@@ -88,6 +89,7 @@ class Landscape:
     cpu: str
     versions: dict[str, str]
     criterion: str
+    profile: ModelProfile
     space: Space
     results: dict[CandidateKey, TrialResult]
 
@@ -97,7 +99,9 @@ class Landscape:
         results = {candidate_key(t["params"]): _result(t) for t in data["trials"]}
         space = Space.from_record(data["space"])
         cpu = data.get("cpu", "")  # recorded since the CPU landscapes
-        return cls(data["model"], data["gpu"], cpu, data["versions"], data["criterion"], space, results)
+        profile = ModelProfile.from_record(data["profile"])
+        assert profile is not None
+        return cls(data["model"], data["gpu"], cpu, data["versions"], data["criterion"], profile, space, results)
 
     def measured_like(self, other: Landscape) -> bool:
         """Whether ``other`` was recorded on the same GPU (or none) and processor with the same
@@ -191,7 +195,7 @@ def first_hit(landscape: Landscape, order: list[Candidate], hit: Callable[[float
 def earlier_study(storage: optuna.storages.BaseStorage, landscape: Landscape) -> None:
     """A finished study of ``landscape`` in ``storage``: its baseline, then every configuration."""
     study = optuna.create_study(storage=storage, study_name=landscape.name)
-    study.set_user_attr(FINGERPRINT_ATTR, {"backend": "onnxruntime"})
+    study.set_user_attr(FINGERPRINT_ATTR, {"backend": "onnxruntime", "model_profile": landscape.profile.to_record()})
     distributions = {k.name: CategoricalDistribution(k.choices) for k in landscape.space.knobs}
     baseline = candidate_key(landscape.space.default())
     for k in sorted(landscape.results, key=lambda k: k != baseline):
@@ -240,7 +244,7 @@ def search(
         if strategy == "optuna random"
         else make_sampler(config.sampler, seed, space)
     )
-    seeds, warm = first_candidates(config, space, OnnxRuntimeBackend(), storage, landscape.gpu, [])
+    seeds, warm = first_candidates(config, space, landscape.profile, OnnxRuntimeBackend(), storage, landscape.gpu, [])
     study, _ = open_study(storage, landscape.name, sampler, {"backend": "onnxruntime"}, space.default(), 1, seeds)
     job = EvaluateJob(  # the lookup reads the candidate alone: no model, inputs or reference files
         backend="onnxruntime",
@@ -257,7 +261,7 @@ def search(
     lane = Lane(0, LookupWorker(landscape), None, landscape.gpu)
     cap = 3 * len(landscape.results)
     budget = TrialBudget(study, cap, None)
-    transfer = TransferQueue(warm, budget.has_room)
+    transfer = TransferQueue(warm.candidates, budget.has_room, reserve=warm.reserve)
     transfer.update(study)
     found: list[int] = []
     near: list[int] = []

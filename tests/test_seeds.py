@@ -2,23 +2,29 @@
 SQLite, real tuner runs with the synthetic backend)."""
 
 from pathlib import Path
+from typing import Any
 
 import optuna
 import pytest
-from conftest import SYNTHETIC, synthetic_config, tune
+from conftest import SYNTHETIC, matmul_model, save, synthetic_config, tune
 from optuna.trial import TrialState
 
 from gpt_optuna.backends.onnxruntime.backend import OnnxRuntimeBackend
 from gpt_optuna.backends.onnxruntime.knobs import discover_knobs
 from gpt_optuna.backends.onnxruntime.settings import CPU, CUDA
 from gpt_optuna.core.space import Space
+from gpt_optuna.graph.model_profile import ModelProfile, profile_of
 from gpt_optuna.graph.precision import precision_knobs
 from gpt_optuna.search.config import TuneConfig
 from gpt_optuna.search.seeds import WARM_PER_STUDY, speed_seed
 from gpt_optuna.search.tune import first_candidates
+from gpt_optuna.study.record import FINGERPRINT_ATTR, StudyRecord
 
 LEVELS = ["ORT_DISABLE_ALL", "ORT_ENABLE_BASIC", "ORT_ENABLE_ALL"]
 ORT = OnnxRuntimeBackend()
+PROFILE = ModelProfile({"Conv": 1}, 1000)
+UNLIKE = ModelProfile({"Conv": 1, "MatMul": 9}, 1000)
+"""Model similarity 1/sqrt(10) = 0.32 to :data:`PROFILE`: one candidate of three at first."""
 
 
 def gpu_space() -> Space:
@@ -46,10 +52,10 @@ def test_no_seeds_leaves_only_the_given_candidates(tmp_path: Path) -> None:
     model.write_bytes(b"")
     storage = optuna.storages.InMemoryStorage()
     config = TuneConfig(model=model, no_seeds=True, seeds=[({"precision": "fp16"}, "the record")])
-    seeds, warm = first_candidates(config, gpu_space(), ORT, storage, "cpu", [])
-    assert [attrs for _, attrs in seeds] == [{"seeded": "the record"}] and warm == []
+    seeds, warm = first_candidates(config, gpu_space(), PROFILE, ORT, storage, "cpu", [])
+    assert [attrs for _, attrs in seeds] == [{"seeded": "the record"}] and warm.candidates == []
     config = TuneConfig(model=model)
-    seeds, _ = first_candidates(config, gpu_space(), ORT, storage, "cpu", [])
+    seeds, _ = first_candidates(config, gpu_space(), PROFILE, ORT, storage, "cpu", [])
     assert [attrs for _, attrs in seeds] == [{"seeded": "every speed feature on"}]
 
 
@@ -75,7 +81,9 @@ def test_a_warm_start_queues_the_best_distinct_configurations_of_earlier_studies
             distinct.append(trial.params)
     assert [t.params for t in warm] == distinct[:WARM_PER_STUDY]
     assert [t.user_attrs["warm_start_from"].partition(":")[0] for t in warm] == ["first"] * WARM_PER_STUDY
-    assert "warm start: 3 candidates from first" in err and "warm start: 3 candidates from first" in out
+    assert "warm start: first (model similarity 1.00): 3 candidates" in err  # the same model
+    assert "warm start: 3 candidates from first" in out
+    assert StudyRecord.of(optuna.load_study(study_name="first", storage=url)).model_profile == profile_of(cnn_path)
     # auto: every study of this backend measured on this device, here both earlier ones
     assert tune(*base, "--study-name", "third", "--n-trials", "4", "--warm-start", "auto") == 0
     third = [
@@ -93,31 +101,85 @@ def test_a_warm_start_queues_the_best_distinct_configurations_of_earlier_studies
     )
 
 
-def test_a_warm_start_from_many_studies_takes_what_most_agree_on_then_the_largest_speedups() -> None:
+def earlier_studies(studies: dict[str, tuple[ModelProfile | None, float, list[tuple[int, float]]]]) -> Any:
+    """A storage holding ``studies``: per study its model's profile (None: not recorded), its
+    baseline latency, then (a, latency) of its trials."""
     from optuna.distributions import CategoricalDistribution
 
-    from gpt_optuna.core.space import Knob
-    from gpt_optuna.search.seeds import WARM_LIMIT, warm_start
-
-    space = Space([Knob("a", tuple(range(8)), 0), Knob("b", ("x", "y"), "x")])
     distributions = {"a": CategoricalDistribution(tuple(range(8))), "b": CategoricalDistribution(("x", "y"))}
     storage = optuna.storages.InMemoryStorage()
-    studies = {  # per study: its baseline latency, then (a, latency) of its trials
-        "s0": (10.0, [(1, 5.0), (2, 6.0), (3, 7.0)]),
-        "s1": (10.0, [(1, 4.0), (4, 4.5), (5, 9.0), (6, 9.9)]),  # its fourth best is not offered
-        "s2": (16.0, [(1, 8.0), (4, 8.5), (6, 7.6)]),
-        "s3": (10.0, [(7, 1.0), (0, 0.5)]),  # its very best is the new space's baseline
-    }
-    for name, (base, trials) in studies.items():
+    for name, (profile, base, trials) in studies.items():
         study = optuna.create_study(study_name=name, storage=storage)
+        if profile is not None:
+            study.set_user_attr(FINGERPRINT_ATTR, {"model_profile": profile.to_record()})
         for a, ms in [(0, base), *trials]:
             params = {"a": a, "b": "x"}
             user_attrs = {"baseline": ms == base and a == 0, "latency": {"median_ms": ms}}
             study.add_trial(
                 optuna.trial.create_trial(params=params, distributions=distributions, value=ms, user_attrs=user_attrs)
             )
-    warm = warm_start(storage, "s0,s1,s2,s3", "new", "synthetic", "cpu", space)
-    assert len(warm) == WARM_LIMIT == 6
+    return storage
+
+
+def small_space() -> Space:
+    from gpt_optuna.core.space import Knob
+
+    return Space([Knob("a", tuple(range(8)), 0), Knob("b", ("x", "y"), "x")])
+
+
+def test_a_warm_start_from_many_studies_takes_what_most_agree_on_then_the_largest_speedups() -> None:
+    from gpt_optuna.search.seeds import WARM_LIMIT, warm_start
+
+    storage = earlier_studies(
+        {
+            "s0": (PROFILE, 10.0, [(1, 5.0), (2, 6.0), (3, 7.0)]),
+            "s1": (PROFILE, 10.0, [(1, 4.0), (4, 4.5), (5, 9.0), (6, 9.9)]),  # its fourth best is not offered
+            "s2": (PROFILE, 16.0, [(1, 8.0), (4, 8.5), (6, 7.6)]),
+            "s3": (PROFILE, 10.0, [(7, 1.0), (0, 0.5)]),  # its very best is the new space's baseline
+        }
+    )
+    warm = warm_start(storage, "s0,s1,s2,s3", "new", "synthetic", "cpu", small_space(), PROFILE)
+    assert len(warm.candidates) == WARM_LIMIT == 6 and warm.reserve == {}
     # a=1 is offered by three studies, a=4 by two; then one-study offers by speedup: 10, 2.1, 1.67, 1.43 (not 1.11)
-    assert [c["a"] for c, _ in warm] == [1, 4, 7, 6, 2, 3]
-    assert warm[0][1] == "s1:1" and warm[2][1] == "s3:1"  # each from the study where it gained most
+    assert [c["a"] for c, _ in warm.candidates] == [1, 4, 7, 6, 2, 3]
+    assert warm.candidates[0][1] == "s1:1" and warm.candidates[2][1] == "s3:1"  # each from where it gained most
+
+
+def test_a_study_of_a_less_alike_model_offers_fewer_candidates_first_and_holds_the_rest_back() -> None:
+    from gpt_optuna.search.seeds import warm_start
+
+    storage = earlier_studies(
+        {
+            "unlike": (UNLIKE, 10.0, [(1, 1.0), (2, 2.0), (3, 3.0)]),  # the largest speedups
+            "alike": (PROFILE, 10.0, [(4, 8.0), (5, 8.5), (6, 9.0)]),
+            "unknown": (None, 10.0, [(7, 5.0), (2, 6.0)]),  # made before profiles, its model not recorded
+        }
+    )
+    warm = warm_start(storage, "unlike,alike,unknown", "new", "synthetic", "cpu", small_space(), PROFILE)
+    # all three of the alike model's first (weight 1 each), then the unknown one's best (weight 1/3), then
+    # the unlike one's (0.32), though its speedup is the largest
+    assert [source for _, source in warm.candidates] == ["alike:1", "alike:2", "alike:3", "unknown:1", "unlike:1"]
+    assert warm.reserve == {
+        "unlike": [({"a": 2, "b": "x"}, "unlike:2"), ({"a": 3, "b": "x"}, "unlike:3")],
+        "unknown": [({"a": 2, "b": "x"}, "unknown:2")],
+    }
+    assert warm.similarity["alike"] == pytest.approx(1.0) and warm.similarity["unknown"] is None
+    assert warm.describe() == (
+        "unlike (model similarity 0.32): 1 candidate (2 more once one beats the baseline), "
+        "alike (model similarity 1.00): 3 candidates, "
+        "unknown (similarity unknown): 1 candidate (1 more once one beats the baseline)"
+    )
+
+
+def test_a_study_made_before_profiles_were_recorded_is_judged_by_its_model_file_while_it_is_unchanged(
+    cnn_path: Path,
+) -> None:
+    from gpt_optuna.graph.model import file_sha256
+    from gpt_optuna.search.seeds import study_similarity
+
+    study, profile = optuna.create_study(), profile_of(cnn_path)
+    study.set_user_attr(FINGERPRINT_ATTR, {"model": str(cnn_path), "model_sha256": file_sha256(cnn_path)})
+    assert study_similarity(study, profile) == pytest.approx(1.0)
+    assert study_similarity(study, ModelProfile({"MatMul": 1}, 1000)) == 0.0  # no operator in common
+    save(matmul_model(), cnn_path)  # another model in its place: its own profile is unknown
+    assert study_similarity(study, profile) is None

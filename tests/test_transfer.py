@@ -78,6 +78,37 @@ def test_a_candidate_that_loses_stops_the_rest_of_its_study() -> None:
     assert queue.stopped == {"A": "A:3", "B": "B:1"}
 
 
+def test_a_candidate_that_wins_gives_what_its_study_held_back_next_and_one_that_loses_does_not() -> None:
+    study, notes = study_with_baseline(), []
+    reserve = {"A": [({"a": 6}, "A:11"), ({"a": 7}, "A:12")], "B": [({"a": 5}, "B:5")]}
+    queue = TransferQueue([({"a": 1}, "A:3"), ({"a": 3}, "B:1")], note=notes.append, reserve=reserve)
+    queue.update(study)
+    queue.update(study, run_next(study, 9.0))  # A:3 beat the baseline: A's held-back ones come next
+    assert waiting(study) == [(6, "A:11")]
+    assert notes == ["warm start: A:3 beat the baseline here; 2 more of A follow"]
+    queue.update(study, run_next(study, 9.5))
+    assert waiting(study) == [(7, "A:12")]
+    queue.update(study, run_next(study, 9.5))
+    assert waiting(study) == [(3, "B:1")]
+    queue.update(study, run_next(study, 10.0))  # B:1 no faster: B's held-back one is never tried
+    assert waiting(study) == [] and "B" in queue.stopped and queue.reserve == {}
+    assert notes[-1] == "warm start: B:1 lost to the baseline here; the other 1 of B is not tried"
+
+
+def test_what_a_study_held_back_is_given_only_up_to_the_warm_start_limit() -> None:
+    from gpt_optuna.search.seeds import WARM_LIMIT
+
+    study = study_with_baseline()
+    first = [({"a": n}, f"A:{n}") for n in range(1, WARM_LIMIT)]  # one short of the limit
+    queue = TransferQueue(first, reserve={"A": [({"a": 6}, "A:60"), ({"a": 7}, "A:70")]})
+    queue.update(study)
+    for _ in range(WARM_LIMIT):
+        queue.update(study, run_next(study, 9.0))
+    tried = [t.user_attrs[WARM_START_ATTR] for t in study.trials if WARM_START_ATTR in t.user_attrs]
+    assert len(tried) == WARM_LIMIT and tried[1] == "A:60"  # given next after the first win, once
+    assert waiting(study) == []
+
+
 def test_nothing_is_queued_for_a_search_that_is_over_and_a_resumed_one_goes_on_where_it_left() -> None:
     study = study_with_baseline()
     TransferQueue(CANDIDATES, room=lambda: False).update(study)
@@ -112,7 +143,7 @@ def test_a_resumed_study_counts_only_the_candidates_left_when_it_says_a_study_st
     run_next(study, 12.0)  # A:7 lost, and the run ended before it judged it
     notes: list[str] = []
     TransferQueue(CANDIDATES, note=notes.append).update(study)
-    assert notes == ["warm start: A:7 lost to the baseline here; the other 1 of A are not tried"]
+    assert notes == ["warm start: A:7 lost to the baseline here; the other 1 of A is not tried"]
     assert waiting(study) == [(3, "B:1")]
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from gpt_optuna.graph.interface import describe_changes
+from gpt_optuna.study.record import source_study
 from gpt_optuna.study.summary import first_value
 
 if TYPE_CHECKING:
@@ -125,8 +126,7 @@ def warm_summary(sources: list[str]) -> str:
     """How many warm-start candidates came from which study (``STUDY:TRIAL`` each)."""
     counts: dict[str, int] = {}
     for source in sources:
-        study = source.rpartition(":")[0]
-        counts[study] = counts.get(study, 0) + 1
+        counts[source_study(source)] = counts.get(source_study(source), 0) + 1
     return ", ".join(f"{n} candidate{'s' if n > 1 else ''} from {study}" for study, n in counts.items())
 
 

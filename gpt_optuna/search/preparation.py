@@ -21,6 +21,7 @@ from gpt_optuna.evaluation.jobs import EvaluateJob, SpaceJob
 from gpt_optuna.evaluation.worker import JobFailure, Worker
 from gpt_optuna.graph import feeds as feeds_io
 from gpt_optuna.graph import model as model_io
+from gpt_optuna.graph.model_profile import ModelProfile, profile_of
 from gpt_optuna.graph.precision import QUANTIZED
 from gpt_optuna.search.config import TuneConfig
 from gpt_optuna.search.space_check import check_space
@@ -58,6 +59,8 @@ class Prepared:
     working: model_io.ModelInfo
     space: Space
     versions: dict[str, str]
+    profile: ModelProfile
+    """What the model is made of (recorded, for warm starts of later studies)."""
     calibration_sha256: str = ""
 
 
@@ -231,7 +234,7 @@ def prepare(
     feeds_io.cache_npz(workdir / REFERENCE_FILE, feeds_io.stack(inputs.references), key)
     working = model_io.with_distinct_dims(inputs.info, workdir / "models")
     space, versions, calibration_sha256 = discover_space(config, worker, inputs, working, workdir, notes, say)
-    return Prepared(inputs, working, space, versions, calibration_sha256)
+    return Prepared(inputs, working, space, versions, profile_of(inputs.info.path), calibration_sha256)
 
 
 CALIBRATION_SAMPLES = 16
@@ -272,6 +275,7 @@ def fingerprint(config: TuneConfig, prepared: Prepared) -> dict[str, Any]:
     return {
         **run_identity(config, prepared.inputs),
         "model": str(prepared.inputs.info.path.resolve()),
+        "model_profile": prepared.profile.to_record(),
         "space": prepared.space.describe(),
         "calibration_sha256": prepared.calibration_sha256,
         "versions": prepared.versions,

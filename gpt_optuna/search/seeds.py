@@ -1,7 +1,12 @@
 """Candidates tried right after the baseline: every speed feature on, and the best configurations
-of earlier studies in the same storage (a warm start)."""
+of earlier studies in the same storage (a warm start), more of them from studies of models more
+like this one."""
 
 from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass
 
 import optuna
 from optuna.trial import TrialState
@@ -9,12 +14,18 @@ from optuna.trial import TrialState
 from gpt_optuna.backends.base import Backend
 from gpt_optuna.core.errors import UserError
 from gpt_optuna.core.space import Candidate, CandidateKey, Space, Value, candidate_key
+from gpt_optuna.graph.model import file_sha256
+from gpt_optuna.graph.model_profile import ModelProfile, profile_of, similarity
 from gpt_optuna.graph.transforms import SPEED_VALUES
-from gpt_optuna.study.record import StudyRecord
+from gpt_optuna.study.record import StudyRecord, source_study
 from gpt_optuna.study.taxonomy import baseline_trial, measured_latency_ms
 
 WARM_PER_STUDY = 3
-"""The best distinct feasible configurations a warm start takes from each earlier study."""
+"""The best distinct feasible configurations a warm start takes from an earlier study of a model
+like this one (fewer from one less alike)."""
+UNKNOWN_SIMILARITY = 1 / WARM_PER_STUDY
+"""What a study whose model is unknown (made before profiles were recorded, its file gone) counts
+as: its best configuration alone."""
 WARM_LIMIT = 6
 """The most warm-start candidates queued in all: with many earlier studies, the configurations
 most of them agree on, then the largest speedups over their own baselines."""
@@ -40,14 +51,48 @@ def speed_seed(space: Space, backend: Backend) -> Candidate | None:
     return seed if any(seed.get(name) == values[name] for name in turned_on) else None
 
 
+@dataclass(frozen=True)
+class WarmStart:
+    """The warm start's candidates, ranked, each with ``STUDY:TRIAL`` where it came from; each
+    earlier study's further candidates, tried once one of its first beats this study's baseline;
+    and how alike each earlier study's model is to this one (None: unknown)."""
+
+    candidates: list[tuple[Candidate, str]]
+    reserve: dict[str, list[tuple[Candidate, str]]]
+    similarity: dict[str, float | None]
+
+    def describe(self) -> str:
+        """Each earlier study's model similarity and how many candidates it gives."""
+        given = Counter(source_study(source) for _, source in self.candidates)
+
+        def line(name: str, alike: float | None) -> str:
+            n, more = given[name], len(self.reserve.get(name, []))
+            return (
+                f"{name} ({'similarity unknown' if alike is None else f'model similarity {alike:.2f}'}): "
+                f"{n} candidate{'' if n == 1 else 's'}"
+                + (f" ({more} more once one beats the baseline)" if more else "")
+            )
+
+        return ", ".join(line(name, alike) for name, alike in self.similarity.items())
+
+
 def warm_start(
-    storage: optuna.storages.BaseStorage, spec: str, this: str, backend: str, device: str, space: Space
-) -> list[tuple[Candidate, str]]:
+    storage: optuna.storages.BaseStorage,
+    spec: str,
+    this: str,
+    backend: str,
+    device: str,
+    space: Space,
+    profile: ModelProfile,
+) -> WarmStart:
     """The best distinct feasible configurations of the studies ``spec`` names (comma-separated),
     or of every other study with this backend measured on this device (``auto``), mapped onto
-    ``space`` by knob name; each with ``STUDY:TRIAL`` where it came from. Each study offers its
-    best :data:`WARM_PER_STUDY`; of those, at most :data:`WARM_LIMIT` are taken, first the ones
-    most studies offer, then by speedup over their study's baseline."""
+    ``space`` by knob name. Each study offers its best :data:`WARM_PER_STUDY`: first as many as
+    its model's similarity to this one (``profile``) earns, that number times the similarity,
+    rounded up (its best alone where the similarity is unknown); the rest only once one of those
+    beats this study's baseline (:class:`~gpt_optuna.search.transfer.TransferQueue`). Of the
+    first, at most :data:`WARM_LIMIT` are taken: first the ones the most alike studies agree on
+    (their similarities summed), then by speedup over their study's baseline."""
     names = [s.study_name for s in optuna.get_all_study_summaries(storage, include_best_trial=False)]
     if spec.strip() == "auto":
         chosen = [n for n in names if n != this and _same_kind(storage, n, backend, device)]
@@ -57,18 +102,38 @@ def warm_start(
         if unknown:
             raise UserError(f"--warm-start: no study {unknown[0]!r} in this storage; studies there: {', '.join(names)}")
     baseline = candidate_key(space.default())
-    offers: dict[CandidateKey, list[tuple[float, Candidate, str]]] = {}
+    offers: dict[CandidateKey, list[tuple[float, float, Candidate, str]]] = {}
+    later: dict[str, list[tuple[Candidate, str]]] = {}
+    alike: dict[str, float | None] = {}
     for name in chosen:
-        for speedup, candidate, source in _best_of(
-            optuna.load_study(study_name=name, storage=storage), space, baseline
-        ):
-            offers.setdefault(candidate_key(candidate), []).append((speedup, candidate, source))
-    ranked = sorted(offers.values(), key=lambda found: (-len(found), -max(speedup for speedup, *_ in found)))
-    return [max(found, key=lambda offer: offer[0])[1:] for found in ranked[:WARM_LIMIT]]
+        study = optuna.load_study(study_name=name, storage=storage)
+        alike[name] = study_similarity(study, profile)
+        weight = UNKNOWN_SIMILARITY if alike[name] is None else alike[name]
+        best = _best_of(study, space, baseline, WARM_PER_STUDY)
+        first = math.ceil(WARM_PER_STUDY * weight - 1e-9)
+        for speedup, candidate, source in best[:first]:
+            offers.setdefault(candidate_key(candidate), []).append((weight, speedup, candidate, source))
+        later[name] = [(candidate, source) for _, candidate, source in best[first:]]
+    ranked = sorted(offers.values(), key=lambda found: (-sum(o[0] for o in found), -max(o[1] for o in found)))
+    candidates = [max(found, key=lambda o: o[1])[2:] for found in ranked[:WARM_LIMIT]]
+    taken = {candidate_key(candidate) for candidate, _ in candidates}
+    reserve = {name: [(c, s) for c, s in rest if candidate_key(c) not in taken] for name, rest in later.items()}
+    return WarmStart(candidates, {name: rest for name, rest in reserve.items() if rest}, alike)
 
 
-def _best_of(study: optuna.Study, space: Space, skip: CandidateKey) -> list[tuple[float, Candidate, str]]:
-    """A study's best :data:`WARM_PER_STUDY` distinct feasible configurations mapped onto ``space``
+def study_similarity(study: optuna.Study, profile: ModelProfile) -> float | None:
+    """How alike the model of ``study`` is to the one ``profile`` describes: from its recorded
+    profile, else from its model file where that is still there unchanged; None where neither is."""
+    record = StudyRecord.read(study)
+    theirs = record.model_profile
+    model = record.model
+    if theirs is None and model is not None and model.is_file() and file_sha256(model) == record.model_sha256:
+        theirs = profile_of(model)
+    return None if theirs is None else similarity(profile, theirs)
+
+
+def _best_of(study: optuna.Study, space: Space, skip: CandidateKey, count: int) -> list[tuple[float, Candidate, str]]:
+    """A study's best ``count`` distinct feasible configurations mapped onto ``space``
     (other than ``skip``, this space's baseline), each with its speedup over that study's baseline
     (1 where the baseline measured no latency)."""
     trials = study.get_trials(deepcopy=False)
@@ -78,7 +143,7 @@ def _best_of(study: optuna.Study, space: Space, skip: CandidateKey) -> list[tupl
     best: dict[CandidateKey, tuple[float, Candidate, str]] = {}
     for trial in complete:
         candidate = space.fitted(trial.params)
-        if len(best) < WARM_PER_STUDY and candidate_key(candidate) not in best and candidate_key(candidate) != skip:
+        if len(best) < count and candidate_key(candidate) not in best and candidate_key(candidate) != skip:
             speedup = base / trial.values[0] if base else 1.0
             best[candidate_key(candidate)] = (speedup, candidate, f"{study.study_name}:{trial.number}")
     return list(best.values())

@@ -22,8 +22,8 @@ from gpt_optuna.core.errors import EXIT_NO_FEASIBLE, UserError
 from gpt_optuna.core.space import Candidate, Space
 from gpt_optuna.evaluation.jobs import EvaluateJob
 from gpt_optuna.evaluation.worker import JobFailure
+from gpt_optuna.graph.model_profile import ModelProfile
 from gpt_optuna.results.export import export_suffix
-from gpt_optuna.results.summary_text import warm_summary
 from gpt_optuna.results.winner import name_objectives, record_winner
 from gpt_optuna.search.config import TuneConfig, study_flags
 from gpt_optuna.search.finalists import confirm
@@ -39,7 +39,7 @@ from gpt_optuna.search.phases import Phases
 from gpt_optuna.search.preparation import Prepared, check_resumable, fingerprint, load_inputs, prepare
 from gpt_optuna.search.progress import Progress
 from gpt_optuna.search.sampling import check_sampler, make_sampler
-from gpt_optuna.search.seeds import speed_seed, warm_start
+from gpt_optuna.search.seeds import WarmStart, speed_seed, warm_start
 from gpt_optuna.search.session import SearchSession
 from gpt_optuna.search.time_budget import FINISH_S, kept_for_confirmation, plan_confirmation
 from gpt_optuna.search.transfer import TransferQueue
@@ -88,7 +88,9 @@ def tune(
             prepared = prepare(config, first, inputs, notes, progress.note)
         lanes = session.place([prepared.versions.get("gpu", "none"), *names], engine.runs_on_cpu(prepared.space))
         sampler = make_sampler(config.sampler, config.seed, prepared.space)
-        seeds, warm = first_candidates(config, prepared.space, engine, storage, lanes[0].device, notes)
+        seeds, warm = first_candidates(
+            config, prepared.space, prepared.profile, engine, storage, lanes[0].device, notes
+        )
         study, resumed = open_study(
             storage,
             config.study_name,
@@ -130,7 +132,7 @@ def tune(
         publish(study, store, config.workdir)
         artifacts = FileSystemArtifactStore(store)
         budget = TrialBudget(study, config.n_trials, deadline, lambda: kept_time(config, study, start_s))
-        transfer = TransferQueue(warm, budget.has_room, progress.note)
+        transfer = TransferQueue(warm.candidates, budget.has_room, progress.note, warm.reserve)
         transfer.update(study)
         objective = Objective(
             prepared.space,
@@ -229,25 +231,27 @@ def holds_a_study(path: Path) -> bool:
 def first_candidates(
     config: TuneConfig,
     space: Space,
+    profile: ModelProfile,
     backend: Backend,
     storage: optuna.storages.BaseStorage,
     device: str,
     notes: list[str],
-) -> tuple[list[tuple[Candidate, dict[str, str]]], list[tuple[Candidate, str]]]:
+) -> tuple[list[tuple[Candidate, dict[str, str]]], WarmStart]:
     """What a new study tries right after its baseline: the configurations given (``config.seeds``)
     and every speed feature on (unless ``--no-seeds``), with the user attrs that say why, queued
-    with the baseline; then the best of the ``--warm-start`` studies, ranked, each with where it
-    came from (queued one at a time by :class:`TransferQueue`)."""
+    with the baseline; then the best of the ``--warm-start`` studies, as many from each as its
+    model's likeness to this one (``profile``) earns, ranked, each with where it came from (queued
+    one at a time by :class:`TransferQueue`)."""
     seeds = [(space.fitted(values), {"seeded": why}) for values, why in config.seeds]
     speed = None if config.no_seeds else speed_seed(space, backend)
     if speed is not None:
         seeds.append((speed, {"seeded": "every speed feature on"}))
-    warm: list[tuple[Candidate, str]] = []
-    if config.warm_start:
-        assert config.study_name is not None
-        warm = warm_start(storage, config.warm_start, config.study_name, config.backend, device, space)
-        if recorded_fingerprint(storage, config.study_name) is None:  # a new study: they are queued
-            notes.append(f"warm start: {warm_summary([source for _, source in warm]) or 'no earlier feasible trial'}")
+    if not config.warm_start:
+        return seeds, WarmStart([], {}, {})
+    assert config.study_name is not None
+    warm = warm_start(storage, config.warm_start, config.study_name, config.backend, device, space, profile)
+    if recorded_fingerprint(storage, config.study_name) is None:  # a new study: they are queued
+        notes.append(f"warm start: {warm.describe() or 'no earlier study of this backend on this device'}")
     return seeds, warm
 
 

@@ -8,6 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from gpt_optuna.graph.model_profile import ModelProfile
+
 if TYPE_CHECKING:
     import optuna
 
@@ -49,6 +51,11 @@ def study_folder(study: optuna.Study) -> Path:
     return Path(recorded) if recorded else (STUDIES / study.study_name).resolve()
 
 
+def source_study(source: str) -> str:
+    """The earlier study of a warm-start source (``STUDY:TRIAL``)."""
+    return source.rpartition(":")[0]
+
+
 @dataclass(frozen=True)
 class StudyRecord:
     """How a study was made, read from its fingerprint (:data:`FINGERPRINT_ATTR`): the one place
@@ -66,6 +73,8 @@ class StudyRecord:
     space: tuple[dict[str, Any], ...]
     versions: dict[str, str]
     allow_io_change: bool
+    model_profile: ModelProfile | None
+    """What the model is made of (studies made before it was recorded: None)."""
 
     @classmethod
     def of(cls, study: optuna.Study) -> StudyRecord | None:
@@ -93,6 +102,7 @@ class StudyRecord:
             space=tuple(recorded.get("space", ())),
             versions=dict(recorded.get("versions", {})),
             allow_io_change=bool(recorded.get("allow_io_change")),
+            model_profile=ModelProfile.from_record(recorded.get("model_profile")),
         )
 
     @property
