@@ -57,7 +57,7 @@ from gpt_optuna.study.taxonomy import measured_latency_ms
 
 PEERS = ("onnxruntime", "eager32", "eager16", "reduce-overhead", "max-autotune", "olive")
 """``onnxruntime``: the defaults and the tuned winner (the search first); left out, a run measures
-only the other peers of a model (a peer added to a table made before)."""
+only the other peers of a model, without a search (rows a table lacks, in a table of their own)."""
 COMPILED = ("reduce-overhead", "max-autotune")
 REFERENCE = "reduce-overhead"
 """The peer every row is set beside."""
@@ -295,7 +295,7 @@ def olive_row(name: str, model: Path, feeds: dict[str, np.ndarray], folder: Path
 
         first = result()
     timing = time_calls(run, stream)
-    steady = result()  # what the timed calls left: a CUDA graph's replays, not only the first run
+    steady = result()  # after the timed calls: a CUDA graph's replays, not only its first run
     print(f"{label}: first run vs the timed runs' outputs, cosine {cosine(first, steady):.6f}", file=sys.stderr)
     options = [f"{k}={v}" for o in settings["provider_options"] for k, v in o.items()]
     options += [f"{k}={v}" for k, v in settings.get("session_options", {}).items() if v is not None]

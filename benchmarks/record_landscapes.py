@@ -43,6 +43,7 @@ from precision import mobilenet_v2 as mobilenet_v2_onnx
 
 from gpt_optuna.core.space import Space, Value, candidate_key
 from gpt_optuna.graph.feeds import save_npz
+from gpt_optuna.graph.model_profile import ModelProfile, profile_of
 from gpt_optuna.search.config import TuneConfig
 from gpt_optuna.search.preparation import offered_space
 from gpt_optuna.search.progress import Progress
@@ -161,8 +162,9 @@ def searched_space(config: TuneConfig, precisions: list[str]) -> Space:
     return space
 
 
-def landscape(study: optuna.Study, name: str, space: Space) -> dict[str, Any]:
-    """A finished study as a landscape: every evaluated candidate with its outcome and figures."""
+def landscape(study: optuna.Study, name: str, space: Space, profile: ModelProfile) -> dict[str, Any]:
+    """A finished study as a landscape: every evaluated candidate with its outcome and figures,
+    and the model's ``profile``."""
     fingerprint = study.user_attrs[FINGERPRINT_ATTR]
     wanted = {candidate_key(c) for c in space.every_candidate()}
     every = study.get_trials(deepcopy=False)
@@ -194,7 +196,7 @@ def landscape(study: optuna.Study, name: str, space: Space) -> dict[str, Any]:
         "cpu": cpu_name(),
         "versions": fingerprint["versions"],
         "criterion": fingerprint["accuracy"],
-        "profile": fingerprint["model_profile"],
+        "profile": profile.to_record(),
         "space": space.to_record(),
         "baseline": baseline.params,
         "trials": trials,
@@ -236,7 +238,7 @@ def record(name: str, folder: Path, out: Path, deadline: float | None) -> bool:
     print(f"{name}: {len(candidates)} configurations", file=sys.stderr, flush=True)
     tune(config, Progress(enabled=False), argv=[])
     study = optuna.load_study(study_name=config.study_name, storage=f"sqlite:///studies/{config.study_name}.db")
-    data = landscape(study, name, space)
+    data = landscape(study, name, space, profile_of(onnx_path))
     measured = {candidate_key(t["params"]) for t in data["trials"]}
     complete = len(measured) == len(candidates)
     if complete:

@@ -99,8 +99,9 @@ class Landscape:
         results = {candidate_key(t["params"]): _result(t) for t in data["trials"]}
         space = Space.from_record(data["space"])
         cpu = data.get("cpu", "")  # recorded since the CPU landscapes
-        profile = ModelProfile.from_record(data["profile"])
-        assert profile is not None
+        profile = ModelProfile.from_record(data.get("profile"))
+        if profile is None:
+            raise SystemExit(f"{path} has no model profile (recorded before profiles were): record it again")
         return cls(data["model"], data["gpu"], cpu, data["versions"], data["criterion"], profile, space, results)
 
     def measured_like(self, other: Landscape) -> bool:
@@ -261,7 +262,7 @@ def search(
     lane = Lane(0, LookupWorker(landscape), None, landscape.gpu)
     cap = 3 * len(landscape.results)
     budget = TrialBudget(study, cap, None)
-    transfer = TransferQueue(warm.candidates, budget.has_room, reserve=warm.reserve)
+    transfer = TransferQueue.of(warm, budget.has_room)
     transfer.update(study)
     found: list[int] = []
     near: list[int] = []

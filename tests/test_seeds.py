@@ -183,3 +183,66 @@ def test_a_study_made_before_profiles_were_recorded_is_judged_by_its_model_file_
     assert study_similarity(study, ModelProfile({"MatMul": 1}, 1000)) == 0.0  # no operator in common
     save(matmul_model(), cnn_path)  # another model in its place: its own profile is unknown
     assert study_similarity(study, profile) is None
+
+
+def test_a_configuration_two_studies_offer_counts_for_both_and_an_unlike_model_still_gives_its_best() -> None:
+    from gpt_optuna.search.seeds import warm_start
+    from gpt_optuna.search.transfer import TransferQueue
+    from gpt_optuna.study.record import WARM_START_ATTR
+
+    nothing_alike = ModelProfile({"MatMul": 1}, 1000)  # no operator in common with PROFILE
+    storage = earlier_studies(
+        {
+            "A": (UNLIKE, 10.0, [(1, 2.0), (2, 3.0), (3, 4.0)]),
+            "B": (nothing_alike, 10.0, [(1, 4.0), (4, 5.0)]),  # the same best as A's, a smaller speedup
+        }
+    )
+    warm = warm_start(storage, "A,B", "new", "synthetic", "cpu", small_space(), PROFILE)
+    assert warm.similarity["B"] == 0.0
+    assert warm.candidates == [({"a": 1, "b": "x"}, "A:1")] and warm.offered_by == {(("a", 1), ("b", "x")): ("A", "B")}
+    assert warm.describe() == (
+        "A (model similarity 0.32): 1 candidate (2 more once one beats the baseline), "
+        "B (model similarity 0.00): 1 candidate (1 more once one beats the baseline)"
+    )
+    # a=1 beats the baseline: what both held back comes next
+    study = optuna.create_study(storage=storage, study_name="new")
+    distributions = {k.name: optuna.distributions.CategoricalDistribution(k.choices) for k in small_space().knobs}
+    study.add_trial(
+        optuna.trial.create_trial(
+            params={"a": 0, "b": "x"},
+            distributions=distributions,
+            value=10.0,
+            user_attrs={"baseline": True, "latency": {"median_ms": 10.0}},
+        )
+    )
+    notes: list[str] = []
+    queue = TransferQueue.of(warm, note=notes.append)
+    tried = []
+    for _ in range(5):
+        queue.update(study)
+        waiting = study.get_trials(states=(TrialState.WAITING,))
+        if not waiting:
+            break
+        trial = study.ask(distributions)
+        trial.set_user_attr("latency", {"median_ms": 5.0})
+        study.tell(trial, 5.0)
+        tried.append(study.trials[-1].user_attrs[WARM_START_ATTR])
+    assert tried == ["A:1", "A:2", "A:3", "B:2"]
+    assert notes == [
+        "warm start: A:1 beat the baseline here; 2 more of A follow",
+        "warm start: A:1 beat the baseline here; 1 more of B follows",
+    ]
+
+
+def test_resuming_a_study_made_before_models_were_profiled_records_its_profile(cnn_path: Path, tmp_path: Path) -> None:
+    config = synthetic_config(tmp_path, 'mode = ["ok"]')
+    base = [str(cnn_path), "--backend", SYNTHETIC, "--config", str(config), "--confirm-top", "0", "--no-seeds"]
+    assert tune(*base, "--study-name", "old", "--n-trials", "2") == 0
+    study = optuna.load_study(study_name="old", storage="sqlite:///studies/old.db")
+    recorded = dict(study.user_attrs[FINGERPRINT_ATTR])
+    del recorded["model_profile"]
+    study.set_user_attr(FINGERPRINT_ATTR, recorded)
+    assert StudyRecord.of(study).model_profile is None
+    assert tune(*base, "--study-name", "old", "--n-trials", "3") == 0  # resumed, not refused
+    study = optuna.load_study(study_name="old", storage="sqlite:///studies/old.db")
+    assert StudyRecord.of(study).model_profile == profile_of(cnn_path)

@@ -91,7 +91,7 @@ def test_a_candidate_that_wins_gives_what_its_study_held_back_next_and_one_that_
     queue.update(study, run_next(study, 9.5))
     assert waiting(study) == [(3, "B:1")]
     queue.update(study, run_next(study, 10.0))  # B:1 no faster: B's held-back one is never tried
-    assert waiting(study) == [] and "B" in queue.stopped and queue.reserve == {}
+    assert waiting(study) == [] and "B" in queue.stopped and "B" not in queue.reserve
     assert notes[-1] == "warm start: B:1 lost to the baseline here; the other 1 of B is not tried"
 
 
@@ -156,3 +156,15 @@ def test_the_budget_has_no_room_for_a_candidate_when_the_queued_trials_fill_it()
     assert not TrialBudget(study, None, time.monotonic() - 1.0).has_room()  # the time is spent
     TransferQueue(CANDIDATES, room=TrialBudget(study, 2, None).has_room).update(study)
     assert waiting(study) == []  # a search of two trials ends with nothing left waiting
+
+
+def test_what_a_winning_study_held_back_is_kept_until_the_limit_has_room_for_it() -> None:
+    study = study_with_baseline()
+    first = [({"a": n}, f"B:{n}") for n in range(1, 6)] + [({"a": 6}, "A:1")]  # as many as the limit
+    queue = TransferQueue(first, reserve={"A": [({"a": 7}, "A:2")]})
+    queue.update(study)
+    for ms in (9.0, 11.0):  # B:1 wins, B:2 loses: B:3 to B:5 are not tried
+        queue.update(study, run_next(study, ms))
+    assert waiting(study) == [(6, "A:1")]
+    queue.update(study, run_next(study, 9.0))  # A:1 wins: the limit has room for what A held back
+    assert waiting(study) == [(7, "A:2")]

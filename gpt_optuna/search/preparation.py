@@ -271,7 +271,8 @@ def run_identity(config: TuneConfig, inputs: Inputs) -> dict[str, Any]:
 
 
 def fingerprint(config: TuneConfig, prepared: Prepared) -> dict[str, Any]:
-    """The study's record of how it was made (compared on every resume, except ``model`` and ``versions``)."""
+    """The study's record of how it was made (compared on every resume, except ``model``,
+    ``model_profile`` and ``versions``)."""
     return {
         **run_identity(config, prepared.inputs),
         "model": str(prepared.inputs.info.path.resolve()),

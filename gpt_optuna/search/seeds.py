@@ -4,6 +4,7 @@ like this one."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections import Counter
 from dataclasses import dataclass
@@ -53,17 +54,19 @@ def speed_seed(space: Space, backend: Backend) -> Candidate | None:
 
 @dataclass(frozen=True)
 class WarmStart:
-    """The warm start's candidates, ranked, each with ``STUDY:TRIAL`` where it came from; each
-    earlier study's further candidates, tried once one of its first beats this study's baseline;
-    and how alike each earlier study's model is to this one (None: unknown)."""
+    """The warm start's candidates, ranked, each with ``STUDY:TRIAL`` where it gained most; the
+    earlier studies that offered each of them; each earlier study's further candidates, tried once
+    one of its first beats this study's baseline; and how alike each earlier study's model is to
+    this one (None: unknown)."""
 
     candidates: list[tuple[Candidate, str]]
+    offered_by: dict[CandidateKey, tuple[str, ...]]
     reserve: dict[str, list[tuple[Candidate, str]]]
     similarity: dict[str, float | None]
 
     def describe(self) -> str:
         """Each earlier study's model similarity and how many candidates it gives."""
-        given = Counter(source_study(source) for _, source in self.candidates)
+        given = Counter(name for c, _ in self.candidates for name in self.offered_by[candidate_key(c)])
 
         def line(name: str, alike: float | None) -> str:
             n, more = given[name], len(self.reserve.get(name, []))
@@ -89,8 +92,8 @@ def warm_start(
     or of every other study with this backend measured on this device (``auto``), mapped onto
     ``space`` by knob name. Each study offers its best :data:`WARM_PER_STUDY`: first as many as
     its model's similarity to this one (``profile``) earns, that number times the similarity,
-    rounded up (its best alone where the similarity is unknown); the rest only once one of those
-    beats this study's baseline (:class:`~gpt_optuna.search.transfer.TransferQueue`). Of the
+    rounded up (its best alone where the similarity is unknown or nil); the rest only once one of
+    those beats this study's baseline (:class:`~gpt_optuna.search.transfer.TransferQueue`). Of the
     first, at most :data:`WARM_LIMIT` are taken: first the ones the most alike studies agree on
     (their similarities summed), then by speedup over their study's baseline."""
     names = [s.study_name for s in optuna.get_all_study_summaries(storage, include_best_trial=False)]
@@ -110,15 +113,17 @@ def warm_start(
         alike[name] = study_similarity(study, profile)
         weight = UNKNOWN_SIMILARITY if alike[name] is None else alike[name]
         best = _best_of(study, space, baseline, WARM_PER_STUDY)
-        first = math.ceil(WARM_PER_STUDY * weight - 1e-9)
+        first = max(1, math.ceil(WARM_PER_STUDY * weight - 1e-9))
         for speedup, candidate, source in best[:first]:
             offers.setdefault(candidate_key(candidate), []).append((weight, speedup, candidate, source))
         later[name] = [(candidate, source) for _, candidate, source in best[first:]]
     ranked = sorted(offers.values(), key=lambda found: (-sum(o[0] for o in found), -max(o[1] for o in found)))
     candidates = [max(found, key=lambda o: o[1])[2:] for found in ranked[:WARM_LIMIT]]
-    taken = {candidate_key(candidate) for candidate, _ in candidates}
-    reserve = {name: [(c, s) for c, s in rest if candidate_key(c) not in taken] for name, rest in later.items()}
-    return WarmStart(candidates, {name: rest for name, rest in reserve.items() if rest}, alike)
+    offered_by = {
+        key: tuple(source_study(o[3]) for o in offers[key]) for key in map(candidate_key, (c for c, _ in candidates))
+    }
+    reserve = {name: [(c, s) for c, s in rest if candidate_key(c) not in offered_by] for name, rest in later.items()}
+    return WarmStart(candidates, offered_by, {name: rest for name, rest in reserve.items() if rest}, alike)
 
 
 def study_similarity(study: optuna.Study, profile: ModelProfile) -> float | None:
@@ -127,8 +132,9 @@ def study_similarity(study: optuna.Study, profile: ModelProfile) -> float | None
     record = StudyRecord.read(study)
     theirs = record.model_profile
     model = record.model
-    if theirs is None and model is not None and model.is_file() and file_sha256(model) == record.model_sha256:
-        theirs = profile_of(model)
+    if theirs is None and model is not None and model.is_file():
+        with contextlib.suppress(Exception):  # unreadable, or no longer an ONNX file: unknown
+            theirs = profile_of(model) if file_sha256(model) == record.model_sha256 else None
     return None if theirs is None else similarity(profile, theirs)
 
 

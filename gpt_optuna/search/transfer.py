@@ -20,18 +20,20 @@ from collections.abc import Callable, Mapping
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from gpt_optuna.core.space import Candidate, candidate_key
-from gpt_optuna.search.seeds import WARM_LIMIT
+from gpt_optuna.core.space import Candidate, CandidateKey, candidate_key
+from gpt_optuna.search.seeds import WARM_LIMIT, WarmStart
 from gpt_optuna.study.record import WARM_START_ATTR, source_study
 from gpt_optuna.study.taxonomy import baseline_trial, is_interrupted, measured_latency_ms, retried_numbers
 
 
 class TransferQueue:
     """The warm-start candidates (ranked, each with its ``STUDY:TRIAL``) not yet queued, those each
-    earlier study holds back until one of its candidates wins here (``reserve``), and the earlier
-    studies stopped because one of their candidates lost here. ``room`` says whether the search
-    will start another trial; ``note`` is told when a study is stopped with candidates left, or
-    gives the ones it held back. At most :data:`WARM_LIMIT` candidates are tried in all."""
+    earlier study holds back until one of its candidates wins here (``reserve``), which earlier
+    studies offered each configuration (``offered_by``: a win or a loss counts for each of them),
+    the studies whose candidate won here and those stopped because one lost. ``room`` says
+    whether the search will start another trial; ``note`` is told when a study is stopped with
+    candidates left, or gives the ones it held back. At most :data:`WARM_LIMIT` distinct
+    candidates are tried in all."""
 
     def __init__(
         self,
@@ -39,14 +41,25 @@ class TransferQueue:
         room: Callable[[], bool] = lambda: True,
         note: Callable[[str], None] = lambda _: None,
         reserve: Mapping[str, list[tuple[Candidate, str]]] | None = None,
+        offered_by: Mapping[CandidateKey, tuple[str, ...]] | None = None,
     ) -> None:
         self.pending = list(candidates)
         self.reserve = {name: list(rest) for name, rest in (reserve or {}).items()}
+        self.offered_by = dict(offered_by or {})
         self.room = room
         self.note = note
+        self.won: list[str] = []
+        """Earlier studies whose candidate beat the baseline here, in that order."""
         self.stopped: dict[str, str] = {}
         """Earlier study -> the source of its candidate that lost here."""
         self._lock = threading.Lock()
+
+    @classmethod
+    def of(
+        cls, warm: WarmStart, room: Callable[[], bool] = lambda: True, note: Callable[[str], None] = lambda _: None
+    ) -> TransferQueue:
+        """The queue of a warm start's candidates."""
+        return cls(warm.candidates, room, note, warm.reserve, warm.offered_by)
 
     def update(self, study: optuna.Study, _ended: FrozenTrial | None = None) -> None:
         """Judge the warm-start candidates that ended (in any process), and queue the next one
@@ -58,60 +71,57 @@ class TransferQueue:
             baseline = baseline_trial(trials)
             base = None if baseline is None else measured_latency_ms(baseline)
             warm = [t for t in trials if WARM_START_ATTR in t.user_attrs]
+            room = WARM_LIMIT - len({t.user_attrs[WARM_START_ATTR] for t in warm})  # a retry is the same one
             for trial in warm:
-                self._judge(trial, base, retried, len(warm))
-            if not any(t.state in (TrialState.WAITING, TrialState.RUNNING) for t in warm):
+                self._judge(trial, base, retried, room)
+            if room > 0 and not any(t.state in (TrialState.WAITING, TrialState.RUNNING) for t in warm):
                 self._queue_next(study)
 
-    def _judge(self, trial: FrozenTrial, base: float | None, retried: set[int], tried: int) -> None:
+    def _judge(self, trial: FrozenTrial, base: float | None, retried: set[int], room: int) -> None:
         """Where ``trial`` holds its result: if it lost to the baseline (its latency ``base``, None
-        while unmeasured), stop its study; if it beat it, give the candidates its study held back,
-        as many as the limit leaves (``tried``: the warm-start trials so far)."""
+        while unmeasured), stop each study that offered it; if it beat it, the candidates they held
+        back come next (``room``: how many more the limit leaves)."""
         if trial.state in (TrialState.WAITING, TrialState.RUNNING) or is_interrupted(trial, retried):
             return  # no result yet: a retry will have one
         ms = measured_latency_ms(trial) if trial.state is TrialState.COMPLETE else None
         lost = trial.state is not TrialState.COMPLETE or (base is not None and ms is not None and ms >= base)
+        if not lost and (base is None or ms is None):
+            return  # judged once the baseline is measured
         source = str(trial.user_attrs[WARM_START_ATTR])
-        if not lost:
-            if base is not None and ms is not None:  # it beat the baseline
-                self._release(source, tried)
-            return
-        study = source_study(source)
-        if study not in self.stopped:
-            self.stopped[study] = source
-            left = sum(1 for _, other in self.pending if source_study(other) == study)
-            left += len(self.reserve.pop(study, []))
-            if left:
-                are = "is" if left == 1 else "are"
-                self.note(
-                    f"warm start: {source} lost to the baseline here; the other {left} of {study} {are} not tried"
-                )
-
-    def _release(self, source: str, tried: int) -> None:
-        """Give the candidates the study of ``source`` held back, next in line."""
-        held = self.reserve.pop(source_study(source), None)
-        if not held:
-            return
-        given = held[: max(0, WARM_LIMIT - tried - len(self.pending))]
-        self.pending[:0] = given
-        if given:
-            self.note(
-                f"warm start: {source} beat the baseline here; {len(given)} more of {source_study(source)} follow"
-            )
+        for study in self.offered_by.get(candidate_key(trial.params), ()) or (source_study(source),):
+            if study in self.stopped or (not lost and study in self.won):
+                continue
+            if lost:
+                self.stopped[study] = source
+                left = sum(1 for _, other in self.pending if source_study(other) == study)
+                left += len(self.reserve.pop(study, []))
+                if left:
+                    rest = f"the other {left} of {study} {'is' if left == 1 else 'are'} not tried"
+                    self.note(f"warm start: {source} lost to the baseline here; {rest}")
+            else:
+                self.won.append(study)
+                given = min(len(self.reserve.get(study, [])), room)
+                if given:
+                    follow = "follows" if given == 1 else "follow"
+                    self.note(f"warm start: {source} beat the baseline here; {given} more of {study} {follow}")
 
     def _drop_tried(self, trials: list[FrozenTrial]) -> None:
         """Forget the candidates the study holds already (tried, or the same configuration)."""
         there = {candidate_key(t.params or t.system_attrs.get("fixed_params", {})) for t in trials}
         tried = {t.user_attrs[WARM_START_ATTR] for t in trials if WARM_START_ATTR in t.user_attrs}
-        self.pending = [(c, s) for c, s in self.pending if s not in tried and candidate_key(c) not in there]
-        self.reserve = {
-            name: [(c, s) for c, s in held if s not in tried and candidate_key(c) not in there]
-            for name, held in self.reserve.items()
-        }
+
+        def left(candidates: list[tuple[Candidate, str]]) -> list[tuple[Candidate, str]]:
+            return [(c, s) for c, s in candidates if s not in tried and candidate_key(c) not in there]
+
+        self.pending = left(self.pending)
+        self.reserve = {name: left(held) for name, held in self.reserve.items()}
 
     def _queue_next(self, study: optuna.Study) -> None:
-        """Queue the best candidate left from a study not stopped."""
+        """Queue the next candidate: first what the studies that won here held back (in the order
+        they won), then the best left from a study not stopped."""
         self.pending = [(c, s) for c, s in self.pending if source_study(s) not in self.stopped]
-        if self.pending and self.room():
-            candidate, source = self.pending.pop(0)
+        released = next((self.reserve[name] for name in self.won if self.reserve.get(name)), None)
+        line = released if released is not None else self.pending
+        if line and self.room():
+            candidate, source = line.pop(0)
             study.enqueue_trial(candidate, user_attrs={WARM_START_ATTR: source})

@@ -132,7 +132,7 @@ def tune(
         publish(study, store, config.workdir)
         artifacts = FileSystemArtifactStore(store)
         budget = TrialBudget(study, config.n_trials, deadline, lambda: kept_time(config, study, start_s))
-        transfer = TransferQueue(warm.candidates, budget.has_room, progress.note, warm.reserve)
+        transfer = TransferQueue.of(warm, budget.has_room, progress.note)
         transfer.update(study)
         objective = Objective(
             prepared.space,
@@ -247,7 +247,7 @@ def first_candidates(
     if speed is not None:
         seeds.append((speed, {"seeded": "every speed feature on"}))
     if not config.warm_start:
-        return seeds, WarmStart([], {}, {})
+        return seeds, WarmStart([], {}, {}, {})
     assert config.study_name is not None
     warm = warm_start(storage, config.warm_start, config.study_name, config.backend, device, space, profile)
     if recorded_fingerprint(storage, config.study_name) is None:  # a new study: they are queued

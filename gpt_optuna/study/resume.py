@@ -82,6 +82,8 @@ def open_study(
                 study.enqueue_trial(seed, user_attrs=attrs)
         return study, False
     refuse_if_different(name, stored, fingerprint)
+    if "model_profile" not in stored and "model_profile" in fingerprint:  # made before models were profiled
+        study.set_user_attr(FINGERPRINT_ATTR, {**stored, "model_profile": fingerprint["model_profile"]})
     return study, True
 
 
