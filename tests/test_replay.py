@@ -12,7 +12,7 @@ from pathlib import Path
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 sys.path.insert(0, str(BENCHMARKS))
-from replay import STRATEGIES, Landscape, random_order, random_order_share  # noqa: E402
+from replay import STRATEGIES, Landscape, misleading, random_order, random_order_share  # noqa: E402
 
 from gpt_optuna.core.space import candidate_key  # noqa: E402
 
@@ -40,6 +40,17 @@ def test_the_recorded_landscapes_are_complete_grids() -> None:
         assert landscape.space.default() in [dict(k) for k in landscape.results]
 
 
+def test_a_misleading_study_holds_the_same_configurations_with_other_results() -> None:
+    for path in sorted((BENCHMARKS / "landscapes").glob("*.json")):
+        landscape = Landscape.read(path)
+        for seed in range(10):
+            misled = misleading(landscape, seed)
+            assert sorted(misled.results) == sorted(landscape.results)  # every configuration, each once
+            fastest = min(landscape.results, key=lambda k: landscape.latency(dict(k)) or float("inf"))
+            assert misled.results != landscape.results and misled.profile == landscape.profile
+            assert misled.name != landscape.name and fastest in misled.results
+
+
 def test_a_short_replay_runs_every_strategy_on_every_landscape() -> None:
     done = subprocess.run(
         [sys.executable, str(BENCHMARKS / "replay.py"), "--seeds", "2"], capture_output=True, text=True, timeout=300
@@ -57,4 +68,4 @@ def test_a_short_replay_runs_every_strategy_on_every_landscape() -> None:
         assert len(cells) == len(STRATEGIES)
         assert all(trials >= 1 and 0 <= share <= 100 for trials, share in cells)
     verdicts = [line for line in done.stdout.splitlines() if line.endswith(("met", "NOT met"))]
-    assert len(verdicts) == 5 * len(names)
+    assert len(verdicts) == 6 * len(names)
