@@ -35,7 +35,7 @@ from gpt_optuna.graph import opset
 from gpt_optuna.graph.attention_rewrite import rewrite_attention
 from gpt_optuna.graph.layer_scale import fold_layer_scales
 from gpt_optuna.graph.mask_bias import masks_as_bias
-from gpt_optuna.graph.model import ModelInfo
+from gpt_optuna.graph.model import ModelInfo, every_node
 from gpt_optuna.graph.model_cache import TransformFailed, produce
 from gpt_optuna.graph.packed_attention import rewrite_packed_attention
 from gpt_optuna.graph.patch_convolution import rewrite_patch_convolutions
@@ -149,17 +149,7 @@ not run on it."""
 
 def graph_ops(model: Any) -> set[str]:
     """The operator types of an ONNX model, its control-flow bodies and local functions included."""
-    ops: set[str] = set()
-    pending = [model.graph, *model.functions]
-    while pending:
-        body = pending.pop()
-        for node in body.node:
-            ops.add(node.op_type)
-            for attribute in node.attribute:
-                if attribute.HasField("g"):
-                    pending.append(attribute.g)
-                pending.extend(attribute.graphs)
-    return ops
+    return {node.op_type for node in every_node(model.graph, *model.functions)}
 
 
 def fusion_knobs(

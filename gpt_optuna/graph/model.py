@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -51,6 +53,16 @@ def file_sha256(path: Path) -> str:
         for block in iter(lambda: f.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
+
+
+def every_node(*graphs: Any) -> Iterator[Any]:
+    """Every node of the ONNX ``graphs`` and of the graphs their nodes hold (control-flow bodies),
+    at any depth."""
+    for graph in graphs:
+        for node in graph.node:
+            yield node
+            for attribute in node.attribute:
+                yield from every_node(*([attribute.g] if attribute.HasField("g") else []), *attribute.graphs)
 
 
 def _tensor_spec(value_info: object) -> TensorSpec:

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from gpt_optuna.graph.model import every_node
 
 STRUCTURAL_OPS = frozenset(
     {
@@ -65,21 +67,13 @@ def profile_of(path: Path) -> ModelProfile:
     model = onnx.load(str(path), load_external_data=False)
     ops: Counter[str] = Counter()
     parameters = sum(math.prod(t.dims) for t in model.graph.initializer)
-    for node in _nodes(model.graph):
+    for node in every_node(model.graph):
         if node.op_type == "Constant":
             parameters += sum(math.prod(a.t.dims) for a in node.attribute if a.name == "value")
         if node.op_type not in STRUCTURAL_OPS:
             grouped = node.op_type == "Conv" and any(a.name == "group" and a.i > 1 for a in node.attribute)
             ops[GROUPED_CONV if grouped else node.op_type] += 1
     return ModelProfile(dict(ops), parameters)
-
-
-def _nodes(graph: Any) -> Iterator[Any]:
-    for node in graph.node:
-        yield node
-        for attribute in node.attribute:
-            for sub in ([attribute.g] if attribute.HasField("g") else []) + list(attribute.graphs):
-                yield from _nodes(sub)
 
 
 def similarity(a: ModelProfile, b: ModelProfile) -> float:

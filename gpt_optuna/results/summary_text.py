@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import TYPE_CHECKING, Any
 
 from gpt_optuna.graph.interface import describe_changes
@@ -124,9 +125,7 @@ def format_interface(summary: StudySummary) -> list[str]:
 
 def warm_summary(sources: list[str]) -> str:
     """How many warm-start candidates came from which study (``STUDY:TRIAL`` each)."""
-    counts: dict[str, int] = {}
-    for source in sources:
-        counts[source_study(source)] = counts.get(source_study(source), 0) + 1
+    counts = Counter(source_study(source) for source in sources)
     return ", ".join(f"{n} candidate{'s' if n > 1 else ''} from {study}" for study, n in counts.items())
 
 
