@@ -203,8 +203,10 @@ def misleading(landscape: Landscape, seed: int) -> Landscape:
     """``landscape`` with the values of some of its binary knobs swapped (at least one, picked by
     ``seed``): an earlier study of the same model whose best configurations are others here."""
     rng = random.Random(seed)
-    binary = [k for k in landscape.space.knobs if len(k.choices) == 2]
-    swapped = {k.name: k.choices for k in binary if rng.random() < 0.5} or {(k := rng.choice(binary)).name: k.choices}
+    binary = [k for k in landscape.space.knobs if len(k.search_choices) == 2]  # as the landscape searched them
+    swapped = {k.name: k.search_choices for k in binary if rng.random() < 0.5} or {
+        (k := rng.choice(binary)).name: k.search_choices
+    }
 
     def swap(key: CandidateKey) -> CandidateKey:  # fitted: a knob active only with the other value comes or goes
         values = {n: swapped[n][1 - swapped[n].index(v)] if n in swapped else v for n, v in key}
