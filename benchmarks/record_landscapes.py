@@ -16,8 +16,10 @@ full graph optimization, the memory arena, spinning, denormals as zero; fp32; th
 recorded with the landscape. MobileNetV2 has its real ImageNet weights and photo crops as inputs.
 Every other knob stays at ONNX Runtime's default. Every candidate is queued in one study and
 evaluated as a trial (build, accuracy against fp32 on the CPU, latency), so the landscape holds
-what a search would have measured, with the GPU and library versions it was measured with; a
-rerun resumes the studies kept in ``--workdir``.
+what a search would have measured, with the GPU and library versions it was measured with; its
+configurations are those of the tuner's own space (where its check finds that a setting does not
+work with some others, say a CUDA graph that cannot be captured, fewer than the grid asked for);
+a rerun resumes the studies kept in ``--workdir``.
 
     python benchmarks/record_landscapes.py [--models minilm,mobilenetv2,resnet50,mobilenetv2-b1,...]
         [--timeout SECONDS] [--workdir landscape-studies] [--out benchmarks/landscapes]
@@ -48,7 +50,7 @@ from gpt_optuna.search.config import TuneConfig
 from gpt_optuna.search.preparation import offered_space
 from gpt_optuna.search.progress import Progress
 from gpt_optuna.search.tune import tune
-from gpt_optuna.study.record import FINGERPRINT_ATTR
+from gpt_optuna.study.record import FINGERPRINT_ATTR, SPACE_ATTR
 from gpt_optuna.study.taxonomy import has_own_result, retried_numbers
 from gpt_optuna.testing.mobilenet_v2 import PHOTOS, SKIMAGE, crops
 from gpt_optuna.testing.registry import download
@@ -238,12 +240,16 @@ def record(name: str, folder: Path, out: Path, deadline: float | None) -> bool:
     print(f"{name}: {len(candidates)} configurations", file=sys.stderr, flush=True)
     tune(config, Progress(enabled=False), argv=[])
     study = optuna.load_study(study_name=config.study_name, storage=f"sqlite:///studies/{config.study_name}.db")
-    data = landscape(study, name, space, profile_of(onnx_path))
+    searched = Space.from_record(study.user_attrs[SPACE_ATTR])
+    configurations = len(searched.every_candidate())
+    if configurations < len(candidates):  # its space check found where some settings do not work
+        print(f"{name}: the tuner's space holds {configurations} of them", file=sys.stderr, flush=True)
+    data = landscape(study, name, searched, profile_of(onnx_path))
     measured = {candidate_key(t["params"]) for t in data["trials"]}
-    complete = len(measured) == len(candidates)
+    complete = len(measured) == configurations
     if complete:
         (out / f"{name}.json").write_text(json.dumps(data, indent=1) + "\n")
-    print(f"{name}: {len(measured)} of {len(candidates)} measured", file=sys.stderr, flush=True)
+    print(f"{name}: {len(measured)} of {configurations} measured", file=sys.stderr, flush=True)
     return complete
 
 

@@ -29,7 +29,12 @@ trials; seeds and transfer at most 0.3x; transfer never worse than the same sear
 of 30-trial runs of the tuner as a user starts it (seeds on) within 1 % of the fastest; and a
 misleading earlier study no worse than none.
 
+With ``--samplers``, also the default search without seeds with other samplers in TPE's place
+(TPE with five start-up trials, TPE knob by knob, random without repeats, GPSampler where PyTorch
+and SciPy are installed), per landscape.
+
     python benchmarks/replay.py [--seeds 50] [--landscapes DIR] [--within 0.03] [--trials 30 --close 0.01]
+        [--samplers]
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ import random
 import statistics
 import sys
 import tempfile
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from math import comb
@@ -53,6 +59,7 @@ from optuna.distributions import CategoricalDistribution
 from optuna.trial import FrozenTrial, TrialState
 
 from gpt_optuna.backends.onnxruntime.backend import OnnxRuntimeBackend
+from gpt_optuna.core.errors import MissingDependencyError
 from gpt_optuna.core.space import Candidate, CandidateKey, Space, Value, candidate_key
 from gpt_optuna.evaluation.accuracy import Verdict, parse_criterion
 from gpt_optuna.evaluation.jobs import EvaluateJob
@@ -62,7 +69,7 @@ from gpt_optuna.graph.model_profile import ModelProfile
 from gpt_optuna.search.config import TuneConfig
 from gpt_optuna.search.lanes import TrialBudget, run_lanes
 from gpt_optuna.search.objective import Lane, Objective
-from gpt_optuna.search.sampling import make_sampler
+from gpt_optuna.search.sampling import FreshSampler, check_sampler, is_transform_knob, make_sampler
 from gpt_optuna.search.transfer import TransferQueue
 from gpt_optuna.search.tune import first_candidates
 from gpt_optuna.study.record import FINGERPRINT_ATTR
@@ -76,6 +83,28 @@ SEEDED_TARGET = 0.3
 """Seeds and transfer: at most this times random order's median trials."""
 SHARE_TARGET = 0.9
 """The share of short runs of the tuner as a user starts it (seeds on) that end close to the fastest."""
+
+
+def other_samplers(seed: int) -> dict[str, optuna.samplers.BaseSampler]:
+    """Base samplers compared with the default's (``--samplers``): TPE with five start-up trials
+    (the default before), TPE knob by knob, random without repeats, and GPSampler where PyTorch
+    and SciPy are installed."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        samplers: dict[str, optuna.samplers.BaseSampler] = {
+            "tpe, 5 start-up": optuna.samplers.TPESampler(
+                seed=seed, multivariate=True, n_startup_trials=5, constant_liar=True
+            ),
+            "tpe, knob by knob": optuna.samplers.TPESampler(
+                seed=seed, multivariate=False, n_startup_trials=2, constant_liar=True
+            ),
+            "random, no repeats": optuna.samplers.RandomSampler(seed=seed),
+        }
+    try:
+        check_sampler("gp")
+    except MissingDependencyError:
+        return samplers
+    return samplers | {"gp": optuna.samplers.GPSampler(seed=seed)}
 
 
 @dataclass(frozen=True)
@@ -111,9 +140,15 @@ class Landscape:
         return cls(data["model"], data["gpu"], cpu, data["versions"], data["criterion"], profile, space, results)
 
     def measured_like(self, other: Landscape) -> bool:
-        """Whether ``other`` was recorded on the same GPU (or none) and processor with the same
-        library versions: only then may a search of this one take configurations from it."""
-        return (self.gpu, self.cpu, self.versions) == (other.gpu, other.cpu, other.versions)
+        """Whether ``other`` was recorded on the same GPU with the same library versions (on the
+        same processor where there is no GPU): only then may a search of this one take
+        configurations from it."""
+        same = (self.gpu, self.versions) == (other.gpu, other.versions)
+        return same and (self.on_gpu or self.cpu == other.cpu)
+
+    @property
+    def on_gpu(self) -> bool:
+        return self.gpu != "cpu"  # the device a CPU landscape records
 
     def latency(self, candidate: Candidate) -> float | None:
         """The median latency of a feasible configuration; None for any other."""
@@ -201,18 +236,25 @@ def first_hit(landscape: Landscape, order: list[Candidate], hit: Callable[[float
 
 def misleading(landscape: Landscape, seed: int) -> Landscape:
     """``landscape`` with the values of some of its binary knobs swapped (at least one, picked by
-    ``seed``): an earlier study of the same model whose best configurations are others here."""
+    ``seed``; only those whose swap maps the recorded grid onto itself, not one that decides
+    whether a knob of several values is searched): an earlier study of the same model whose best
+    configurations are others here."""
     rng = random.Random(seed)
-    binary = [k for k in landscape.space.knobs if len(k.search_choices) == 2]  # as the landscape searched them
+
+    def swap(key: CandidateKey, swapped: dict[str, tuple[Value, ...]]) -> CandidateKey:
+        values = {n: swapped[n][1 - swapped[n].index(v)] if n in swapped else v for n, v in key}
+        return candidate_key(landscape.space.fitted(values))  # a knob active only with the other value comes or goes
+
+    binary = [  # as the landscape searched them
+        k
+        for k in landscape.space.knobs
+        if len(k.search_choices) == 2
+        and {swap(key, {k.name: k.search_choices}) for key in landscape.results} == landscape.results.keys()
+    ]
     swapped = {k.name: k.search_choices for k in binary if rng.random() < 0.5} or {
         (k := rng.choice(binary)).name: k.search_choices
     }
-
-    def swap(key: CandidateKey) -> CandidateKey:  # fitted: a knob active only with the other value comes or goes
-        values = {n: swapped[n][1 - swapped[n].index(v)] if n in swapped else v for n, v in key}
-        return candidate_key(landscape.space.fitted(values))
-
-    results = {swap(key): result for key, result in landscape.results.items()}
+    results = {swap(key, swapped): result for key, result in landscape.results.items()}
     return replace(landscape, name=f"{landscape.name}-misleading", results=results)
 
 
@@ -246,9 +288,11 @@ def search(
     close: Callable[[float | None], bool],
     trials: int,
     folder: Path,
+    base: optuna.samplers.BaseSampler | None = None,
 ) -> RunResult:
     """Trials the tuner takes to a hit with ``strategy``, through its real search loop, and
-    whether its first ``trials`` held a close one."""
+    whether its first ``trials`` held a close one; ``base``: another sampler in the default's
+    place (wrapped as the tuner wraps its own, never repeating a candidate)."""
     storage = optuna.storages.InMemoryStorage()
     earlier = [misleading(landscape, seed)] if strategy == "misled only" else others
     for other in earlier if strategy in WARM_STARTED else []:
@@ -263,11 +307,12 @@ def search(
         no_seeds=strategy not in ("seeds", "transfer"),
         warm_start="auto" if strategy in WARM_STARTED else None,
     )
-    sampler = (
-        optuna.samplers.RandomSampler(seed=seed)
-        if strategy == "optuna random"
-        else make_sampler(config.sampler, seed, space)
-    )
+    if strategy == "optuna random":
+        sampler: optuna.samplers.BaseSampler = optuna.samplers.RandomSampler(seed=seed)
+    elif base is not None:
+        sampler = FreshSampler(base, space, is_transform_knob, seed)
+    else:
+        sampler = make_sampler(config.sampler, seed, space)
     seeds, warm = first_candidates(config, space, landscape.profile, OnnxRuntimeBackend(), storage, landscape.gpu, [])
     study, _ = open_study(storage, landscape.name, sampler, {"backend": "onnxruntime"}, space.default(), 1, seeds)
     job = EvaluateJob(  # the lookup reads the candidate alone: no model, inputs or reference files
@@ -350,6 +395,7 @@ def main() -> None:
     parser.add_argument("--within", type=float, default=0.03, help="a hit: this close to the fastest (0.03: 3 %%)")
     parser.add_argument("--trials", type=int, default=30, help="the short run's trials")
     parser.add_argument("--close", type=float, default=0.01, help="where a short run should end (0.01: 1 %%)")
+    parser.add_argument("--samplers", action="store_true", help="also the default search with other samplers")
     args = parser.parse_args()
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     landscapes = [Landscape.read(p) for p in sorted(args.landscapes.glob("*.json"))]
@@ -361,7 +407,8 @@ def main() -> None:
         f"{args.trials}-trial runs that reached {args.close:.0%} of it",
         header,
     ]
-    targets = []
+    targets: list[str] = []
+    compared: list[str] = []
     with tempfile.TemporaryDirectory() as tmp:
         for landscape in landscapes:
             hit, close = landscape.good_enough(args.within), landscape.good_enough(args.close)
@@ -391,7 +438,36 @@ def main() -> None:
                 + "".join(f"{f'{medians[s]:g} / {shares[s]:.0%}':>15}" for s in STRATEGIES)
             )
             targets += verdicts(landscape.name, medians, shares)
+            if args.samplers:
+                compared.append(compare_samplers(landscape, medians, args.seeds, hit, close, args.trials, Path(tmp)))
     print("\n".join([*lines, "", "targets:", *targets]))
+    if compared:
+        names = ["default", *other_samplers(0)]
+        print(f"\nthe default search without seeds, by sampler: median trials (x random order) over {args.seeds} runs")
+        print(f"{'landscape':<20}" + "".join(f"{n:>20}" for n in names))
+        print("\n".join(compared))
+
+
+def compare_samplers(
+    landscape: Landscape,
+    medians: dict[str, float],
+    seeds: int,
+    hit: Callable[[float | None], bool],
+    close: Callable[[float | None], bool],
+    trials: int,
+    folder: Path,
+) -> str:
+    """One landscape's row of the sampler table: the default search with each sampler in its
+    place, median trials to a hit and the ratio to random order's."""
+    found = {"default": medians["default"]}
+    for name in other_samplers(0):
+        runs = [
+            search(landscape, [], "default", s, hit, close, trials, folder, other_samplers(s)[name])
+            for s in range(seeds)
+        ]
+        found[name] = statistics.median(r.trials_to_hit for r in runs)
+    random = medians["random order"]
+    return f"{landscape.name:<20}" + "".join(f"{f'{m:g} ({m / random:.2f}x)':>20}" for m in found.values())
 
 
 if __name__ == "__main__":

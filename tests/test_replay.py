@@ -53,19 +53,37 @@ def test_a_misleading_study_holds_the_same_configurations_with_other_results() -
 
 def test_a_short_replay_runs_every_strategy_on_every_landscape() -> None:
     done = subprocess.run(
-        [sys.executable, str(BENCHMARKS / "replay.py"), "--seeds", "2"], capture_output=True, text=True, timeout=300
+        [sys.executable, str(BENCHMARKS / "replay.py"), "--seeds", "2", "--samplers"],
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert done.returncode == 0, done.stderr
     names = sorted(p.stem for p in (BENCHMARKS / "landscapes").glob("*.json"))
+    strategies, _, samplers = done.stdout.partition("by sampler")
     table = {}
-    for line in done.stdout.splitlines():
+    for line in strategies.splitlines():
         name, _, rest = line.partition(" ")
         if name in names:
             cells = re.findall(r"(\d+(?:\.\d+)?) / (\d+)%", rest)
             table[name] = [(float(trials), int(share)) for trials, share in cells]
     assert sorted(table) == names
+    by_sampler = {line.split()[0]: re.findall(r"\d+(?:\.\d+)? \((\d+\.\d+)x\)", line) for line in samplers.splitlines()}
+    header = samplers.splitlines()[1]
+    assert all(len(by_sampler[name]) == len(re.split(r"\s{2,}", header.strip())) - 1 for name in names)
     for cells in table.values():  # each strategy: a median number of trials and a share of short runs
         assert len(cells) == len(STRATEGIES)
         assert all(trials >= 1 and 0 <= share <= 100 for trials, share in cells)
     verdicts = [line for line in done.stdout.splitlines() if line.endswith(("met", "NOT met"))]
     assert len(verdicts) == 6 * len(names)
+
+
+def test_a_search_takes_from_landscapes_of_its_gpu_and_versions_and_on_the_cpu_of_its_processor() -> None:
+    from dataclasses import replace
+
+    gpu = Landscape.read(BENCHMARKS / "landscapes" / "mobilenetv2.json")
+    assert gpu.measured_like(replace(gpu, cpu="another processor"))  # the GPU decides, the processor not
+    assert not gpu.measured_like(replace(gpu, gpu="another GPU"))
+    assert not gpu.measured_like(replace(gpu, versions={**gpu.versions, "onnxruntime": "0.1"}))
+    cpu = Landscape.read(BENCHMARKS / "landscapes" / "mobilenetv2-cpu.json")
+    assert not cpu.measured_like(replace(cpu, cpu="another processor")) and not cpu.measured_like(gpu)

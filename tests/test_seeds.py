@@ -130,12 +130,13 @@ def small_space() -> Space:
 def test_a_warm_start_from_many_studies_takes_what_most_agree_on_then_the_largest_speedups() -> None:
     from gpt_optuna.search.seeds import WARM_LIMIT, warm_start
 
+    alike = [ModelProfile({"Conv": n}, 1000) for n in (1, 2, 3, 4)]  # four models, each as alike as can be
     storage = earlier_studies(
         {
-            "s0": (PROFILE, 10.0, [(1, 5.0), (2, 6.0), (3, 7.0)]),
-            "s1": (PROFILE, 10.0, [(1, 4.0), (4, 4.5), (5, 9.0), (6, 9.9)]),  # its fourth best is not offered
-            "s2": (PROFILE, 16.0, [(1, 8.0), (4, 8.5), (6, 7.6)]),
-            "s3": (PROFILE, 10.0, [(7, 1.0), (0, 0.5)]),  # its very best is the new space's baseline
+            "s0": (alike[0], 10.0, [(1, 5.0), (2, 6.0), (3, 7.0)]),
+            "s1": (alike[1], 10.0, [(1, 4.0), (4, 4.5), (5, 9.0), (6, 9.9)]),  # its fourth best is not offered
+            "s2": (alike[2], 16.0, [(1, 8.0), (4, 8.5), (6, 7.6)]),
+            "s3": (alike[3], 10.0, [(7, 1.0), (0, 0.5)]),  # its very best is the new space's baseline
         }
     )
     warm = warm_start(storage, "s0,s1,s2,s3", "new", "synthetic", "cpu", small_space(), PROFILE)
@@ -164,6 +165,10 @@ def test_a_study_of_a_less_alike_model_offers_fewer_candidates_first_and_holds_t
         "unknown": [({"a": 2, "b": "x"}, "unknown:2")],
     }
     assert warm.similarity["alike"] == pytest.approx(1.0) and warm.similarity["unknown"] is None
+    # to let its study give more, a candidate must gain here 1 + 0.75 x similarity x (its gain there - 1)
+    assert warm.expected["alike:1"] == pytest.approx(1 + 0.75 * (10 / 8 - 1))
+    assert warm.expected["unknown:1"] == pytest.approx(1 + 0.75 / 3 * (10 / 5 - 1))
+    assert warm.expected["unlike:3"] == pytest.approx(1 + 0.75 * 10**-0.5 * (10 / 3 - 1))
     assert warm.describe() == (
         "unlike (model similarity 0.32): 1 candidate (2 more once one beats the baseline), "
         "alike (model similarity 1.00): 3 candidates, "
@@ -199,7 +204,13 @@ def test_a_configuration_two_studies_offer_counts_for_both_and_an_unlike_model_s
     )
     warm = warm_start(storage, "A,B", "new", "synthetic", "cpu", small_space(), PROFILE)
     assert warm.similarity["B"] == 0.0
-    assert warm.candidates == [({"a": 1, "b": "x"}, "A:1")] and warm.offered_by == {(("a", 1), ("b", "x")): ("A", "B")}
+    assert warm.candidates == [({"a": 1, "b": "x"}, "A:1")]
+    assert warm.offered_by == {  # the held back ones by the study that holds them
+        (("a", 1), ("b", "x")): ("A", "B"),
+        (("a", 2), ("b", "x")): ("A",),
+        (("a", 3), ("b", "x")): ("A",),
+        (("a", 4), ("b", "x")): ("B",),
+    }
     assert warm.describe() == (
         "A (model similarity 0.32): 1 candidate (2 more once one beats the baseline), "
         "B (model similarity 0.00): 1 candidate (1 more once one beats the baseline)"
@@ -246,3 +257,50 @@ def test_resuming_a_study_made_before_models_were_profiled_records_its_profile(c
     assert tune(*base, "--study-name", "old", "--n-trials", "3") == 0  # resumed, not refused
     study = optuna.load_study(study_name="old", storage="sqlite:///studies/old.db")
     assert StudyRecord.of(study).model_profile == profile_of(cnn_path)
+
+
+def test_studies_of_one_model_give_candidates_as_one_study_and_a_loss_stops_them_all() -> None:
+    from gpt_optuna.search.seeds import warm_start
+    from gpt_optuna.search.transfer import TransferQueue
+    from gpt_optuna.study.record import WARM_START_ATTR
+
+    storage = earlier_studies(  # one unlike model searched three times (say, at three batch sizes)
+        {
+            "b1": (UNLIKE, 10.0, [(1, 2.0), (2, 4.0), (3, 5.0)]),
+            "b8": (UNLIKE, 10.0, [(4, 1.0), (2, 3.0), (5, 6.0)]),
+            "b64": (UNLIKE, 10.0, [(6, 2.5), (2, 5.0), (4, 6.0)]),
+        }
+    )
+    warm = warm_start(storage, "b1,b8,b64", "new", "synthetic", "cpu", small_space(), PROFILE)
+    # one source of three candidates, one at first (similarity 0.32): what all three found, then b8's a=4
+    # (found by two, its best speedup 10x), then the largest speedup of the rest (b1's a=1, 5x)
+    assert warm.candidates == [({"a": 2, "b": "x"}, "b8:2")]
+    assert warm.reserve == {"b1": [({"a": 4, "b": "x"}, "b8:1"), ({"a": 1, "b": "x"}, "b1:1")]}
+    assert warm.similarity == {"b1": pytest.approx(10**-0.5)} and warm.same_model == {"b1": ("b8", "b64")}
+    assert warm.describe() == (
+        "b1 (with b8, b64, the same model; model similarity 0.32): 1 candidate (2 more once one beats the baseline)"
+    )
+    study = optuna.create_study(storage=storage, study_name="new")
+    distributions = {k.name: optuna.distributions.CategoricalDistribution(k.choices) for k in small_space().knobs}
+    study.add_trial(
+        optuna.trial.create_trial(
+            params={"a": 0, "b": "x"},
+            distributions=distributions,
+            value=10.0,
+            user_attrs={"baseline": True, "latency": {"median_ms": 10.0}},
+        )
+    )
+    notes: list[str] = []
+    queue = TransferQueue.of(warm, note=notes.append)
+    tried = []
+    for ms in (5.0, 12.0, 5.0):  # a=2 wins, then b8's a=4 loses: b1's a=1 is not tried
+        queue.update(study)
+        if not study.get_trials(states=(TrialState.WAITING,)):
+            break
+        trial = study.ask(distributions)
+        trial.set_user_attr("latency", {"median_ms": ms})
+        study.tell(trial, ms)
+        tried.append(study.trials[-1].user_attrs[WARM_START_ATTR])
+    queue.update(study)
+    assert tried == ["b8:2", "b8:1"] and not study.get_trials(states=(TrialState.WAITING,))
+    assert notes[-1] == "warm start: b8:1 lost to the baseline here; the other 1 of b1 is not tried"

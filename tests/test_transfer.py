@@ -95,6 +95,23 @@ def test_a_candidate_that_wins_gives_what_its_study_held_back_next_and_one_that_
     assert notes[-1] == "warm start: B:1 lost to the baseline here; the other 1 of B is not tried"
 
 
+def test_a_candidate_that_wins_by_less_than_its_own_study_asks_stops_the_rest_of_its_study() -> None:
+    study, notes = study_with_baseline(), []
+    reserve = {"A": [({"a": 6}, "A:11")]}
+    expected = {"A:3": 1.6, "B:1": 1.6}  # say, 1.8x in a study of the same model: 1 + 0.75 x 0.8
+    candidates = [({"a": 1}, "A:3"), ({"a": 4}, "A:9"), ({"a": 3}, "B:1"), ({"a": 5}, "B:2")]
+    queue = TransferQueue(candidates, note=notes.append, reserve=reserve, expected=expected)
+    queue.update(study)
+    queue.update(study, run_next(study, 8.0))  # A:3 gains 1.25x here: it wins, and A gives no more
+    assert waiting(study) == [(3, "B:1")] and queue.stopped == {"A": "A:3"} and "A" not in queue.reserve
+    assert notes == [
+        "warm start: A:3 gained 1.25x here, under the 1.60x its gain in its study asks for; "
+        "the other 2 of A are not tried"
+    ]
+    queue.update(study, run_next(study, 6.0))  # B:1 gains 1.67x: B goes on
+    assert waiting(study) == [(5, "B:2")] and "B" not in queue.stopped
+
+
 def test_what_a_study_held_back_is_given_only_up_to_the_warm_start_limit() -> None:
     from gpt_optuna.search.seeds import WARM_LIMIT
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import contextlib
 import math
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import optuna
 from optuna.trial import TrialState
@@ -18,7 +18,7 @@ from gpt_optuna.core.space import Candidate, CandidateKey, Space, Value, candida
 from gpt_optuna.graph.model import file_sha256
 from gpt_optuna.graph.model_profile import ModelProfile, profile_of, similarity
 from gpt_optuna.graph.transforms import SPEED_VALUES
-from gpt_optuna.study.record import StudyRecord, source_study
+from gpt_optuna.study.record import StudyRecord
 from gpt_optuna.study.taxonomy import baseline_trial, measured_latency_ms
 
 WARM_PER_STUDY = 3
@@ -27,6 +27,10 @@ like this one (fewer from one less alike)."""
 UNKNOWN_SIMILARITY = 1 / WARM_PER_STUDY
 """What a study whose model is unknown (made before profiles were recorded, its file gone) counts
 as: its best configuration alone."""
+REPLICATION = 0.75
+"""How much of a candidate's gain in its own study (over 1x) it must show here, times its model's
+similarity, to let its study give more: a study of the same model whose best gained 2x there and
+1.2x here misleads; one of an unlike model need only beat the baseline."""
 WARM_LIMIT = 6
 """The most warm-start candidates queued in all: with many earlier studies, the configurations
 most of them agree on, then the largest speedups over their own baselines."""
@@ -63,6 +67,12 @@ class WarmStart:
     offered_by: dict[CandidateKey, tuple[str, ...]]
     reserve: dict[str, list[tuple[Candidate, str]]]
     similarity: dict[str, float | None]
+    same_model: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    """An earlier study -> the other earlier studies of the same model, which give their
+    candidates with it, as one (named by it in ``offered_by``, ``reserve`` and ``similarity``)."""
+    expected: dict[str, float] = field(default_factory=dict)
+    """``STUDY:TRIAL`` -> the speedup over this study's baseline its candidate must reach here for
+    its study to give more (:data:`REPLICATION`)."""
 
     def describe(self) -> str:
         """Each earlier study's model similarity and how many candidates it gives."""
@@ -70,8 +80,10 @@ class WarmStart:
 
         def line(name: str, alike: float | None) -> str:
             n, more = given[name], len(self.reserve.get(name, []))
+            others = self.same_model.get(name, ())
+            also = f"with {', '.join(others)}, the same model; " if others else ""
             return (
-                f"{name} ({'similarity unknown' if alike is None else f'model similarity {alike:.2f}'}): "
+                f"{name} ({also}{'similarity unknown' if alike is None else f'model similarity {alike:.2f}'}): "
                 f"{n} candidate{'' if n == 1 else 's'}"
                 + (f" ({more} more once one beats the baseline)" if more else "")
             )
@@ -90,12 +102,15 @@ def warm_start(
 ) -> WarmStart:
     """The best distinct feasible configurations of the studies ``spec`` names (comma-separated),
     or of every other study with this backend measured on this device (``auto``), mapped onto
-    ``space`` by knob name. Each study offers its best :data:`WARM_PER_STUDY`: first as many as
-    its model's similarity to this one (``profile``) earns, that number times the similarity,
-    rounded up (its best alone where the similarity is unknown or nil); the rest only once one of
-    those beats this study's baseline (:class:`~gpt_optuna.search.transfer.TransferQueue`). Of the
-    first, at most :data:`WARM_LIMIT` are taken: first the ones the most alike studies agree on
-    (their similarities summed), then by speedup over their study's baseline."""
+    ``space`` by knob name. Studies of the same model (the same recorded profile: say, other
+    batches) count as one, named by the first: their best :data:`WARM_PER_STUDY` together, the
+    ones most of them found first. Each such source offers first as many as its model's
+    similarity to this one (``profile``) earns, that number times the similarity, rounded up (its
+    best alone where the similarity is unknown or nil); the rest only once one of those beats this
+    study's baseline by as much of its own gain as the similarity asks (:data:`REPLICATION`;
+    :class:`~gpt_optuna.search.transfer.TransferQueue`). Of the first, at most
+    :data:`WARM_LIMIT` are taken: first the ones the most alike models agree on (their
+    similarities summed), then by speedup over their study's baseline."""
     names = [s.study_name for s in optuna.get_all_study_summaries(storage, include_best_trial=False)]
     if spec.strip() == "auto":
         chosen = [n for n in names if n != this and _same_kind(storage, n, backend, device)]
@@ -105,25 +120,35 @@ def warm_start(
         if unknown:
             raise UserError(f"--warm-start: no study {unknown[0]!r} in this storage; studies there: {', '.join(names)}")
     baseline = candidate_key(space.default())
-    offers: dict[CandidateKey, list[tuple[float, float, Candidate, str]]] = {}
+    offers: dict[CandidateKey, list[tuple[float, float, Candidate, str, str]]] = {}
     later: dict[str, list[tuple[Candidate, str]]] = {}
     alike: dict[str, float | None] = {}
+    models: dict[str, list[optuna.Study]] = {}
+    expected: dict[str, float] = {}
     for name in chosen:
         study = optuna.load_study(study_name=name, storage=storage)
-        alike[name] = study_similarity(study, profile)
+        recorded = StudyRecord.read(study).model_profile
+        models.setdefault(name if recorded is None else repr(recorded.to_record()), []).append(study)
+    for studies in models.values():
+        name = studies[0].study_name
+        alike[name] = study_similarity(studies[0], profile)
         weight = UNKNOWN_SIMILARITY if alike[name] is None else alike[name]
-        best = _best_of(study, space, baseline, WARM_PER_STUDY)
+        best = _best_of_model(studies, space, baseline)
         first = max(1, math.ceil(WARM_PER_STUDY * weight - 1e-9))
         for speedup, candidate, source in best[:first]:
-            offers.setdefault(candidate_key(candidate), []).append((weight, speedup, candidate, source))
+            offers.setdefault(candidate_key(candidate), []).append((weight, speedup, candidate, source, name))
         later[name] = [(candidate, source) for _, candidate, source in best[first:]]
+        expected.update({source: 1 + REPLICATION * weight * max(0.0, gain - 1) for gain, _, source in best})
     ranked = sorted(offers.values(), key=lambda found: (-sum(o[0] for o in found), -max(o[1] for o in found)))
-    candidates = [max(found, key=lambda o: o[1])[2:] for found in ranked[:WARM_LIMIT]]
-    offered_by = {
-        key: tuple(source_study(o[3]) for o in offers[key]) for key in map(candidate_key, (c for c, _ in candidates))
-    }
+    candidates = [max(found, key=lambda o: o[1])[2:4] for found in ranked[:WARM_LIMIT]]
+    offered_by = {key: tuple(o[4] for o in offers[key]) for key in map(candidate_key, (c for c, _ in candidates))}
     reserve = {name: [(c, s) for c, s in rest if candidate_key(c) not in offered_by] for name, rest in later.items()}
-    return WarmStart(candidates, offered_by, {name: rest for name, rest in reserve.items() if rest}, alike)
+    for name, rest in reserve.items():  # held back by the first study of its model, maybe found by another
+        offered_by.update({candidate_key(c): (name,) for c, _ in rest})
+    same_model = {s[0].study_name: tuple(o.study_name for o in s[1:]) for s in models.values() if len(s) > 1}
+    return WarmStart(
+        candidates, offered_by, {name: rest for name, rest in reserve.items() if rest}, alike, same_model, expected
+    )
 
 
 def study_similarity(study: optuna.Study, profile: ModelProfile) -> float | None:
@@ -136,6 +161,17 @@ def study_similarity(study: optuna.Study, profile: ModelProfile) -> float | None
         with contextlib.suppress(Exception):  # unreadable, or no longer an ONNX file: unknown
             theirs = profile_of(model) if file_sha256(model) == record.model_sha256 else None
     return None if theirs is None else similarity(profile, theirs)
+
+
+def _best_of_model(studies: list[optuna.Study], space: Space, skip: CandidateKey) -> list[tuple[float, Candidate, str]]:
+    """The best :data:`WARM_PER_STUDY` of studies of one model (see :func:`_best_of`): first those
+    most of them found among their best, then by speedup; each from where it gained most."""
+    found: dict[CandidateKey, list[tuple[float, Candidate, str]]] = {}
+    for study in studies:
+        for offer in _best_of(study, space, skip, WARM_PER_STUDY):
+            found.setdefault(candidate_key(offer[1]), []).append(offer)
+    ranked = sorted(found.values(), key=lambda offers: (-len(offers), -max(o[0] for o in offers)))
+    return [max(offers, key=lambda o: o[0]) for offers in ranked[:WARM_PER_STUDY]]
 
 
 def _best_of(study: optuna.Study, space: Space, skip: CandidateKey, count: int) -> list[tuple[float, Candidate, str]]:

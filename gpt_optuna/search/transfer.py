@@ -5,8 +5,10 @@ The best configurations of earlier studies (:func:`gpt_optuna.search.seeds.warm_
 are tried right after the baseline and the seeds, one after another: each is queued once the one
 before it has ended. A candidate that loses to this study's baseline (no faster, infeasible, or
 not made at all) shows that its study's findings do not carry over to this model, and the rest of
-that study's candidates are not tried; the search samples instead. One that beats the baseline
-shows that they do: the candidates its study held back (a study of a less alike model offers
+that study's candidates are not tried; the search samples instead. So does one that wins by less
+than its gain in its own study asks for (more of it from a study of a more alike model:
+:data:`~gpt_optuna.search.seeds.REPLICATION`). One that beats the baseline by as much shows that
+they do carry over: the candidates its study held back (a study of a less alike model offers
 fewer at first) are tried next. A resumed study goes on where its runs left: what they tried is
 judged again and not queued twice. Nothing is queued once the search has no room for another
 trial.
@@ -42,10 +44,12 @@ class TransferQueue:
         note: Callable[[str], None] = lambda _: None,
         reserve: Mapping[str, list[tuple[Candidate, str]]] | None = None,
         offered_by: Mapping[CandidateKey, tuple[str, ...]] | None = None,
+        expected: Mapping[str, float] | None = None,
     ) -> None:
         self.pending = list(candidates)
         self.reserve = {name: list(rest) for name, rest in (reserve or {}).items()}
         self.offered_by = dict(offered_by or {})
+        self.expected = dict(expected or {})
         self.room = room
         self.note = note
         self.won: list[str] = []
@@ -59,7 +63,7 @@ class TransferQueue:
         cls, warm: WarmStart, room: Callable[[], bool] = lambda: True, note: Callable[[str], None] = lambda _: None
     ) -> TransferQueue:
         """The queue of a warm start's candidates."""
-        return cls(warm.candidates, room, note, warm.reserve, warm.offered_by)
+        return cls(warm.candidates, room, note, warm.reserve, warm.offered_by, warm.expected)
 
     def update(self, study: optuna.Study, _ended: FrozenTrial | None = None) -> None:
         """Judge the warm-start candidates that ended (in any process), and queue the next one
@@ -88,16 +92,23 @@ class TransferQueue:
         if not lost and (base is None or ms is None):
             return  # judged once the baseline is measured
         source = str(trial.user_attrs[WARM_START_ATTR])
+        gain, expected = (base / ms if base and ms else 0.0), self.expected.get(source, 1.0)
+        if lost:
+            why = "lost to the baseline here"
+        elif gain < expected:  # it wins, but its study's findings do not carry over as far as they should
+            why = f"gained {gain:.2f}x here, under the {expected:.2f}x its gain in its study asks for"
+        else:
+            why = ""
         for study in self.offered_by.get(candidate_key(trial.params), ()) or (source_study(source),):
-            if study in self.stopped or (not lost and study in self.won):
+            if study in self.stopped or (not why and study in self.won):
                 continue
-            if lost:
+            if why:
                 self.stopped[study] = source
                 left = sum(1 for _, other in self.pending if source_study(other) == study)
                 left += len(self.reserve.pop(study, []))
                 if left:
                     rest = f"the other {left} of {study} {'is' if left == 1 else 'are'} not tried"
-                    self.note(f"warm start: {source} lost to the baseline here; {rest}")
+                    self.note(f"warm start: {source} {why}; {rest}")
             else:
                 self.won.append(study)
                 given = min(len(self.reserve.get(study, [])), room)
