@@ -112,6 +112,32 @@ def test_a_candidate_that_wins_by_less_than_its_own_study_asks_stops_the_rest_of
     assert waiting(study) == [(5, "B:2")] and "B" not in queue.stopped
 
 
+def test_what_a_study_of_an_unlike_model_held_back_waits_for_the_candidates_more_trusted() -> None:
+    study = study_with_baseline()
+    candidates = [({"a": 1}, "U:3"), ({"a": 2}, "S:7"), ({"a": 3}, "T:1")]
+    trust = {"U:3": 1.1, "S:7": 1.0, "T:1": 0.4, "U:4": 0.1}  # U:3 is offered by U and S; T's model is less alike
+    offered_by = {(("a", 1),): ("U", "S"), (("a", 2),): ("S",), (("a", 3),): ("T",), (("a", 4),): ("U",)}
+    queue = TransferQueue(candidates, reserve={"U": [({"a": 4}, "U:4")]}, offered_by=offered_by, trust=trust)
+    queue.update(study)
+    queue.update(study, run_next(study, 8.0))  # U:3 wins for U and S: U's held-back one waits for S:7 and T:1
+    assert waiting(study) == [(2, "S:7")]
+    queue.update(study, run_next(study, 7.0))
+    assert waiting(study) == [(3, "T:1")]
+    queue.update(study, run_next(study, 7.0))
+    assert waiting(study) == [(4, "U:4")]
+
+
+def test_a_loss_stops_every_candidate_of_the_studies_that_offered_it_whoever_found_it() -> None:
+    study, notes = study_with_baseline(), []
+    candidates = [({"a": 1}, "M1:3"), ({"a": 2}, "M2:5"), ({"a": 3}, "B:1")]  # M1 and M2: one model, named M1
+    offered_by = {(("a", 1),): ("M1",), (("a", 2),): ("M1",), (("a", 3),): ("B",)}
+    queue = TransferQueue(candidates, note=notes.append, offered_by=offered_by)
+    queue.update(study)
+    queue.update(study, run_next(study, 12.0))  # M1:3 loses: M2:5, found by the same model's other study, goes too
+    assert waiting(study) == [(3, "B:1")]
+    assert notes == ["warm start: M1:3 lost to the baseline here; the other 1 of M1 is not tried"]
+
+
 def test_what_a_study_held_back_is_given_only_up_to_the_warm_start_limit() -> None:
     from gpt_optuna.search.seeds import WARM_LIMIT
 

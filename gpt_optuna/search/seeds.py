@@ -73,6 +73,9 @@ class WarmStart:
     expected: dict[str, float] = field(default_factory=dict)
     """``STUDY:TRIAL`` -> the speedup over this study's baseline its candidate must reach here for
     its study to give more (:data:`REPLICATION`)."""
+    trust: dict[str, float] = field(default_factory=dict)
+    """``STUDY:TRIAL`` -> the similarities of the models whose studies offer its candidate, summed:
+    the most trusted is tried first, of those first offered and those held back and given."""
 
     def describe(self) -> str:
         """Each earlier study's model similarity and how many candidates it gives."""
@@ -125,6 +128,7 @@ def warm_start(
     alike: dict[str, float | None] = {}
     models: dict[str, list[optuna.Study]] = {}
     expected: dict[str, float] = {}
+    trust: dict[str, float] = {}
     for name in chosen:
         study = optuna.load_study(study_name=name, storage=storage)
         recorded = StudyRecord.read(study).model_profile
@@ -139,15 +143,23 @@ def warm_start(
             offers.setdefault(candidate_key(candidate), []).append((weight, speedup, candidate, source, name))
         later[name] = [(candidate, source) for _, candidate, source in best[first:]]
         expected.update({source: 1 + REPLICATION * weight * max(0.0, gain - 1) for gain, _, source in best})
+        trust.update({source: weight for _, _, source in best[first:]})
     ranked = sorted(offers.values(), key=lambda found: (-sum(o[0] for o in found), -max(o[1] for o in found)))
     candidates = [max(found, key=lambda o: o[1])[2:4] for found in ranked[:WARM_LIMIT]]
+    trust.update({max(found, key=lambda o: o[1])[3]: sum(o[0] for o in found) for found in ranked[:WARM_LIMIT]})
     offered_by = {key: tuple(o[4] for o in offers[key]) for key in map(candidate_key, (c for c, _ in candidates))}
     reserve = {name: [(c, s) for c, s in rest if candidate_key(c) not in offered_by] for name, rest in later.items()}
     for name, rest in reserve.items():  # held back by the first study of its model, maybe found by another
         offered_by.update({candidate_key(c): (name,) for c, _ in rest})
     same_model = {s[0].study_name: tuple(o.study_name for o in s[1:]) for s in models.values() if len(s) > 1}
     return WarmStart(
-        candidates, offered_by, {name: rest for name, rest in reserve.items() if rest}, alike, same_model, expected
+        candidates,
+        offered_by,
+        {name: rest for name, rest in reserve.items() if rest},
+        alike,
+        same_model,
+        expected,
+        trust,
     )
 
 

@@ -45,11 +45,13 @@ class TransferQueue:
         reserve: Mapping[str, list[tuple[Candidate, str]]] | None = None,
         offered_by: Mapping[CandidateKey, tuple[str, ...]] | None = None,
         expected: Mapping[str, float] | None = None,
+        trust: Mapping[str, float] | None = None,
     ) -> None:
         self.pending = list(candidates)
         self.reserve = {name: list(rest) for name, rest in (reserve or {}).items()}
         self.offered_by = dict(offered_by or {})
         self.expected = dict(expected or {})
+        self.trust = dict(trust or {})
         self.room = room
         self.note = note
         self.won: list[str] = []
@@ -63,7 +65,7 @@ class TransferQueue:
         cls, warm: WarmStart, room: Callable[[], bool] = lambda: True, note: Callable[[str], None] = lambda _: None
     ) -> TransferQueue:
         """The queue of a warm start's candidates."""
-        return cls(warm.candidates, room, note, warm.reserve, warm.offered_by, warm.expected)
+        return cls(warm.candidates, room, note, warm.reserve, warm.offered_by, warm.expected, warm.trust)
 
     def update(self, study: optuna.Study, _ended: FrozenTrial | None = None) -> None:
         """Judge the warm-start candidates that ended (in any process), and queue the next one
@@ -99,12 +101,12 @@ class TransferQueue:
             why = f"gained {gain:.2f}x here, under the {expected:.2f}x its gain in its study asks for"
         else:
             why = ""
-        for study in self.offered_by.get(candidate_key(trial.params), ()) or (source_study(source),):
+        for study in self.studies(trial.params, source):
             if study in self.stopped or (not why and study in self.won):
                 continue
             if why:
                 self.stopped[study] = source
-                left = sum(1 for _, other in self.pending if source_study(other) == study)
+                left = sum(1 for c, other in self.pending if self.studies(c, other) == (study,))
                 left += len(self.reserve.pop(study, []))
                 if left:
                     rest = f"the other {left} of {study} {'is' if left == 1 else 'are'} not tried"
@@ -127,12 +129,19 @@ class TransferQueue:
         self.pending = left(self.pending)
         self.reserve = {name: left(held) for name, held in self.reserve.items()}
 
+    def studies(self, candidate: Candidate, source: str) -> tuple[str, ...]:
+        """The earlier studies that offered ``candidate`` (its ``source``'s where none is known)."""
+        return self.offered_by.get(candidate_key(candidate), ()) or (source_study(source),)
+
     def _queue_next(self, study: optuna.Study) -> None:
-        """Queue the next candidate: first what the studies that won here held back (in the order
-        they won), then the best left from a study not stopped."""
-        self.pending = [(c, s) for c, s in self.pending if source_study(s) not in self.stopped]
-        released = next((self.reserve[name] for name in self.won if self.reserve.get(name)), None)
-        line = released if released is not None else self.pending
+        """Queue the next candidate: of those left from a study not stopped and those the studies
+        that won here held back, the most trusted (``trust``), what was held back first among equals."""
+        self.pending = [(c, s) for c, s in self.pending if not all(n in self.stopped for n in self.studies(c, s))]
+        released = [held for name in self.won for held in self.reserve.get(name, [])]
+        line = sorted(released + self.pending, key=lambda offer: -self.trust.get(offer[1], 0.0))
         if line and self.room():
-            candidate, source = line.pop(0)
+            candidate, source = line[0]
+            for held in (self.pending, *self.reserve.values()):
+                if line[0] in held:
+                    held.remove(line[0])
             study.enqueue_trial(candidate, user_attrs={WARM_START_ATTR: source})
