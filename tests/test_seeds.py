@@ -16,7 +16,7 @@ from gpt_optuna.core.space import Space
 from gpt_optuna.graph.model_profile import ModelProfile, profile_of
 from gpt_optuna.graph.precision import precision_knobs
 from gpt_optuna.search.config import TuneConfig
-from gpt_optuna.search.seeds import WARM_PER_STUDY, speed_seed
+from gpt_optuna.search.seeds import WARM_PER_STUDY, WarmStart, speed_seed
 from gpt_optuna.search.tune import first_candidates
 from gpt_optuna.study.record import FINGERPRINT_ATTR, StudyRecord
 
@@ -121,6 +121,38 @@ def earlier_studies(studies: dict[str, tuple[ModelProfile | None, float, list[tu
     return storage
 
 
+def run_warm_start(
+    storage: optuna.storages.BaseStorage, warm: WarmStart, latencies: list[float]
+) -> tuple[list[str], list[str]]:
+    """A new study of ``storage`` with a 10 ms baseline, its warm start's candidates run through
+    the queue as they come, measuring ``latencies`` in turn: the sources tried, and the notes."""
+    from gpt_optuna.search.transfer import TransferQueue
+    from gpt_optuna.study.record import WARM_START_ATTR
+
+    study = optuna.create_study(storage=storage, study_name="new")
+    distributions = {k.name: optuna.distributions.CategoricalDistribution(k.choices) for k in small_space().knobs}
+    study.add_trial(
+        optuna.trial.create_trial(
+            params={"a": 0, "b": "x"},
+            distributions=distributions,
+            value=10.0,
+            user_attrs={"baseline": True, "latency": {"median_ms": 10.0}},
+        )
+    )
+    notes: list[str] = []
+    queue = TransferQueue.of(warm, note=notes.append)
+    tried = []
+    for ms in latencies:
+        queue.update(study)
+        if not study.get_trials(states=(TrialState.WAITING,)):
+            break
+        trial = study.ask(distributions)
+        trial.set_user_attr("latency", {"median_ms": ms})
+        study.tell(trial, ms)
+        tried.append(study.trials[-1].user_attrs[WARM_START_ATTR])
+    return tried, notes
+
+
 def small_space() -> Space:
     from gpt_optuna.core.space import Knob
 
@@ -192,8 +224,6 @@ def test_a_study_made_before_profiles_were_recorded_is_judged_by_its_model_file_
 
 def test_a_configuration_two_studies_offer_counts_for_both_and_an_unlike_model_still_gives_its_best() -> None:
     from gpt_optuna.search.seeds import warm_start
-    from gpt_optuna.search.transfer import TransferQueue
-    from gpt_optuna.study.record import WARM_START_ATTR
 
     nothing_alike = ModelProfile({"MatMul": 1}, 1000)  # no operator in common with PROFILE
     storage = earlier_studies(
@@ -216,28 +246,7 @@ def test_a_configuration_two_studies_offer_counts_for_both_and_an_unlike_model_s
         "B (model similarity 0.00): 1 candidate (1 more once one beats the baseline)"
     )
     # a=1 beats the baseline: what both held back comes next
-    study = optuna.create_study(storage=storage, study_name="new")
-    distributions = {k.name: optuna.distributions.CategoricalDistribution(k.choices) for k in small_space().knobs}
-    study.add_trial(
-        optuna.trial.create_trial(
-            params={"a": 0, "b": "x"},
-            distributions=distributions,
-            value=10.0,
-            user_attrs={"baseline": True, "latency": {"median_ms": 10.0}},
-        )
-    )
-    notes: list[str] = []
-    queue = TransferQueue.of(warm, note=notes.append)
-    tried = []
-    for _ in range(5):
-        queue.update(study)
-        waiting = study.get_trials(states=(TrialState.WAITING,))
-        if not waiting:
-            break
-        trial = study.ask(distributions)
-        trial.set_user_attr("latency", {"median_ms": 5.0})
-        study.tell(trial, 5.0)
-        tried.append(study.trials[-1].user_attrs[WARM_START_ATTR])
+    tried, notes = run_warm_start(storage, warm, [5.0] * 5)
     assert tried == ["A:1", "A:2", "A:3", "B:2"]
     assert notes == [
         "warm start: A:1 beat the baseline here; 2 more of A follow",
@@ -261,8 +270,6 @@ def test_resuming_a_study_made_before_models_were_profiled_records_its_profile(c
 
 def test_studies_of_one_model_give_candidates_as_one_study_and_a_loss_stops_them_all() -> None:
     from gpt_optuna.search.seeds import warm_start
-    from gpt_optuna.search.transfer import TransferQueue
-    from gpt_optuna.study.record import WARM_START_ATTR
 
     storage = earlier_studies(  # one unlike model searched three times (say, at three batch sizes)
         {
@@ -280,27 +287,6 @@ def test_studies_of_one_model_give_candidates_as_one_study_and_a_loss_stops_them
     assert warm.describe() == (
         "b1 (with b8, b64, the same model; model similarity 0.32): 1 candidate (2 more once one beats the baseline)"
     )
-    study = optuna.create_study(storage=storage, study_name="new")
-    distributions = {k.name: optuna.distributions.CategoricalDistribution(k.choices) for k in small_space().knobs}
-    study.add_trial(
-        optuna.trial.create_trial(
-            params={"a": 0, "b": "x"},
-            distributions=distributions,
-            value=10.0,
-            user_attrs={"baseline": True, "latency": {"median_ms": 10.0}},
-        )
-    )
-    notes: list[str] = []
-    queue = TransferQueue.of(warm, note=notes.append)
-    tried = []
-    for ms in (5.0, 12.0, 5.0):  # a=2 wins, then b8's a=4 loses: b1's a=1 is not tried
-        queue.update(study)
-        if not study.get_trials(states=(TrialState.WAITING,)):
-            break
-        trial = study.ask(distributions)
-        trial.set_user_attr("latency", {"median_ms": ms})
-        study.tell(trial, ms)
-        tried.append(study.trials[-1].user_attrs[WARM_START_ATTR])
-    queue.update(study)
-    assert tried == ["b8:2", "b8:1"] and not study.get_trials(states=(TrialState.WAITING,))
+    tried, notes = run_warm_start(storage, warm, [5.0, 12.0, 5.0])  # a=2 wins, b8's a=4 loses: a=1 is not tried
+    assert tried == ["b8:2", "b8:1"]
     assert notes[-1] == "warm start: b8:1 lost to the baseline here; the other 1 of b1 is not tried"
