@@ -205,6 +205,43 @@ def test_two_tuners_creating_one_new_database_both_run(cnn_path: Path) -> None:
         assert run.returncode == 0 and "Traceback" not in err, err
 
 
+def _open_new_database(url: str, barrier: object, results: object) -> None:
+    import optuna
+
+    from gpt_optuna.study.storage import open_storage
+
+    barrier.wait()  # type: ignore[attr-defined]
+    try:
+        optuna.create_study(storage=open_storage(url), study_name=f"s{os.getpid()}")
+        results.put("ok")  # type: ignore[attr-defined]
+    except Exception as exc:  # the test reports what any opener met
+        results.put(f"{type(exc).__name__}: {exc}")  # type: ignore[attr-defined]
+
+
+def test_many_processes_opening_one_new_database_at_once_all_open_it(tmp_path: Path) -> None:
+    """SQLite answers the losers of the race to switch a new file to WAL at once, without waiting
+    (before the storage tried again, this failed in each of six runs: "database is locked")."""
+    import multiprocessing
+
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    context = multiprocessing.get_context("fork")
+    for round_ in range(4):
+        url = f"sqlite:///{tmp_path}/new{round_}.db"
+        barrier, results = context.Barrier(8), context.Queue()
+        openers = [context.Process(target=_open_new_database, args=(url, barrier, results)) for _ in range(8)]
+        for opener in openers:
+            opener.start()
+        outcomes = [results.get(timeout=120) for _ in openers]
+        for opener in openers:
+            opener.join()
+        assert outcomes == ["ok"] * 8, outcomes
+        with contextlib.closing(sqlite3.connect(tmp_path / f"new{round_}.db")) as db:
+            assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+            assert db.execute("SELECT COUNT(*) FROM studies").fetchone()[0] == 8
+
+
 @pytest.mark.parametrize(
     "toml, expected",
     [

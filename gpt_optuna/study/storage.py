@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import sqlite3
 import time
@@ -147,7 +148,7 @@ def _rdb_storage(url: str, create: bool, heartbeat: bool) -> optuna.storages.RDB
                 warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
                 return optuna.storages.RDBStorage(url, skip_table_creation=not create, **beat, **waiting)
         except (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.OperationalError) as exc:
-            racing = isinstance(exc, sqlalchemy.exc.IntegrityError) or "already exists" in str(exc)
+            racing = isinstance(exc, sqlalchemy.exc.IntegrityError) or _racing(exc)
             if not racing or attempt == 4:
                 raise
             time.sleep(0.2 * (attempt + 1))  # another process is creating the same new database
@@ -155,12 +156,31 @@ def _rdb_storage(url: str, create: bool, heartbeat: bool) -> optuna.storages.RDB
 
 
 def _use_write_ahead_log(path: Path) -> None:
-    """WAL mode (kept in the file): readers such as ``status`` never block the tuner's writes."""
-    connection = sqlite3.connect(path)
-    try:
-        connection.execute("PRAGMA journal_mode=WAL")
-    finally:
-        connection.close()
+    """WAL mode (kept in the file): readers such as ``status`` never block the tuner's writes.
+
+    Several tuners creating one new file at once race for the switch, which SQLite answers at once
+    (its busy timeout does not cover it) with an error or the old mode: tried again until the file
+    reads back in WAL mode, for up to :data:`SQLITE_WAIT_S`."""
+    deadline = time.monotonic() + SQLITE_WAIT_S
+    for attempt in itertools.count():
+        try:
+            connection = sqlite3.connect(path, timeout=SQLITE_WAIT_S)
+            try:
+                if connection.execute("PRAGMA journal_mode=WAL").fetchone()[0] == "wal":
+                    return
+            finally:
+                connection.close()
+        except sqlite3.OperationalError as exc:
+            if not _racing(exc) or time.monotonic() > deadline:
+                raise
+        if time.monotonic() > deadline:
+            raise sqlite3.OperationalError(f"{path} stays out of WAL mode: another process holds it")
+        time.sleep(min(0.5, 0.02 * 2**attempt))
+
+
+def _racing(exc: Exception) -> bool:
+    """Whether SQLite's error is what another process creating the same new database causes."""
+    return any(sign in str(exc) for sign in ("database is locked", "unable to open database file", "already exists"))
 
 
 def _configure_sqlite(storage: optuna.storages.RDBStorage) -> None:
