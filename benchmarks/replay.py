@@ -18,10 +18,11 @@ Strategies:
   default        the tuner's default (multivariate TPE, never a repeat) without seeds
   seeds          the default with its seeded candidate (every speed feature on)
   transfer only  the default with ``--warm-start auto`` from studies of the other landscapes
-                 recorded on the same GPU (or none) and processor with the same library versions
+                 recorded on the same GPU with the same library versions (for a CPU landscape, on
+                 the same processor)
   transfer       seeds and transfer
   misled only    the default with ``--warm-start auto`` from one earlier study that misleads: this
-                 landscape with each binary knob's values swapped at random (per run), as a study of
+                 landscape with some binary knobs' values swapped at random (per run), as a study of
                  the same model (so it gives all its candidates at once), whose best are others here
 
 Targets, per landscape: without seeds the default search at most 0.5x random order's median
@@ -85,26 +86,31 @@ SHARE_TARGET = 0.9
 """The share of short runs of the tuner as a user starts it (seeds on) that end close to the fastest."""
 
 
-def other_samplers(seed: int) -> dict[str, optuna.samplers.BaseSampler]:
-    """Base samplers compared with the default's (``--samplers``): TPE with five start-up trials
-    (the default before), TPE knob by knob, random without repeats, and GPSampler where PyTorch
-    and SciPy are installed."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        samplers: dict[str, optuna.samplers.BaseSampler] = {
-            "tpe, 5 start-up": optuna.samplers.TPESampler(
-                seed=seed, multivariate=True, n_startup_trials=5, constant_liar=True
-            ),
-            "tpe, knob by knob": optuna.samplers.TPESampler(
-                seed=seed, multivariate=False, n_startup_trials=2, constant_liar=True
-            ),
-            "random, no repeats": optuna.samplers.RandomSampler(seed=seed),
-        }
+def _tpe(multivariate: bool, startup: int) -> Callable[[int], optuna.samplers.BaseSampler]:
+    def make(seed: int) -> optuna.samplers.BaseSampler:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            return optuna.samplers.TPESampler(
+                seed=seed, multivariate=multivariate, n_startup_trials=startup, constant_liar=True
+            )
+
+    return make
+
+
+def other_samplers() -> dict[str, Callable[[int], optuna.samplers.BaseSampler]]:
+    """Base samplers compared with the default's (``--samplers``), each made from a seed: TPE with
+    five start-up trials (the default before), TPE knob by knob, random without repeats, and
+    GPSampler where PyTorch and SciPy are installed."""
+    samplers = {
+        "tpe, 5 start-up": _tpe(multivariate=True, startup=5),
+        "tpe, knob by knob": _tpe(multivariate=False, startup=2),
+        "random, no repeats": lambda seed: optuna.samplers.RandomSampler(seed=seed),
+    }
     try:
         check_sampler("gp")
     except MissingDependencyError:
         return samplers
-    return samplers | {"gp": optuna.samplers.GPSampler(seed=seed)}
+    return samplers | {"gp": lambda seed: optuna.samplers.GPSampler(seed=seed)}
 
 
 @dataclass(frozen=True)
@@ -442,7 +448,7 @@ def main() -> None:
                 compared.append(compare_samplers(landscape, medians, args.seeds, hit, close, args.trials, Path(tmp)))
     print("\n".join([*lines, "", "targets:", *targets]))
     if compared:
-        names = ["default", *other_samplers(0)]
+        names = ["default", *other_samplers()]
         print(f"\nthe default search without seeds, by sampler: median trials (x random order) over {args.seeds} runs")
         print(f"{'landscape':<20}" + "".join(f"{n:>20}" for n in names))
         print("\n".join(compared))
@@ -460,11 +466,8 @@ def compare_samplers(
     """One landscape's row of the sampler table: the default search with each sampler in its
     place, median trials to a hit and the ratio to random order's."""
     found = {"default": medians["default"]}
-    for name in other_samplers(0):
-        runs = [
-            search(landscape, [], "default", s, hit, close, trials, folder, other_samplers(s)[name])
-            for s in range(seeds)
-        ]
+    for name, make in other_samplers().items():
+        runs = [search(landscape, [], "default", s, hit, close, trials, folder, make(s)) for s in range(seeds)]
         found[name] = statistics.median(r.trials_to_hit for r in runs)
     random = medians["random order"]
     return f"{landscape.name:<20}" + "".join(f"{f'{m:g} ({m / random:.2f}x)':>20}" for m in found.values())

@@ -145,8 +145,9 @@ def warm_start(
         expected.update({source: 1 + REPLICATION * weight * max(0.0, gain - 1) for gain, _, source in best})
         trust.update({source: weight for _, _, source in best[first:]})
     ranked = sorted(offers.values(), key=lambda found: (-sum(o[0] for o in found), -max(o[1] for o in found)))
-    candidates = [max(found, key=lambda o: o[1])[2:4] for found in ranked[:WARM_LIMIT]]
-    trust.update({max(found, key=lambda o: o[1])[3]: sum(o[0] for o in found) for found in ranked[:WARM_LIMIT]})
+    gaining_most = [(max(found, key=lambda o: o[1]), sum(o[0] for o in found)) for found in ranked[:WARM_LIMIT]]
+    candidates = [(offer[2], offer[3]) for offer, _ in gaining_most]
+    trust.update({offer[3]: weight for offer, weight in gaining_most})
     offered_by = {key: tuple(o[4] for o in offers[key]) for key in map(candidate_key, (c for c, _ in candidates))}
     reserve = {name: [(c, s) for c, s in rest if candidate_key(c) not in offered_by] for name, rest in later.items()}
     for name, rest in reserve.items():  # held back by the first study of its model, maybe found by another
