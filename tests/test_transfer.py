@@ -138,6 +138,20 @@ def test_a_loss_stops_every_candidate_of_the_studies_that_offered_it_whoever_fou
     assert notes == ["warm start: M1:3 lost to the baseline here; the other 1 of M1 is not tried"]
 
 
+def test_a_candidate_two_studies_offered_is_given_up_once_both_are_stopped_and_counted_so() -> None:
+    study, notes = study_with_baseline(), []
+    candidates = [({"a": 1}, "B:1"), ({"a": 2}, "A:1"), ({"a": 3}, "A:2")]  # a=3 offered by A and B
+    offered_by = {(("a", 1),): ("B",), (("a", 2),): ("A",), (("a", 3),): ("A", "B")}
+    queue = TransferQueue(candidates, note=notes.append, offered_by=offered_by)
+    queue.update(study)
+    queue.update(study, run_next(study, 11.0))  # B stops; a=3 waits, A still offers it
+    assert queue.stopped == {"B": "B:1"} and notes == []
+    assert waiting(study) == [(2, "A:1")]
+    queue.update(study, run_next(study, 11.0))  # A stops too: a=3 is given up, and the note counts it
+    assert waiting(study) == []
+    assert notes == ["warm start: A:1 lost to the baseline here; the other 1 of A is not tried"]
+
+
 def test_what_a_study_held_back_is_given_only_up_to_the_warm_start_limit() -> None:
     from gpt_optuna.search.seeds import WARM_LIMIT
 

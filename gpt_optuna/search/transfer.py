@@ -106,7 +106,9 @@ class TransferQueue:
                 continue
             if why:
                 self.stopped[study] = source
-                left = sum(1 for c, other in self.pending if self.studies(c, other) == (study,))
+                left = sum(
+                    1 for c, other in self.pending if study in self.studies(c, other) and self._given_up(c, other)
+                )
                 left += len(self.reserve.pop(study, []))
                 if left:
                     rest = f"the other {left} of {study} {'is' if left == 1 else 'are'} not tried"
@@ -133,10 +135,14 @@ class TransferQueue:
         """The earlier studies that offered ``candidate`` (its ``source``'s where none is known)."""
         return self.offered_by.get(candidate_key(candidate), ()) or (source_study(source),)
 
+    def _given_up(self, candidate: Candidate, source: str) -> bool:
+        """Whether every study that offered ``candidate`` is stopped: it is not tried."""
+        return all(name in self.stopped for name in self.studies(candidate, source))
+
     def _queue_next(self, study: optuna.Study) -> None:
         """Queue the next candidate: of those left from a study not stopped and those the studies
         that won here held back, the most trusted (``trust``), what was held back first among equals."""
-        self.pending = [(c, s) for c, s in self.pending if not all(n in self.stopped for n in self.studies(c, s))]
+        self.pending = [(c, s) for c, s in self.pending if not self._given_up(c, s)]
         released = [held for name in self.won for held in self.reserve.get(name, [])]
         line = sorted(released + self.pending, key=lambda offer: -self.trust.get(offer[1], 0.0))
         if line and self.room():
