@@ -73,16 +73,19 @@ def test_a_warm_start_queues_the_best_distinct_configurations_of_earlier_studies
     out, err = capsys.readouterr()
     second = optuna.load_study(study_name="second", storage=url).get_trials()
     warm = [t for t in second if "warm_start_from" in t.user_attrs]
-    assert len(warm) == WARM_PER_STUDY
-    assert [t.number for t in warm] == [1, 2, 3]  # right after the baseline
+    # the three best are offered, queued one at a time right after the baseline; one that does not beat the
+    # baseline here by what its gain there asks for (timing on this host) stops the rest, and the run says so
+    assert 1 <= len(warm) <= WARM_PER_STUDY
+    assert [t.number for t in warm] == list(range(1, len(warm) + 1))
+    assert len(warm) == WARM_PER_STUDY or "not tried" in err
     distinct = []
     for trial in best:
         if trial.params not in distinct and trial.params != second[0].params:
             distinct.append(trial.params)
-    assert [t.params for t in warm] == distinct[:WARM_PER_STUDY]
-    assert [t.user_attrs["warm_start_from"].partition(":")[0] for t in warm] == ["first"] * WARM_PER_STUDY
+    assert [t.params for t in warm] == distinct[: len(warm)]
+    assert [t.user_attrs["warm_start_from"].partition(":")[0] for t in warm] == ["first"] * len(warm)
     assert "warm start: first (model similarity 1.00): 3 candidates" in err  # the same model
-    assert "warm start: 3 candidates from first" in out
+    assert f"warm start: {len(warm)} candidate{'s' if len(warm) > 1 else ''} from first" in out
     assert StudyRecord.of(optuna.load_study(study_name="first", storage=url)).model_profile == profile_of(cnn_path)
     # auto: every study of this backend measured on this device, here both earlier ones
     assert tune(*base, "--study-name", "third", "--n-trials", "4", "--warm-start", "auto") == 0
@@ -92,7 +95,7 @@ def test_a_warm_start_queues_the_best_distinct_configurations_of_earlier_studies
     assert {t.user_attrs["warm_start_from"].partition(":")[0] for t in third} <= {"first", "second"}
     # two studies offer six at most, queued one at a time right after the baseline: with 4 trials, three of
     # them and none left waiting; none after one of its study's lost to the baseline (the queue's own tests)
-    assert [t.number for t in third] == [1, 2, 3]
+    assert [t.number for t in third] == list(range(1, len(third) + 1)) and 1 <= len(third) <= 3
     assert all(t.state is not TrialState.WAITING for t in optuna.load_study(study_name="third", storage=url).trials)
     capsys.readouterr()
     assert tune(*base, "--study-name", "fourth", "--n-trials", "2", "--warm-start", "nothing") == 2
