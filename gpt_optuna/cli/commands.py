@@ -193,18 +193,27 @@ def _export(args: argparse.Namespace, study: Any) -> int:
 
 
 def _confirm(args: argparse.Namespace, study: Any) -> int:
+    import time
+
     from gpt_optuna.results.summary_text import format_summary
     from gpt_optuna.results.winner import record_winner
     from gpt_optuna.search.finalists import confirm, template_from_study
     from gpt_optuna.study.record import study_folder
 
-    if args.top < 1 or args.processes < 1:
-        raise UserError("--top and --processes must be at least 1")
+    if args.top < 1 or args.processes < 1 or args.rounds < 3:
+        raise UserError("--top and --processes must be at least 1, --rounds at least 3")
+    deadline = time.monotonic() + parse_duration(args.timeout) if args.timeout else None
     log = study_folder(study) / "confirm.log"
+    template = template_from_study(study)
     plural = "es" if args.processes > 1 else ""
     print(f"re-measuring the {args.top} best candidates and the baseline in {args.processes} process{plural} ...")
     say = lambda text: print(text, flush=True)  # noqa: E731
-    if confirm(study, template_from_study(study), log, args.top, args.processes, say=say) is None:
+    try:
+        found = confirm(study, template, log, args.top, args.processes, say, deadline=deadline, rounds=args.rounds)
+    except KeyboardInterrupt:
+        print(format_summary(record_winner(study)))
+        raise
+    if found is None:
         raise UserError(f"study {study.study_name} has no measured baseline and feasible candidate to confirm")
     print(format_summary(record_winner(study)))
     return 0

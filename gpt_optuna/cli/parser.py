@@ -8,6 +8,7 @@ from typing import Any
 
 from gpt_optuna import __version__
 from gpt_optuna.core.errors import UserError
+from gpt_optuna.evaluation.confirm_job import ROUNDS
 from gpt_optuna.search.config import TuneConfig, read_toml
 from gpt_optuna.search.options import OPTIONS
 
@@ -66,7 +67,15 @@ def build_parser() -> argparse.ArgumentParser:
     confirm = commands.add_parser("confirm", help="re-measure the best candidates and the baseline, interleaved")
     _add(confirm, "storage", "study_name")
     confirm.add_argument("--top", type=int, default=5, help="how many of the best feasible candidates (default 5)")
-    confirm.add_argument("--processes", type=int, default=3, help="fresh processes to measure in (default 3)")
+    confirm.add_argument("--processes", type=int, default=5, help="fresh processes to measure in (default 5)")
+    confirm.add_argument(
+        "--rounds", type=int, default=ROUNDS, help=f"interleaved rounds in each process (default {ROUNDS})"
+    )
+    confirm.add_argument(
+        "--timeout",
+        help="bound the whole re-measurement, e.g. 20m; processes that would not fit are left out, and what was"
+        " measured is kept (default: none; a process that says nothing for long is stopped as hung)",
+    )
 
     check = commands.add_parser(
         "check",

@@ -85,6 +85,9 @@ class Knob:
     selects_engine: bool = False
     """The knob chooses which engine runs (ONNX Runtime's provider): restricting it chooses the
     engine whose defaults the baseline runs, so its default moves with the restriction."""
+    host_sensitive: str = ""
+    """Why the knob's best value depends on the host it was measured on (its cores and their
+    load, say), where it does: a winner that changes it is named as tuned for this host."""
 
     def __post_init__(self) -> None:
         if not self.choices:
@@ -213,6 +216,7 @@ class Space:
                 "conditions": [[_plain(c.parent), [_plain(v) for v in c.values]] for c in k.conditions],
                 "searched": None if k.searched is None else list(k.searched),
                 "selects_engine": k.selects_engine,
+                "host_sensitive": k.host_sensitive,
             }
             for k in self.knobs
         ]
@@ -238,6 +242,7 @@ class Space:
                     tuple(conditions[1:]),
                     None if item["searched"] is None else tuple(item["searched"]),
                     item["selects_engine"],
+                    item.get("host_sensitive", ""),
                 )
             )
         return cls(knobs)

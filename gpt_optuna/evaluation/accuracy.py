@@ -8,11 +8,13 @@ A criterion is clauses joined by ``and``, each ``METRIC OP NUMBER`` with OP one 
 - ``cosine``: cosine similarity of the flattened tensors;
 - ``outside(atol=1e-5, rtol=1e-3)``: fraction of elements with ``|out-ref| > atol + rtol*|ref|``;
 - ``topk(k)``: fraction of rows (last axis = classes) whose reference top-1 class is among the
-  output's top k classes; ``topk(1)`` is top-1 agreement.
+  output's top k classes; ``topk(1)`` is top-1 agreement. Its canonical text, as a study records
+  it, is ``top1``, ``top5``: the parser reads both forms.
 
 Over several samples the worst sample counts; ``mean(METRIC)`` averages over them instead. Names
 returned by the user's ``--metric`` function are metrics too. NaN or Inf in any output is always
-infeasible.
+infeasible, and so is a metric the criterion names that comes out NaN. A criterion's ``text``
+parses back to the same criterion.
 """
 
 from __future__ import annotations
@@ -62,7 +64,7 @@ class Metric:
             return self.name
         if self.name == "topk":
             return f"top{int(self.params[0][1])}"
-        return f"{self.name}({', '.join(f'{k}={v:g}' for k, v in self.params)})"
+        return f"{self.name}({', '.join(f'{k}={number_text(v)}' for k, v in self.params)})"
 
     def compute(self, out: np.ndarray, ref: np.ndarray) -> float | None:
         """The metric for one output pair, or None where it does not apply (topk on a scalar)."""
@@ -92,6 +94,12 @@ class Metric:
             p = dict(self.params)
             return float(np.mean(diff > p["atol"] + p["rtol"] * np.abs(r)))
         raise AssertionError(self.name)
+
+
+def number_text(value: float) -> str:
+    """``value`` as short as it reads back exactly (``1e-05``, ``0.9999``, ``0.99999995``)."""
+    short = f"{value:g}"
+    return short if float(short) == value else repr(value)
 
 
 def _topk_agreement(out: np.ndarray, ref: np.ndarray, k: int) -> float | None:
@@ -125,7 +133,7 @@ class Clause:
         return (self.threshold - value) / scale
 
     def __str__(self) -> str:
-        return f"{self.metric.key}{self.op}{self.threshold:g}"
+        return f"{self.metric.key}{self.op}{number_text(self.threshold)}"
 
 
 @dataclass(frozen=True)
@@ -186,6 +194,10 @@ class Criterion:
                 metrics[clause.metric.key] = float(np.mean([d[inner] for d in per_sample]))
         if user is not None:
             metrics |= {k: float(v) for k, v in user().items()}
+        undefined = [c.metric.key for c in self.clauses if math.isnan(metrics[c.metric.key])]
+        if undefined:  # no verdict can rest on it: infeasible, with the metrics that were numbers
+            known = {k: v for k, v in metrics.items() if not math.isnan(v)}
+            return Verdict(False, f"{', '.join(undefined)} is NaN", known, _VIOLATION_FOR_NONFINITE)
         failed = [c for c in self.clauses if not c.holds(metrics[c.metric.key])]
         constraint = max(c.violation(metrics[c.metric.key]) for c in self.clauses)
         if failed:
@@ -231,6 +243,12 @@ class Criterion:
         bad = [n for n in self.user_names if not isinstance(returned[n], int | float | np.floating | np.integer)]
         if bad:
             raise UserError(f"the --metric function returns {bad[0]}={returned[bad[0]]!r}: give a number")
+        undefined = [n for n in self.user_names if math.isnan(float(returned[n]))]  # type: ignore[arg-type]
+        if undefined:
+            raise UserError(
+                f"the --metric function returns {undefined[0]}=nan for the model's own outputs: the criterion must"
+                " be a number there (it holds for the unmodified model)"
+            )
 
 
 def _invalid(outputs: Mapping[str, np.ndarray], reference: Mapping[str, np.ndarray]) -> str:
@@ -255,6 +273,7 @@ _CLAUSE_RE = re.compile(
 )
 _MEAN_RE = re.compile(r"^\s*mean\s*\((?P<inner>.+)\)\s*(?P<rest>(<=|>=|<|>).*)$")
 BUILT_IN = frozenset({"max_abs", "mean_abs", "rel_l2", "cosine", "topk", "outside"})
+_TOPK_KEY = re.compile(r"top([1-9][0-9]*)")
 
 
 def parse_criterion(text: str, user_metrics: bool = False) -> Criterion:
@@ -273,7 +292,10 @@ def parse_criterion(text: str, user_metrics: bool = False) -> Criterion:
             threshold = float(match["num"])
         except ValueError:
             raise UserError(f"malformed number {match['num']!r} in --accuracy clause {part!r}") from None
-        if match["name"] not in BUILT_IN and user_metrics and match["args"] is None and not mean:
+        legacy_topk = _TOPK_KEY.fullmatch(match["name"])  # topk(k)'s own key, as studies record it
+        if legacy_topk and match["args"] is None:
+            metric = Metric("topk", (("k", float(legacy_topk[1])),), mean=bool(mean))
+        elif match["name"] not in BUILT_IN and user_metrics and match["args"] is None and not mean:
             metric = Metric(match["name"], user=True, user_higher_is_better=match["op"] in (">=", ">"))
         else:
             metric = _parse_metric(match["name"], match["args"], part)

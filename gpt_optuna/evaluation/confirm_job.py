@@ -9,6 +9,7 @@ from dataclasses import dataclass, replace
 from gpt_optuna.core.space import Candidate
 from gpt_optuna.evaluation.jobs import EvaluateJob
 from gpt_optuna.evaluation.measure import interleaved_rounds, launch_timer, measure
+from gpt_optuna.evaluation.worker import report_progress
 
 ROUNDS, BLOCK = 10, 10
 """Interleaved rounds, and launches per candidate in each."""
@@ -17,9 +18,18 @@ ROUNDS_BUDGET_S = 60.0
 
 
 @dataclass(frozen=True)
+class RoundTimed:
+    """One interleaved round's medians (ms, in the job's candidate order), reported as soon as it
+    is timed: the tuner keeps every round a process measured, even where the process is stopped."""
+
+    medians: tuple[float, ...]
+
+
+@dataclass(frozen=True)
 class ConfirmJob:
     """Open every candidate in this process, warm each up, then time them in interleaved rounds
-    (until ``rounds_until``, monotonic seconds, where given: three rounds at least)."""
+    (until ``rounds_until``, monotonic seconds, where given: three rounds at least), reporting how
+    far it is and each round (:class:`RoundTimed`); returns the number of rounds timed."""
 
     template: EvaluateJob
     candidates: tuple[Candidate, ...]
@@ -28,15 +38,24 @@ class ConfirmJob:
     budget_s: float = ROUNDS_BUDGET_S
     rounds_until: float | None = None
 
-    def __call__(self) -> list[list[float]]:
+    def __call__(self) -> int:
         with ExitStack() as stack:
-            runners = [
-                stack.enter_context(replace(self.template, candidate=c).open_candidate()) for c in self.candidates
-            ]
+            runners = []
+            for index, candidate in enumerate(self.candidates):
+                report_progress(f"building {index + 1} of {len(self.candidates)}")
+                runners.append(stack.enter_context(replace(self.template, candidate=candidate).open_candidate()))
+            report_progress("warming up")
             for runner in runners:
                 measure(runner, replace(self.template.settings, budget_s=min(1.0, self.template.settings.budget_s)))
             deadline = time.monotonic() + self.budget_s
             if self.rounds_until is not None:
                 deadline = min(deadline, self.rounds_until)
             timers = [launch_timer(runner, self.template.settings.flush_l2) for runner in runners]
-            return interleaved_rounds(timers, self.rounds, self.block, deadline).tolist()
+            timed = interleaved_rounds(
+                timers,
+                self.rounds,
+                self.block,
+                deadline,
+                lambda row: report_progress(RoundTimed(tuple(float(v) for v in row))),
+            )
+            return len(timed)

@@ -143,14 +143,23 @@ def measure_with(timed_launch: Callable[[], float], settings: MeasureSettings) -
     return summarize(np.asarray(samples), warmup, settings.target_rel_ci)
 
 
+MIN_ROUNDS = 3
+"""Rounds a process times at least, whatever its deadline."""
+
+
 def interleaved_rounds(
-    timers: Sequence[Callable[[], float]], rounds: int, block: int, deadline: float | None = None
+    timers: Sequence[Callable[[], float]],
+    rounds: int,
+    block: int,
+    deadline: float | None = None,
+    on_round: Callable[[np.ndarray], None] = lambda _: None,
 ) -> np.ndarray:
     """Per round and candidate, the median of ``block`` launches, the candidates taken in turn.
 
     Each round visits every candidate once (A B C, then B C A, ...: the order rotates so that no
     candidate always follows the same one), so drift over time hits all of them alike. Stops
-    early, after at least three rounds, when ``deadline`` (monotonic seconds) has passed.
+    early, after :data:`MIN_ROUNDS` at least, when ``deadline`` (monotonic seconds) has passed.
+    ``on_round`` is given each round's medians as soon as it is timed.
     """
     count = len(timers)
     medians = []
@@ -159,33 +168,7 @@ def interleaved_rounds(
         for i in ((r + k) % count for k in range(count)):
             row[i] = np.median([timers[i]() for _ in range(block)])
         medians.append(row)
-        if deadline is not None and len(medians) >= 3 and time.monotonic() >= deadline:
+        on_round(row)
+        if deadline is not None and len(medians) >= MIN_ROUNDS and time.monotonic() >= deadline:
             break
     return np.asarray(medians)
-
-
-def bootstrap_ratio(
-    baseline: np.ndarray,
-    candidate: np.ndarray,
-    groups: np.ndarray | None = None,
-    resamples: int = 4000,
-    seed: int = 0,
-) -> tuple[float, float, float]:
-    """Speedup of ``candidate`` over ``baseline`` from paired per-round medians: the median ratio and
-    its bootstrap 95 % confidence interval.
-
-    ``groups`` names the process each round ran in. Processes are resampled first and rounds within
-    each second, so that a difference between processes (a launch-bound engine is as fast as the
-    CPU time its process gets) widens the interval instead of hiding in it.
-    """
-    ratios = np.asarray(baseline, np.float64) / np.asarray(candidate, np.float64)
-    labels = np.zeros(len(ratios), np.int64) if groups is None else np.asarray(groups)
-    members = [np.flatnonzero(labels == g) for g in np.unique(labels)]
-    rng = np.random.default_rng(seed)
-    boot = np.empty(resamples)
-    for b in range(resamples):
-        chosen = rng.integers(0, len(members), len(members))
-        picks = np.concatenate([rng.choice(members[g], len(members[g])) for g in chosen])
-        boot[b] = np.median(ratios[picks])
-    low, high = np.percentile(boot, [2.5, 97.5])
-    return float(np.median(ratios)), float(low), float(high)

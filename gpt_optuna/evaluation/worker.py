@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import enum
 import faulthandler
+import math
 import multiprocessing
 import os
 import signal
@@ -67,11 +68,12 @@ _to_parent: Connection | None = None
 """The child's end of the pipe, in a worker's child process."""
 
 
-def report_progress(text: str) -> None:
-    """Tell the parent, from a running job, how far it is (nothing outside a worker's child)."""
+def report_progress(message: object) -> None:
+    """Tell the parent, from a running job, how far it is: a line, or data the job's caller reads
+    (picklable; nothing is sent outside a worker's child)."""
     if _to_parent is not None:
         with contextlib.suppress(OSError):  # the parent is gone: nobody to tell
-            _to_parent.send(("progress", text))
+            _to_parent.send(("progress", message))
 
 
 def _child_main(conn: Connection, log_path: str, env: dict[str, str]) -> None:
@@ -118,10 +120,15 @@ class Worker:
         self._conn: Connection | None = None
 
     def run(
-        self, job: Callable[[], T], timeout: float | None, on_progress: Callable[[str], None] = lambda _: None
+        self,
+        job: Callable[[], T],
+        timeout: float | None,
+        on_progress: Callable[[Any], None] = lambda _: None,
+        quiet_s: float | None = None,
     ) -> T:
         """Run ``job`` in the child and return its value, telling ``on_progress`` what the job
-        reports meanwhile; raise JobFailure if it does not return."""
+        reports meanwhile; raise JobFailure if it does not return: a crash, or a timeout when it
+        runs past ``timeout`` seconds in all or (``quiet_s``) goes that long without a word."""
         if self._process is None or not self._process.is_alive():
             self._start()
         assert self._conn is not None and self._process is not None
@@ -130,11 +137,13 @@ class Worker:
         try:
             self._conn.send(job)
             while True:
-                if not self._answered(deadline):
+                heard = time.monotonic()
+                wait_until = deadline if quiet_s is None else min(deadline or math.inf, heard + quiet_s)
+                if not self._answered(wait_until):
                     self._kill()
-                    raise JobFailure(
-                        FailureKind.TIMEOUT, f"no answer within {timeout:g} s; worker killed", self._log_tail(offset)
-                    )
+                    quiet = deadline is None or wait_until < deadline
+                    detail = f"no word for {quiet_s:g} s" if quiet else f"no answer within {timeout:g} s"
+                    raise JobFailure(FailureKind.TIMEOUT, f"{detail}; worker killed", self._log_tail(offset))
                 status, payload = self._conn.recv()
                 if status != "progress":
                     break

@@ -6,6 +6,7 @@ from collections import Counter
 from typing import TYPE_CHECKING, Any
 
 from gpt_optuna.graph.interface import describe_changes
+from gpt_optuna.study.evidence import WORTHWHILE
 from gpt_optuna.study.record import source_study
 from gpt_optuna.study.summary import first_value
 
@@ -40,8 +41,9 @@ def format_summary(summary: StudySummary) -> str:
         lines.append("failures by cause:")
         lines += [f"  {count} x {cause}" for count, cause in summary.failures]
     lines += format_verdict(summary)
+    lines += host_lines(summary)
     if summary.confirmed:
-        lines.extend(format_confirmed(summary.confirmed))
+        lines.extend(format_confirmed(summary))
     warning = stability_warning(summary)
     if warning:
         lines.append(warning)
@@ -68,29 +70,74 @@ def headline(summary: StudySummary) -> str:
             f"verdict: trial {winner.number} is the fastest feasible candidate ({winner.latency_ms:.4g} ms);"
             " the baseline has no latency to compare it with"
         )
+    processes = int((summary.confirmed or {}).get("processes", 1))
+    where = f"confirmed in {processes} processes"
     if verdict == "baseline":
         why = (
-            "the baseline was significantly faster than every finalist (confirmed)"
+            f"the baseline was faster than every finalist beyond their intervals ({where})"
             if winner.measurement == "confirmed"
             else "no feasible candidate was faster than the baseline in the search"
         )
         return f"verdict: keep the default configuration: {why}"
+    if verdict == "indicative" and summary.baseline_wins:
+        return (
+            "verdict: indicative: the baseline measured faster than every finalist, in one process only;"
+            " not confirmed: re-measure in several processes (confirm)"
+        )
     figures = f"{winner.latency_ms:.4g} ms against the baseline's {winner.baseline_ms:.4g} ms"
+    measured = f"measured {winner.speedup:.3f}x the baseline{_interval(winner)}"
     if verdict == "not_significant":
         return (
-            f"verdict: no significant improvement: the best finalist, trial {winner.number}, measured"
-            f" {winner.speedup:.3f}x the baseline{_interval(winner)}, an interval that includes 1.0 ({figures},"
-            " confirmed); keep the default configuration"
+            f"verdict: no significant improvement: the best finalist, trial {winner.number}, {measured}, an"
+            f" interval that includes 1.0 and no gain over {WORTHWHILE - 1:.0%} ({figures}, {where}); keep the"
+            " default configuration"
+        )
+    if verdict == "inconclusive":
+        return (
+            f"verdict: inconclusive: the best finalist, trial {winner.number}, {measured} ({figures}), but its"
+            f" speedup differed between the {processes} processes{_process_range(summary.top_finalist)}: the host"
+            f" was too unstable to decide. Keep the default configuration, or re-measure on a quiet host"
+            f" ({quiet_host(summary)}) with more processes (confirm --processes {2 * processes})"
+        )
+    if verdict == "indicative":
+        return (
+            f"verdict: indicative: trial {winner.number} {measured} in one process only ({figures}); not"
+            " confirmed: re-measure it in several processes (confirm)"
         )
     if verdict == "unconfirmed":
+        stale = summary.stale_confirmation
+        earlier = (
+            f"; an earlier confirmation, of trial{'s' if len(_finalists(stale)) > 1 else ''}"
+            f" {', '.join(map(str, _finalists(stale)))}, no longer covers the search's best"
+            if stale
+            else ""
+        )
         return (
             f"verdict: not confirmed: trial {winner.number} measured {winner.speedup:.3f}x the baseline in the"
-            f" search ({figures}, one measurement each); the finalists are not re-measured yet (confirm)"
+            f" search ({figures}, one measurement each); the finalists are not re-measured yet (confirm){earlier}"
         )
     return (
         f"verdict: faster: trial {winner.number} is {winner.speedup:.3f}x the baseline{_interval(winner)}"
-        f" ({figures}, confirmed)"
+        f" ({figures}, {where})"
     )
+
+
+def _finalists(confirmed: dict[str, Any]) -> list[int]:
+    return list(confirmed.get("finalists") or [row["number"] for row in confirmed.get("ranking", [])])
+
+
+def _process_range(row: dict[str, Any] | None) -> str:
+    """`` (0.73x to 2.61x)``: the lowest and highest speedup a process measured, where recorded."""
+    each = (row or {}).get("process_speedups") or []
+    return f" ({min(each):.2f}x to {max(each):.2f}x)" if len(each) > 1 else ""
+
+
+def quiet_host(summary: StudySummary) -> str:
+    """What makes this study's measurements steadier, for its device."""
+    on_gpu = summary.stability is not None and summary.stability.on_gpu
+    if on_gpu:
+        return "no other work on the GPU, its clocks locked: nvidia-smi --lock-gpu-clocks"
+    return "no other jobs, the tuner's cores to itself: taskset"
 
 
 def stability_warning(summary: StudySummary) -> str:
@@ -99,18 +146,26 @@ def stability_warning(summary: StudySummary) -> str:
     if found is None or not found.unstable:
         return ""
     whose = ", the winner's among them" if found.winner_unstable else ""
-    steadier = (
-        "lock the GPU clocks (nvidia-smi --lock-gpu-clocks)"
-        if found.on_gpu
-        else "keep the tuner's cores to itself (taskset, no other jobs)"
-    )
     return (
         f"warning: unstable measurements: {found.unstable} of {found.measured} search latencies missed their"
         f" +-{100 * found.target:.3g}% precision target (worst +-{100 * found.worst:.3g}%){whose}: the machine"
-        " was busy or its clocks changed. The confirmed figures, timed interleaved, are the ones to trust; for steadier"
-        f" numbers stop other work on the machine, {steadier}, or give each measurement more time"
+        " was busy or its clocks changed. The confirmed figures, timed interleaved, are the ones to trust; for"
+        f" steadier numbers measure on a quiet host ({quiet_host(summary)}), or give each measurement more time"
         " ([measure] budget_s)"
     )
+
+
+def host_lines(summary: StudySummary) -> list[str]:
+    """What the look at the host before the search found, and the winner's settings tuned for this host."""
+    lines = [f"warning: {text}" for text in summary.host_warnings]
+    if summary.host_tuned:
+        settings = ", ".join(f"{knob}={value}" for knob, value, _ in summary.host_tuned)
+        reasons = "; ".join(dict.fromkeys(why for _, _, why in summary.host_tuned))
+        lines.append(
+            f"  tuned for this host: {settings} ({reasons}); measure again on the host you deploy to, under its"
+            " usual load, before relying on them"
+        )
+    return lines
 
 
 def format_interface(summary: StudySummary) -> list[str]:
@@ -142,8 +197,8 @@ def format_verdict(summary: StudySummary) -> list[str]:
         lines = [f"baseline (trial {summary.baseline.number}): {base:.4g} {unit} ({which})"]
     if summary.best is None or best is None:
         return [*lines, "best: no feasible trial yet"]
-    if summary.baseline_wins and summary.measurement == "confirmed":
-        return [*lines, "best: the baseline itself: it was significantly faster than every finalist"]
+    if summary.baseline_wins and summary.measurement != "search":
+        return [*lines, "best: the baseline itself: it measured faster than every finalist beyond their intervals"]
     if summary.baseline_wins:
         return [*lines, "best: the baseline itself: no feasible candidate was faster in the search"]
     speedup = summary.speedup
@@ -151,37 +206,55 @@ def format_verdict(summary: StudySummary) -> list[str]:
     lines.append(
         f"best (trial {summary.best.number}): {best:.4g} {unit} ({which})"
         + (f", {speedup:.3f}x the baseline{_interval(summary.winner)}" if speedup is not None else "")
-        + (f"; {search:.4g} {unit} in the search" if which == "confirmed" and search is not None else "")
+        + (f"; {search:.4g} {unit} in the search" if which != "search" and search is not None else "")
     )
     lines.append(f"  params: {format_params(summary.best.params)}")
     return lines + format_interface(summary)
 
 
-def format_confirmed(confirmed: dict[str, Any]) -> list[str]:
-    """The finalists' interleaved re-measurement, and whether the winner is a real improvement."""
+def format_confirmed(summary: StudySummary) -> list[str]:
+    """The finalists' interleaved re-measurement, and what it says of the winner."""
+    confirmed = summary.confirmed or {}
     base = confirmed["baseline"]
     processes = confirmed.get("processes", 1)  # studies confirmed before there were several
+    together = f", intervals for the {len(confirmed['ranking'])} finalists together" if "level" in confirmed else ""
     lines = [
         f"confirmed in {confirmed['rounds']} interleaved rounds in {processes} fresh process"
-        f"{'es' if processes > 1 else ''} (baseline trial {base['number']}: {_ms(base)}):"
+        f"{'es' if processes > 1 else ''}{together} (baseline trial {base['number']}: {_ms(base)}):"
     ]
     for row in sorted(confirmed["ranking"], key=lambda r: -r["speedup"]):
         lines.append(
             f"  trial {row['number']}: {_ms(row)}, speedup {row['speedup']:.3f}x "
             f"[95% CI {row['ci_low']:.3f}-{row['ci_high']:.3f}]"
         )
+    if confirmed.get("stopped"):
+        lines.append(f"  the re-measurement ended early ({confirmed['stopped']}): these figures are what it measured")
     spread = max(max(_per_process(r)) / min(_per_process(r)) for r in [base, *confirmed["ranking"]])
     if spread > 1.05:
-        lines.append(
-            f"  latency differed by up to {100 * (spread - 1):.0f} % between processes (CPU-side launch work"
-            " runs as fast as its process's CPU): the intervals include that"
+        on_gpu = summary.stability is not None and summary.stability.on_gpu
+        why = (
+            "CPU-side launch work runs as fast as its process's CPU"
+            if on_gpu
+            else "a process runs as fast as the cores it gets"
         )
-    top = max(confirmed["ranking"], key=lambda r: r["speedup"])
-    if top["ci_high"] < 1.0:
-        lines.append("  the baseline is significantly faster than every finalist: keep the default configuration")
-    elif not top["significant"]:
-        lines.append("  no significant improvement over the baseline: the interval includes 1.0")
+        lines.append(
+            f"  latency differed by up to {100 * (spread - 1):.0f} % between processes ({why}):"
+            " the intervals include that"
+        )
+    lines += [f"  {line}" for line in _CONFIRMED_ENDINGS.get(summary.verdict, ())]
     return lines
+
+
+_CONFIRMED_ENDINGS = {
+    "baseline": ("the baseline is faster than every finalist beyond their intervals: keep the default configuration",),
+    "not_significant": (
+        "no significant improvement over the baseline: the interval includes 1.0 and no gain over"
+        f" {WORTHWHILE - 1:.0%}",
+    ),
+    "inconclusive": ("inconclusive: the interval includes 1.0 and gains worth having; the processes disagreed",),
+    "indicative": ("one process only: indicative, not confirmed",),
+}
+"""The last line of the confirmation's figures, per verdict (a faster one needs none)."""
 
 
 def _per_process(row: dict[str, Any]) -> list[float]:

@@ -74,7 +74,7 @@ class TuneConfig:
     seed: int | None = None
     dry_run: bool = False
     confirm_top: int = 5
-    confirm_processes: int = 3
+    confirm_processes: int = 5
     objectives: tuple[str, ...] = ("latency",)
     measure: MeasureSettings = field(default_factory=MeasureSettings)
     space: dict[str, Value | list[Value]] = field(default_factory=dict)

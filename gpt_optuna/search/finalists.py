@@ -5,10 +5,14 @@ a winner is declared, the best K feasible candidates and the baseline are built 
 processes and timed in rounds (A B C ..., then B C A ...), so drift hits all of them alike. Several
 processes, because a process is a sample too: an engine whose latency is CPU-side launch work
 runs as fast as the CPU its process gets, and that differs between processes by far more than
-drift. The ranking by speedup, each speedup the ratio of the baseline's median to the candidate's
-(as shown), with a bootstrap 95 % interval of the paired per-round ratios over
-processes and rounds, are stored in the study (user attr ``confirmed``); ``best`` and the report
-use them.
+drift. :mod:`gpt_optuna.study.evidence` turns the rounds into speedups with intervals over the
+processes and a verdict; the result is stored in the study (user attr ``confirmed``), which every
+reader shows.
+
+Each process reports every round as soon as it is timed, so a confirmation stopped by Ctrl-C, by
+``--timeout`` or by a process that fails keeps what it measured; a process is given time by how
+it advances (a worker that says nothing for :func:`quiet_seconds` is hung), not by a guess of its
+whole length.
 """
 
 from __future__ import annotations
@@ -20,20 +24,30 @@ from typing import Any
 
 import numpy as np
 import optuna
-from optuna.trial import FrozenTrial, TrialState
+from optuna.trial import FrozenTrial
 
 from gpt_optuna.core import interrupts
-from gpt_optuna.evaluation.confirm_job import BLOCK, ROUNDS, ROUNDS_BUDGET_S, ConfirmJob
+from gpt_optuna.core.errors import UserError
+from gpt_optuna.evaluation.confirm_job import BLOCK, ROUNDS, ROUNDS_BUDGET_S, ConfirmJob, RoundTimed
 from gpt_optuna.evaluation.jobs import EvaluateJob
-from gpt_optuna.evaluation.measure import MeasureSettings, bootstrap_ratio
+from gpt_optuna.evaluation.measure import MIN_ROUNDS, MeasureSettings
 from gpt_optuna.evaluation.worker import FailureKind, JobFailure, Worker
 from gpt_optuna.study.artifacts import INPUTS_FILE, REFERENCE_FILE
+from gpt_optuna.study.evidence import LEVEL, judge, speedups
 from gpt_optuna.study.record import CONFIRMED_ATTR, StudyRecord
-from gpt_optuna.study.taxonomy import baseline_trial, measured_latency_ms
+from gpt_optuna.study.taxonomy import baseline_trial, measured_latency_ms, search_ranking
 
 WORKER_START_S = 5.0
 """A fresh worker process's start and library load, in the estimate of a process's time where it
 was not measured."""
+QUIET_S = 60.0
+"""A confirmation process that says nothing for this long, besides its longest step, is hung."""
+TELL_EVERY_S = 2.0
+"""Rounds are told at most this often (a fast model's rounds take milliseconds)."""
+
+
+class ConfirmationFailed(UserError):
+    """Not one process of the confirmation measured its rounds; the message says why (one line)."""
 
 
 def process_seconds(candidates: list[FrozenTrial], settings: MeasureSettings, start_s: float = WORKER_START_S) -> float:
@@ -43,8 +57,20 @@ def process_seconds(candidates: list[FrozenTrial], settings: MeasureSettings, st
     over for the timer's own work, at most the rounds' budget)."""
     builds = sum(float(t.user_attrs.get("build_s") or 0.0) for t in candidates)
     warm = len(candidates) * min(1.0, settings.budget_s)
-    latency_s = sum(measured_latency_ms(t) or 0.0 for t in candidates) / 1000
-    return start_s + builds + warm + min(ROUNDS_BUDGET_S, 2 * ROUNDS * BLOCK * latency_s)
+    return start_s + builds + warm + min(ROUNDS_BUDGET_S, ROUNDS * _round_seconds(candidates))
+
+
+def _round_seconds(candidates: list[FrozenTrial]) -> float:
+    """One round's estimated seconds: each one's search latency ``BLOCK`` times, twice over."""
+    return 2 * BLOCK * sum(measured_latency_ms(t) or 0.0 for t in candidates) / 1000
+
+
+def quiet_seconds(candidates: list[FrozenTrial], settings: MeasureSettings) -> float:
+    """How long a confirmation process may go without a word before it counts as hung: its
+    longest step (a build, a warm-up, a round) thrice over, and :data:`QUIET_S` besides."""
+    builds = [float(t.user_attrs.get("build_s") or 0.0) for t in candidates]
+    step = max([*builds, min(1.0, settings.budget_s), _round_seconds(candidates)])
+    return QUIET_S + 3 * step
 
 
 def finalists(study: optuna.Study, top: int) -> tuple[FrozenTrial | None, list[FrozenTrial]]:
@@ -53,36 +79,77 @@ def finalists(study: optuna.Study, top: int) -> tuple[FrozenTrial | None, list[F
     baseline = baseline_trial(trials)
     if baseline is not None and "latency" not in baseline.user_attrs:
         baseline = None  # nothing measured to compare with
-    complete = [t for t in trials if t.state is TrialState.COMPLETE and t.values and "reused_from" not in t.user_attrs]
-    complete.sort(key=lambda t: t.values[0])
-    best = [t for t in complete if baseline is None or t.number != baseline.number][:top]
+    best = [t for t in search_ranking(trials) if baseline is None or t.number != baseline.number][:top]
     return baseline, best
 
 
 def summarize_rounds(numbers: list[int], medians: np.ndarray, processes: np.ndarray) -> dict[str, Any]:
     """Ranking and speedups (column 0 is the baseline) from the per-round medians and the process
-    each round ran in."""
-    rows = []
-    labels = np.unique(processes)
-    baseline_ms = float(np.median(medians[:, 0]))
-    for column, number in enumerate(numbers):
-        _, low, high = bootstrap_ratio(medians[:, 0], medians[:, column], processes)
-        median_ms = float(np.median(medians[:, column]))
-        speedup = baseline_ms / median_ms  # the ratio of the two medians shown beside it
-        low, high = min(low, speedup), max(high, speedup)  # resampled percentiles can miss a tight estimate
-        rows.append(
-            {
-                "number": number,
-                "median_ms": median_ms,
-                "process_ms": [float(np.median(medians[processes == p, column])) for p in labels],
-                "speedup": speedup,
-                "ci_low": low,
-                "ci_high": high,
-                "significant": low > 1.0,
-            }
-        )
-    ranking = sorted(rows[1:], key=lambda row: -row["speedup"])
-    return {"baseline": rows[0], "ranking": ranking, "rounds": len(medians), "processes": len(labels)}
+    each round ran in: the record the study keeps (:data:`CONFIRMED_ATTR`)."""
+    found = speedups(medians, processes)
+    rows = [
+        {
+            "number": number,
+            "median_ms": s.latency_ms,
+            "process_ms": list(s.process_ms),
+            "speedup": s.estimate,
+            "ci_low": s.low,
+            "ci_high": s.high,
+            "process_speedups": list(s.process_ratios),
+            "significant": judge(s.low, s.high, s.processes) == "faster",
+        }
+        for number, s in zip(numbers, found, strict=True)
+    ]
+    return {
+        "baseline": rows[0],
+        "ranking": sorted(rows[1:], key=lambda row: -row["speedup"]),
+        "rounds": len(medians),
+        "processes": found[0].processes,
+        "level": LEVEL,
+        "finalists": list(numbers[1:]),
+    }
+
+
+class _Rounds:
+    """The rounds the confirmation's processes reported, in the finalists' order."""
+
+    def __init__(self, count: int) -> None:
+        self.count = count
+        self.rows: list[np.ndarray] = []
+        self.labels: list[int] = []
+
+    def add(self, process: int, order: list[int], medians: tuple[float, ...]) -> None:
+        row = np.empty(self.count)
+        row[order] = medians
+        self.rows.append(row)
+        self.labels.append(process)
+
+    def usable(self) -> tuple[np.ndarray, np.ndarray]:
+        """The rounds of the processes that timed :data:`MIN_ROUNDS` or more."""
+        labels = np.asarray(self.labels)
+        kept = [p for p in np.unique(labels) if np.count_nonzero(labels == p) >= MIN_ROUNDS]
+        mask = np.isin(labels, kept)
+        return np.asarray(self.rows)[mask], labels[mask]
+
+
+def _listener(
+    timed: _Rounds, process: int, order: list[int], rounds: int, say: Callable[[str], None]
+) -> Callable[[object], None]:
+    """What a confirmation process reports: each round kept in ``timed``, told at most every
+    :data:`TELL_EVERY_S`; its steps before the rounds (building, warming up) told as they come."""
+    told = [time.monotonic()]
+
+    def heard(message: object) -> None:
+        if isinstance(message, RoundTimed):
+            timed.add(process, order, message.medians)
+            if time.monotonic() - told[0] >= TELL_EVERY_S:
+                told[0] = time.monotonic()
+                say(f"    round {timed.labels.count(process)} of {rounds}")
+        elif time.monotonic() - told[0] >= TELL_EVERY_S:
+            told[0] = time.monotonic()
+            say(f"    {message}")
+
+    return heard
 
 
 def confirm(
@@ -90,57 +157,70 @@ def confirm(
     template: EvaluateJob,
     worker_log: Any,
     top: int = 5,
-    processes: int = 3,
+    processes: int = 5,
     say: Callable[[str], None] = lambda _: None,
     env: dict[str, str] | None = None,
     deadline: float | None = None,
     start_s: float = WORKER_START_S,
+    rounds: int = ROUNDS,
 ) -> dict[str, Any] | None:
     """Re-measure the finalists in ``processes`` fresh worker processes, one after the other (with
-    ``env``: pinned to one GPU; ``start_s``: a worker's measured start), and store the result in
-    the study. Each process builds and visits the candidates in another order; ``say`` is told as
-    each process starts.
+    ``env``: pinned to one GPU; ``start_s``: a worker's measured start), ``rounds`` rounds each, and
+    store the result in the study; None where there is nothing to confirm. Each process builds and
+    visits the candidates in another order; ``say`` is told as each process starts and as its
+    rounds advance.
 
-    A process is given time from what the search measured (:func:`process_seconds`, thrice over
-    and a minute besides), never a fixed slice; with a ``deadline`` (monotonic seconds) each one's
-    rounds end within its share of the time left, none runs past the deadline, and a process that
-    would not fit (as long as the longest one so far) is not started: the result holds the
-    processes that finished (at least one, else the first one's failure is raised)."""
+    With a ``deadline`` (monotonic seconds) each process's rounds end within its share of the time
+    left, none runs past the deadline, and a process that would not fit (as long as the longest
+    one so far) is not started. A process that fails, hangs or runs into the deadline, or a
+    Ctrl-C, ends the confirmation with what was measured (the result says why it stopped; a
+    Ctrl-C is raised again once it is stored); where not one process measured its rounds,
+    :class:`ConfirmationFailed` (a Ctrl-C: KeyboardInterrupt) is raised and nothing is stored."""
     baseline, best = finalists(study, top)
     if baseline is None or not best:
         return None
     trials = [baseline, *best]
     expected = process_seconds(trials, template.settings, start_s)
-    tables, labels = [], []
-    for process in range(processes):
-        interrupts.check()
-        left = None if deadline is None else deadline - time.monotonic()
-        if tables and left is not None and left < expected:
-            say(f"  processes {process + 1}-{processes} left out: no time left before --timeout")
-            break
-        say(f"  process {process + 1} of {processes}: building {len(trials)} candidates, timing rounds ...")
-        order = [(process + k) % len(trials) for k in range(len(trials))]
-        timeout_s, rounds_until = 3 * expected + 60, None
-        if left is not None:
-            timeout_s = min(timeout_s, max(left, 1.0))
-            rounds_until = time.monotonic() + left / (processes - process) - 1.0
-        job = ConfirmJob(template, tuple(dict(trials[i].params) for i in order), rounds_until=rounds_until)
-        started = time.monotonic()
-        try:
-            with Worker(worker_log, env) as worker:
-                measured = np.asarray(worker.run(job, timeout_s))
-        except JobFailure as failure:
-            if not tables or failure.kind is not FailureKind.TIMEOUT or left is None:
-                raise
-            say(f"  process {process + 1} left out: it ran into --timeout")
-            break
-        expected = max(expected, time.monotonic() - started)
-        table = np.empty_like(measured)
-        table[:, order] = measured
-        tables.append(table)
-        labels += [process] * len(table)
-    result = summarize_rounds([t.number for t in trials], np.vstack(tables), np.asarray(labels))
+    quiet = quiet_seconds(trials, template.settings)
+    timed = _Rounds(len(trials))
+    stopped: str | None = None
+    interrupted = False
+    try:
+        for process in range(processes):
+            interrupts.check()
+            left = None if deadline is None else deadline - time.monotonic()
+            if timed.rows and left is not None and left < expected:
+                stopped = "no time left before --timeout"
+                say(f"  processes {process + 1}-{processes} left out: {stopped}")
+                break
+            say(f"  process {process + 1} of {processes}: building {len(trials)} candidates, {rounds} rounds ...")
+            order = [(process + k) % len(trials) for k in range(len(trials))]
+            rounds_until = None if left is None else time.monotonic() + left / (processes - process) - 1.0
+            job = ConfirmJob(template, tuple(dict(trials[i].params) for i in order), rounds, rounds_until=rounds_until)
+            started = time.monotonic()
+            listener = _listener(timed, process, order, rounds, say)
+            try:
+                with Worker(worker_log, env) as worker:
+                    worker.run(job, None if left is None else max(left, 1.0), listener, quiet)
+            except JobFailure as failure:
+                late = failure.kind is FailureKind.TIMEOUT and deadline is not None and time.monotonic() >= deadline - 1
+                stopped = f"process {process + 1} " + ("ran into --timeout" if late else f"failed: {failure}")
+                say(f"  {stopped}")
+                break
+            say(f"    {timed.labels.count(process)} rounds in {time.monotonic() - started:.1f} s")
+            expected = max(expected, time.monotonic() - started)
+    except KeyboardInterrupt:
+        stopped, interrupted = f"stopped by {interrupts.cause()}", True
+    medians, labels = timed.usable()
+    if not len(medians):
+        if interrupted:
+            raise KeyboardInterrupt
+        raise ConfirmationFailed(f"the finalists could not be re-measured: {stopped}")
+    result = summarize_rounds([t.number for t in trials], medians, labels)
+    result |= {"planned_processes": processes, "stopped": stopped}
     study.set_user_attr(CONFIRMED_ATTR, result)
+    if interrupted:
+        raise KeyboardInterrupt
     return result
 
 
@@ -148,7 +228,6 @@ def template_from_study(study: optuna.Study, model: Path | None = None, workdir:
     """Rebuild the evaluation settings of a study from what it recorded (for ``gpt-optuna confirm``
     and joining workers): the recorded model file, or ``model`` (same content), with the data in
     the study folder (or ``workdir``)."""
-    from gpt_optuna.core.errors import UserError
     from gpt_optuna.evaluation.accuracy import parse_criterion
     from gpt_optuna.evaluation.measure import MeasureSettings
     from gpt_optuna.graph.model import ShapeRange, load_model_info, with_distinct_dims

@@ -167,7 +167,7 @@ OPTIONS: tuple[Option, ...] = (
         "finalists re-measured with the baseline after the search (default 5, 0: off)",
     ),
     Option(
-        "--confirm-processes", "confirm_processes", INT, "fresh processes the finalists are re-measured in (default 3)"
+        "--confirm-processes", "confirm_processes", INT, "fresh processes the finalists are re-measured in (default 5)"
     ),
     Option(
         "--objectives",

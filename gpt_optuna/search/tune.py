@@ -21,12 +21,11 @@ from gpt_optuna.core import interrupts
 from gpt_optuna.core.errors import EXIT_NO_FEASIBLE, UserError
 from gpt_optuna.core.space import Candidate, Space
 from gpt_optuna.evaluation.jobs import EvaluateJob
-from gpt_optuna.evaluation.worker import JobFailure
 from gpt_optuna.graph.model_profile import ModelProfile
 from gpt_optuna.results.export import export_suffix
 from gpt_optuna.results.winner import name_objectives, record_winner
 from gpt_optuna.search.config import TuneConfig, study_flags
-from gpt_optuna.search.finalists import confirm
+from gpt_optuna.search.finalists import ConfirmationFailed, confirm
 from gpt_optuna.search.lanes import (
     TrialBudget,
     pinned,
@@ -303,8 +302,8 @@ def confirm_finalists(
         result = confirm(
             study, job, config.workdir / "confirm.log", plan.top, plan.processes, progress.note, env, end, start_s
         )
-    except JobFailure as failure:
-        return f"the finalists could not be re-measured: {failure}"
+    except ConfirmationFailed as failure:
+        return str(failure)
     done = plan.processes if result is None else result["processes"]
     full = plan_confirmation(study, config.confirm_top, config.confirm_processes, config.measure, None, start_s)
     if full is not None and (plan.top, done) != (full.top, full.processes):
@@ -345,8 +344,11 @@ def next_steps(
         steps = [f"resume with: cd {here} && gpt-optuna {shlex.join(args)}"]
     else:
         steps = [] if covered else [f"extend with: cd {here} && gpt-optuna {extend}"]
-    if summary.verdict == "unconfirmed" or reconfirm:
+    if summary.verdict in ("unconfirmed", "indicative") or reconfirm:
         steps.append(f"confirm the finalists: gpt-optuna confirm {where}")
+    elif summary.verdict == "inconclusive":
+        processes = 2 * int((summary.confirmed or {}).get("processes", 1))
+        steps.append(f"re-measure on a quiet host: gpt-optuna confirm {where} --processes {processes}")
     steps.append(f"report: gpt-optuna report {where} -o {shlex.quote(str(Path('report.html').resolve()))}")
     if summary.verdict == "faster" and summary.best is not None:
         out = Path("best").resolve().with_suffix(export_suffix(summary.best))

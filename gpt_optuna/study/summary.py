@@ -10,7 +10,16 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from gpt_optuna.study.record import CONFIRMED_ATTR, IO_CHANGE_ATTR, MEASURE_ATTR, WARM_START_ATTR, StudyRecord
+from gpt_optuna.study.evidence import MIN_PROCESSES, judge
+from gpt_optuna.study.record import (
+    CONFIRMED_ATTR,
+    HOST_ATTR,
+    IO_CHANGE_ATTR,
+    MEASURE_ATTR,
+    SPACE_ATTR,
+    WARM_START_ATTR,
+    StudyRecord,
+)
 from gpt_optuna.study.recovery import orphans
 from gpt_optuna.study.taxonomy import (
     STATUSES,
@@ -20,6 +29,7 @@ from gpt_optuna.study.taxonomy import (
     measured_latency_ms,
     own_results,
     retried_numbers,
+    search_ranking,
     trial_status,
 )
 
@@ -37,8 +47,8 @@ def first_value(trial: FrozenTrial) -> float | None:
 @dataclass(frozen=True)
 class Figures:
     """A trial's latency beside the baseline's, both from one named measurement, and their ratio:
-    ``confirmed`` (the finalists' interleaved re-measurement, with a 95 % interval) where the
-    trial was a finalist, else ``search``."""
+    where the trial was a finalist, the finalists' interleaved re-measurement with a 95 % interval
+    (``confirmed`` from two processes or more, ``indicative`` from one), else ``search``."""
 
     number: int
     measurement: str
@@ -56,8 +66,8 @@ class Figures:
 
     @property
     def significant(self) -> bool:
-        """The interval lies above 1.0: a real improvement over the baseline."""
-        return self.ci is not None and self.ci[0] > 1.0
+        """Confirmed, and the interval lies above 1.0: a real improvement over the baseline."""
+        return self.measurement == "confirmed" and self.ci is not None and self.ci[0] > 1.0
 
 
 @dataclass(frozen=True)
@@ -105,6 +115,14 @@ class StudySummary:
     fails them and retries their candidates."""
     trials: tuple[FrozenTrial, ...] = ()
     """Every trial of the study, by number."""
+    stale_confirmation: dict[str, Any] | None = None
+    """A recorded confirmation that no longer speaks for the study: trials measured since it
+    entered the search's top, so its finalists are not the best any more."""
+    host_tuned: tuple[tuple[str, Any, str], ...] = ()
+    """(knob, value, why) of each setting the winner changed whose best value depends on the host
+    it was measured on."""
+    host_warnings: tuple[str, ...] = ()
+    """What the look at the host before the search found (load, other GPU work, clocks)."""
 
     @property
     def unit(self) -> str:
@@ -130,7 +148,19 @@ class StudySummary:
         base = float(confirmed["baseline"]["median_ms"])
         ci = (float(row["ci_low"]), float(row["ci_high"])) if "ci_low" in row else None
         each = tuple(float(v) for v in row.get("process_ms", []))
-        return Figures(trial.number, "confirmed", float(row["median_ms"]), base, ci, each)
+        return Figures(trial.number, self.confirmed_measurement, float(row["median_ms"]), base, ci, each)
+
+    @property
+    def confirmed_measurement(self) -> str:
+        """What the confirmation is as evidence: ``confirmed`` from two processes or more, else ``indicative``."""
+        processes = int((self.confirmed or {}).get("processes", 1))
+        return "confirmed" if processes >= MIN_PROCESSES else "indicative"
+
+    @property
+    def top_finalist(self) -> dict[str, Any] | None:
+        """The confirmation's fastest finalist (its row), None without a confirmation."""
+        ranking = (self.confirmed or {}).get("ranking") or []
+        return max(ranking, key=lambda row: row["speedup"]) if ranking else None
 
     @property
     def winner(self) -> Figures | None:
@@ -139,7 +169,7 @@ class StudySummary:
 
     @property
     def measurement(self) -> str:
-        """Which measurement the figures come from: ``confirmed`` or ``search``."""
+        """Which measurement the figures come from: ``confirmed``, ``indicative`` or ``search``."""
         return self.winner.measurement if self.winner is not None else "search"
 
     @property
@@ -159,26 +189,30 @@ class StudySummary:
 
     @property
     def baseline_wins(self) -> bool:
-        """The baseline is the winner: the confirmation found it significantly faster than every
-        finalist, or (unconfirmed) no feasible candidate was faster in the search."""
+        """The baseline is the winner: the confirmation measured it faster than every finalist
+        beyond their intervals, or (unconfirmed) no feasible candidate was faster in the search."""
         return bool(self.best is not None and self.baseline is not None and self.best.number == self.baseline.number)
 
     @property
     def verdict(self) -> str:
-        """What the study found, in one word: ``faster`` (the winner is significantly faster than
-        the baseline in the confirmation), ``not_significant`` (its interval includes 1.0),
-        ``baseline`` (keep the default configuration), ``unconfirmed`` (search figures only),
-        ``none`` (no feasible candidate yet) or ``dry_run``."""
+        """What the study found, in one word (:func:`gpt_optuna.study.evidence.judge` where the
+        finalists were re-measured): ``faster`` (confirmed, beyond its interval), ``inconclusive``
+        (the processes disagreed too much to decide), ``not_significant`` (no gain worth having),
+        ``baseline`` (keep the default configuration), ``indicative`` (one process only),
+        ``unconfirmed`` (search figures only), ``none`` (no feasible candidate yet) or ``dry_run``."""
         if self.dry_run:
             return "dry_run"
-        winner = self.winner
+        winner, top = self.winner, self.top_finalist
         if winner is None:
             return "none"
-        if self.baseline_wins:
-            return "baseline"
-        if winner.measurement == "search":
-            return "unconfirmed"
-        return "faster" if winner.significant else "not_significant"
+        if winner.measurement == "search" or top is None:
+            return "baseline" if self.baseline_wins else "unconfirmed"
+        return judge(float(top["ci_low"]), float(top["ci_high"]), int(self.confirmed.get("processes", 1)))
+
+    @property
+    def keeps_default(self) -> bool:
+        """The verdict recommends the default configuration: nothing measured beats it for sure."""
+        return self.verdict in ("baseline", "not_significant", "inconclusive")
 
     @property
     def io_changes(self) -> dict[str, dict[str, list[str]]]:
@@ -198,13 +232,43 @@ def stability(trials: Sequence[FrozenTrial], target: float, winner: FrozenTrial 
     return Stability(len(unstable), len(measured), target, worst, flagged, on_gpu)
 
 
+def covers(confirmed: dict[str, Any], trials: Sequence[FrozenTrial], baseline: FrozenTrial | None) -> bool:
+    """Whether a recorded confirmation still speaks for the study: it re-measured the study's
+    baseline and what are still the search's best candidates (as many as it re-measured)."""
+    finalists = confirmed.get("finalists") or [row["number"] for row in confirmed.get("ranking", [])]
+    if baseline is None or confirmed.get("baseline", {}).get("number") != baseline.number:
+        return False
+    ranked = [t.number for t in search_ranking(list(trials)) if t.number != baseline.number]
+    return set(ranked[: len(finalists)]) == set(finalists)
+
+
+def host_tuned(
+    study: optuna.Study, best: FrozenTrial | None, baseline: FrozenTrial | None
+) -> list[tuple[str, Any, str]]:
+    """(knob, value, why) of each host-sensitive setting (see ``Knob.host_sensitive``) in which
+    ``best`` differs from the baseline."""
+    if best is None or baseline is None or best.number == baseline.number:
+        return []
+    knobs = study.user_attrs.get(SPACE_ATTR) or []
+    return [
+        (k["name"], best.params[k["name"]], k["host_sensitive"])
+        for k in knobs
+        if k.get("host_sensitive")
+        and k["name"] in best.params
+        and best.params[k["name"]] != baseline.params.get(k["name"], k["default"])
+    ]
+
+
 def summarize_study(study: optuna.Study) -> StudySummary:
     trials = study.get_trials(deepcopy=False)
     retried = retried_numbers(trials)
     counts = dict.fromkeys(STATUSES, 0) | Counter(trial_status(t, retried) for t in trials)
     complete = [t for t in trials if t.state is TrialState.COMPLETE and t.values]
     best = min(complete, key=lambda t: (t.values[0], t.number)) if complete else None
-    confirmed = study.user_attrs.get(CONFIRMED_ATTR)
+    baseline = baseline_trial(trials)
+    confirmed, stale = study.user_attrs.get(CONFIRMED_ATTR), None
+    if confirmed and not covers(confirmed, trials, baseline):
+        confirmed, stale = None, confirmed
     if confirmed and confirmed.get("ranking"):  # the interleaved re-measurement decides the winner
         top = max(confirmed["ranking"], key=lambda row: row["speedup"])
         best = trials[confirmed["baseline"]["number"] if top["ci_high"] < 1.0 else top["number"]]
@@ -214,7 +278,7 @@ def summarize_study(study: optuna.Study) -> StudySummary:
         name=study.study_name,
         counts=counts,
         reused=sum(1 for t in trials if "reused_from" in t.user_attrs),
-        baseline=baseline_trial(trials),
+        baseline=baseline,
         best=best,
         dry_run=record.dry_run,
         confirmed=confirmed,
@@ -228,4 +292,7 @@ def summarize_study(study: optuna.Study) -> StudySummary:
         stability=stability(trials, target, best),
         orphaned=orphans(study, trials),
         trials=tuple(trials),
+        stale_confirmation=stale,
+        host_tuned=tuple(host_tuned(study, best, baseline)),
+        host_warnings=tuple((study.user_attrs.get(HOST_ATTR) or {}).get("warnings", [])),
     )

@@ -44,6 +44,13 @@ def baseline_trial(trials: list[FrozenTrial]) -> FrozenTrial | None:
     return next(measured, own[0] if own else None)
 
 
+def search_ranking(trials: list[FrozenTrial]) -> list[FrozenTrial]:
+    """The feasible trials that measured their own candidate (reused results left out), fastest
+    first by the search's figures: where the finalists come from."""
+    complete = [t for t in trials if t.state is TrialState.COMPLETE and t.values and "reused_from" not in t.user_attrs]
+    return sorted(complete, key=lambda t: (t.values[0], t.number))
+
+
 def measured_latency_ms(trial: FrozenTrial) -> float | None:
     """The trial's measured median latency in ms (measured even where it was infeasible), if any."""
     latency = trial.user_attrs.get("latency")

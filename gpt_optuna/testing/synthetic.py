@@ -5,6 +5,11 @@ It exists to test and measure the tuner itself without an engine: isolation test
 ``mode`` knob to really crash (SIGSEGV), abort, hang, raise or fail a build in the worker
 process, and the overhead benchmark uses ``mode=ok`` with no delay. Use it with
 ``--backend gpt_optuna.testing.synthetic:SyntheticBackend``.
+
+With the ``noise_pct`` knob, a launch's delay varies as on a shared host (:class:`NoisyHost`):
+each process runs at its own speed, each candidate's ratio to the others differs a little between
+processes, and each launch has its jitter, so the verdict's statistics can be proven by
+simulation against a known true speedup.
 """
 
 from __future__ import annotations
@@ -13,6 +18,8 @@ import ctypes
 import functools
 import os
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +50,13 @@ class SyntheticBackend(Backend):
                     "per launch, this much faster while alone in its process (as in the search) and this much"
                     " slower beside other open candidates (as in the finalists' interleaved rounds); searched only"
                     " where [space] lists values",
+                ),
+                Knob(
+                    "noise_pct",
+                    (0,),
+                    0,
+                    "per-launch jitter in percent, with process and per-process candidate noise (NoisyHost);"
+                    " searched only where [space] lists values",
                 ),
                 Knob("a", tuple(range(8)), 0),
                 Knob("b", tuple(range(8)), 0),
@@ -84,11 +98,66 @@ _open_runners = 0
 """Runners open in this process: one in the search, several in the finalists' rounds."""
 
 
+@dataclass(frozen=True)
+class NoisyHost:
+    """Latency on a shared host, with a known truth: a candidate's true latency is its delay.
+
+    In each process the host runs at its own speed (log-normal, ``process_sd``), each candidate's
+    ratio to the others is off by its own factor in that process (log-normal, ``ratio_sd``: the
+    load that hits one configuration more than another), and each launch has its jitter
+    (``launch_sd``), with an occasional stall (``stall_p`` of launches take ``stall_x`` times as
+    long). The true speedup of A over B is the ratio of their delays."""
+
+    process_sd: float = 0.3
+    ratio_sd: float = 0.05
+    launch_sd: float = 0.05
+    stall_p: float = 0.01
+    stall_x: float = 5.0
+
+    @classmethod
+    def of(cls, noise: float) -> NoisyHost:
+        """The host the ``noise_pct`` knob describes: ``noise`` as the process and launch spread,
+        half of it between candidates."""
+        return cls(process_sd=noise, ratio_sd=noise / 2, launch_sd=noise)
+
+    def speed(self, rng: np.random.Generator) -> float:
+        """A process's speed factor."""
+        return float(np.exp(rng.normal(0, self.process_sd)))
+
+    def ratio(self, rng: np.random.Generator) -> float:
+        """A candidate's own factor in one process."""
+        return float(np.exp(rng.normal(0, self.ratio_sd)))
+
+    def jitter(self, rng: np.random.Generator) -> float:
+        """One launch's factor."""
+        stall = self.stall_x if rng.random() < self.stall_p else 1.0
+        return stall * float(np.exp(rng.normal(0, self.launch_sd)))
+
+    def timers(self, delays_ms: list[float], rng: np.random.Generator) -> list[Callable[[], float]]:
+        """One process's launch timers (virtual: each returns a latency in ms without waiting)."""
+        speed = self.speed(rng)
+        return [functools.partial(self._launch, d * speed * self.ratio(rng), rng) for d in delays_ms]
+
+    def _launch(self, scale: float, rng: np.random.Generator) -> float:
+        return scale * self.jitter(rng)
+
+
+_HOST_RNG = np.random.default_rng()
+"""A worker process's own noise (seeded by the OS): each process is another draw of the host."""
+_PROCESS_SPEED: list[float] = []
+
+
 class _SyntheticRunner(Runner):
     def __init__(self, candidate: Candidate, path: Path, feeds: Feeds) -> None:
         global _open_runners
         _open_runners += 1
         self._delay_s = int(candidate["delay_us"]) / 1e6
+        noise = int(candidate.get("noise_pct", 0)) / 100
+        self._host = NoisyHost.of(noise) if noise else None
+        if self._host is not None:  # this process's speed, and this candidate's own factor in it
+            if not _PROCESS_SPEED:
+                _PROCESS_SPEED.append(self._host.speed(_HOST_RNG))
+            self._delay_s *= _PROCESS_SPEED[0] * self._host.ratio(_HOST_RNG)
         self._contention_s = int(candidate.get("contention_us", 0)) / 1e6
         self._mode = candidate["mode"]
         self._path = path
@@ -114,6 +183,7 @@ class _SyntheticRunner(Runner):
 
     def launch(self) -> None:
         contention = self._contention_s if _open_runners > 1 else -self._contention_s
-        end = time.perf_counter() + self._delay_s + contention
+        jitter = self._host.jitter(_HOST_RNG) if self._host is not None else 1.0
+        end = time.perf_counter() + self._delay_s * jitter + contention
         while time.perf_counter() < end:
             pass

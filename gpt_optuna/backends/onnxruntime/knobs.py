@@ -26,6 +26,11 @@ from gpt_optuna.backends.onnxruntime.settings import (
 from gpt_optuna.core.space import Candidate, Condition, Knob, Space
 from gpt_optuna.graph.model import ModelInfo
 
+CORES = "a thread count fits the cores of the host it was measured on, and the load on them"
+CORES_AND_LOAD = "running operators in parallel pays only where cores are free"
+SPINNING = "spinning threads win where cores are free and lose where other work shares them"
+"""Why the CPU provider's threading knobs are tuned for the host they were measured on."""
+
 
 def discover_knobs(
     providers: list[str], graph_levels: list[str], cores: int, cuda_options: tuple[CudaOption, ...] = ()
@@ -47,16 +52,23 @@ def discover_knobs(
     threads = thread_choices(cores)
     if CPU in providers:
         knobs += [
-            Knob("execution_mode", ("ORT_SEQUENTIAL", "ORT_PARALLEL"), "ORT_SEQUENTIAL", condition=on[CPU]),
-            Knob("intra_op_num_threads", threads, 0, "threads inside one operator", on[CPU]),
+            Knob(
+                "execution_mode",
+                ("ORT_SEQUENTIAL", "ORT_PARALLEL"),
+                "ORT_SEQUENTIAL",
+                condition=on[CPU],
+                host_sensitive=CORES_AND_LOAD,
+            ),
+            Knob("intra_op_num_threads", threads, 0, "threads inside one operator", on[CPU], host_sensitive=CORES),
             Knob(
                 "inter_op_num_threads",
                 threads,
                 0,
                 "threads across operators",
                 Condition("execution_mode", ("ORT_PARALLEL",)),
+                host_sensitive=CORES,
             ),
-            Knob("intra_op_spinning", (True, False), True, "spin-wait for work", on[CPU]),
+            Knob("intra_op_spinning", (True, False), True, "spin-wait for work", on[CPU], host_sensitive=SPINNING),
             Knob("cpu_mem_arena", (True, False), True, "arena allocator for CPU memory", on[CPU]),
             Knob("denormal_as_zero", (False, True), False, "flush denormals to zero", on[CPU]),
         ]
