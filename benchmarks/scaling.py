@@ -21,18 +21,17 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import onnx
 import optuna
 
-from gpt_optuna.evaluation.confirm_job import ConfirmJob
-from gpt_optuna.evaluation.measure import bootstrap_ratio
-from gpt_optuna.evaluation.worker import Worker
 from gpt_optuna.graph.feeds import save_npz
-from gpt_optuna.search.finalists import template_from_study
+from gpt_optuna.search.finalists import interleave, template_from_study
 from gpt_optuna.search.lanes import pinned
+from gpt_optuna.study.evidence import speedups
 from gpt_optuna.study.storage import open_storage
 from gpt_optuna.study.taxonomy import has_own_result, retried_numbers
 from gpt_optuna.testing.mobilenet_v2 import PHOTOS, SKIMAGE, WEIGHTS, crops, load_state_dict, mobilenet_v2
@@ -124,20 +123,20 @@ def main() -> None:
 
 
 def compare_bests(tops: list[optuna.trial.FrozenTrial], study: optuna.Study, gpu: str, folder: Path) -> None:
-    """The bests, re-measured interleaved in one fresh process on one GPU; ratios to the first."""
+    """The bests, re-measured interleaved in three fresh processes on one GPU; ratios to the first."""
     template = template_from_study(study)
-    job = ConfirmJob(template, tuple(dict(t.params) for t in tops), rounds=20)
-    with Worker(folder / "compare.log", pinned(gpu)) as worker:
-        medians = np.asarray(worker.run(job, 900.0))
-    processes = np.zeros(len(medians), dtype=int)
-    first = float(np.median(medians[:, 0]))
-    print(f"the bests re-measured interleaved on GPU {gpu} ({len(medians)} rounds): first {first:.4g} ms")
-    for column in range(1, len(tops)):
-        ratio, low, high = bootstrap_ratio(medians[:, 0], medians[:, column], processes)
-        same = "the same within the interval" if low <= 1.0 <= high else "different"
+    evaluations = [replace(template, candidate=dict(t.params)) for t in tops]
+    measured = interleave(evaluations, folder / "compare.log", 3, print, 60.0, 900.0, pinned(gpu), rounds=20)
+    found = speedups(measured.medians, measured.processes)
+    print(
+        f"the bests re-measured interleaved on GPU {gpu} ({len(measured.medians)} rounds):"
+        f" first {found[0].latency_ms:.4g} ms"
+    )
+    for column, each in enumerate(found[1:], start=2):
+        same = "the same within the interval" if each.low <= 1.0 <= each.high else "different"
         print(
-            f"  best {column + 1}: {float(np.median(medians[:, column])):.4g} ms, first/this {ratio:.3f} "
-            f"[95% CI {low:.3f}-{high:.3f}]: {same}"
+            f"  best {column}: {each.latency_ms:.4g} ms, first/this {each.estimate:.3f} "
+            f"[95% CI {each.low:.3f}-{each.high:.3f}]: {same}"
         )
 
 

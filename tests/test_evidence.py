@@ -8,8 +8,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from gpt_optuna.evaluation.confirm_job import BLOCK, ROUNDS
-from gpt_optuna.evaluation.measure import interleaved_rounds
+from gpt_optuna.evaluation.measure import BLOCK, ROUNDS, interleaved_rounds
 from gpt_optuna.search.finalists import summarize_rounds
 from gpt_optuna.study.evidence import WORTHWHILE, judge, speedups, t_quantile
 from gpt_optuna.testing.synthetic import NoisyHost
@@ -27,7 +26,7 @@ STUDIES = 120
 
 
 def simulated_study(host: NoisyHost, truth: tuple[float, ...], processes: int, rng: np.random.Generator) -> dict:
-    """One confirmation on the simulated host: its rounds, as a worker times them, summarized as the study keeps them."""
+    """One confirmation on the simulated host: its rounds as a worker times them, kept as a study keeps them."""
     delays = [1.0, *(1.0 / s for s in truth)]
     tables = [interleaved_rounds(host.timers(delays, rng), ROUNDS, BLOCK) for _ in range(processes)]
     labels = np.repeat(np.arange(processes), [len(t) for t in tables])

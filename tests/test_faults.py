@@ -12,7 +12,6 @@ import sqlite3
 import subprocess
 import sys
 import textwrap
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -330,14 +329,13 @@ def test_ctrl_c_during_the_finalists_prints_the_summary_and_what_next(cnn_path: 
     assert "study cnn-syntheticbackend: 4 complete" in out and "&& gpt-optuna tune" in out
 
 
-STARTUP_S = 4.0
-"""Python and the libraries loading before the command's own clock starts, on a busy 2-core machine."""
-
-
 def timed(*args: str) -> tuple[subprocess.CompletedProcess[str], float]:
-    start = time.monotonic()
+    """The command's result and its own account of its time (the summary's ``took`` line: from its
+    start, after Python and the libraries loaded, which no --timeout can bound)."""
     result = gpt_optuna(*args)
-    return result, time.monotonic() - start
+    took = re.search(r"^took ([\d.]+) s", result.stdout, re.M)
+    assert took, result.stdout
+    return result, float(took[1])
 
 
 def test_timeout_bounds_the_whole_run_and_keeps_time_to_confirm_the_finalists(cnn_path: Path, tmp_path: Path) -> None:
@@ -347,13 +345,13 @@ def test_timeout_bounds_the_whole_run_and_keeps_time_to_confirm_the_finalists(cn
     argv = ["tune", str(cnn_path), "--backend", SYNTHETIC, "--config", str(config), "--quiet"]
     result, wall = timed(*argv, "--timeout", "20")
     assert result.returncode == 0, result.stderr
-    assert wall <= 20 * 1.05 + STARTUP_S, wall
-    assert "(confirmed)" in result.stdout and "re-measuring the" in result.stderr
+    assert wall <= 20 * 1.05, wall
+    assert re.search(r"\((confirmed|indicative)\)", result.stdout) and "re-measuring the" in result.stderr
     assert "checking the space 1/1: graph_fusion none, precision fp32 ..." in result.stderr
 
     short, wall = timed(*argv, "--timeout", "6", "--study-name", "short")
-    assert short.returncode == 0 and wall <= 6 * 1.05 + STARTUP_S, (wall, short.stderr)
-    fitted = "(confirmed)" in short.stdout and "what fit in --timeout" in short.stderr  # fewer finalists, processes
+    assert short.returncode == 0 and wall <= 6 * 1.05, (wall, short.stderr)
+    fitted = re.search(r"\((confirmed|indicative)\)", short.stdout) and "what fit in --timeout" in short.stderr
     assert fitted or "no time left before --timeout to re-measure the finalists" in short.stderr, short.stderr
     space = gpt_optuna("space", str(cnn_path))
     assert ": graph_fusion none, precision int8 ..." in space.stderr
@@ -366,7 +364,7 @@ def test_a_trial_that_would_overrun_the_timeout_is_stopped_and_queued_again(cnn_
     argv = ["tune", str(cnn_path), "--backend", SYNTHETIC, "--config", str(config), "--quiet", "--no-seeds"]
     result, wall = timed(*argv, "--timeout", "12")
     assert result.returncode == 0, result.stderr
-    assert wall <= 12 * 1.05 + STARTUP_S, wall
+    assert wall <= 12 * 1.05, wall
     trials = load("cnn-syntheticbackend").get_trials()
     stopped = [
         t for t in trials if t.user_attrs.get("interrupted") == "stopped: the search's share of --timeout was spent"

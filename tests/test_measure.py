@@ -88,7 +88,7 @@ def test_finalists_are_confirmed_interleaved_and_best_follows_the_confirmed_rank
     assert confirmed["processes"] == 3 and len(confirmed["baseline"]["process_ms"]) == 3
     assert [delays[row["number"]] for row in confirmed["ranking"]] == [50, 100]
     for row in confirmed["ranking"]:
-        assert 1.0 < row["speedup"] and row["ci_low"] <= row["speedup"] <= row["ci_high"]
+        assert row["speedup"] > 1.0 and row["ci_low"] <= row["speedup"] <= row["ci_high"]
         assert len(row["process_speedups"]) == 3
     assert main(["best", "--json"]) == 0
     record = json.loads(capsys.readouterr().out)

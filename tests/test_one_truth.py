@@ -165,7 +165,7 @@ def test_unstable_measurements_are_flagged_with_what_to_do(tmp_path: Path, capsy
     config = tmp_path / "tune.toml"
     config.write_text(
         '[measure]\nbudget_s = 0.02\nmin_samples = 5\ntarget_rel_ci = 1e-9\n[space]\nmode = "ok"\n'
-        'delay_us = [200, 100, 50]\n'  # a launch of no delay can time alike to the nanosecond: a zero interval
+        "delay_us = [200, 100, 50]\n"  # a launch of no delay can time alike to the nanosecond: a zero interval
     )
     flags = ["--config", str(config), "--n-trials", "3", "--confirm-top", "0", "--no-seeds"]
     assert tune(CNN, "--backend", SYNTHETIC, *flags) == 0

@@ -63,18 +63,15 @@ def overlapping(trials: list[FrozenTrial]) -> int:
 
 def test_workers_of_one_tuner_search_at_once_without_duplicates(cnn_path: Path, tmp_path: Path) -> None:
     config = synthetic_config(tmp_path, SLOW)
-    started = time.monotonic()
     args = ["--backend", SYNTHETIC, "--config", str(config), "--n-trials", "9", "--workers", "3", "--confirm-top", "0"]
     assert tune(str(cnn_path), *args) == 0
-    elapsed = time.monotonic() - started
     study = optuna.load_study(study_name="cnn-syntheticbackend", storage="sqlite:///studies/cnn-syntheticbackend.db")
     trials = study.get_trials()
     assert_one_search(trials, 9)
     workers = Counter(t.user_attrs["worker"] for t in trials)
     assert len(workers) == 3 and all(w.startswith(f"{socket.gethostname()}:") for w in workers)
     assert {t.user_attrs["gpu"] for t in trials} == {"cpu"}
-    assert overlapping(trials) >= 3
-    assert elapsed < 9 * 1.0 + 15  # nine one-second builds did not run one after the other plus start-up
+    assert overlapping(trials) >= 3  # the one-second builds ran at the same time, not one after the other
     # a resumed search with more workers than trials left ends at the target, not beyond it
     assert tune(str(cnn_path), *args[:-4], "--n-trials", "11", "--workers", "4", "--confirm-top", "0") == 0
     assert_one_search(study.get_trials(), 11)
@@ -362,6 +359,5 @@ def test_a_worker_stops_when_the_search_it_joined_ends(cnn_path: Path, tmp_path:
     args = ["--backend", SYNTHETIC, "--config", str(config), "--storage", url, "--study-name", "s"]
     assert tune(str(cnn_path), *args, "--timeout", "3s", "--confirm-top", "0") == 0
     done = len(study_of(url, "s").get_trials())
-    started = time.monotonic()
     assert main(["worker", "--storage", url, "--study-name", "s", "--quiet"]) == 0  # its time is over
-    assert time.monotonic() - started < 30 and len(study_of(url, "s").get_trials()) == done
+    assert len(study_of(url, "s").get_trials()) == done

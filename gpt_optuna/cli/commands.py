@@ -182,8 +182,11 @@ def _export(args: argparse.Namespace, study: Any) -> int:
         )
         print(f"wrote {folder}/config.pbtxt and the model in {folder}/1")
         print("\n".join(export_lines(side)[1:]))
-        for item in left_out:
-            print(f"note: Triton's model configuration has no field for {item}; the model runs without it")
+        if left_out:
+            print(
+                "note: the served model is not the measured configuration: Triton's model configuration has no"
+                f" field for {', '.join(left_out)}, so Triton runs it without"
+            )
         return 0
     from gpt_optuna.results.export import export_trial
 
@@ -272,6 +275,11 @@ def export_lines(side: Path) -> list[str]:
     lines = [f"wrote {written} and {side}"]
     if record.get("headline"):  # the study's winner: its verdict, as every reader says it
         lines.append(record["headline"])
+        if record.get("decided") and not record.get("winner"):
+            lines.append(
+                f"note: the verdict keeps the default configuration, so this is the baseline, trial {record['trial']};"
+                " export --trial N takes another trial"
+            )
     elif record.get("speedup") is not None:
         interval = record.get("speedup_ci95")
         lines.append(

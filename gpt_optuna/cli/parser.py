@@ -8,7 +8,7 @@ from typing import Any
 
 from gpt_optuna import __version__
 from gpt_optuna.core.errors import UserError
-from gpt_optuna.evaluation.confirm_job import ROUNDS
+from gpt_optuna.evaluation.measure import ROUNDS
 from gpt_optuna.search.config import TuneConfig, read_toml
 from gpt_optuna.search.options import OPTIONS
 

@@ -7,6 +7,9 @@ EXIT_NO_FEASIBLE = 3
 """The exit code of a search that finished without any feasible candidate."""
 EXIT_INTERNAL = 4
 """An internal error (a bug of ours): the traceback is printed."""
+EXIT_INCONCLUSIVE = 5
+"""``check``: the latency could not be decided on this host (too noisy, or out of budget): neither a
+pass nor a regression."""
 
 
 class GptOptunaError(Exception):

@@ -143,8 +143,28 @@ def measure_with(timed_launch: Callable[[], float], settings: MeasureSettings) -
     return summarize(np.asarray(samples), warmup, settings.target_rel_ci)
 
 
+ROUNDS, BLOCK = 10, 10
+"""Interleaved rounds, and launches per candidate in each."""
+ROUNDS_BUDGET_S = 60.0
+"""The rounds of one process stop (after three at least) once this long has passed."""
 MIN_ROUNDS = 3
 """Rounds a process times at least, whatever its deadline."""
+SETTLE_POLL_S = 0.005
+SETTLE_MAX_S = 1.0
+
+
+def settle_cpu() -> None:
+    """Wait until this process's threads are idle: a CPU engine's thread pool spins for tens of
+    milliseconds after its last run (ONNX Runtime's, with spinning on), and those threads would
+    take the cores from the next candidate timed in this process, as they never would in a
+    deployment running one engine. Returns once a poll finds the process using almost no CPU
+    (or after :data:`SETTLE_MAX_S`)."""
+    end = time.monotonic() + SETTLE_MAX_S
+    while time.monotonic() < end:
+        used = time.process_time()
+        time.sleep(SETTLE_POLL_S)
+        if time.process_time() - used < SETTLE_POLL_S / 10:
+            return
 
 
 def interleaved_rounds(
@@ -153,19 +173,23 @@ def interleaved_rounds(
     block: int,
     deadline: float | None = None,
     on_round: Callable[[np.ndarray], None] = lambda _: None,
+    settle: Callable[[], None] | None = None,
 ) -> np.ndarray:
     """Per round and candidate, the median of ``block`` launches, the candidates taken in turn.
 
     Each round visits every candidate once (A B C, then B C A, ...: the order rotates so that no
     candidate always follows the same one), so drift over time hits all of them alike. Stops
     early, after :data:`MIN_ROUNDS` at least, when ``deadline`` (monotonic seconds) has passed.
-    ``on_round`` is given each round's medians as soon as it is timed.
+    ``on_round`` is given each round's medians as soon as it is timed; ``settle`` (e.g.
+    :func:`settle_cpu`) runs before each candidate's block, untimed.
     """
     count = len(timers)
     medians = []
     for r in range(rounds):
         row = np.empty(count)
         for i in ((r + k) % count for k in range(count)):
+            if settle is not None:
+                settle()
             row[i] = np.median([timers[i]() for _ in range(block)])
         medians.append(row)
         on_round(row)

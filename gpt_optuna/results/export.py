@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -36,16 +37,23 @@ def _beside(out: Path, kind: str) -> str:
     return f"{out.name}.{kind}.npz"
 
 
+def _samples(out: Path, samples_dir: Path | None) -> dict[str, Path]:
+    """Where an export to ``out`` writes the recorded inputs and reference outputs: beside it, or in
+    ``samples_dir``."""
+    folder = out.parent if samples_dir is None else samples_dir
+    return {kind: folder / _beside(out, kind) for kind in ("inputs", "reference")}
+
+
 def export_suffix(trial: optuna.trial.FrozenTrial) -> str:
     """The file extension of what a trial exports: ``.plan`` for an engine, ``.onnx`` for a model."""
     return ".plan" if trial.user_attrs.get("engine_artifact") is not None else ".onnx"
 
 
-def written_files(out: Path, engine: bool, backend: str | None) -> list[Path]:
+def written_files(out: Path, engine: bool, backend: str | None, samples_dir: Path | None = None) -> list[Path]:
     """Every file an export to ``out`` writes: the file, its side file, the recorded inputs and
-    reference outputs, and beside an engine what its engine's deployment adds (TensorRT: the ONNX
-    model it parses)."""
-    files = [out, out.with_name(out.name + ".json"), *(out.with_name(_beside(out, k)) for k in ("inputs", "reference"))]
+    reference outputs (beside it, or in ``samples_dir``), and beside an engine what its engine's
+    deployment adds (TensorRT: the ONNX model it parses)."""
+    files = [out, out.with_name(out.name + ".json"), *_samples(out, samples_dir).values()]
     deployment = DEPLOYMENTS.get(backend or "")
     beside = deployment.beside if engine and deployment is not None else ()
     return files + [out.with_name(out.name + suffix) for suffix in beside]
@@ -60,12 +68,13 @@ def refuse_overwrite(files: list[Path], force: bool) -> None:
 
 
 def chosen_trial(study: optuna.Study, summary: StudySummary, number: int | None) -> FrozenTrial:
-    """The trial ``--trial`` names, else the study's winner; only a feasible one."""
+    """The trial ``--trial`` names, else what the study decided: its winner, or the baseline where
+    the verdict keeps the default configuration; only a feasible one."""
     trials = study.get_trials(deepcopy=False)
     if number is None:
         if summary.best is None:
             raise UserError(f"study {study.study_name} has no feasible trial to export")
-        trial = summary.best
+        trial = summary.decided
     elif 0 <= number < len(trials):
         trial = trials[number]
     else:
@@ -80,8 +89,10 @@ def figures_record(summary: StudySummary, trial: FrozenTrial) -> dict[str, Any]:
     reader states them (``best --json``, the side file)."""
     figures = summary.figures(trial)
     winner = summary.best is not None and trial.number == summary.best.number
+    decided = summary.decided is not None and trial.number == summary.decided.number
     return {
-        "headline": headline(summary) if winner else None,
+        "headline": headline(summary) if winner or decided else None,
+        "decided": decided,
         "measurement": figures.measurement,
         "latency_ms": figures.latency_ms,
         "baseline_latency_ms": figures.baseline_ms,
@@ -90,13 +101,16 @@ def figures_record(summary: StudySummary, trial: FrozenTrial) -> dict[str, Any]:
         "significant": figures.significant if figures.ci is not None else None,
         "search_latency_ms": first_value(trial),
         "winner": winner,
-        "verdict": summary.verdict if winner else None,
+        "verdict": summary.verdict if winner or decided else None,
     }
 
 
-def export_trial(study: optuna.Study, number: int | None, out: Path, force: bool = False) -> tuple[Path, Path]:
-    """The chosen trial (default: the study's winner) to ``out`` (given the extension of what it
-    is where it has none) and ``out``.json, overwriting nothing without ``force``."""
+def export_trial(
+    study: optuna.Study, number: int | None, out: Path, force: bool = False, samples_dir: Path | None = None
+) -> tuple[Path, Path]:
+    """The chosen trial (:func:`chosen_trial`) to ``out`` (given the extension of what it is where
+    it has none) and ``out``.json, the recorded inputs and reference outputs beside it (or in
+    ``samples_dir``), overwriting nothing without ``force``."""
     summary = summarize_study(study)
     trial = chosen_trial(study, summary, number)
     record = StudyRecord.read(study)
@@ -106,7 +120,7 @@ def export_trial(study: optuna.Study, number: int | None, out: Path, force: bool
         raise UserError(f"-o names the {kind} file to write; its record FILE.json is written beside it")
     if not out.suffix:
         out = out.with_name(out.name + export_suffix(trial))
-    refuse_overwrite(written_files(out, artifact is not None, record.backend), force)
+    refuse_overwrite(written_files(out, artifact is not None, record.backend, samples_dir), force)
     workdir = verified(study, study_folder(study))
     source = trial_model(study, trial)
     if not source.is_file():
@@ -120,6 +134,7 @@ def export_trial(study: optuna.Study, number: int | None, out: Path, force: bool
         )
     else:  # ONNX Runtime builds no engine file: the model it ran, with the options in the side file
         shutil.copyfile(source, out)
+    samples = _samples(out, samples_dir)
     confirmed = next((r for r in (summary.confirmed or {}).get("ranking", []) if r["number"] == trial.number), None)
     side: dict[str, Any] = {
         "study": study.study_name,
@@ -133,7 +148,7 @@ def export_trial(study: optuna.Study, number: int | None, out: Path, force: bool
         "metric": record.metric,
         "shapes": record.shapes,
         "interface": model_interface(study, trial, source),
-        "samples": {"inputs": _beside(out, "inputs"), "reference": _beside(out, "reference")},
+        "samples": {kind: os.path.relpath(path, out.parent) for kind, path in samples.items()},
         "confirmed": confirmed,
         "confirmed_baseline": (summary.confirmed or {}).get("baseline") if confirmed else None,
         "versions": record.versions,
@@ -146,8 +161,8 @@ def export_trial(study: optuna.Study, number: int | None, out: Path, force: bool
         side |= deployment.side_file(
             ExportedTrial(source, out, trial.params, record.defaults, record.shapes or {}, models)
         )
-    for kind in ("inputs", "reference"):  # what a later `gpt-optuna check` compares a changed model on
-        shutil.copyfile(workdir / f"{kind}.npz", out.with_name(_beside(out, kind)))
+    for kind, path in samples.items():  # what a later `gpt-optuna check` compares a changed model on
+        shutil.copyfile(workdir / f"{kind}.npz", path)
     side_path = out.with_name(out.name + ".json")
     side_path.write_text(json.dumps(side, indent=2))
     return out, side_path

@@ -285,7 +285,7 @@ def best_rows(
     def order(r: TrialRow) -> tuple[int, float]:
         if r.number == winner:
             return (0, 0.0)
-        if figures[r.number].measurement == "confirmed":
+        if figures[r.number].measurement != "search":
             return (1, -(figures[r.number].speedup or 0.0))
         return (2, r.latency_ms)  # type: ignore[return-value]
 

@@ -93,11 +93,18 @@ def headline(summary: StudySummary) -> str:
             " default configuration"
         )
     if verdict == "inconclusive":
+        each = (summary.top_finalist or {}).get("process_speedups") or []
+        spread = max(each) / min(each) - 1 if each else 0.0
+        why = (
+            f"its speedup differed between the {processes} processes ({min(each):.2f}x to {max(each):.2f}x): the"
+            " host was too unstable to decide"
+            if spread > UNSTEADY
+            else f"{processes} processes are too few to tell a gain over {WORTHWHILE - 1:.0%} from none"
+        )
         return (
-            f"verdict: inconclusive: the best finalist, trial {winner.number}, {measured} ({figures}), but its"
-            f" speedup differed between the {processes} processes{_process_range(summary.top_finalist)}: the host"
-            f" was too unstable to decide. Keep the default configuration, or re-measure on a quiet host"
-            f" ({quiet_host(summary)}) with more processes (confirm --processes {2 * processes})"
+            f"verdict: inconclusive: the best finalist, trial {winner.number}, {measured} ({figures}), but {why}."
+            f" Keep the default configuration, or re-measure with more processes (confirm --processes"
+            f" {2 * processes}){f' on a quiet host ({quiet_host(summary)})' if spread > UNSTEADY else ''}"
         )
     if verdict == "indicative":
         return (
@@ -126,10 +133,8 @@ def _finalists(confirmed: dict[str, Any]) -> list[int]:
     return list(confirmed.get("finalists") or [row["number"] for row in confirmed.get("ranking", [])])
 
 
-def _process_range(row: dict[str, Any] | None) -> str:
-    """`` (0.73x to 2.61x)``: the lowest and highest speedup a process measured, where recorded."""
-    each = (row or {}).get("process_speedups") or []
-    return f" ({min(each):.2f}x to {max(each):.2f}x)" if len(each) > 1 else ""
+UNSTEADY = 0.05
+"""Processes whose speedups differ by more than this say the host was unsteady."""
 
 
 def quiet_host(summary: StudySummary) -> str:
@@ -251,7 +256,7 @@ _CONFIRMED_ENDINGS = {
         "no significant improvement over the baseline: the interval includes 1.0 and no gain over"
         f" {WORTHWHILE - 1:.0%}",
     ),
-    "inconclusive": ("inconclusive: the interval includes 1.0 and gains worth having; the processes disagreed",),
+    "inconclusive": ("inconclusive: the interval includes both 1.0 and gains worth having",),
     "indicative": ("one process only: indicative, not confirmed",),
 }
 """The last line of the confirmation's figures, per verdict (a faster one needs none)."""

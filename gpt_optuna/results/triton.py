@@ -1,12 +1,18 @@
 """A Triton Inference Server model repository for one trial.
 
 ``REPO/<model>/config.pbtxt`` and ``REPO/<model>/1/model.onnx`` (ONNX Runtime backend) or
-``1/model.plan`` (TensorRT backend), with the export's JSON side file beside the model. Inputs,
+``1/model.plan`` (TensorRT backend), with the export's JSON side file beside the model and its
+recorded samples in ``REPO/<model>/``, outside the version folder Triton loads. Inputs,
 outputs, data types and dims come from the model the trial ran (dynamic dims as -1, no batching
 by Triton: ``max_batch_size: 0``). Each engine's settings go where Triton reads them (its
 :class:`Deployment`'s ``triton_fields``: ONNX Runtime's in ``optimization`` and ``parameters``,
 TensorRT's CUDA graphs). A setting Triton has no field for is named in a comment at the top of
-the file and returned, so the caller can say so.
+the file and returned, so the caller can say that the served model is not the measured one.
+
+Triton's own load-time rules (its ``ValidateIOShape``) are kept: every tensor needs at least one
+dim, and an empty ``reshape`` (how a batching model takes a scalar) is refused where
+``max_batch_size`` is 0, so a model with a scalar (0-d) input or output has no configuration
+Triton loads: the export refuses it, saying why, before it writes anything.
 """
 
 from __future__ import annotations
@@ -24,8 +30,9 @@ from gpt_optuna.backends.base import Deployment
 from gpt_optuna.core.errors import UserError
 from gpt_optuna.graph.interface import describe_changes
 from gpt_optuna.graph.model import ModelInfo, TensorSpec, load_model_info
-from gpt_optuna.results.export import export_trial, trial_model
+from gpt_optuna.results.export import chosen_trial, export_trial, trial_model
 from gpt_optuna.study.record import StudyRecord
+from gpt_optuna.study.summary import summarize_study
 
 DATA_TYPES = {
     "float32": "TYPE_FP32",
@@ -63,12 +70,13 @@ def write_repository(
         raise UserError(f"Triton serves ONNX Runtime and TensorRT models; study {study.study_name} used {backend}")
     if (repo / name).exists() and not force:
         raise UserError(f"{repo / name} already exists: choose another --model-name, or overwrite with --force")
+    trial = chosen_trial(study, summarize_study(study), number)
+    info = load_model_info(trial_model(study, trial))  # an engine: the ONNX it was built from
+    refuse_scalars(info)
     version = repo / name / "1"
     version.mkdir(parents=True, exist_ok=True)
-    _, side = export_trial(study, number, version / deployment.triton_model_file, force=True)
-    exported = json.loads(side.read_text())
-    info = load_model_info(trial_model(study, study.trials[exported["trial"]]))  # an engine: the ONNX it was built from
-    text, left_out = config_text(name, info, exported, deployment)
+    _, side = export_trial(study, trial.number, version / deployment.triton_model_file, True, repo / name)
+    text, left_out = config_text(name, info, json.loads(side.read_text()), deployment)
     (repo / name / "config.pbtxt").write_text(text)
     return repo / name, left_out, side
 
@@ -89,6 +97,19 @@ def config_text(name: str, info: ModelInfo, record: dict[str, Any], deployment: 
         header.append(f"# the interface differs from the original model's (--allow-io-change): {changed}")
     header += [f"# not expressible in Triton's model configuration: {item}" for item in left_out]
     return "\n".join([*header, *lines]) + "\n", left_out
+
+
+def refuse_scalars(info: ModelInfo) -> None:
+    """A UserError for a model whose input or output is a scalar: Triton loads no configuration of it."""
+    scalars = [spec.name for spec in (*info.inputs, *info.outputs) if not spec.shape]
+    if scalars:
+        raise UserError(
+            f"Triton cannot serve {info.path.name} as exported: {', '.join(scalars)} "
+            f"{'is a scalar' if len(scalars) == 1 else 'are scalars'} (0-d), and Triton's configuration needs at"
+            " least one dim per tensor (dims: [1] with an empty reshape is refused where max_batch_size is 0, and"
+            " batching would hand the model a batch of them); give the tensor a dim of 1 in the model, or export"
+            " without --format triton"
+        )
 
 
 def _tensor(kind: str, spec: TensorSpec) -> str:

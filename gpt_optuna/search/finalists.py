@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -28,9 +29,9 @@ from optuna.trial import FrozenTrial
 
 from gpt_optuna.core import interrupts
 from gpt_optuna.core.errors import UserError
-from gpt_optuna.evaluation.confirm_job import BLOCK, ROUNDS, ROUNDS_BUDGET_S, ConfirmJob, RoundTimed
+from gpt_optuna.evaluation.confirm_job import ConfirmJob, RoundTimed
 from gpt_optuna.evaluation.jobs import EvaluateJob
-from gpt_optuna.evaluation.measure import MIN_ROUNDS, MeasureSettings
+from gpt_optuna.evaluation.measure import BLOCK, MIN_ROUNDS, ROUNDS, ROUNDS_BUDGET_S, MeasureSettings
 from gpt_optuna.evaluation.worker import FailureKind, JobFailure, Worker
 from gpt_optuna.study.artifacts import INPUTS_FILE, REFERENCE_FILE
 from gpt_optuna.study.evidence import LEVEL, judge, speedups
@@ -152,6 +153,88 @@ def _listener(
     return heard
 
 
+@dataclass(frozen=True)
+class Interleaved:
+    """What :func:`interleave` measured: per round, each evaluation's median (ms), the process
+    each round ran in (processes that timed fewer than :data:`MIN_ROUNDS` left out), and why it
+    ended early (None: every process ran)."""
+
+    medians: np.ndarray
+    processes: np.ndarray
+    stopped: str | None
+
+
+def interleave(
+    evaluations: list[EvaluateJob],
+    worker_log: Any,
+    processes: int,
+    say: Callable[[str], None],
+    expected_s: float,
+    quiet_s: float,
+    env: dict[str, str] | None = None,
+    deadline: float | None = None,
+    rounds: int = ROUNDS,
+) -> Interleaved:
+    """Time ``evaluations`` in interleaved rounds in ``processes`` fresh worker processes, one
+    after the other, each building and visiting them in another order (``say`` is told as each
+    process starts and as its rounds advance). A process is expected to take ``expected_s`` (then
+    as long as the longest one so far) and counts as hung after ``quiet_s`` without a word.
+
+    With a ``deadline`` (monotonic seconds) each process's rounds end within its share of the time
+    left, none runs past the deadline, and a process that would not fit (as long as the longest
+    one so far) is not started. A process that fails, hangs or runs into the deadline ends the
+    measurement with what was measured; so does a Ctrl-C, raised again once the rounds are in
+    hand (:class:`Stopped` carries them). Where not one process measured its rounds,
+    :class:`ConfirmationFailed` (after a Ctrl-C: KeyboardInterrupt) is raised."""
+    timed = _Rounds(len(evaluations))
+    stopped: str | None = None
+    interrupted = False
+    longest = 0.0
+    try:
+        for process in range(processes):
+            interrupts.check()
+            left = None if deadline is None else deadline - time.monotonic()
+            if timed.rows and left is not None and left < (longest or expected_s):
+                stopped = "no time left before --timeout"
+                say(f"  processes {process + 1}-{processes} left out: {stopped}")
+                break
+            say(f"  process {process + 1} of {processes}: building {len(evaluations)} candidates, {rounds} rounds ...")
+            order = [(process + k) % len(evaluations) for k in range(len(evaluations))]
+            rounds_until = None if left is None else time.monotonic() + left / (processes - process) - 1.0
+            job = ConfirmJob(tuple(evaluations[i] for i in order), rounds, rounds_until=rounds_until)
+            started = time.monotonic()
+            listener = _listener(timed, process, order, rounds, say)
+            try:
+                with Worker(worker_log, env) as worker:
+                    worker.run(job, None if left is None else max(left, 1.0), listener, quiet_s)
+            except JobFailure as failure:
+                late = failure.kind is FailureKind.TIMEOUT and deadline is not None and time.monotonic() >= deadline - 1
+                stopped = f"process {process + 1} " + ("ran into --timeout" if late else f"failed: {failure}")
+                say(f"  {stopped}")
+                break
+            say(f"    {timed.labels.count(process)} rounds in {time.monotonic() - started:.1f} s")
+            longest = max(longest, time.monotonic() - started)
+    except KeyboardInterrupt:
+        stopped, interrupted = f"stopped by {interrupts.cause()}", True
+    medians, labels = timed.usable()
+    if not len(medians):
+        if interrupted:
+            raise KeyboardInterrupt
+        raise ConfirmationFailed(f"the finalists could not be re-measured: {stopped}")
+    found = Interleaved(medians, labels, stopped)
+    if interrupted:
+        raise Stopped(found)
+    return found
+
+
+class Stopped(KeyboardInterrupt):
+    """A Ctrl-C (or SIGTERM, SIGHUP) during :func:`interleave`, with the rounds measured before it."""
+
+    def __init__(self, measured: Interleaved) -> None:
+        super().__init__()
+        self.measured = measured
+
+
 def confirm(
     study: optuna.Study,
     template: EvaluateJob,
@@ -164,63 +247,28 @@ def confirm(
     start_s: float = WORKER_START_S,
     rounds: int = ROUNDS,
 ) -> dict[str, Any] | None:
-    """Re-measure the finalists in ``processes`` fresh worker processes, one after the other (with
-    ``env``: pinned to one GPU; ``start_s``: a worker's measured start), ``rounds`` rounds each, and
-    store the result in the study; None where there is nothing to confirm. Each process builds and
-    visits the candidates in another order; ``say`` is told as each process starts and as its
-    rounds advance.
-
-    With a ``deadline`` (monotonic seconds) each process's rounds end within its share of the time
-    left, none runs past the deadline, and a process that would not fit (as long as the longest
-    one so far) is not started. A process that fails, hangs or runs into the deadline, or a
-    Ctrl-C, ends the confirmation with what was measured (the result says why it stopped; a
-    Ctrl-C is raised again once it is stored); where not one process measured its rounds,
-    :class:`ConfirmationFailed` (a Ctrl-C: KeyboardInterrupt) is raised and nothing is stored."""
+    """Re-measure the finalists (:func:`finalists`) and the baseline, interleaved (:func:`interleave`)
+    in ``processes`` fresh worker processes (with ``env``: pinned to one GPU; ``start_s``: a
+    worker's measured start), and store the result in the study; None where there is nothing to
+    confirm. What a stopped confirmation measured is stored too (the result says why it stopped),
+    and the Ctrl-C raised again."""
     baseline, best = finalists(study, top)
     if baseline is None or not best:
         return None
     trials = [baseline, *best]
+    evaluations = [replace(template, candidate=dict(t.params)) for t in trials]
     expected = process_seconds(trials, template.settings, start_s)
     quiet = quiet_seconds(trials, template.settings)
-    timed = _Rounds(len(trials))
-    stopped: str | None = None
-    interrupted = False
+    stop: Stopped | None = None
     try:
-        for process in range(processes):
-            interrupts.check()
-            left = None if deadline is None else deadline - time.monotonic()
-            if timed.rows and left is not None and left < expected:
-                stopped = "no time left before --timeout"
-                say(f"  processes {process + 1}-{processes} left out: {stopped}")
-                break
-            say(f"  process {process + 1} of {processes}: building {len(trials)} candidates, {rounds} rounds ...")
-            order = [(process + k) % len(trials) for k in range(len(trials))]
-            rounds_until = None if left is None else time.monotonic() + left / (processes - process) - 1.0
-            job = ConfirmJob(template, tuple(dict(trials[i].params) for i in order), rounds, rounds_until=rounds_until)
-            started = time.monotonic()
-            listener = _listener(timed, process, order, rounds, say)
-            try:
-                with Worker(worker_log, env) as worker:
-                    worker.run(job, None if left is None else max(left, 1.0), listener, quiet)
-            except JobFailure as failure:
-                late = failure.kind is FailureKind.TIMEOUT and deadline is not None and time.monotonic() >= deadline - 1
-                stopped = f"process {process + 1} " + ("ran into --timeout" if late else f"failed: {failure}")
-                say(f"  {stopped}")
-                break
-            say(f"    {timed.labels.count(process)} rounds in {time.monotonic() - started:.1f} s")
-            expected = max(expected, time.monotonic() - started)
-    except KeyboardInterrupt:
-        stopped, interrupted = f"stopped by {interrupts.cause()}", True
-    medians, labels = timed.usable()
-    if not len(medians):
-        if interrupted:
-            raise KeyboardInterrupt
-        raise ConfirmationFailed(f"the finalists could not be re-measured: {stopped}")
-    result = summarize_rounds([t.number for t in trials], medians, labels)
-    result |= {"planned_processes": processes, "stopped": stopped}
+        measured = interleave(evaluations, worker_log, processes, say, expected, quiet, env, deadline, rounds)
+    except Stopped as exc:
+        stop, measured = exc, exc.measured
+    result = summarize_rounds([t.number for t in trials], measured.medians, measured.processes)
+    result |= {"planned_processes": processes, "stopped": measured.stopped}
     study.set_user_attr(CONFIRMED_ATTR, result)
-    if interrupted:
-        raise KeyboardInterrupt
+    if stop is not None:
+        raise stop
     return result
 
 

@@ -26,6 +26,7 @@ from gpt_optuna.results.export import export_suffix
 from gpt_optuna.results.winner import name_objectives, record_winner
 from gpt_optuna.search.config import TuneConfig, study_flags
 from gpt_optuna.search.finalists import ConfirmationFailed, confirm
+from gpt_optuna.search.host_check import look
 from gpt_optuna.search.lanes import (
     TrialBudget,
     pinned,
@@ -43,7 +44,7 @@ from gpt_optuna.search.session import SearchSession
 from gpt_optuna.search.time_budget import FINISH_S, kept_for_confirmation, plan_confirmation
 from gpt_optuna.search.transfer import TransferQueue
 from gpt_optuna.study.artifacts import artifact_folder, publish
-from gpt_optuna.study.record import FOLDER_ATTR, MEASURE_ATTR, SEARCH_ATTR, SPACE_ATTR, STUDIES
+from gpt_optuna.study.record import FOLDER_ATTR, HOST_ATTR, MEASURE_ATTR, SEARCH_ATTR, SPACE_ATTR, STUDIES
 from gpt_optuna.study.recovery import recover_interrupted
 from gpt_optuna.study.resume import open_study, recorded_fingerprint, recorded_folder
 from gpt_optuna.study.storage import open_storage, storage_file
@@ -70,6 +71,7 @@ def tune(
     finish = progress.finish if summarize else progress.quiet_finish
     notes: list[str] = []
     engine = check_run(config)
+    host = look()  # before this run's own workers start
     phases.begin("preparing")
     inputs = load_inputs(config, notes)
     storage_path = storage_file(config.storage)
@@ -101,6 +103,8 @@ def tune(
         )
         new.clear()  # the study exists: what this run made is its own from here on
         name_objectives(study)
+        study.set_user_attr(HOST_ATTR, host.to_record())
+        notes += [f"warning: {text}" for text in host.warnings]
         warnings, alone = session.enter(study_device(study), config.allow_mixed_gpus)
         notes += warnings
         recovered = recover_interrupted(study, alone)

@@ -215,6 +215,12 @@ class StudySummary:
         return self.verdict in ("baseline", "not_significant", "inconclusive")
 
     @property
+    def decided(self) -> FrozenTrial | None:
+        """The trial the study recommends deploying: the baseline where the verdict keeps the
+        default configuration, else the winner (None before any feasible trial)."""
+        return self.baseline if self.keeps_default and self.baseline is not None else self.best
+
+    @property
     def io_changes(self) -> dict[str, dict[str, list[str]]]:
         """The winner's input and output dtypes that differ from the model's (``--allow-io-change``)."""
         return dict(self.best.user_attrs.get(IO_CHANGE_ATTR, {})) if self.best is not None else {}
