@@ -24,6 +24,7 @@ import contextlib
 import json
 import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -105,13 +106,16 @@ def study_of(folder: Path) -> optuna.Study:
     return optuna.load_study(study_name=db.stem, storage=f"sqlite:///{db}")
 
 
+def shape_flags(name: str) -> list[str]:
+    return [flag for shape in MODELS[name][1] for flag in ("--shape", shape)]
+
+
 def tune_and_judge(name: str, model: Path, host: str, args: argparse.Namespace, root: Path) -> Row:
     """One study as a user runs it, and the independent A/B of its best finalist against the baseline."""
     folder = root / f"{name}-{host}"
     folder.mkdir()
-    shapes = [flag for shape in MODELS[name][1] for flag in ("--shape", shape)]
     tuned = gpt_optuna(
-        "tune", str(model), *shapes, "--n-trials", str(args.n_trials), "--timeout", str(args.timeout), cwd=folder
+        "tune", str(model), *shape_flags(name), "--n-trials", str(args.n_trials), "--timeout", args.timeout, cwd=folder
     )
     row = Row(name, host)
     if tuned.returncode != 0:
@@ -212,31 +216,35 @@ def slowed(model: onnx.ModelProto, channels: int) -> onnx.ModelProto:
     return slow
 
 
-def slowdown_of(original: Path, slow: Path, folder: Path, args: argparse.Namespace) -> float:
+def slowdown_of(original: Path, slow: Path, shapes: list[str], folder: Path, args: argparse.Namespace) -> float:
     """How much slower ``slow`` runs than ``original`` under their defaults (an A/B of two exports)."""
     for path, name in ((original, "orig"), (slow, "slow")):
         made = folder / f"ab-{name}"
-        made.mkdir(exist_ok=True)
-        tuned = gpt_optuna("tune", str(path), "--n-trials", "1", "--confirm-top", "0", cwd=made)
+        shutil.rmtree(made, ignore_errors=True)
+        made.mkdir()
+        tuned = gpt_optuna("tune", str(path), *shapes, "--n-trials", "1", "--confirm-top", "0", cwd=made)
         assert tuned.returncode == 0, tuned.stderr
         assert gpt_optuna("export", "--trial", "0", "-o", "model.onnx", cwd=made).returncode == 0
     ratio, _, _ = ab_test(folder / "ab-slow" / "model.onnx", folder / "ab-orig" / "model.onnx", 3, args.ab_rounds)
-    return 1 / ratio
+    return ratio  # the slowed model's latency over the original's
 
 
-def checks(model: Path, root: Path, args: argparse.Namespace) -> dict[str, Any]:
-    """The record of the model's tuned winner, then checks of the unchanged model and of a 1.5x
+def checks(name: str, model: Path, root: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """The record of the model's tuned study, then checks of the unchanged model and of a 1.5x
     slower one, all under the background load."""
     folder = root / "check"
     folder.mkdir()
-    tuned = gpt_optuna("tune", str(model), "--n-trials", str(args.n_trials), "--timeout", str(args.timeout), cwd=folder)
+    shapes = shape_flags(name)
+    tuned = gpt_optuna(
+        "tune", str(model), *shapes, "--n-trials", str(args.n_trials), "--timeout", args.timeout, cwd=folder
+    )
     assert tuned.returncode == 0, tuned.stderr
     assert gpt_optuna("export", "-o", "record.onnx", cwd=folder).returncode == 0
     base = onnx.load(str(model))
     channels, factor = 8, 0.0
     while channels <= 512:  # the extra work that makes it about 1.5x slower
         onnx.save(slowed(base, channels), folder / "slow.onnx")
-        factor = slowdown_of(model, folder / "slow.onnx", folder, args)
+        factor = slowdown_of(model, folder / "slow.onnx", shapes, folder, args)
         print(f"  slowed with {channels} filters: {factor:.2f}x the latency", flush=True)
         if factor >= 1.45:
             break
@@ -300,7 +308,8 @@ def main() -> int:
                     rows.append(tune_and_judge(name, model, host, args, root))
                 row = rows[-1]
                 print(f"  verdict {row.verdict} {row.claim}; A/B {row.truth} {row.ab}", flush=True)
-        gate = checks(model_file(args.check_model, root), root, args) if args.checks or args.slow_checks else {}
+        wanted = args.checks or args.slow_checks
+        gate = checks(args.check_model, model_file(args.check_model, root), root, args) if wanted else {}
     print_table(rows, gate)
     out.write_text(json.dumps({"rows": [row.__dict__ for row in rows], "check": gate}, indent=2))
     print(f"wrote {out}")
