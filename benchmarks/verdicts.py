@@ -38,12 +38,12 @@ from typing import Any
 import numpy as np
 import onnx
 import optuna
-from onnx import helper, numpy_helper
 
 from gpt_optuna.study.evidence import t_quantile
 from gpt_optuna.study.summary import summarize_study
 from gpt_optuna.testing.mobilenet_v2 import WEIGHTS, load_state_dict, mobilenet_v2
 from gpt_optuna.testing.registry import download_one
+from gpt_optuna.testing.slowed import slowed
 
 OCR = "rapidocr-onnxruntime==1.4.4"
 MODELS: dict[str, tuple[str, list[str]]] = {
@@ -187,33 +187,6 @@ def ab_test(baseline: Path, candidate: Path, processes: int, rounds: int) -> tup
     centre, se = float(np.mean(logs)), float(np.std(logs, ddof=1) / math.sqrt(len(logs)))
     half = t_quantile(0.975, len(logs) - 1) * se
     return math.exp(centre), math.exp(centre - half), math.exp(centre + half)
-
-
-def slowed(model: onnx.ModelProto, channels: int) -> onnx.ModelProto:
-    """The same outputs after extra work: a convolution of the input (``channels`` filters, 7x7),
-    summed and multiplied by zero, added to the first output."""
-    slow = onnx.ModelProto()
-    slow.CopyFrom(model)
-    graph = slow.graph
-    source = graph.input[0]
-    depth = source.type.tensor_type.shape.dim[1].dim_value
-    weight = np.random.default_rng(0).standard_normal((channels, depth, 7, 7)).astype(np.float32)
-    graph.initializer.extend(
-        [numpy_helper.from_array(weight, "extra.w"), numpy_helper.from_array(np.zeros((), np.float32), "extra.zero")]
-    )
-    output = graph.output[0].name
-    for node in graph.node:
-        node.output[:] = [f"{output}.before" if o == output else o for o in node.output]
-    graph.node.extend(
-        [
-            helper.make_node("Conv", [source.name, "extra.w"], ["extra"], pads=[3, 3, 3, 3]),
-            helper.make_node("ReduceSum", ["extra"], ["extra.sum"], keepdims=0),
-            helper.make_node("Mul", ["extra.sum", "extra.zero"], ["extra.nothing"]),
-            helper.make_node("Add", [f"{output}.before", "extra.nothing"], [output]),
-        ]
-    )
-    onnx.checker.check_model(slow, full_check=True)
-    return slow
 
 
 def slowdown_of(original: Path, slow: Path, shapes: list[str], folder: Path, args: argparse.Namespace) -> float:

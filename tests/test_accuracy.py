@@ -94,6 +94,34 @@ def test_canonical_text_round_trips() -> None:
 
 
 @pytest.mark.parametrize(
+    "text",
+    [
+        "topk(1)>=1",
+        "mean(topk(5))>=0.99",
+        "outside(atol=1e-7, rtol=0.0001)<=0.001",
+        "cosine>=0.99999995",  # more digits than a short format keeps
+        "mean(rel_l2)<0.01 and max_abs<=1e-300",
+        "agree>=1 and box_px<=1.5",
+    ],
+)
+def test_every_criterion_reads_back_from_the_text_a_study_records(text: str) -> None:
+    criterion = parse_criterion(text, user_metrics=True)
+    assert parse_criterion(criterion.text, user_metrics=True) == criterion
+
+
+def test_a_metric_that_comes_out_nan_is_infeasible_not_an_error() -> None:
+    ref = {"y": np.ones((2, 4), np.float32)}
+    verdict = parse_criterion("agree>=0.5 and cosine>=0.9", user_metrics=True).evaluate(
+        ref, ref, lambda: {"agree": float("nan")}
+    )
+    assert not verdict.feasible and verdict.reason == "agree is NaN"
+    assert "agree" not in verdict.metrics and verdict.metrics["cosine"] == pytest.approx(1.0)
+    assert np.isfinite(verdict.constraint) and verdict.constraint > 0
+    with pytest.raises(UserError, match="returns agree=nan for the model's own outputs"):
+        parse_criterion("agree>=0.5", user_metrics=True).check_user_metrics({"agree": float("nan")})
+
+
+@pytest.mark.parametrize(
     "text, message",
     [
         ("", "empty"),

@@ -15,41 +15,18 @@ import numpy as np
 import onnx
 import pytest
 from conftest import tune
-from onnx import helper, numpy_helper
+from onnx import numpy_helper
 
 from gpt_optuna.cli import main
 from gpt_optuna.core.errors import EXIT_INCONCLUSIVE
+from gpt_optuna.testing.slowed import slowed as slowed_by_extra_work
 
 CONFIG = 'confirm_processes = 5\n[measure]\nbudget_s = 0.1\nmin_samples = 5\n[space]\nprecision = "default"\n'
 
 
 def slowed(model: onnx.ModelProto) -> onnx.ModelProto:
-    """The same outputs after a heavy convolution whose result is multiplied by zero."""
-    slow = onnx.ModelProto()
-    slow.CopyFrom(model)
-    weight = np.random.default_rng(0).standard_normal((128, 3, 9, 9)).astype(np.float32)
-    slow.graph.initializer.extend(
-        [numpy_helper.from_array(weight, "heavy.w"), numpy_helper.from_array(np.zeros((), np.float32), "nothing")]
-    )
-    output = slow.graph.output[0].name
-    for node in slow.graph.node:
-        node.output[:] = [f"{output}.before" if o == output else o for o in node.output]
-    slow.graph.node.extend(
-        [
-            helper.make_node("Conv", [slow.graph.input[0].name, "heavy.w"], ["heavy"], pads=[4, 4, 4, 4]),
-            helper.make_node("Conv", ["heavy", "heavy.w2"], ["heavier"], pads=[1, 1, 1, 1]),
-            helper.make_node("ReduceSum", ["heavier"], ["heavy.sum"], keepdims=0),
-            helper.make_node("Mul", ["heavy.sum", "nothing"], ["zero"]),
-            helper.make_node("Add", [f"{output}.before", "zero"], [output]),
-        ]
-    )
-    slow.graph.initializer.append(
-        numpy_helper.from_array(
-            np.random.default_rng(1).standard_normal((128, 128, 3, 3)).astype(np.float32), "heavy.w2"
-        )
-    )
-    onnx.checker.check_model(slow, full_check=True)
-    return slow
+    """The same outputs after two heavy convolutions: about ten times the work of the small CNN."""
+    return slowed_by_extra_work(model, 128, layers=1)
 
 
 def changed(model: onnx.ModelProto) -> onnx.ModelProto:

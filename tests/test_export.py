@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -174,3 +175,27 @@ def test_a_cuda_export_opens_with_the_trials_provider_options(cnn_path: Path, tm
     reference = mf.unstack(dict(np.load("studies/cnn-onnxruntime/reference.npz")))[0]
     (name,) = reference
     np.testing.assert_allclose(session.run([name], feeds)[0], reference[name], rtol=1e-2, atol=1e-2)
+
+
+def test_a_verdict_that_keeps_the_default_exports_the_default_and_says_so(
+    cnn_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The search's best re-measured in three processes at 1.0x the baseline (a confirmation of known
+    rounds, in place of the measured one): no significant improvement, so export writes the baseline."""
+    from gpt_optuna.search.finalists import summarize_rounds
+    from gpt_optuna.study.taxonomy import search_ranking
+
+    assert tune(str(cnn_path), "--n-trials", "3", "--confirm-top", "0") == 0
+    study = load("cnn-onnxruntime")
+    best = next(t for t in search_ranking(study.trials) if not t.user_attrs.get("baseline"))
+    rounds = np.ones((30, 2)) + 0.001 * np.random.default_rng(0).random((30, 2))
+    study.set_user_attr("confirmed", summarize_rounds([0, best.number], rounds, np.repeat(np.arange(3), 10)))
+    capsys.readouterr()
+    assert main(["export", "-o", "best.onnx"]) == 0
+    out = capsys.readouterr().out
+    assert "verdict: no significant improvement" in out
+    assert "note: the verdict keeps the default configuration, so this is the baseline, trial 0" in out
+    side = json.loads(Path("best.onnx.json").read_text())
+    assert side["trial"] == 0 and side["decided"] and side["verdict"] == "not_significant" and not side["winner"]
+    assert main(["export", "--trial", str(best.number), "-o", "finalist.onnx"]) == 0
+    assert json.loads(Path("finalist.onnx.json").read_text())["winner"]

@@ -46,6 +46,26 @@ def test_a_job_tells_how_far_it_is_while_it_runs_and_the_deadline_still_holds(tm
     report_progress("outside a worker: nothing to tell, no error")
 
 
+def steps_apart(count: int, pause_s: float) -> int:
+    for step in range(count):
+        time.sleep(pause_s)
+        report_progress(step)
+    return count
+
+
+def test_a_job_that_keeps_telling_runs_past_its_quiet_limit_and_one_that_goes_quiet_is_stopped(
+    tmp_path: Path,
+) -> None:
+    told: list[object] = []
+    with Worker(tmp_path / "w.log") as worker:
+        worker.run(os.getpid, timeout=60)
+        assert worker.run(partial(steps_apart, 6, 0.5), None, told.append, quiet_s=2.5) == 6  # 3 s in all
+        assert told == list(range(6))
+        with pytest.raises(JobFailure) as info:
+            worker.run(partial(steps_then_hang, 1), None, told.append, quiet_s=1.0)
+        assert info.value.kind is FailureKind.TIMEOUT and info.value.detail == "no word for 1 s; worker killed"
+
+
 def report_and_return() -> str:
     report_progress("halfway")
     return "done"

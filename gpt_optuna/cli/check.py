@@ -450,12 +450,12 @@ def judge_latency(
             rounds=GATE_ROUNDS,
         )
     except ConfirmationFailed as failure:
-        return Outcome(
-            "latency", False, f"latency not decided: {failure}; give more --budget", inconclusive=True
-        ), summary
+        said = f"latency not decided: the models could not be timed ({failure.reason}); give more --budget"
+        return Outcome("latency", False, said, inconclusive=True), summary
     gate = speedups(measured.medians[:, :2], measured.processes)  # the question the gate answers, alone
     other = speedups(measured.medians[:, [0, 2]], measured.processes)[1:] if winner is not None else []
-    return compare_on_this_host([*gate, *other], tolerance, seeded.number, winner and winner.number), summary
+    faster = None if winner is None else winner.number
+    return compare_on_this_host([*gate, *other], tolerance, seeded.number, faster), summary
 
 
 def seeded_trial(study: Any) -> Any:

@@ -79,11 +79,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     check = commands.add_parser(
         "check",
-        help="CI gate: the model against a record written by export (exit 0 pass, 1 regression, 2 user error)",
+        help="CI gate: the model against a record written by export (exit 0 pass, 1 regression, 5 not decided)",
     )
     check.add_argument("model", help="ONNX model file (the model the record was made for, possibly changed)")
     check.add_argument("--baseline", required=True, help="the record: FILE.json written by gpt-optuna export")
-    check.add_argument("--budget", default="10m", help="search time, e.g. 10m (default 10m)")
+    check.add_argument("--budget", default="10m", help="the whole check's time, e.g. 10m (default 10m)")
     check.add_argument("--tolerance", default="5%", help="allowed latency change, e.g. 5%% (default 5%%)")
     check.add_argument("--junit", help="write a JUnit XML report here")
     check.add_argument("--update", action="store_true", help="rewrite the record when the check finds it faster")
@@ -150,5 +150,6 @@ EXIT_CODES = """exit codes:
   2    user error or a fault of the machine (bad input, bad record, full disk, read-only files): one line
   3    the search finished without any feasible candidate
   4    internal error (a bug): the traceback is printed
+  5    check only: not decided (a host too noisy for the tolerance, or a budget spent first)
   130  interrupted by Ctrl-C (143 by SIGTERM, 129 by SIGHUP): the summary and the command that resumes
        are printed"""

@@ -48,7 +48,12 @@ TELL_EVERY_S = 2.0
 
 
 class ConfirmationFailed(UserError):
-    """Not one process of the confirmation measured its rounds; the message says why (one line)."""
+    """Not one process of the confirmation measured its rounds; the message says why (one line),
+    ``reason`` how the last process ended."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"the finalists could not be re-measured: {reason}")
+        self.reason = reason
 
 
 def process_seconds(candidates: list[FrozenTrial], settings: MeasureSettings, start_s: float = WORKER_START_S) -> float:
@@ -220,7 +225,7 @@ def interleave(
     if not len(medians):
         if interrupted:
             raise KeyboardInterrupt
-        raise ConfirmationFailed(f"the finalists could not be re-measured: {stopped}")
+        raise ConfirmationFailed(str(stopped))
     found = Interleaved(medians, labels, stopped)
     if interrupted:
         raise Stopped(found)
