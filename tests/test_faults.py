@@ -305,7 +305,7 @@ def test_a_search_without_a_feasible_candidate_exits_3(cnn_path: Path, tmp_path:
 
 def test_exit_codes_are_documented_and_a_closed_pipe_ends_quietly(cnn_path: Path) -> None:
     help_text = gpt_optuna("--help").stdout
-    assert all(f"  {code} " in help_text for code in ("0", "1", "2", "3", "4", "130"))
+    assert all(f"  {code} " in help_text for code in ("0", "1", "2", "3", "4", "5", "130"))
     assert "143 by SIGTERM" in help_text and "129 by SIGHUP" in help_text
     assert gpt_optuna("tune", str(cnn_path), "--n-trials", "2", "--quiet", "--confirm-top", "0").returncode == 0
     piped = subprocess.run(f"{sys.executable} -m gpt_optuna.cli status | head -c 5", shell=True, capture_output=True)

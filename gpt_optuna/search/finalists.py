@@ -43,6 +43,8 @@ WORKER_START_S = 5.0
 was not measured."""
 QUIET_S = 60.0
 """A confirmation process that says nothing for this long, besides its longest step, is hung."""
+CPU_SETTLE_S = 0.05
+"""The pause before each block of a CPU engine (:func:`settle_cpu`), in a process's estimate."""
 TELL_EVERY_S = 2.0
 """Rounds are told at most this often (a fast model's rounds take milliseconds)."""
 
@@ -60,10 +62,13 @@ def process_seconds(candidates: list[FrozenTrial], settings: MeasureSettings, st
     """One confirmation process's estimated seconds for ``candidates`` (the baseline included),
     from what the search measured: the process's start (``start_s``), each one's build, a warm-up
     each, and the interleaved rounds (each one's search latency ``ROUNDS x BLOCK`` times, twice
-    over for the timer's own work, at most the rounds' budget)."""
+    over for the timer's own work, at most the rounds' budget; on the CPU the pause before each
+    block)."""
     builds = sum(float(t.user_attrs.get("build_s") or 0.0) for t in candidates)
     warm = len(candidates) * min(1.0, settings.budget_s)
-    return start_s + builds + warm + min(ROUNDS_BUDGET_S, ROUNDS * _round_seconds(candidates))
+    on_cpu = all(t.user_attrs.get("gpu") == "cpu" for t in candidates)
+    settling = ROUNDS * len(candidates) * CPU_SETTLE_S if on_cpu else 0.0
+    return start_s + builds + warm + settling + min(ROUNDS_BUDGET_S, ROUNDS * _round_seconds(candidates))
 
 
 def _round_seconds(candidates: list[FrozenTrial]) -> float:

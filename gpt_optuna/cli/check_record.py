@@ -1,0 +1,117 @@
+"""The record a ``check`` judges against: the side file ``gpt-optuna export`` wrote, read field by
+field (each problem one line, a user error), its samples, its input shapes, its exported model."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+from gpt_optuna.backends.base import read_record
+from gpt_optuna.core.errors import UserError
+from gpt_optuna.evaluation.accuracy import parse_criterion
+from gpt_optuna.graph import feeds as feeds_io
+from gpt_optuna.graph import model as model_io
+
+
+def _malformed(path: Path, what: str) -> UserError:
+    return UserError(f"{path} is not a record gpt-optuna export writes: {what}; export the study again")
+
+
+def load_record(path: Path) -> dict[str, Any]:
+    """The export's side file, checked field by field (each problem one line, a user error), with
+    the paths of its sample files resolved beside it."""
+    if path.suffix != ".json":
+        raise UserError(f"--baseline takes the record FILE.json that gpt-optuna export -o FILE wrote, not {path}")
+    record = read_record(path.with_suffix(""))
+    if not isinstance(record, dict):
+        raise _malformed(path, f"it holds {json.dumps(record)[:40]}, not an object")
+    for key, kinds, what in _FIELDS:
+        if (
+            key not in record
+            or not isinstance(record[key], kinds)
+            or isinstance(record[key], bool)
+            and bool not in kinds
+        ):
+            raise _malformed(path, f"{key} must be {what}, got {json.dumps(record.get(key))[:80]}")
+    if record.get("latency_ms") is None:
+        raise UserError(f"{path} has no latency (a dry-run study?): export a measured trial")
+    if not record["latency_ms"] > 0:
+        raise _malformed(path, f"latency_ms must be positive, got {record['latency_ms']}")
+    params = record["params"]
+    if not all(isinstance(v, str | int | float | bool) or v is None for v in params.values()):
+        raise _malformed(path, "params must map knob names to plain values")
+    samples = record["samples"]
+    if set(samples) != {"inputs", "reference"} or not all(isinstance(v, str) for v in samples.values()):
+        raise _malformed(path, 'samples must be {"inputs": FILE, "reference": FILE}')
+    for kind, name in samples.items():
+        samples[kind] = path.parent / name
+        if not samples[kind].is_file():
+            raise UserError(f"{path} needs {samples[kind]} beside it (written by the same export)")
+    try:
+        parse_criterion(record["accuracy_criterion"], user_metrics=record.get("metric") is not None)
+    except UserError as exc:
+        raise _malformed(path, f"accuracy_criterion: {exc}") from None
+    return record
+
+
+_FIELDS: tuple[tuple[str, tuple[type, ...], str], ...] = (
+    ("backend", (str,), "an engine name"),
+    ("params", (dict,), "an object of knob values"),
+    ("accuracy_criterion", (str,), "a criterion such as cosine>=0.9999"),
+    ("samples", (dict,), "an object naming the sample files"),
+    ("latency_ms", (int, float, type(None)), "a number of milliseconds"),
+    ("shapes", (dict, type(None)), "an object of input shape ranges"),
+    ("metric", (str, type(None)), "module:function"),
+    ("interface", (dict, type(None)), "an object describing the inputs and outputs"),
+)
+"""The record's fields a check reads: name, accepted types, what they must be."""
+
+
+def recorded_latency(record: dict[str, Any]) -> float:
+    """The record's latency: the one its study judged its winner by (confirmed where it was confirmed)."""
+    if "measurement" not in record and isinstance(record.get("confirmed"), dict):  # exported before it said which
+        return float(record["confirmed"]["median_ms"])
+    return float(record["latency_ms"])
+
+
+def read_samples(record: dict[str, Any], info: model_io.ModelInfo) -> tuple[list[model_io.Feeds], list[model_io.Feeds]]:
+    """The recorded inputs and reference outputs, checked against the model's inputs and outputs."""
+    loaded = []
+    for kind in ("inputs", "reference"):
+        try:
+            loaded.append(feeds_io.read_npz(record["samples"][kind]))
+        except Exception as exc:  # a truncated or foreign file
+            raise UserError(f"cannot read the record's {record['samples'][kind]}: {exc}") from None
+    inputs, references = loaded
+    for kind, arrays, specs in (("inputs", inputs, info.inputs), ("outputs", references, info.outputs)):
+        names = sorted(spec.name for spec in specs)
+        if sorted(arrays) != names:
+            raise UserError(
+                f"the record's {kind} ({', '.join(sorted(arrays))}) are not the model's ({', '.join(names)}):"
+                " check the model against its own record"
+            )
+    return feeds_io.unstack(inputs), feeds_io.unstack(references)
+
+
+def shape_flags(record: dict[str, Any]) -> list[str]:
+    """The record's input shapes as ``--shape`` flags (a scalar input has none to give)."""
+    return [
+        f"{name}:" + "/".join("x".join(str(d) for d in dims) for dims in ranges)
+        for name, ranges in (record.get("shapes") or {}).items()
+        if any(ranges)
+    ]
+
+
+def exported_model(record_path: Path, record: dict[str, Any]) -> tuple[Path | None, str]:
+    """The record's exported model where it is beside the record, unchanged, and can be timed here
+    (an ONNX Runtime model); else None and why."""
+    path = record_path.with_name(record_path.name.removesuffix(".json"))
+    if record.get("backend") != "onnxruntime" or path.suffix != ".onnx":
+        return None, f"a {record.get('backend')} record's engine is not timed here"
+    if not path.is_file():
+        return None, f"the record's model {path} is not beside it"
+    if hashlib.sha256(path.read_bytes()).hexdigest() != record.get("model_sha256"):
+        return None, f"the record's model {path} changed since it was exported"
+    return path, ""
