@@ -42,8 +42,10 @@ from gpt_optuna.study.taxonomy import search_ranking
 COMPARISON_SHARE = 0.5
 """Of ``--budget``, the share kept for timing the record's model beside the changed one (with
 whatever the search leaves unused)."""
-GATE_ROUNDS = 6
-"""Interleaved rounds in each of the comparison's processes: the gate needs processes more than rounds."""
+GATE_ROUNDS = 30
+"""Interleaved rounds in each of the comparison's processes at most: each process takes as many as
+its share of the budget left allows (three at least), since on a busy runner a process's ratio
+needs many rounds to settle."""
 
 
 def outputs_unchanged(model: Path, record: dict[str, Any]) -> Outcome:
