@@ -11,7 +11,7 @@ from optuna.trial import create_trial
 
 from gpt_optuna.results.summary_text import format_summary, headline
 from gpt_optuna.search.finalists import summarize_rounds
-from gpt_optuna.search.host_check import HostCheck
+from gpt_optuna.search.host_check import HostCheck, gpu_clock_lines
 from gpt_optuna.study.record import CONFIRMED_ATTR, HOST_ATTR, SPACE_ATTR
 from gpt_optuna.study.summary import summarize_study
 
@@ -81,5 +81,13 @@ def test_settings_tuned_for_this_host_and_a_busy_host_are_named() -> None:
     assert "tuned for this host: intra_op_num_threads=1 (a thread count fits the cores" in text
     assert "warning: the host was busy before the search: other work used 1.6 of its 2 cores" in text
     assert "warning: other processes use the GPU (4242 trainer (30000 MiB))" in text
-    quiet = HostCheck(cores=16, busy_cores=0.2, load=0.3, gpu_processes=())
+    quiet = HostCheck(cores=16, busy_cores=0.2, load=0.3, gpu_processes=(), gpu_clocks=("0: 1980/1980 MHz",))
     assert quiet.warnings == [] and quiet.to_record()["warnings"] == []
+
+
+def test_a_gpu_slowing_its_clocks_is_named() -> None:
+    rows = [["0", "1980", "1980", *["Not Active"] * 3], ["1", "1185", "1980", "Not Active", "Active", "Not Active"]]
+    clocks = gpu_clock_lines([*rows, ["an", "unexpected", "row"]])
+    assert clocks == ["0: 1980/1980 MHz", "1: 1185/1980 MHz, sw thermal slowdown"]
+    (warning,) = HostCheck(cores=16, busy_cores=0.0, load=0.1, gpu_processes=(), gpu_clocks=tuple(clocks)).warnings
+    assert warning.startswith("a GPU was slowing its clocks (1: 1185/1980 MHz, sw thermal slowdown)")

@@ -1,10 +1,11 @@
-"""A look at the host before a search: what else is using its cores and its GPUs.
+"""A look at the host before a search: what else is using its cores and its GPUs, and their clocks.
 
 Latencies measured on a busy host are noisy, and settings that depend on free cores (thread
 counts, spinning) come out tuned for the load of the moment. Before the search, the CPU time other
 processes use is sampled over a short window (Linux: ``/proc/stat``; elsewhere the load average),
-and ``nvidia-smi``, where there is one, names other processes on the GPUs. What it finds is
-recorded in the study (:data:`HOST_ATTR`) and said as warnings, which every summary repeats.
+and ``nvidia-smi``, where there is one, names other processes on the GPUs and each GPU's clock
+and any thermal or hardware slowdown. What it finds is recorded in the study (user attr
+``host_check``) and said as warnings, which every summary repeats.
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ class HostCheck:
     """The one-minute load average (None where there is none)."""
     gpu_processes: tuple[str, ...]
     """Other processes on the GPUs, ``PID NAME (MiB)``."""
+    gpu_clocks: tuple[str, ...] = ()
+    """Each GPU's SM clock against its maximum, and a slowdown it was in (``0: 1980/1980 MHz``)."""
 
     @property
     def warnings(self) -> list[str]:
@@ -44,6 +47,12 @@ class HostCheck:
             found.append(
                 f"the host was busy before the search: {what} {busy:.1f} of its {self.cores} cores; latencies"
                 " will be noisier, and settings that depend on free cores (threads, spinning) are tuned for that load"
+            )
+        slowed = [clock for clock in self.gpu_clocks if "slowdown" in clock]
+        if slowed:
+            found.append(
+                f"a GPU was slowing its clocks ({'; '.join(slowed)}): latencies measured now will be slower and"
+                " noisier than on a cool, idle card"
             )
         if self.gpu_processes:
             found.append(
@@ -60,7 +69,7 @@ def look(window_s: float = WINDOW_S) -> HostCheck:
     """Sample the host for ``window_s`` seconds, this process idle meanwhile."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
-    return HostCheck(cores, _busy_cores(window_s), load, tuple(_gpu_processes()))
+    return HostCheck(cores, _busy_cores(window_s), load, tuple(_gpu_processes()), tuple(_gpu_clocks()))
 
 
 def _cpu_times() -> tuple[float, float] | None:
@@ -85,18 +94,44 @@ def _busy_cores(window_s: float) -> float | None:
     return (after[0] - before[0]) / total * (os.cpu_count() or 1) if total > 0 else 0.0
 
 
-def _gpu_processes() -> list[str]:
-    """Other compute processes ``nvidia-smi`` lists (none without it, or where it fails)."""
+def _nvidia_smi(query: str) -> list[list[str]]:
+    """``nvidia-smi --query-...=FIELDS`` as rows of fields (none without it, or where it fails)."""
     if shutil.which("nvidia-smi") is None:
         return []
-    query = ["nvidia-smi", "--query-compute-apps=pid,process_name,used_memory", "--format=csv,noheader,nounits"]
+    command = ["nvidia-smi", query, "--format=csv,noheader,nounits"]
     try:
-        listed = subprocess.run(query, capture_output=True, text=True, timeout=10, check=True).stdout
+        listed = subprocess.run(command, capture_output=True, text=True, timeout=10, check=True).stdout
     except (OSError, subprocess.SubprocessError):
         return []
-    found = []
-    for line in listed.splitlines():
-        parts = [p.strip() for p in line.split(",")]
-        if len(parts) == 3 and parts[0].isdigit() and int(parts[0]) != os.getpid():
-            found.append(f"{parts[0]} {Path(parts[1]).name} ({parts[2]} MiB)")
-    return found
+    return [[field.strip() for field in line.split(",")] for line in listed.splitlines() if line.strip()]
+
+
+def _gpu_processes() -> list[str]:
+    """Other compute processes on the GPUs."""
+    rows = _nvidia_smi("--query-compute-apps=pid,process_name,used_memory")
+    return [
+        f"{pid} {Path(name).name} ({memory} MiB)"
+        for pid, name, memory in (row for row in rows if len(row) == 3)
+        if pid.isdigit() and int(pid) != os.getpid()
+    ]
+
+
+SLOWDOWNS = ("hw_slowdown", "sw_thermal_slowdown", "hw_thermal_slowdown")
+"""nvidia-smi's clock event reasons that slow a GPU down against the load (idle is not one)."""
+
+
+def _gpu_clocks() -> list[str]:
+    """Each GPU's SM clock against its maximum, with a slowdown it is in."""
+    fields = ["index", "clocks.sm", "clocks.max.sm", *(f"clocks_throttle_reasons.{s}" for s in SLOWDOWNS)]
+    return gpu_clock_lines(_nvidia_smi(f"--query-gpu={','.join(fields)}"))
+
+
+def gpu_clock_lines(rows: list[list[str]]) -> list[str]:
+    """``nvidia-smi``'s clock rows (index, SM clock, its maximum, then each of :data:`SLOWDOWNS`) in words."""
+    lines = []
+    for row in rows:
+        if len(row) != 3 + len(SLOWDOWNS):
+            continue
+        active = [name.replace("_", " ") for name, state in zip(SLOWDOWNS, row[3:], strict=True) if state == "Active"]
+        lines.append(f"{row[0]}: {row[1]}/{row[2]} MHz" + (f", {', '.join(active)}" if active else ""))
+    return lines
