@@ -31,6 +31,7 @@ def agree(outputs, references, inputs):
     same = [np.argmax(o["logits"]) == np.argmax(r["logits"]) for o, r in zip(outputs, references)]
     return {"agree": float(np.mean(same))}
 '''
+STUDY = "readers"
 CRITERIA = {
     "built-in": "cosine>=0.999",
     "topk": "topk(1)>=1",
@@ -102,6 +103,7 @@ def test_every_reader_reads_the_study_for_every_criterion_and_input_kind(
     (tmp_path / "tune.toml").write_text(CONFIG)
     (tmp_path / "metric.py").write_text(METRIC)
     flags = ["--inputs", "samples", "--accuracy", CRITERIA[kind], "--config", str(tmp_path / "tune.toml")]
+    flags += ["--study-name", STUDY]
     if kind == "user metric":
         flags += ["--metric", f"{tmp_path / 'metric.py'}:agree"]
     assert tune("model.onnx", *flags, "--n-trials", "3", "--confirm-top", "1") == 0
@@ -120,7 +122,7 @@ def test_every_reader_reads_the_study_for_every_criterion_and_input_kind(
     assert best["headline"] == headline and set(best["accuracy"]) >= {"cosine", "samples"}
     assert main(["report", "-o", "report.html"]) == 0
     assert html.escape(headline) in Path("report.html").read_text()
-    assert headline in printed(run_notebook(tmp_path / "studies" / "model-onnxruntime.db", tmp_path, monkeypatch))
+    assert headline in printed(run_notebook(tmp_path / "studies" / f"{STUDY}.db", tmp_path, monkeypatch))
 
     assert main(["confirm", "--top", "1", "--processes", "2", "--rounds", "3"]) == 0
     assert capsys.readouterr().out.splitlines()[-1].strip()  # a summary, then the confirmation's lines
@@ -152,4 +154,4 @@ def test_every_reader_reads_the_study_for_every_criterion_and_input_kind(
 def gpt_optuna_study():  # noqa: ANN201 - an optuna.Study
     import optuna
 
-    return optuna.load_study(study_name="model-onnxruntime", storage="sqlite:///studies/model-onnxruntime.db")
+    return optuna.load_study(study_name=STUDY, storage=f"sqlite:///studies/{STUDY}.db")
