@@ -38,8 +38,10 @@ def load(name: str) -> optuna.Study:
 
 
 def tune(*args: str) -> int:
-    """``gpt-optuna tune ARGS --quiet``, in process."""
-    return main(["tune", *args, "--quiet"])
+    """``gpt-optuna tune ARGS --quiet``, in process; finalists confirmed in three processes unless
+    ARGS say otherwise (the default five are run by the command-line tests)."""
+    processes = [] if "--confirm-processes" in args else ["--confirm-processes", "3"]
+    return main(["tune", *args, *processes, "--quiet"])
 
 
 def synthetic_config(tmp_path: Path, space: str, name: str = "tune.toml") -> Path:

@@ -55,7 +55,7 @@ def recorded(model: Path, tmp_path: Path, name: str = "record") -> list[str]:
     (tmp_path / "tune.toml").write_text(CONFIG)
     config = ["--config", str(tmp_path / "tune.toml")]
     study = ["--study-name", name]
-    assert tune(str(model), *config, *study, "--n-trials", "6", "--seed", "0", "--confirm-top", "2") == 0
+    assert tune(str(model), *config, *study, "--n-trials", "6", "--seed", "0", "--confirm-top", "0") == 0
     assert main(["export", *study, "-o", f"{name}.onnx"]) == 0
     assert Path(f"{name}.onnx.inputs.npz").is_file() and Path(f"{name}.onnx.reference.npz").is_file()
     return ["check", "--baseline", f"{name}.onnx.json", "--budget", "20s", "--quiet", *config]

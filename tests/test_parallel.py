@@ -21,7 +21,7 @@ from conftest import SYNTHETIC, matmul_model, save, synthetic_config, tune
 from optuna.trial import FrozenTrial, TrialState
 
 from gpt_optuna.cli import main
-from gpt_optuna.core.errors import UserError
+from gpt_optuna.core.errors import EXIT_NO_FEASIBLE, UserError
 from gpt_optuna.evaluation.jobs import gpu_names
 from gpt_optuna.evaluation.worker import Worker
 from gpt_optuna.search.lanes import check_devices
@@ -357,7 +357,8 @@ def test_a_worker_stops_when_the_search_it_joined_ends(cnn_path: Path, tmp_path:
     config = synthetic_config(tmp_path, 'mode = ["ok"]')
     url = f"journal:{tmp_path / 'search.journal'}"
     args = ["--backend", SYNTHETIC, "--config", str(config), "--storage", url, "--study-name", "s"]
-    assert tune(str(cnn_path), *args, "--timeout", "3s", "--confirm-top", "0") == 0
+    # a busy host may spend the three seconds before a trial completes (exit 3: nothing feasible in time)
+    assert tune(str(cnn_path), *args, "--timeout", "3s", "--confirm-top", "0") in (0, EXIT_NO_FEASIBLE)
     done = len(study_of(url, "s").get_trials())
     assert main(["worker", "--storage", url, "--study-name", "s", "--quiet"]) == 0  # its time is over
     assert len(study_of(url, "s").get_trials()) == done

@@ -2,7 +2,7 @@
 
 Latencies measured on a busy host are noisy, and settings that depend on free cores (thread
 counts, spinning) come out tuned for the load of the moment. Before the search, the CPU time other
-processes use is sampled over a short window (Linux: ``/proc/stat``; elsewhere the load average),
+processes use is sampled over a tenth of a second (Linux: ``/proc/stat``; elsewhere the load average),
 and ``nvidia-smi``, where there is one, names other processes on the GPUs and each GPU's clock
 and any thermal or hardware slowdown. What it finds is recorded in the study (user attr
 ``host_check``) and said as warnings, which every summary repeats.
@@ -20,7 +20,7 @@ from typing import Any
 
 BUSY_SHARE = 0.25
 """Other work on this share of the cores (half a core at least) makes the host busy."""
-WINDOW_S = 0.25
+WINDOW_S = 0.1
 
 
 @dataclass(frozen=True)
