@@ -7,6 +7,7 @@ recorded figure is the reference."""
 from __future__ import annotations
 
 import json
+import re
 import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -72,7 +73,8 @@ def test_check_passes_the_record_and_fails_a_slower_or_changed_model(
     assert main([*check, str(cnn_path), "--tolerance", "90%", "--junit", "same.xml"]) == 0
     out = capsys.readouterr().out
     assert "ok: latency within 90%: the changed model under the recorded configuration" in out, out
-    assert "timed interleaved here in 5 processes" in out and junit_failures(Path("same.xml")) == []
+    processes = re.search(r"timed interleaved here in (\d+) processes", out)
+    assert processes and int(processes[1]) >= 2 and junit_failures(Path("same.xml")) == []
 
     model = onnx.load(str(cnn_path))
     onnx.save(slowed(model), "slow.onnx")
