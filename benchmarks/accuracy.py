@@ -80,7 +80,7 @@ def search(model: Path, args: argparse.Namespace, name: str, space: dict, trials
         **extra,
     )
     with contextlib.redirect_stdout(io.StringIO()):
-        tune(config, Progress(enabled=False), argv=[])
+        tune(config, Progress(enabled=False))
     return optuna.load_study(study_name=name, storage=config.storage).get_trials()
 
 

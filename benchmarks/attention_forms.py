@@ -63,7 +63,7 @@ def template(folder: Path) -> tuple[EvaluateJob, dict]:
         model=model, inputs=folder / "minilm.inputs.npz", accuracy="cosine>=0.999", n_trials=1, study_name="forms"
     )
     with contextlib.redirect_stdout(sys.stderr):
-        tune(config, Progress(enabled=False), argv=[])
+        tune(config, Progress(enabled=False))
     study = optuna.load_study(study_name="forms", storage="sqlite:///studies/forms.db")
     return template_from_study(study, model), dict(study.trials[0].params)
 

@@ -78,7 +78,7 @@ def main() -> int:
                 confirm_top=3,
             )
             start = time.monotonic()
-            tune(config, Progress(enabled=False), argv=[])
+            tune(config, Progress(enabled=False))
             wall = time.monotonic() - start
             study = optuna.load_study(study_name=config.study_name, storage=config.storage)
             summary = summarize_study(study)

@@ -93,7 +93,8 @@ def readers(where: list[str], cwd: Path, tuned: str, notebook: bool) -> tuple[di
     """Each reader's (winner, latency, speedup), and the exported file."""
     import optuna
 
-    from gpt_optuna.results.report import best_rows, collect, marks
+    from gpt_optuna.results.report import best_rows
+    from gpt_optuna.results.rows import collect, marks
     from gpt_optuna.study.storage import load_study, open_storage
     from gpt_optuna.study.summary import summarize_study
 
@@ -140,9 +141,12 @@ def run_notebook(database: str, cwd: Path) -> str:
     import nbformat
 
     notebook = nbformat.read(ROOT / "notebooks" / "pareto.ipynb", as_version=4)
-    notebook.cells[1].source = f'STUDY_DB = "{database}"\nSTUDY_NAME = None'
     resources = {"metadata": {"path": str(cwd)}}
-    nbclient.NotebookClient(notebook, timeout=600, kernel_name="python3", resources=resources).execute()
+    os.environ["GPT_OPTUNA_STORAGE"] = database  # the kernel's environment names the study
+    try:
+        nbclient.NotebookClient(notebook, timeout=600, kernel_name="python3", resources=resources).execute()
+    finally:
+        del os.environ["GPT_OPTUNA_STORAGE"]
     return "".join(o.get("text", "") for c in notebook.cells if c.cell_type == "code" for o in c.outputs)
 
 

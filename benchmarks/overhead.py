@@ -69,12 +69,9 @@ class Recorder(Progress):
     def trial_done(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
         self.timings.done_at[trial.number] = time.perf_counter()
 
-    def finish(self, *args: object, **kwargs: object) -> None:
-        pass
-
 
 def run_study(config: TuneConfig, timings: Timings) -> optuna.Study:
-    tune(config, Recorder(timings), argv=[])
+    tune(config, Recorder(timings))
     return optuna.load_study(study_name=config.study_name, storage=config.storage)
 
 

@@ -216,7 +216,7 @@ def onnxruntime_rows(
     )
     started = time.monotonic()
     with contextlib.redirect_stdout(sys.stderr):
-        tune(config, Progress(enabled=False), argv=[])
+        tune(config, Progress(enabled=False))
     study = optuna.load_study(study_name=f"peers-{name}", storage=storage)
     template = template_from_study(study, model)
     if searched:  # a finished search from an earlier run: its finalists are re-measured in this one

@@ -238,7 +238,7 @@ def record(name: str, folder: Path, out: Path, deadline: float | None) -> bool:
         timeout_s=remaining,
     )
     print(f"{name}: {len(candidates)} configurations", file=sys.stderr, flush=True)
-    tune(config, Progress(enabled=False), argv=[])
+    tune(config, Progress(enabled=False))
     study = optuna.load_study(study_name=config.study_name, storage=f"sqlite:///studies/{config.study_name}.db")
     searched = Space.from_record(study.user_attrs[SPACE_ATTR])
     configurations = len(searched.every_candidate())

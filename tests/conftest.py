@@ -141,9 +141,20 @@ def token_model() -> onnx.ModelProto:
     return model
 
 
-def run_notebook(database: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[Any]:
-    """Run notebooks/pareto.ipynb top to bottom on a study database, from a notebooks/ folder as
-    Jupyter would, with a real kernel on this interpreter; returns its cells' outputs."""
+NOTEBOOK = Path(__file__).resolve().parent.parent / "notebooks" / "pareto.ipynb"
+
+
+def run_notebook(
+    storage: Path | str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    study_name: str | None = None,
+    papermill: bool = False,
+) -> list[Any]:
+    """Run notebooks/pareto.ipynb as shipped, top to bottom, with a real kernel on this interpreter,
+    from a folder of its own outside the repository, on the study ``storage`` names: given by the
+    environment variables a user sets, or with ``papermill`` by its parameters; the outputs of its
+    cells (none an error)."""
     nbformat = pytest.importorskip("nbformat")
     nbclient = pytest.importorskip("nbclient")
     pytest.importorskip("ipykernel")
@@ -152,12 +163,22 @@ def run_notebook(database: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     argv = [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"]
     (spec / "kernel.json").write_text(json.dumps({"argv": argv, "display_name": "Python 3", "language": "python"}))
     monkeypatch.setenv("JUPYTER_PATH", str(tmp_path / "jupyter"))
-    notebook = nbformat.read(Path(__file__).resolve().parent.parent / "notebooks" / "pareto.ipynb", as_version=4)
-    notebook.cells[1].source = f'STUDY_DB = "{database}"\nSTUDY_NAME = None'
-    Path("notebooks").mkdir(exist_ok=True)
-    nbclient.NotebookClient(
-        notebook, timeout=300, kernel_name="python3", resources={"metadata": {"path": "notebooks"}}
-    ).execute()
+    folder = tmp_path / "notebook-run"
+    folder.mkdir(exist_ok=True)
+    storage = storage if "://" in str(storage) else Path(storage).resolve()
+    if papermill:
+        runner = pytest.importorskip("papermill")
+        out = tmp_path / "notebook-out.ipynb"
+        parameters = {"storage": str(storage), "study_name": study_name}
+        runner.execute_notebook(str(NOTEBOOK), str(out), parameters=parameters, cwd=str(folder), progress_bar=False)
+        notebook = nbformat.read(out, as_version=4)
+    else:
+        monkeypatch.setenv("GPT_OPTUNA_STORAGE", str(storage))
+        if study_name is not None:
+            monkeypatch.setenv("GPT_OPTUNA_STUDY", study_name)
+        notebook = nbformat.read(NOTEBOOK, as_version=4)
+        resources = {"metadata": {"path": str(folder)}}
+        nbclient.NotebookClient(notebook, timeout=300, kernel_name="python3", resources=resources).execute()
     outputs = [o for cell in notebook.cells if cell.cell_type == "code" for o in cell.outputs]
     errors = [o for o in outputs if o.output_type == "error"]
     assert not errors, errors

@@ -17,7 +17,9 @@ from conftest import SYNTHETIC, load, printed, run_notebook, synthetic_config, t
 from optuna.trial import TrialState
 
 from gpt_optuna.cli import main
-from gpt_optuna.results.report import best_rows, collect, history_figure, marks, pareto_figure
+from gpt_optuna.results.figures import history_figure, pareto_figure
+from gpt_optuna.results.report import best_rows
+from gpt_optuna.results.rows import collect, error_axis, marks
 from gpt_optuna.study.summary import summarize_study
 
 CNN = str(Path(__file__).parent.parent / "gpt_optuna/data/small_cnn.onnx")
@@ -86,7 +88,7 @@ def test_every_reader_names_the_winner_the_confirmation_chose_over_the_searchs_f
     readers["report table"] = (table["trial"], table["latency_ms"], table["baseline_ms"], None, table["measured"])
     baseline_mark, winner_mark = marks(rows, summary)
     for figure in (
-        pareto_figure(rows, "error", [baseline_mark, winner_mark]),
+        pareto_figure(rows, error_axis(rows, None), [baseline_mark, winner_mark]),
         history_figure(rows, [baseline_mark, winner_mark]),
     ):
         shown = json.dumps(figure.to_plotly_json())
@@ -104,12 +106,11 @@ def test_every_reader_names_the_winner_the_confirmation_chose_over_the_searchs_f
     notebook = printed(outputs)
     readers["notebook"] = figures(notebook)
     table = "".join(o.get("data", {}).get("text/plain", "") for o in outputs if o.output_type == "execute_result")
-    first_row = re.search(r"^(\d+) [\d.e-]+ ms .*<- winner$", notebook, re.MULTILINE) or re.search(
-        r"^0\s+(\d+)\s+True\s",
-        table,
-        re.MULTILINE,  # with pandas installed, the table is a DataFrame
-    )
-    assert first_row and int(first_row[1]) == summary.best.number, notebook + table
+    first_row = re.search(r"^number.*\n(\d+)\s+feasible\s+[\d.e-]+\s+True\s", table, re.MULTILINE)
+    assert first_row and int(first_row[1]) == summary.best.number, table  # the winner's row first
+    plots = "".join(json.dumps(o["data"].get("application/vnd.plotly.v1+json", "")) for o in outputs if "data" in o)
+    plots += "".join(o["data"].get("text/html", "") for o in outputs if "data" in o)
+    assert f"winner (trial {summary.best.number}, confirmed)" in plots  # its figures name the winner
 
     stored = optuna.load_study(study_name=STUDY, storage=f"sqlite:///studies/{STUDY}.db")
     winner = stored.user_attrs["winner"]

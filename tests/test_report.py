@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import json
 import os
 import re
@@ -9,14 +10,17 @@ import shutil
 import subprocess
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import onnx
 import optuna
 import pytest
 from conftest import SYNTHETIC, printed, run_notebook, save
 
+import gpt_optuna
 from gpt_optuna.cli import main
-from gpt_optuna.results.report import TrialRow, collect, pareto_front, render
+from gpt_optuna.results.report import render
+from gpt_optuna.results.rows import TrialRow, collect, pareto_front
 from gpt_optuna.testing.small_cnn import small_cnn
 
 
@@ -31,11 +35,13 @@ def test_pareto_front_keeps_only_undominated_feasible_trials() -> None:
 
 @pytest.fixture(scope="module")
 def made_study(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One study with feasible, infeasible and failed trials and confirmed finalists, made once."""
+    """One study with feasible, infeasible and failed trials and confirmed finalists, made once; its
+    latencies span over 50x (a 5 ms delay beside 0.05 ms and less)."""
     folder = tmp_path_factory.mktemp("made")
     model = save(small_cnn(), folder / "cnn.onnx")
     config = folder / "tune.toml"
-    config.write_text('[measure]\nbudget_s = 0.05\n[space]\nmode = ["ok", "noisy", "crash"]\ndelay_us = [100, 0]\n')
+    space = 'mode = ["ok", "noisy", "crash"]\ndelay_us = [5000, 50, 0]\n'
+    config.write_text(f"[measure]\nbudget_s = 0.05\n[space]\n{space}")
     argv = ["tune", str(model), "--backend", SYNTHETIC, "--config", str(config), "--quiet", "--n-trials", "14"]
     here = Path.cwd()
     os.chdir(folder)
@@ -73,8 +79,9 @@ def test_report_is_one_self_contained_page_with_every_figure(study_with_everythi
     page = render(study_with_everything)
     assert page.count("<script") >= 4 and not re.search(r"<script[^>]*\ssrc=", page)  # plotly.js inline
     assert len(re.findall(r'id="figure-\d"', page)) >= 3
-    assert "Latency against error" in page and "Optimization history" in page
-    assert "gpt-optuna export --study-name cnn-syntheticbackend --trial" in page
+    assert "Latency against 1 - cosine" in page and "Optimization history" in page
+    assert "Trials by outcome and reason" in page
+    assert "gpt-optuna export --study-name cnn-syntheticbackend --trial N -o FILE" in page
     assert "confirmed" in page
     assert main(["report", "-o", "report.html"]) == 0
     assert Path("report.html").read_text().startswith("<!DOCTYPE html>")
@@ -114,19 +121,79 @@ def chromium(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([CHROMIUM, *flags, *args], capture_output=True, text=True, timeout=120)  # type: ignore[list-item]
 
 
+GEOMETRY = """<script>
+window.addEventListener("load", () => setTimeout(() => {
+  const figures = [];
+  for (const gd of document.querySelectorAll(".js-plotly-plot")) {
+    const xa = gd._fullLayout.xaxis, ya = gd._fullLayout.yaxis, points = [];
+    for (const trace of gd._fullData) {
+      if (trace.type !== "scatter" || !trace.x) continue;
+      trace.x.forEach((x, i) => {
+        const y = trace.y[i];
+        if (x === null || y === null) return;
+        points.push({trace: trace.name, x: xa.l2p(xa.d2l(x)), y: ya.l2p(ya.d2l(y))});
+      });
+    }
+    const traces = gd._fullData.map((t) => t.type);
+    figures.push({title: gd._fullLayout.title.text, xtype: xa.type, ytype: ya.type, width: xa._length,
+                  height: ya._length, points: points, traces: traces});
+  }
+  document.body.setAttribute("data-figures", JSON.stringify(figures));
+  document.body.setAttribute("data-page-width", document.documentElement.scrollWidth);
+}, 1000));
+</script>"""
+"""Measures, in the browser, where plotly drew each point of each figure (pixels inside its plot
+area) and how wide the page is, into attributes of the page's body."""
+
+
+def drawn(page: Path, width: int = 1400) -> tuple[list[dict[str, Any]], int]:
+    """Each figure of ``page`` as the browser drew it (title, axis types, every scatter point's
+    pixel position in its plot area) and the page's width, at a ``width``-pixel window."""
+    measured = page.with_name(page.stem + "-measured.html")
+    measured.write_text(page.read_text().replace("</body>", GEOMETRY + "</body>"))
+    dom = chromium(f"--window-size={width},3000", "--dump-dom", measured.as_uri()).stdout
+    figures = re.search(r'data-figures="([^"]*)"', dom)
+    page_width = re.search(r'data-page-width="(\d+)"', dom)
+    assert figures and page_width, "the page's figures did not render"
+    return json.loads(html.unescape(figures[1])), int(page_width[1])
+
+
+def assert_readable(figures: list[dict[str, Any]]) -> None:
+    """Every point in view; the Pareto front and every latency axis spanning more than 10x on a log
+    scale; the baseline and the winner drawn apart where both are marked."""
+    assert figures and all(f["traces"] for f in figures), "a figure drew no trace"
+    for figure in figures:
+        for point in figure["points"]:
+            inside = -2 <= point["x"] <= figure["width"] + 2 and -2 <= point["y"] <= figure["height"] + 2
+            assert inside, (figure["title"], point)
+        marks = {p["trace"].split(" ")[0]: p for p in figure["points"] if p["trace"].startswith(("baseline", "winner"))}
+        if {"baseline", "winner"} <= set(marks):
+            apart = abs(marks["baseline"]["x"] - marks["winner"]["x"]) + abs(
+                marks["baseline"]["y"] - marks["winner"]["y"]
+            )
+            assert apart > 25, (figure["title"], marks)
+    pareto = next(f for f in figures if f["title"].startswith("Latency against"))
+    assert pareto["xtype"] == "log" and any(p["trace"] == "Pareto front" for p in pareto["points"])
+    assert {"baseline", "winner"} <= {p["trace"].split(" ")[0] for p in pareto["points"]}
+    history = next(f for f in figures if f["title"] == "Optimization history")
+    assert history["ytype"] == "log"
+
+
 @pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium package (.ci/run installs it)")
-def test_every_figure_draws_its_traces_in_a_real_browser(study_with_everything: optuna.Study) -> None:
+def test_every_figure_draws_its_points_and_marks_in_view_in_a_real_browser(study_with_everything: optuna.Study) -> None:
+    latencies = [
+        t.user_attrs["latency"]["median_ms"] for t in study_with_everything.trials if "latency" in t.user_attrs
+    ]
+    assert max(latencies) / min(latencies) > 50
     page = Path("report.html").resolve()
     page.write_text(render(study_with_everything))
-    dom = chromium("--dump-dom", page.as_uri()).stdout
-    figures = re.split(r'<div id="figure-\d"', dom)[1:]
-    assert len(figures) >= 4, "a figure did not render"
-    for figure in figures:
-        assert "js-plotly-plot" in figure[:200]  # plotly.js ran and took the div over
-        assert re.search(r'class="trace (scatter|bars)', figure), "a figure drew no trace"
+    figures, page_width = drawn(page)
+    assert len(figures) >= 4
+    assert_readable(figures)
+    assert page_width <= 1400  # the tables fit the page
     ARTIFACTS.mkdir(exist_ok=True)
     shot = ARTIFACTS / "report.png"
-    chromium("--window-size=1200,2400", f"--screenshot={shot}", page.as_uri())
+    chromium("--window-size=1400,5200", f"--screenshot={shot}", page.as_uri())
     assert shot.stat().st_size > 20_000
 
 
@@ -157,22 +224,40 @@ def test_the_study_opens_in_optuna_dashboard(study_with_everything: optuna.Study
     detail = json.loads(body)
     assert len(detail["trials"]) == len(study_with_everything.trials)
     assert {t["state"] for t in detail["trials"]} >= {"Complete", "Pruned", "Fail"}
+    # the study's first page names the winner: a figure above the dashboard's Best Trial, and the
+    # verdict among the user attrs beside it
+    winner = gpt_optuna.load("studies/cnn-syntheticbackend.db").winner
+    assert winner is not None
+    figures = {f["id"]: json.dumps(f["graph_object"]) for f in detail["plotly_graph_objects"]}
+    assert f"gpt-optuna's winner: trial {winner.number}" in figures["gpt-optuna-winner"]
+    attrs = {a["key"]: a["value"] for a in detail["user_attrs"]}
+    assert attrs["verdict"] == winner.headline
 
 
-def test_the_notebook_runs_top_to_bottom_on_a_study(
-    study_with_everything: optuna.Study, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("papermill", [False, True], ids=["environment", "papermill"])
+def test_the_notebook_runs_as_shipped_from_another_folder_and_names_the_winner(
+    study_with_everything: optuna.Study, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, papermill: bool
 ) -> None:
-    Path("notebooks").mkdir()  # run from notebooks/, where Jupyter starts, as from the repo root
-    before = sorted(str(p) for p in Path(".").rglob("*"))
-    outputs = run_notebook(Path("studies/cnn-syntheticbackend.db"), tmp_path, monkeypatch)
+    before = sorted(str(p) for p in Path("studies").rglob("*"))
+    outputs = run_notebook(Path("studies/cnn-syntheticbackend.db"), tmp_path, monkeypatch, papermill=papermill)
+    assert sorted(str(p) for p in Path("studies").rglob("*")) == before  # it created nothing
+    assert not list((tmp_path / "notebook-run").iterdir())
     text = printed(outputs)
-    after = sorted(str(p) for p in Path(".").rglob("*") if not str(p).startswith("jupyter"))
-    assert after == [p for p in before if not p.startswith("jupyter")]  # it created nothing
-    assert "study cnn-syntheticbackend" in text and "Pareto front: [(" in text
-    figures = [
-        o for o in outputs if "application/vnd.plotly.v1+json" in o.get("data", {}) or "text/html" in o.get("data", {})
-    ]
-    assert len(figures) >= 3
+    winner = gpt_optuna.load("studies/cnn-syntheticbackend.db").winner
+    assert winner is not None and winner.headline in text
+    assert "Pareto front, fastest first (search latencies): trials [" in text
+    assert "Warning" not in "".join(o.get("text", "") for o in outputs if o.get("name") == "stderr")
+    pages = [o["data"]["text/html"] for o in outputs if "text/html" in o.get("data", {})]
+    assert f"winner (trial {winner.number}, {winner.measurement})" in "".join(pages)
+    if CHROMIUM is not None and not papermill:  # the notebook's figures, as a browser draws them
+        page = tmp_path / "notebook-figures.html"
+        page.write_text(f"<!DOCTYPE html><html><head><meta charset='utf-8'></head><body>{''.join(pages)}</body></html>")
+        figures, _ = drawn(page)
+        assert len(figures) >= 4
+        assert_readable(figures)
+        ARTIFACTS.mkdir(exist_ok=True)
+        chromium("--window-size=1400,4000", f"--screenshot={ARTIFACTS / 'notebook.png'}", page.as_uri())
+        assert (ARTIFACTS / "notebook.png").stat().st_size > 20_000
 
 
 def test_multi_objective_search_over_latency_and_error(cnn_path: Path, tmp_path: Path) -> None:
@@ -191,7 +276,7 @@ def test_multi_objective_search_over_latency_and_error(cnn_path: Path, tmp_path:
     assert {t.params["precision"] for t in complete} > {"fp32"}
     assert study.best_trials and "confirmed" in study.user_attrs
     page = render(study)
-    assert "Latency against error" in page and len(re.findall(r'id="figure-\d"', page)) >= 3
+    assert "Latency against 1 - cosine" in page and len(re.findall(r'id="figure-\d"', page)) >= 3
     assert main(["tune", str(cnn_path), "--quiet", "--n-trials", "10", "--objectives", "latency,size"]) == 2
     memory = [
         "tune",

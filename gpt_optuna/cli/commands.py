@@ -9,9 +9,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from gpt_optuna.cli.parser import build_parser, parse_tolerance, tune_config
+from gpt_optuna.cli.parser import build_parser, tune_config
 from gpt_optuna.core.errors import UserError
-from gpt_optuna.search.config import TuneConfig, default_storage, read_toml, study_flags
+from gpt_optuna.search.config import TuneConfig, default_storage
 from gpt_optuna.search.options import parse_duration
 from gpt_optuna.study.record import STUDIES
 
@@ -32,23 +32,11 @@ def _resolve_storage(args: argparse.Namespace) -> tuple[str, str | None]:
 
 
 def _open_existing(args: argparse.Namespace) -> Any:
-    """The study a reading command names; only ``confirm`` writes to it."""
-    from gpt_optuna.study.storage import load_study, open_storage
+    """The study a reading command names, as the API opens it; only ``confirm`` writes to it."""
+    from gpt_optuna.api.study import TunedStudy, open_study
 
     url, name = _resolve_storage(args)
-    if url.startswith("sqlite:///") and not Path(url.removeprefix("sqlite:///")).is_file():
-        raise UserError(f"no study database at {url.removeprefix('sqlite:///')}")
-    storage = open_storage(url, create=False, read_only=args.command != "confirm")
-    if name is None:
-        import optuna
-
-        names = [s.study_name for s in optuna.get_all_study_summaries(storage, include_best_trial=False)]
-        if len(names) != 1:
-            raise UserError(
-                f"the storage holds {len(names)} studies ({', '.join(names)}); choose one with --study-name"
-            )
-        name = names[0]
-    return load_study(storage, name)
+    return TunedStudy(open_study(url, name), url)
 
 
 def print_space(config: TuneConfig, as_json: bool) -> int:
@@ -67,40 +55,6 @@ def print_space(config: TuneConfig, as_json: bool) -> int:
     return 0
 
 
-def writable_file(path: Path) -> Path:
-    """``path`` if a file can be written there: its folder exists and it is not a folder itself."""
-    if path.is_dir():
-        raise UserError(f"{path} is a folder: give a file name to write")
-    if not path.parent.is_dir():
-        raise UserError(f"the folder {path.parent} does not exist")
-    return path
-
-
-def best_record(summary: Any) -> dict[str, Any]:
-    """The winner as ``best --json`` prints it: the verdict, the latencies of one measurement and
-    their ratio (the export's side file states them alike)."""
-    from gpt_optuna.results.export import figures_record
-
-    best = summary.best
-    figures = figures_record(summary, best)
-    if summary.dry_run:
-        figures |= {"latency_ms": None, "baseline_latency_ms": None, "search_latency_ms": None}
-    stability = summary.stability
-    return {
-        "number": best.number,
-        "params": best.params,
-        "baseline_wins": summary.baseline_wins,
-        **figures,
-        "build_s": best.user_attrs.get("build_s"),
-        "dry_run": summary.dry_run,
-        "confirmed": summary.confirmed,
-        "accuracy": best.user_attrs.get("accuracy", {}),
-        "allow_io_change": summary.allow_io_change,
-        "io_changes": summary.io_changes,
-        "unstable_measurements": None if stability is None else [stability.unstable, stability.measured],
-    }
-
-
 def run(argv: list[str]) -> int:
     """Parse ``argv`` and run its command; the exit code."""
     args = build_parser().parse_args(argv)
@@ -113,25 +67,18 @@ def _tune(args: argparse.Namespace, argv: list[str]) -> int:
     from gpt_optuna.search.progress import Progress
     from gpt_optuna.search.tune import tune
 
-    return tune(tune_config(args), Progress(enabled=not args.quiet), argv)
+    progress = Progress(enabled=not args.quiet)
+    end = tune(tune_config(args), progress)
+    progress.finish(end.summary, end.steps(argv), end.note, end.took)
+    return end.code
 
 
 def _check(args: argparse.Namespace, _: list[str]) -> int:
-    from gpt_optuna.cli.check import run_check
+    from gpt_optuna.api.check import check
 
-    allowed = ("measure", "space", "trial_timeout_s", "confirm_processes", "confirm_top", "sampler", "seed")
-    base = {k: v for k, v in (read_toml(Path(args.config)) if args.config else {}).items() if k in allowed}
-    junit = writable_file(Path(args.junit)) if args.junit else None
-    return run_check(
-        Path(args.model),
-        Path(args.baseline),
-        parse_duration(args.budget),
-        parse_tolerance(args.tolerance),
-        base,
-        junit,
-        args.update,
-        args.quiet,
-    )
+    budget, tolerance = args.budget, args.tolerance
+    options = {"config": args.config, "junit": args.junit, "update": args.update, "progress": not args.quiet}
+    return check(args.model, args.baseline, budget=budget, tolerance=tolerance, **options).code
 
 
 def _space(args: argparse.Namespace, _: list[str]) -> int:
@@ -163,87 +110,38 @@ def _storage_proxy(args: argparse.Namespace, _: list[str]) -> int:
 
 
 def _report(args: argparse.Namespace, study: Any) -> int:
-    import shlex
-
-    from gpt_optuna.results.report import render
-
-    output = writable_file(Path(args.output))
-    output.write_text(render(study, shlex.join(study_flags(_resolve_storage(args)[0], study.study_name))))
-    print(f"wrote {output}")
+    print(f"wrote {study.report(args.output, error=args.error)}")
     return 0
 
 
 def _export(args: argparse.Namespace, study: Any) -> int:
-    if args.format == "triton":
-        from gpt_optuna.results.triton import model_name, write_repository
-
-        folder, left_out, side = write_repository(
-            study, args.trial, Path(args.output), args.model_name or model_name(study), args.force
-        )
-        print(f"wrote {folder}/config.pbtxt and the model in {folder}/1")
-        print("\n".join(export_lines(side)[1:]))
-        if left_out:
-            print(
-                "note: the served model is not the measured configuration: Triton's model configuration has no"
-                f" field for {', '.join(left_out)}, so Triton runs it without"
-            )
-        return 0
-    from gpt_optuna.results.export import export_trial
-
-    _, side = export_trial(study, args.trial, writable_file(Path(args.output)), args.force)
-    print("\n".join(export_lines(side)))
+    exported = study.export(args.output, args.trial, args.format, args.force, args.model_name)
+    print("\n".join(exported.lines))
     return 0
 
 
 def _confirm(args: argparse.Namespace, study: Any) -> int:
-    import time
-
-    from gpt_optuna.results.summary_text import format_summary
-    from gpt_optuna.results.winner import record_winner
-    from gpt_optuna.search.finalists import confirm, template_from_study
-    from gpt_optuna.study.record import study_folder
-
-    if args.top < 1 or args.processes < 1 or args.rounds < 3:
-        raise UserError("--top and --processes must be at least 1, --rounds at least 3")
-    deadline = time.monotonic() + parse_duration(args.timeout) if args.timeout else None
-    log = study_folder(study) / "confirm.log"
-    template = template_from_study(study)
-    plural = "es" if args.processes > 1 else ""
-    print(f"re-measuring the {args.top} best candidates and the baseline in {args.processes} process{plural} ...")
-    say = lambda text: print(text, flush=True)  # noqa: E731
-    try:
-        found = confirm(study, template, log, args.top, args.processes, say, deadline=deadline, rounds=args.rounds)
-    except KeyboardInterrupt:
-        print(format_summary(record_winner(study)))
-        raise
-    if found is None:
-        raise UserError(f"study {study.study_name} has no measured baseline and feasible candidate to confirm")
-    print(format_summary(record_winner(study)))
+    study.confirm(args.top, args.processes, args.rounds, args.timeout)
     return 0
 
 
 def _status(_: argparse.Namespace, study: Any) -> int:
-    from gpt_optuna.results.summary_text import format_summary
-    from gpt_optuna.study.summary import summarize_study
-
-    print(format_summary(summarize_study(study)))
+    print(study)
     return 0
 
 
 def _best(args: argparse.Namespace, study: Any) -> int:
-    from gpt_optuna.results.summary_text import format_verdict, headline
-    from gpt_optuna.study.summary import summarize_study
+    from gpt_optuna.results.summary_text import format_verdict
 
-    summary = summarize_study(study)
-    if summary.best is None:
-        raise UserError(f"study {summary.name} has no feasible trial yet")
-    record = best_record(summary)
+    winner = study.winner
+    if winner is None:
+        raise UserError(f"study {study.study_name} has no feasible trial yet")
     if args.json:
-        print(json.dumps(record))
+        print(json.dumps(winner.to_dict()))
         return 0
-    print("\n".join([headline(summary), *format_verdict(summary)]))
-    if record["accuracy"]:
-        print("accuracy: " + ", ".join(f"{k}={v:.6g}" for k, v in record["accuracy"].items()))
+    print("\n".join([winner.headline, *format_verdict(study.summary)]))
+    if winner.accuracy:
+        print("accuracy: " + ", ".join(f"{k}={v:.6g}" for k, v in winner.accuracy.items()))
     return 0
 
 
@@ -262,35 +160,4 @@ STUDY_COMMANDS: dict[str, Callable[[argparse.Namespace, Any], int]] = {
     "status": _status,
     "best": _best,
 }
-"""The commands that read (``confirm``: and write) an existing study."""
-
-
-def export_lines(side: Path) -> list[str]:
-    """What ``export`` says: the files, the study's verdict (for its winner) or the trial's figures
-    as the side file states them, and an interface that changed (``--allow-io-change``)."""
-    from gpt_optuna.graph.interface import describe_changes
-
-    record = json.loads(side.read_text())
-    written = side.with_name(side.name.removesuffix(".json"))
-    lines = [f"wrote {written} and {side}"]
-    if record.get("headline"):  # the study's winner: its verdict, as every reader says it
-        lines.append(record["headline"])
-        if record.get("decided") and not record.get("winner"):
-            lines.append(
-                f"note: the verdict keeps the default configuration, so this is the baseline, trial {record['trial']};"
-                " export --trial N takes another trial"
-            )
-    elif record.get("speedup") is not None:
-        interval = record.get("speedup_ci95")
-        lines.append(
-            f"trial {record['trial']}: {record['latency_ms']:.4g} ms against the baseline's "
-            f"{record['baseline_latency_ms']:.4g} ms, {record['speedup']:.3f}x"
-            + (f" [95% CI {interval[0]:.3f}-{interval[1]:.3f}]" if interval else "")
-            + f" ({record['measurement']})"
-        )
-    if record["interface"]["changed"]:
-        lines.append(
-            f"note: {written.name} {describe_changes(record['interface']['changes'])}: its study allowed"
-            " I/O dtype changes (--allow-io-change); gpt_optuna.open_session converts"
-        )
-    return lines
+"""The commands that read (``confirm``: and write) an existing study, opened as :class:`TunedStudy`."""

@@ -93,6 +93,13 @@ def build_parser() -> argparse.ArgumentParser:
     report = commands.add_parser("report", help="write the study as one self-contained HTML page")
     _add(report, "storage", "study_name")
     report.add_argument("-o", "--output", default="report.html", help="HTML file to write (default report.html)")
+    report.add_argument(
+        "--error",
+        metavar="METRIC",
+        help="the accuracy metric the Pareto front is drawn against: one of the criterion's clauses (a metric of"
+        " your --metric among them) or max_abs, mean_abs, rel_l2, cosine (default: the criterion's clause whose"
+        " values differ between the feasible trials)",
+    )
 
     export = commands.add_parser("export", help="write a trial's engine (default: the best) with a JSON side file")
     _add(export, "storage", "study_name")
@@ -131,17 +138,6 @@ def tune_config(args: argparse.Namespace) -> TuneConfig:
         return TuneConfig(**values)
     except TypeError as exc:
         raise UserError(f"bad configuration: {exc}") from exc
-
-
-def parse_tolerance(text: str) -> float:
-    """``5%`` or ``0.05`` as a fraction."""
-    try:
-        value = float(text.strip().removesuffix("%")) / (100 if text.strip().endswith("%") else 1)
-    except ValueError:
-        raise UserError(f"malformed --tolerance {text!r}: use e.g. 5% or 0.05") from None
-    if not 0 <= value < 1:
-        raise UserError(f"--tolerance must be between 0 and 100 %, got {text!r}")
-    return value
 
 
 EXIT_CODES = """exit codes:

@@ -38,6 +38,27 @@ def install() -> None:
             signal.signal(number, _handler)
 
 
+@contextlib.contextmanager
+def handled() -> Iterator[None]:
+    """:func:`install` for the block only: the handlers found before it (a Python session's, a
+    notebook kernel's) are given back after it, so that the caller's own Ctrl-C works as before."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {number: signal.getsignal(number) for number in SIGNALS}
+    install()
+    try:
+        yield
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+
+
+def signal_received() -> signal.Signals:
+    """The stopping signal last received (SIGINT where none was)."""
+    return signal.Signals(_received[0])
+
+
 def ignore() -> None:
     """Ignore the :data:`SIGNALS` (a worker process: stopping is its parent's to handle)."""
     for number in SIGNALS:

@@ -18,9 +18,12 @@ import math
 import multiprocessing
 import os
 import signal
+import sys
+import threading
 import time
 import traceback
-from collections.abc import Callable
+import types
+from collections.abc import Callable, Iterator
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any, TypeVar
@@ -31,6 +34,24 @@ from gpt_optuna.core.errors import UserError
 T = TypeVar("T")
 
 _LOG_TAIL_CHARS = 4000
+
+
+_MAIN_SWAP = threading.Lock()
+
+
+@contextlib.contextmanager
+def _callers_main_left_out() -> Iterator[None]:
+    """While a worker process is spawned, an empty main module in place of the caller's: the worker
+    runs only gpt_optuna's code, and a script that calls ``gpt_optuna.tune`` at its top level (no
+    ``if __name__ == "__main__":``) would otherwise be run again in every worker."""
+    with _MAIN_SWAP:
+        main = sys.modules.get("__main__")
+        sys.modules["__main__"] = types.ModuleType("__main__")
+        try:
+            yield
+        finally:
+            if main is not None:
+                sys.modules["__main__"] = main
 
 
 class FailureKind(enum.StrEnum):
@@ -181,7 +202,7 @@ class Worker:
         )
         # a Ctrl-C before the child has read its start-up data from us would make it print a
         # traceback (EOFError) on the terminal: the interrupt waits until the child has started
-        with interrupts.deferred():
+        with interrupts.deferred(), _callers_main_left_out():
             process.start()
             child_conn.close()
             self._process, self._conn = process, parent_conn

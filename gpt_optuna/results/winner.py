@@ -4,9 +4,11 @@ gpt-optuna's own readers compute the winner from the study (:func:`summarize_stu
 own tools (optuna-dashboard, ``study.best_trial``) rank trials by their search values, which the
 confirmation may overturn. So whoever decides the winner (the end of a search, ``confirm``,
 ``check``) writes it into the study's user attrs (``winner``: the trial, the measurement, both
-latencies, the speedup and its interval, the verdict), names the objectives, and, where
-optuna-dashboard is installed, leaves a note on the study and the winning trial. Optuna refuses
-user attrs on a finished trial, so the trial's mark is the dashboard's note.
+latencies, the speedup and its interval, the verdict; ``verdict``: the verdict's sentence), names
+the objectives, and, where optuna-dashboard is installed, draws the winner as a figure on the
+study's first page (above the dashboard's own "Best Trial", which is the search's fastest) and
+leaves a note on the study and the winning trial. Optuna refuses user attrs on a finished trial,
+so the trial's mark is the dashboard's note.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import optuna
 
 from gpt_optuna.results.export import figures_record
 from gpt_optuna.results.summary_text import headline
-from gpt_optuna.study.record import WINNER_ATTR, StudyRecord
+from gpt_optuna.study.record import VERDICT_ATTR, WINNER_ATTR, StudyRecord
 from gpt_optuna.study.summary import StudySummary, summarize_study
 
 OBJECTIVE_NAMES = {"latency": "latency_ms", "error": "error", "memory": "memory_mib", "build_s": "build_s"}
@@ -56,8 +58,46 @@ def record_winner(study: optuna.Study) -> StudySummary:
     before = study.user_attrs.get(WINNER_ATTR)
     if record is not None and before != record:
         study.set_user_attr(WINNER_ATTR, record)
+        study.set_user_attr(VERDICT_ATTR, headline(summary))
         _dashboard_notes(study, summary, before["trial"] if before else None)
     return summary
+
+
+DASHBOARD_FIGURE = "gpt-optuna-winner"
+"""The id of the winner's figure on optuna-dashboard's study page."""
+
+
+def winner_figure(summary: StudySummary) -> Any:
+    """The winner as a table: the verdict, the trial and its figures, and what it changed."""
+    import plotly.graph_objects as go
+
+    assert summary.best is not None
+    figures = summary.figures(summary.best)
+    interval = f" [95% CI {figures.ci[0]:.3f}-{figures.ci[1]:.3f}]" if figures.ci is not None else ""
+    unit = summary.unit
+    defaults = summary.baseline.params if summary.baseline is not None else {}
+    changed = {k: v for k, v in summary.best.params.items() if defaults.get(k) != v}
+    rows = {
+        "verdict": summary.verdict,
+        "winner": f"trial {summary.best.number}" + (" (the baseline)" if summary.baseline_wins else ""),
+        "its figure": f"{figures.latency_ms:.4g} {unit}" if figures.latency_ms is not None else "",
+        "the baseline's": f"{figures.baseline_ms:.4g} {unit}" if figures.baseline_ms is not None else "",
+        "speedup": f"{figures.speedup:.3f}x{interval}" if figures.speedup is not None else "",
+        "measured": figures.measurement,
+        "changed": ", ".join(f"{k}={v}" for k, v in changed.items()) or "nothing: the default configuration",
+    }
+    fastest = min((t for t in summary.trials if t.values), key=lambda t: (t.values[0], t.number), default=None)
+    if fastest is not None and fastest.number != summary.best.number:
+        rows["the search's fastest"] = f"trial {fastest.number}: the dashboard's Best Trial, by its search value"
+    figure = go.Figure(
+        go.Table(
+            header={"values": ["gpt-optuna", "the study's winner"], "align": "left"},
+            cells={"values": [list(rows), list(rows.values())], "align": "left"},
+            columnwidth=[1, 3],
+        )
+    )
+    figure.update_layout(title=f"gpt-optuna's winner: trial {summary.best.number}", height=420)
+    return figure
 
 
 def _dashboard_notes(study: optuna.Study, summary: StudySummary, former: int | None) -> None:
@@ -66,9 +106,12 @@ def _dashboard_notes(study: optuna.Study, summary: StudySummary, former: int | N
         from optuna_dashboard import save_note
     except ImportError:
         return
+    from optuna_dashboard import save_plotly_graph_object
+
     assert summary.best is not None
     text = headline(summary)
     save_note(study, f"## gpt-optuna\n\n{text}\n\nThe winner is trial {summary.best.number}.")
+    save_plotly_graph_object(study, winner_figure(summary), graph_object_id=DASHBOARD_FIGURE)
 
     def note(number: int, body: str) -> None:
         # the note API reads only these three of a trial (optuna.Trial would call the sampler's hooks)

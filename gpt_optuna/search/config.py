@@ -164,7 +164,8 @@ def _check_type(path: Path, key: str, value: Any, expected: str, types: tuple[ty
         raise UserError(f"{path}: {key} must be {expected}, got {value!r}")
 
 
-def _measure(path: Path, value: Any) -> MeasureSettings:
+def measure_settings(path: Path | str, value: Any) -> MeasureSettings:
+    """A [measure] table (``path``: where it was given, for the errors) as MeasureSettings, checked."""
     if not isinstance(value, dict):
         raise UserError(f"{path}: [measure] must be a table, e.g. [measure] budget_s = 2.0; got {value!r}")
     known = {f.name: f.type for f in fields(MeasureSettings)}
@@ -191,7 +192,7 @@ def read_toml(path: Path) -> dict[str, Any]:
     for raw_key, value in data.items():
         key = raw_key.replace("-", "_")
         if key == "measure":
-            values["measure"] = _measure(path, value)
+            values["measure"] = measure_settings(path, value)
         elif key == "space":
             if not isinstance(value, dict):
                 raise UserError(f"{path}: [space] must be a table of knob = values; got {value!r}")

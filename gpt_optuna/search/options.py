@@ -32,6 +32,17 @@ def parse_duration(text: str | float | int) -> float:
     return seconds
 
 
+def parse_tolerance(text: str) -> float:
+    """``5%`` or ``0.05`` as a fraction."""
+    try:
+        value = float(text.strip().removesuffix("%")) / (100 if text.strip().endswith("%") else 1)
+    except ValueError:
+        raise UserError(f"malformed --tolerance {text!r}: use e.g. 5% or 0.05") from None
+    if not 0 <= value < 1:
+        raise UserError(f"--tolerance must be between 0 and 100 %, got {text!r}")
+    return value
+
+
 def _is_loader(value: str, folder: Path) -> bool:
     """A ``module:function`` data loader rather than a file or folder."""
     return ":" in value and not (folder / value).exists() and not Path(value).exists()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from optuna.trial import TrialState
 from tqdm import tqdm
@@ -34,13 +34,26 @@ def _ended(trial: optuna.trial.FrozenTrial) -> str:
     return trial.state.name.lower()
 
 
+def in_notebook() -> bool:
+    """Running in a Jupyter kernel with ipywidgets installed, where tqdm's bar renders as a widget."""
+    import importlib.util
+
+    ipython = sys.modules.get("IPython")
+    shell = ipython.get_ipython() if ipython is not None else None
+    if shell is None or "IPKernelApp" not in getattr(shell, "config", {}):
+        return False
+    return importlib.util.find_spec("ipywidgets") is not None
+
+
 class Progress:
     """A tqdm bar on stderr with the best latency so far; notes and the summary around it. Where
-    stderr is no terminal (a CI log, a file), one line per trial instead of a redrawn bar."""
+    stderr is no terminal (a CI log, a file), one line per trial instead of a redrawn bar; with
+    ``widgets`` (a notebook), tqdm's notebook bar."""
 
-    def __init__(self, stream: TextIO | None = None, enabled: bool = True) -> None:
+    def __init__(self, stream: TextIO | None = None, enabled: bool = True, widgets: bool = False) -> None:
         self._stream = stream
         self.enabled = enabled
+        self.widgets = widgets
         self._bar: tqdm | None = None
         self._lines: tuple[int, int | None] | None = None
         """Without a terminal: (trials done, trials to do) of the per-trial lines."""
@@ -81,7 +94,12 @@ class Progress:
         self._workers = workers
         if not self.enabled or remaining == 0:
             return
-        if self.stream.isatty():
+        if self.widgets:
+            from tqdm.notebook import tqdm as notebook_bar
+
+            self._bar = notebook_bar(total=remaining, unit="trial")
+            self._show()
+        elif self.stream.isatty():
             self._bar = tqdm(total=remaining, file=self.stream, unit="trial", dynamic_ncols=True)
             self._show()
         else:
@@ -150,10 +168,6 @@ class Progress:
         """The bar's postfix: :meth:`_status`."""
         if self._bar is not None:
             self._bar.set_postfix_str(self._status())
-
-    def quiet_finish(self, *_: Any, **__: Any) -> None:
-        """Close the bar and print nothing (for a caller that judges the study itself)."""
-        self.end()
 
     def finish(self, summary: StudySummary, steps: list[str], note: str = "", took: str = "") -> None:
         """The summary, the run's time by phase (``took``), and the commands worth running next

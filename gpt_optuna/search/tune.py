@@ -7,10 +7,9 @@ import logging
 import shlex
 import shutil
 import sqlite3
-import sys
 import time
 from collections.abc import Iterator
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import optuna
@@ -51,24 +50,48 @@ from gpt_optuna.study.storage import open_storage, storage_file
 from gpt_optuna.study.summary import StudySummary, finished_count
 
 
-def tune(
-    config: TuneConfig, progress: Progress | None = None, argv: list[str] | None = None, summarize: bool = True
-) -> int:
-    """Run or resume a search; returns the process exit code (128 + the signal's number when one
-    stopped it: 130 after Ctrl-C).
+@dataclass(frozen=True)
+class TuneEnd:
+    """How a tuning run ended: the study's summary, why it ended there, and its exit code."""
 
-    ``argv`` are the command's arguments, printed at the end as the command that resumes. Without
-    ``summarize`` (a caller that judges the study itself, as ``check`` does) nothing is printed at
-    the end: no summary, no next steps.
-    """
-    args = list(sys.argv[1:] if argv is None else argv)
+    config: TuneConfig
+    summary: StudySummary
+    done: int
+    """Trials that count towards --n-trials."""
+    code: int
+    """The process exit code: 0, 3 (no feasible candidate), or 128 + the signal's number where one stopped it."""
+    note: str = ""
+    took: str = ""
+    """The run's time by phase."""
+    stopped_by: str | None = None
+    """``Ctrl-C``, ``SIGTERM`` or ``SIGHUP`` where a signal stopped the search or the re-measurement."""
+    reconfirm: bool = False
+    """The finalists' re-measurement was stopped: it is worth running again."""
+    covered: bool = False
+    """The sampler kept proposing evaluated candidates."""
+
+    def steps(self, args: list[str]) -> list[str]:
+        """The commands worth running next (:func:`next_steps`); ``args``: the command that ran."""
+        stopped = self.stopped_by is not None and not self.reconfirm
+        return next_steps(self.config, args, self.done, self.summary, self.covered, self.reconfirm, stopped)
+
+
+def tune(config: TuneConfig, progress: Progress | None = None) -> TuneEnd:
+    """Run or resume a search and say how it ended; the caller prints the summary (the progress
+    bar is closed by then)."""
+    progress = progress or Progress()
+    try:
+        return _tune(config, progress)
+    finally:
+        progress.end()
+
+
+def _tune(config: TuneConfig, progress: Progress) -> TuneEnd:
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     interrupts.install()
     logging.getLogger("optuna").setLevel(logging.ERROR)
     assert config.storage is not None and config.study_name is not None
     phases = Phases()
-    progress = progress or Progress()
-    finish = progress.finish if summarize else progress.quiet_finish
     notes: list[str] = []
     engine = check_run(config)
     host = look()  # before this run's own workers start
@@ -115,10 +138,7 @@ def tune(
         for note in notes:
             progress.note(note)
         if remaining == 0:
-            summary = record_winner(study)
-            steps = next_steps(config, args, done, summary)
-            finish(summary, steps, note="the study already has its trials")
-            return 0
+            return TuneEnd(config, record_winner(study), done, 0, note="the study already has its trials")
         record_search(study, config, prepared, deadline)
         job = EvaluateJob.in_study(
             config.workdir,
@@ -151,9 +171,8 @@ def tune(
         stopped_by = session.search(study, storage, sampler, objective, budget, progress, transfer.update)
         if stopped_by is not None:
             summary = record_winner(study)
-            steps = next_steps(config, args, finished_count(study), summary, stopped=True)
-            finish(summary, steps, note=f"stopped by {stopped_by}", took=phases.line())
-            return interrupts.exit_code()
+            code, took = interrupts.exit_code(), phases.line()
+            return TuneEnd(config, summary, finished_count(study), code, f"stopped by {stopped_by}", took, stopped_by)
         if deadline is not None:  # the search is over: workers that joined it stop, and leave the GPU to the finalists
             study.set_user_attr(SEARCH_ATTR, study.user_attrs[SEARCH_ATTR] | {"ends_at": time.time()})
         note = (
@@ -170,16 +189,15 @@ def tune(
                 interrupts.check()
             except KeyboardInterrupt:
                 note = f"the finalists' re-measurement was stopped by {interrupts.cause()}"
-                summary = record_winner(study)
-                steps = next_steps(config, args, finished_count(study), summary, reconfirm=True)
-                finish(summary, steps, note=note, took=phases.line())
-                return interrupts.exit_code()
+                summary, code = record_winner(study), interrupts.exit_code()
+                done = finished_count(study)
+                return TuneEnd(config, summary, done, code, note, phases.line(), interrupts.cause(), reconfirm=True)
         summary = record_winner(study)
         if summary.best is None:
             note = "no candidate met the accuracy criterion" if not config.dry_run else "no candidate built"
-        steps = next_steps(config, args, finished_count(study), summary, covered=objective.space_exhausted)
-        finish(summary, steps, note=note, took=phases.line())
-    return EXIT_NO_FEASIBLE if summary.best is None else 0
+        code = EXIT_NO_FEASIBLE if summary.best is None else 0
+        done, covered = finished_count(study), objective.space_exhausted
+        return TuneEnd(config, summary, done, code, note, phases.line(), covered=covered)
 
 
 def check_run(config: TuneConfig) -> Backend:

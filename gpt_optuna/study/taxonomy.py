@@ -73,14 +73,17 @@ def trial_status(trial: FrozenTrial, retried: set[int] | None = None) -> str:
     return trial.state.name.lower()
 
 
+def failure_cause(trial: FrozenTrial) -> str:
+    """A failed trial's cause as the readers group it: its outcome and first line, paths elided."""
+    return f"{trial.user_attrs.get('outcome', 'failed')}: {_first_line(str(trial.user_attrs.get('failure', '')))}"
+
+
 def failure_causes(trials: list[FrozenTrial]) -> list[tuple[int, str]]:
-    """Failed candidates grouped by cause (outcome and first line, paths elided), most common first;
-    a trial that reused an earlier failure is not counted again."""
+    """Failed candidates grouped by cause (:func:`failure_cause`), most common first; a trial that
+    reused an earlier failure is not counted again."""
     retried = retried_numbers(trials)
     causes = Counter(
-        f"{t.user_attrs.get('outcome', 'failed')}: {_first_line(str(t.user_attrs.get('failure', '')))}"
-        for t in trials
-        if trial_status(t, retried) == "failed" and "reused_from" not in t.user_attrs
+        failure_cause(t) for t in trials if trial_status(t, retried) == "failed" and "reused_from" not in t.user_attrs
     )
     return [(count, cause) for cause, count in causes.most_common()]
 

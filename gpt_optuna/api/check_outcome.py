@@ -129,6 +129,20 @@ def write_junit(path: Path, outcomes: list[Outcome], seconds: float) -> None:
     ET.ElementTree(suite).write(path, encoding="utf-8", xml_declaration=True)
 
 
+@dataclass(frozen=True)
+class CheckResult:
+    """What a check found: each aspect's outcome and the exit code they make (0 pass, 1 regression,
+    5 not decided, 128 + a signal's number where one stopped it), and the check's own study."""
+
+    code: int
+    outcomes: tuple[Outcome, ...]
+    study_name: str | None
+
+    @property
+    def passed(self) -> bool:
+        return self.code == 0
+
+
 def exit_code(outcomes: list[Outcome]) -> int:
     """1 where any aspect regressed, :data:`EXIT_INCONCLUSIVE` where none did but one was not decided, else 0."""
     if any(not o.passed and not o.inconclusive for o in outcomes):

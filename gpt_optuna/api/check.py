@@ -26,8 +26,16 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from gpt_optuna.cli.check_outcome import Outcome, compare_absolute, compare_on_this_host, exit_code, write_junit
-from gpt_optuna.cli.check_record import exported_model, load_record, read_samples, recorded_latency, shape_flags
+from gpt_optuna.api.check_outcome import (
+    CheckResult,
+    Outcome,
+    compare_absolute,
+    compare_on_this_host,
+    exit_code,
+    write_junit,
+)
+from gpt_optuna.api.check_record import exported_model, load_record, read_samples, recorded_latency, shape_flags
+from gpt_optuna.core.errors import UserError
 from gpt_optuna.evaluation.accuracy import parse_criterion
 from gpt_optuna.graph import feeds as feeds_io
 from gpt_optuna.graph import model as model_io
@@ -46,6 +54,35 @@ GATE_ROUNDS = 30
 """Interleaved rounds in each of the comparison's processes at most: each process takes as many as
 its share of the budget left allows (three at least), since on a busy runner a process's ratio
 needs many rounds to settle."""
+
+
+def check(
+    model: str | Path,
+    record: str | Path,
+    *,
+    budget: str | float = "10m",
+    tolerance: str | float = "5%",
+    config: str | Path | None = None,
+    junit: str | Path | None = None,
+    update: bool = False,
+    progress: bool = True,
+) -> CheckResult:
+    """``gpt-optuna check``: keep ``model`` as fast and as accurate as ``record`` (the JSON side file
+    an export wrote), within ``budget`` (a duration or seconds) and ``tolerance`` (``"5%"`` or
+    0.05). ``config``: a tune.toml whose [measure] and [space] tables, trial_timeout,
+    confirm_processes, confirm_top, sampler and seed apply; ``junit``: a JUnit XML report to
+    write; ``update``: rewrite the record where the model is found faster."""
+    from gpt_optuna.api.exporting import writable_file
+    from gpt_optuna.search.config import read_toml
+    from gpt_optuna.search.options import parse_duration, parse_tolerance
+
+    allowed = ("measure", "space", "trial_timeout_s", "confirm_processes", "confirm_top", "sampler", "seed")
+    base = {k: v for k, v in (read_toml(Path(config)) if config else {}).items() if k in allowed}
+    report = writable_file(Path(junit)) if junit else None
+    share = parse_tolerance(tolerance) if isinstance(tolerance, str) else float(tolerance)
+    if not 0 <= share < 1:
+        raise UserError(f"tolerance must be between 0 and 100 %, got {tolerance!r}")
+    return run_check(Path(model), Path(record), parse_duration(budget), share, base, report, update, quiet=not progress)
 
 
 def outputs_unchanged(model: Path, record: dict[str, Any]) -> Outcome:
@@ -87,9 +124,8 @@ def run_check(
     junit: Path | None = None,
     update: bool = False,
     quiet: bool = False,
-) -> int:
-    """The whole check within ``budget_s``; returns the exit code (0 pass, 1 regression, 5
-    inconclusive, 130 interrupted)."""
+) -> CheckResult:
+    """The whole check within ``budget_s``, each outcome printed as one line."""
     from gpt_optuna.results.summary_text import stability_warning
     from gpt_optuna.search.progress import Progress
     from gpt_optuna.search.tune import tune
@@ -120,17 +156,17 @@ def run_check(
             allow_io_change=bool((record.get("interface") or {}).get("allow_io_change")),
         )
         progress = Progress(enabled=not quiet)
-        code = tune(config, progress, argv=[], summarize=False)
+        code = tune(config, progress).code
         study = load_study(open_storage(config.storage, create=False), name)
         more = still_to_measure(study)
         left = deadline - kept - time.monotonic()
         if more and code <= 128 and left > 1.0:
             print("the budget ended before the baseline and the recorded configuration were measured: measuring them")
             extra = replace(config, timeout_s=left, n_trials=finished_count(study) + more)
-            code = tune(extra, progress, argv=[], summarize=False)
+            code = tune(extra, progress).code
             study = load_study(open_storage(config.storage, create=False), name)
         if code > 128:  # stopped by Ctrl-C, SIGTERM or SIGHUP
-            return code
+            return CheckResult(code, tuple(outcomes), study_name)
         latency, summary = judge_latency(study, config, record, record_path, exported, why_not, tolerance, deadline)
         outcomes.append(latency)
         if latency.better and update:
@@ -149,7 +185,7 @@ def run_check(
     if study_name is not None:
         where = shlex.join(study_flags(default_storage(study_name), study_name))
         print(f"the check's own study, for a closer look: gpt-optuna report {where} -o {study_name}.html")
-    return exit_code(outcomes)
+    return CheckResult(exit_code(outcomes), tuple(outcomes), study_name)
 
 
 def judge_latency(

@@ -1,0 +1,342 @@
+"""A study read as every reader reads it, from Python: :func:`load` and :class:`TunedStudy`.
+
+The verdict, the winner with the one set of figures ``gpt-optuna best --json`` prints, the
+baseline, the trials as a table, the figures as plotly objects, and the report, export and
+re-measurement, each as the command of the same name does it.
+"""
+
+from __future__ import annotations
+
+import html
+import time
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import optuna
+
+from gpt_optuna.api.exporting import Exported, export, writable_file
+from gpt_optuna.core.errors import UserError
+from gpt_optuna.evaluation.measure import ROUNDS
+from gpt_optuna.results.export import figures_record
+from gpt_optuna.results.rows import TrialRow, collect, criterion_of, marks
+from gpt_optuna.results.summary_text import format_summary, headline
+from gpt_optuna.search.config import study_flags
+from gpt_optuna.search.options import parse_duration
+from gpt_optuna.study.storage import load_study, open_storage, storage_file
+from gpt_optuna.study.summary import StudySummary, summarize_study
+
+if TYPE_CHECKING:
+    import pandas
+
+    from gpt_optuna.api.check_outcome import CheckResult
+
+
+def best_record(summary: StudySummary) -> dict[str, Any]:
+    """The winner as ``best --json`` prints it: the verdict, the latencies of one measurement and
+    their ratio (the export's side file states them alike)."""
+    best = summary.best
+    assert best is not None
+    figures = figures_record(summary, best)
+    if summary.dry_run:
+        figures |= {"latency_ms": None, "baseline_latency_ms": None, "search_latency_ms": None}
+    stability = summary.stability
+    return {
+        "number": best.number,
+        "params": best.params,
+        "baseline_wins": summary.baseline_wins,
+        **figures,
+        "build_s": best.user_attrs.get("build_s"),
+        "dry_run": summary.dry_run,
+        "confirmed": summary.confirmed,
+        "accuracy": best.user_attrs.get("accuracy", {}),
+        "allow_io_change": summary.allow_io_change,
+        "io_changes": summary.io_changes,
+        "unstable_measurements": None if stability is None else [stability.unstable, stability.measured],
+    }
+
+
+@dataclass(frozen=True)
+class Winner:
+    """The study's winner with the latencies of one measurement (``measurement``: ``confirmed``,
+    ``indicative`` or ``search``), their ratio and its 95 % interval, as every reader states them;
+    :meth:`to_dict` is what ``gpt-optuna best --json`` prints."""
+
+    number: int
+    params: dict[str, Any]
+    verdict: str
+    headline: str
+    measurement: str
+    latency_ms: float | None
+    baseline_latency_ms: float | None
+    speedup: float | None
+    speedup_ci95: tuple[float, float] | None
+    significant: bool | None
+    search_latency_ms: float | None
+    baseline_wins: bool
+    accuracy: dict[str, float]
+    record: dict[str, Any] = field(repr=False)
+
+    @classmethod
+    def of(cls, summary: StudySummary) -> Winner:
+        record = best_record(summary)
+        interval = record["speedup_ci95"]
+        return cls(
+            number=record["number"],
+            params=dict(record["params"]),
+            verdict=summary.verdict,
+            headline=headline(summary),
+            measurement=record["measurement"],
+            latency_ms=record["latency_ms"],
+            baseline_latency_ms=record["baseline_latency_ms"],
+            speedup=record["speedup"],
+            speedup_ci95=tuple(interval) if interval else None,  # type: ignore[arg-type]
+            significant=record["significant"],
+            search_latency_ms=record["search_latency_ms"],
+            baseline_wins=record["baseline_wins"],
+            accuracy=dict(record["accuracy"]),
+            record=record,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every field of ``gpt-optuna best --json``."""
+        return dict(self.record)
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """The engine's default configuration as the study measured it: ``latency_ms`` in the
+    measurement the winner is judged by (the winner's ``baseline_latency_ms``)."""
+
+    number: int
+    params: dict[str, Any]
+    latency_ms: float | None
+    search_latency_ms: float | None
+    feasible: bool
+
+
+def storage_url(storage: str | Path) -> str:
+    """An Optuna storage URL for a URL or a study file's path (``studies/x.db``: SQLite)."""
+    text = str(storage)
+    if "://" in text or text.startswith("journal:"):
+        return text
+    path = Path(text).expanduser().resolve()
+    if path.is_dir():
+        raise UserError(f"{path} is a folder: give the study's database file, e.g. {path / 'NAME.db'}")
+    return f"sqlite:///{path}"
+
+
+def open_study(storage: str | Path, study_name: str | None = None, writable: bool = False) -> optuna.Study:
+    """The study in ``storage`` (a URL or a file): the one named, or the only one it holds. Opened
+    read-only unless ``writable``: reading creates and locks nothing."""
+    url = storage_url(storage)
+    path = storage_file(url)
+    if path is not None and not path.is_file():
+        raise UserError(f"no study database at {path}")
+    opened = open_storage(url, create=False, read_only=not writable)
+    if study_name is None:
+        names = [s.study_name for s in optuna.get_all_study_summaries(opened, include_best_trial=False)]
+        if len(names) != 1:
+            listed = f" ({', '.join(names)})" if names else ""
+            raise UserError(f"the storage holds {len(names)} studies{listed}; choose one by its name (--study-name)")
+        study_name = names[0]
+    return load_study(opened, study_name)
+
+
+def load(storage: str | Path, study_name: str | None = None) -> TunedStudy:
+    """Open a study as gpt-optuna reads it: ``storage`` is an Optuna storage URL or a study file's
+    path (``studies/model-onnxruntime.db``); ``study_name`` may be left out where it holds one
+    study. Only reads: this works while a search is running (:meth:`TunedStudy.refresh` reads again)."""
+    return TunedStudy(open_study(storage, study_name), storage_url(storage))
+
+
+class TunedStudy:
+    """A gpt-optuna study: its verdict, winner, baseline, trials and figures, and what can be done
+    with it (report, export, confirm, check). ``study`` is the Optuna study itself, for
+    ``optuna.visualization`` and the rest of Optuna's tools (which rank trials by their search
+    values: the winner here is the one the re-measurement decided)."""
+
+    def __init__(self, study: optuna.Study, storage: str) -> None:
+        self.study = study
+        self.storage = storage
+        self.summary: StudySummary = summarize_study(study)
+
+    @property
+    def study_name(self) -> str:
+        return self.study.study_name
+
+    @property
+    def verdict(self) -> str:
+        """``faster``, ``inconclusive``, ``not_significant``, ``baseline``, ``indicative``,
+        ``unconfirmed``, ``none`` (no feasible trial yet) or ``dry_run``: what the study found."""
+        return self.summary.verdict
+
+    @property
+    def headline(self) -> str:
+        """The verdict in one sentence, as the summary opens."""
+        return headline(self.summary)
+
+    @property
+    def winner(self) -> Winner | None:
+        """The winner and its figures (None before any feasible trial)."""
+        return Winner.of(self.summary) if self.summary.best is not None else None
+
+    @property
+    def baseline(self) -> Baseline | None:
+        """The default configuration's trial (None before it was evaluated)."""
+        trial = self.summary.baseline
+        if trial is None:
+            return None
+        feasible = trial.state is optuna.trial.TrialState.COMPLETE
+        search = self.summary.baseline_search_value
+        return Baseline(trial.number, dict(trial.params), self.summary.baseline_value, search, feasible)
+
+    @property
+    def deploy(self) -> int | None:
+        """The trial the study recommends deploying: the winner, or the baseline where the verdict
+        keeps the default configuration (what :meth:`export` writes without ``trial``)."""
+        return None if self.summary.decided is None else self.summary.decided.number
+
+    def refresh(self) -> TunedStudy:
+        """The study read again (a search still running has added trials since)."""
+        return TunedStudy(load_study(self.study._storage, self.study_name), self.storage)
+
+    def __str__(self) -> str:
+        return format_summary(self.summary)
+
+    def __repr__(self) -> str:
+        return f"<TunedStudy {self.study_name!r}: {self.headline}>"
+
+    def _repr_html_(self) -> str:
+        return f"<pre>{html.escape(str(self))}</pre>"
+
+    @cached_property
+    def rows(self) -> list[TrialRow]:
+        """Every trial as the report shows it: status, search latency, error, metrics, reason."""
+        return collect(self.study)
+
+    def trials_dataframe(self) -> pandas.DataFrame:
+        """One row per trial: its number, status, search latency, the accuracy metrics it recorded,
+        its ``params_*`` (as Optuna names them), why it ended where it did, where it was measured,
+        and which trials are the baseline and the winner (needs pandas)."""
+        try:
+            import pandas
+        except ImportError:
+            raise UserError("trials_dataframe needs pandas: pip install pandas") from None
+        winner = self.summary.best.number if self.summary.best is not None else None
+        records = [
+            {"number": r.number, "status": r.status, "latency_ms": r.latency_ms}
+            | {"winner": r.number == winner, "baseline": r.baseline}
+            | {f"accuracy_{k}": v for k, v in r.accuracy.items()}
+            | {f"params_{k}": v for k, v in r.params.items()}
+            | {"reason": r.reason, "reused_from": r.reused_from, "measured_on": r.measured_on}
+            for r in self.rows
+        ]
+        return pandas.DataFrame.from_records(records, index="number") if records else pandas.DataFrame()
+
+    def pareto_front(self, error: str | None = None) -> list[int]:
+        """The trials on the Pareto front of search latency against ``error`` (an accuracy metric;
+        default: the criterion's informative clause), fastest first."""
+        from gpt_optuna.results.rows import error_axis, pareto_front
+
+        return [r.number for r in pareto_front(self.rows, error_axis(self.rows, criterion_of(self.study), error))]
+
+    def pareto_figure(self, error: str | None = None) -> Any:
+        """Latency against an accuracy metric (``error``: one of the criterion's clauses or the
+        output metrics; default: the clause whose values differ between the feasible trials), the
+        Pareto front, infeasible trials by reason, and the baseline and winner marked."""
+        from gpt_optuna.results.figures import pareto_figure
+        from gpt_optuna.results.rows import error_axis
+
+        axis = error_axis(self.rows, criterion_of(self.study), error)
+        return pareto_figure(self.rows, axis, marks(self.rows, self.summary))
+
+    def history_figure(self) -> Any:
+        """Each feasible trial's latency and the best so far, the baseline and the winner marked."""
+        from gpt_optuna.results.figures import history_figure
+
+        return history_figure(self.rows, marks(self.rows, self.summary))
+
+    def importance_figure(self) -> Any | None:
+        """The parameters' importances for latency (None where too few trials completed)."""
+        from gpt_optuna.results.figures import importance_figure
+
+        return importance_figure(self.study)
+
+    def build_figure(self) -> Any:
+        """Build time against latency."""
+        from gpt_optuna.results.figures import build_figure
+
+        return build_figure(self.rows)
+
+    def outcomes_figure(self) -> Any:
+        """How many candidates were feasible, infeasible and failed, by reason."""
+        from gpt_optuna.results.figures import outcomes_figure
+
+        return outcomes_figure(self.rows)
+
+    def report(self, path: str | Path, error: str | None = None) -> Path:
+        """Write the HTML report (``gpt-optuna report``); ``error`` as for :meth:`pareto_figure`."""
+        import shlex
+
+        from gpt_optuna.results.report import render
+
+        out = writable_file(Path(path))
+        out.write_text(render(self.study, shlex.join(study_flags(self.storage, self.study_name)), error))
+        return out
+
+    def export(
+        self,
+        path: str | Path,
+        trial: int | None = None,
+        format: str = "file",
+        force: bool = False,
+        model_name: str | None = None,
+    ) -> Exported:
+        """Write a trial (default: :attr:`deploy`) as ``gpt-optuna export`` does: ``format="file"``,
+        the engine or model with its JSON record beside it; ``"triton"``, a Triton model repository
+        entry under ``path`` (``model_name``: default the model file's)."""
+        return export(self.study, Path(path), trial, format, force, model_name)
+
+    def confirm(
+        self, top: int = 5, processes: int = 5, rounds: int = ROUNDS, timeout: str | float | None = None
+    ) -> TunedStudy:
+        """Re-measure the ``top`` best candidates and the baseline interleaved in ``processes``
+        fresh processes (``gpt-optuna confirm``), printing its progress; the study read again.
+        Ctrl-C (a notebook's interrupt) keeps the rounds measured so far."""
+        from gpt_optuna.results.winner import record_winner
+        from gpt_optuna.search.finalists import confirm, template_from_study
+        from gpt_optuna.study.record import study_folder
+
+        if top < 1 or processes < 1 or rounds < 3:
+            raise UserError("top and processes must be at least 1, rounds at least 3")
+        deadline = time.monotonic() + parse_duration(timeout) if timeout else None
+        study = open_study(self.storage, self.study_name, writable=True)
+        plural = "es" if processes > 1 else ""
+        print(f"re-measuring the {top} best candidates and the baseline in {processes} process{plural} ...")
+        say = lambda text: print(text, flush=True)  # noqa: E731
+        try:
+            found = confirm(
+                study, template_from_study(study), study_folder(study) / "confirm.log", top, processes, say,
+                deadline=deadline, rounds=rounds,
+            )  # fmt: skip
+        except KeyboardInterrupt:
+            print(format_summary(record_winner(study)))
+            raise
+        if found is None:
+            raise UserError(f"study {self.study_name} has no measured baseline and feasible candidate to confirm")
+        print(format_summary(record_winner(study)))
+        return self.refresh()
+
+    def check(self, model: str | Path, **options: Any) -> CheckResult:
+        """Check a (changed) model against what this study recommends deploying, as ``gpt-optuna
+        check`` does against an export's record: :attr:`deploy` is exported with its record into
+        ``checks/`` in the study's folder, and :func:`gpt_optuna.check` runs with ``options``."""
+        from gpt_optuna.api.check import check
+        from gpt_optuna.study.record import study_folder
+
+        folder = study_folder(self.study) / "checks" / time.strftime("%Y%m%d-%H%M%S")
+        folder.mkdir(parents=True, exist_ok=True)
+        exported = self.export(folder / "record", force=True)
+        return check(model, exported.record, **options)

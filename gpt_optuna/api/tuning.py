@@ -1,0 +1,169 @@
+"""``gpt_optuna.tune``: the search ``gpt-optuna tune`` runs, from Python, returning the study read back.
+
+Every keyword is the flag of the same name (``timeout`` and ``trial_timeout`` take a duration or
+seconds); one left out (None) keeps the value of ``config``'s tune.toml, else the default. The
+candidates are built and timed in worker processes, as on the command line: a crash, hang or
+timeout ends a trial, never the caller's Python.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import optuna
+
+from gpt_optuna.api.study import TunedStudy, open_study, storage_url
+from gpt_optuna.core import interrupts
+from gpt_optuna.core.errors import UserError
+from gpt_optuna.search.config import TuneConfig, measure_settings, read_toml
+from gpt_optuna.search.options import parse_duration
+from gpt_optuna.search.progress import Progress, in_notebook
+from gpt_optuna.search.tune import TuneEnd
+from gpt_optuna.search.tune import tune as run_search
+
+
+def tune(
+    model: str | Path,
+    *,
+    inputs: str | Path | None = None,
+    accuracy: str | None = None,
+    backend: str | None = None,
+    n_trials: int | None = None,
+    timeout: str | float | None = None,
+    storage: str | Path | None = None,
+    study_name: str | None = None,
+    space: dict[str, Any] | None = None,
+    config: str | Path | None = None,
+    metric: str | None = None,
+    samples: int | None = None,
+    calibration: str | Path | None = None,
+    shapes: dict[str, str] | Sequence[str] | None = None,
+    sampler: str | None = None,
+    seed: int | None = None,
+    objectives: str | Sequence[str] | None = None,
+    measure: dict[str, Any] | None = None,
+    trial_timeout: str | float | None = None,
+    confirm_top: int | None = None,
+    confirm_processes: int | None = None,
+    workers: int | None = None,
+    gpus: str | None = None,
+    artifacts: str | Path | None = None,
+    allow_mixed_gpus: bool | None = None,
+    no_seeds: bool | None = None,
+    warm_start: str | None = None,
+    allow_io_change: bool | None = None,
+    dry_run: bool | None = None,
+    progress: bool = True,
+) -> TunedStudy:
+    """Run or resume a search for the fastest configuration of ``model`` that meets ``accuracy``,
+    re-measure the finalists, print the summary, and return the study as :func:`gpt_optuna.load`
+    reads it. ``storage`` is a URL or a study file's path (default ``studies/<study_name>.db``);
+    ``space`` is tune.toml's [space] table and ``measure`` its [measure] table, as dicts; ``shapes``
+    maps input names to dims (``{"x": "1x3x224x224"}``). ``progress``: a bar (a widget in a
+    notebook with ipywidgets) and a line per note.
+
+    Interrupted (Ctrl-C, a notebook's interrupt), the running trials are marked and queued again,
+    the summary is printed and KeyboardInterrupt is raised: the same call resumes the study.
+    Raises :class:`gpt_optuna.UserError` for what cannot run (a bad model, criterion or option),
+    before anything is written.
+    """
+    given: dict[str, Any] = {
+        "model": Path(model),
+        "inputs": _path(inputs),
+        "accuracy": accuracy,
+        "backend": backend,
+        "n_trials": n_trials,
+        "timeout_s": parse_duration(timeout) if timeout is not None else None,
+        "storage": storage_url(storage) if storage is not None else None,
+        "study_name": study_name,
+        "space": dict(space) if space is not None else None,
+        "metric": metric,
+        "samples": samples,
+        "calibration": _path(calibration),
+        "shapes": _shape_flags(shapes),
+        "sampler": sampler,
+        "seed": seed,
+        "objectives": objectives if objectives is None or isinstance(objectives, str) else tuple(objectives),
+        "measure": measure_settings("measure", measure) if measure is not None else None,
+        "trial_timeout_s": parse_duration(trial_timeout) if trial_timeout is not None else None,
+        "confirm_top": confirm_top,
+        "confirm_processes": confirm_processes,
+        "workers": workers,
+        "gpus": gpus,
+        "artifacts": _path(artifacts),
+        "allow_mixed_gpus": allow_mixed_gpus,
+        "no_seeds": no_seeds,
+        "warm_start": warm_start,
+        "allow_io_change": allow_io_change,
+        "dry_run": dry_run,
+    }
+    values = read_toml(Path(config)) if config is not None else {}
+    values |= {k: v for k, v in given.items() if v is not None}
+    try:
+        tune_config = TuneConfig(**values)
+    except TypeError as exc:
+        raise UserError(f"bad configuration: {exc}") from exc
+    shown = Progress(enabled=progress, widgets=progress and in_notebook())
+    with interrupts.handled(), _optuna_quiet():
+        end = run_search(tune_config, shown)
+    shown.finish(end.summary, python_steps(end), end.note, end.took)
+    if end.stopped_by is not None:
+        _stop(interrupts.signal_received())
+    assert tune_config.storage is not None
+    return TunedStudy(open_study(tune_config.storage, end.config.study_name), tune_config.storage)
+
+
+def _path(value: str | Path | None) -> Path | None:
+    return None if value is None else Path(value)
+
+
+def _shape_flags(shapes: dict[str, str] | Sequence[str] | None) -> list[str] | None:
+    """``{"x": "1x3x224x224"}`` (or ``["x:1x3x224x224"]``) as the ``--shape`` flags' values."""
+    if shapes is None:
+        return None
+    if isinstance(shapes, str):
+        raise UserError('shapes: give a dict such as {"x": "1x3x224x224"}, or a list of "x:1x3x224x224"')
+    if isinstance(shapes, dict):
+        return [f"{name}:{dims}" for name, dims in shapes.items()]
+    return list(shapes)
+
+
+@contextlib.contextmanager
+def _optuna_quiet() -> Iterator[None]:
+    """Optuna's own log quiet during the search (its progress is ours), as it was after."""
+    verbosity = optuna.logging.get_verbosity()
+    try:
+        yield
+    finally:
+        optuna.logging.set_verbosity(verbosity)
+
+
+def _stop(received: signal.Signals) -> None:
+    """Stop the caller as the signal would have, now that the study is left resumable: Ctrl-C as
+    KeyboardInterrupt; SIGTERM or SIGHUP sent again, to the caller's own handler."""
+    if received == signal.SIGINT:
+        raise KeyboardInterrupt("the search was stopped by Ctrl-C; the same call resumes it")
+    signal.raise_signal(received)
+    raise KeyboardInterrupt(f"the search was stopped by {received.name}")
+
+
+def python_steps(end: TuneEnd) -> list[str]:
+    """What is worth doing next, as Python calls on the returned study."""
+    summary = end.summary
+    if end.stopped_by is not None and not end.reconfirm:
+        steps = ["resume with: the same gpt_optuna.tune(...) call"]
+    else:
+        steps = [] if end.covered else ["extend with: the same gpt_optuna.tune(...) call with a larger n_trials"]
+    if summary.verdict in ("unconfirmed", "indicative") or end.reconfirm:
+        steps.append("confirm the finalists: study.confirm()")
+    elif summary.verdict == "inconclusive":
+        processes = 2 * int((summary.confirmed or {}).get("processes", 1))
+        steps.append(f"re-measure on a quiet host: study.confirm(processes={processes})")
+    steps.append('report: study.report("report.html")')
+    if summary.verdict == "faster" and summary.best is not None:
+        steps.append('export the winner: study.export("best")')
+    return steps

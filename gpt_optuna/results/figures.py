@@ -1,0 +1,224 @@
+"""The study's plotly figures, drawn from the report's rows: latency against an accuracy metric
+with the Pareto front, the optimization history, parameter importances, build time, and every
+trial by outcome and reason.
+
+Latency axes turn logarithmic where the latencies drawn span more than :data:`LOG_SPAN`, so that a
+few slow candidates do not crowd the competitive ones into one corner; the baseline and the winner
+are drawn at the summary's figures, labelled, above the trials.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections import Counter
+from collections.abc import Iterable
+from typing import Any
+
+import optuna
+
+from gpt_optuna.results.rows import ErrorAxis, Mark, TrialRow, pareto_front
+
+LOG_SPAN = 10.0
+"""Latencies spanning more than this ratio are drawn on a log axis."""
+MARK_STYLE = {"baseline": ("star", "#444444", "top center"), "winner": ("diamond", "#d62728", "bottom center")}
+"""Each mark's symbol, colour and label position: the labels go opposite ways, so both stay legible."""
+STATUS_COLOURS = {"feasible": "#1f77b4", "infeasible": "#ff7f0e", "failed": "#9467bd", "interrupted": "#7f7f7f"}
+
+
+def latency_axis(values: Iterable[float | None]) -> dict[str, Any]:
+    """A latency axis's settings: logarithmic where the values span more than :data:`LOG_SPAN`."""
+    drawn = [v for v in values if v is not None and v > 0]
+    if drawn and max(drawn) / min(drawn) > LOG_SPAN:
+        return {"type": "log", "title": "latency (ms, log scale)"}
+    return {"title": "latency (ms)"}
+
+
+def _mark_trace(mark: Mark, x: float, y: float | None, row: TrialRow | None = None) -> Any:
+    """The baseline or the winner, labelled, its hover text with the trial's own (its parameters)."""
+    import plotly.graph_objects as go
+
+    symbol, colour, position = MARK_STYLE["baseline" if mark.label.startswith("baseline") else "winner"]
+    return go.Scatter(
+        x=[x],
+        y=[y],
+        mode="markers+text",
+        marker={"symbol": symbol, "size": 18, "color": colour, "line": {"width": 1, "color": "white"}},
+        text=[mark.label],
+        textposition=position,
+        name=mark.name,
+        hovertext=[mark.hover + ("<br>" + row.hover if row is not None else "")],
+        hoverinfo="text",
+    )
+
+
+LEGEND = {"orientation": "h", "yanchor": "top", "y": -0.22, "xanchor": "left", "x": 0}
+"""Legends below the plot, clear of the axis title."""
+
+
+def pareto_figure(rows: list[TrialRow], axis: ErrorAxis, marked: list[Mark] | None = None) -> Any:
+    """Latency against ``axis`` of every trial measured (search latencies), feasible and infeasible
+    by reason, the Pareto front as a step line, and the baseline and winner where the summary
+    places them."""
+    import plotly.graph_objects as go
+
+    figure = go.Figure()
+    drawn = [r for r in rows if r.latency_ms is not None and axis.value(r.accuracy) is not None]
+    groups = {"feasible": [r for r in drawn if r.status == "feasible"]}
+    for r in drawn:
+        if r.status != "feasible":
+            groups.setdefault(f"{r.status}: {r.cause}", []).append(r)
+    for label, shown in groups.items():
+        feasible = label == "feasible"
+        figure.add_trace(
+            go.Scatter(
+                x=[r.latency_ms for r in shown],
+                y=[axis.value(r.accuracy) for r in shown],
+                mode="markers",
+                marker={"symbol": "circle" if feasible else "x", "size": 8 if feasible else 10, "opacity": 0.8},
+                name=label[:80],
+                hovertext=[r.hover for r in shown],
+                hoverinfo="text",
+            )
+        )
+    front = pareto_front(rows, axis)
+    figure.add_trace(
+        go.Scatter(
+            x=[r.latency_ms for r in front],
+            y=[axis.value(r.accuracy) for r in front],
+            mode="lines+markers",
+            line={"shape": "hv", "width": 3, "color": "#2ca02c"},
+            marker={"size": 6},
+            name="Pareto front",
+            hovertext=[r.hover for r in front],
+            hoverinfo="text",
+        )
+    )
+    by_number = {r.number: r for r in rows}
+    for mark in marked or []:
+        row = by_number.get(mark.trial)
+        error = axis.value(row.accuracy) if row is not None else None
+        figure.add_trace(_mark_trace(mark, mark.latency_ms, error, row))
+    untimed = Counter(r.status for r in rows if r.latency_ms is None and r.status in ("infeasible", "failed"))
+    if untimed:
+        counted = " and ".join(f"{count} {status}" for status, count in sorted(untimed.items()))
+        figure.add_annotation(
+            text=f"{counted} candidates not timed: see the trials by outcome and reason",
+            xref="paper",
+            yref="paper",
+            x=0,
+            y=1.0,
+            yanchor="bottom",
+            showarrow=False,
+            font={"size": 11, "color": "#555555"},
+        )
+    latencies = [r.latency_ms for r in drawn] + [m.latency_ms for m in marked or []]
+    yaxis: dict[str, Any] = {"title": axis.title}
+    if axis.higher_is_better and not axis.complement:
+        yaxis["autorange"] = "reversed"  # better is lower on the page, as for an error
+    else:
+        yaxis["rangemode"] = "tozero"
+    figure.update_layout(
+        title=f"Latency against {axis.title}", xaxis=latency_axis(latencies), yaxis=yaxis, legend=LEGEND
+    )
+    return figure
+
+
+def history_figure(rows: list[TrialRow], marked: list[Mark] | None = None) -> Any:
+    """Each feasible trial's search latency and the best so far, with the baseline's and the
+    winner's latencies as the summary states them."""
+    import plotly.graph_objects as go
+
+    feasible = [r for r in rows if r.status == "feasible" and r.latency_ms is not None]
+    best, running = [], float("inf")
+    for r in feasible:
+        running = min(running, r.latency_ms)  # type: ignore[type-var]
+        best.append(running)
+    figure = go.Figure(
+        [
+            go.Scatter(
+                x=[r.number for r in feasible],
+                y=[r.latency_ms for r in feasible],
+                mode="markers",
+                name="trial",
+                hovertext=[r.hover for r in feasible],
+                hoverinfo="text",
+            ),
+            go.Scatter(x=[r.number for r in feasible], y=best, mode="lines", line={"shape": "hv"}, name="best so far"),
+        ]
+    )
+    right = max((r.number for r in feasible), default=0)
+    for mark in marked or []:  # a line across, and the mark at the right end, labelled
+        symbol, colour, _ = MARK_STYLE["baseline" if mark.label.startswith("baseline") else "winner"]
+        figure.add_hline(y=mark.latency_ms, line_dash="dash", line_color=colour)
+        figure.add_trace(
+            _mark_trace(mark, right, mark.latency_ms, next((r for r in rows if r.number == mark.trial), None))
+        )
+    axis = latency_axis([r.latency_ms for r in feasible] + [m.latency_ms for m in marked or []])
+    figure.update_layout(title="Optimization history", xaxis_title="trial", yaxis=axis, legend=LEGEND)
+    return figure
+
+
+def importance_figure(study: optuna.Study) -> Any | None:
+    """fANOVA importances of the parameters for latency (None where too few trials completed)."""
+    import plotly.graph_objects as go
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # notes on sparse regimes, printed mid-report otherwise
+            importances = optuna.importance.get_param_importances(study, target=lambda t: t.values[0])
+    except (RuntimeError, ValueError):  # too few complete trials, or a single point
+        return None
+    if not importances:
+        return None
+    names = list(importances)[::-1]
+    figure = go.Figure(go.Bar(x=[importances[n] for n in names], y=names, orientation="h", name="importance"))
+    figure.update_layout(title="Parameter importances for latency")
+    return figure
+
+
+def build_figure(rows: list[TrialRow]) -> Any:
+    """Each trial's build time against its search latency."""
+    import plotly.graph_objects as go
+
+    shown = [r for r in rows if r.build_s is not None and r.latency_ms is not None]
+    figure = go.Figure(
+        go.Scatter(
+            x=[r.build_s for r in shown],
+            y=[r.latency_ms for r in shown],
+            mode="markers",
+            name="trial",
+            hovertext=[r.hover for r in shown],
+            hoverinfo="text",
+        )
+    )
+    axis = latency_axis([r.latency_ms for r in shown])
+    figure.update_layout(title="Build time against latency", xaxis_title="build (s)", yaxis=axis)
+    return figure
+
+
+def outcomes_figure(rows: list[TrialRow]) -> Any:
+    """How many candidates ended how: feasible, and the infeasible, failed and interrupted ones by
+    reason (a candidate evaluated once however often it was proposed)."""
+    import plotly.graph_objects as go
+
+    counted = Counter((r.status, r.cause) for r in rows if r.reused_from is None and r.status in STATUS_COLOURS)
+    ordered = sorted(counted.items(), key=lambda item: (list(STATUS_COLOURS).index(item[0][0]), -item[1]))[::-1]
+    labels = [status if status == "feasible" else f"{status}: {cause[:70]}" for (status, cause), _ in ordered]
+    figure = go.Figure(
+        go.Bar(
+            x=[count for _, count in ordered],
+            y=labels,
+            orientation="h",
+            marker={"color": [STATUS_COLOURS[status] for (status, _), _ in ordered]},
+            text=[count for _, count in ordered],
+            hovertext=[f"{label}: {count}" for label, (_, count) in zip(labels, ordered, strict=True)],
+            hoverinfo="text",
+        )
+    )
+    figure.update_layout(
+        title="Trials by outcome and reason",
+        xaxis_title="candidates",
+        yaxis={"automargin": True},
+        height=max(260, 90 + 34 * len(labels)),
+    )
+    return figure

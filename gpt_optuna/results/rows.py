@@ -1,0 +1,220 @@
+"""The study as plain rows: each trial with its latency, accuracy, status and reason; the
+baseline and winner marks where the summary places them; the Pareto front.
+
+The figures (:mod:`figures`) and the report (:mod:`report`) draw these; they are what the tests
+check. The study is only read.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import optuna
+
+from gpt_optuna.core.errors import UserError
+from gpt_optuna.evaluation.accuracy import STANDARD_METRICS, Criterion, parse_criterion
+from gpt_optuna.study.record import StudyRecord
+from gpt_optuna.study.summary import StudySummary
+from gpt_optuna.study.taxonomy import failure_cause, measured_latency_ms, retried_numbers, trial_status
+
+
+@dataclass(frozen=True)
+class TrialRow:
+    """One trial as the report shows it."""
+
+    number: int
+    status: str
+    latency_ms: float | None
+    error: float | None
+    build_s: float | None
+    params: dict[str, Any]
+    baseline: bool
+    reason: str = ""
+    reused_from: int | None = None
+    """The trial whose result this one copied (the same candidate): tables show the original once."""
+    accuracy: dict[str, float] = field(default_factory=dict)
+    """Every accuracy metric of the trial (user attr ``accuracy``), ``samples`` included."""
+    measured_on: str = ""
+    """The host and device that evaluated the trial (user attrs ``host`` and ``gpu``)."""
+    cause: str = ""
+    """The reason as trials are grouped by it: the accuracy clauses an infeasible trial fails, a
+    failed one's outcome and first line."""
+
+    @property
+    def hover(self) -> str:
+        lines = [f"trial {self.number} ({self.status})"]
+        if self.latency_ms is not None:
+            lines.append(f"latency {self.latency_ms:.4g} ms")
+        lines += [f"{k} {v:.6g}" for k, v in self.accuracy.items()]
+        if self.reason:
+            lines.append(self.reason[:120])
+        lines += [f"{k}={v}" for k, v in self.params.items()]
+        return "<br>".join(html.escape(line) for line in lines)
+
+
+def criterion_of(study: optuna.Study) -> Criterion | None:
+    """The accuracy criterion the study was made with (None for a study made by other means)."""
+    record = StudyRecord.read(study)
+    if record.accuracy is None:
+        return None
+    return parse_criterion(record.accuracy, user_metrics=record.metric is not None)
+
+
+def collect(study: optuna.Study) -> list[TrialRow]:
+    """Every trial with its latency (measured, also for an infeasible baseline), error and status."""
+    criterion = criterion_of(study)
+    rows = []
+    trials = study.get_trials(deepcopy=False)
+    retried = retried_numbers(trials)
+    for trial in trials:
+        attrs = trial.user_attrs
+        latency = measured_latency_ms(trial)
+        accuracy = attrs.get("accuracy")
+        error = criterion.error(accuracy) if criterion is not None and accuracy else None
+        reason = attrs.get("infeasible") or attrs.get("failure") or attrs.get("interrupted") or ""
+        rows.append(
+            TrialRow(
+                number=trial.number,
+                status=trial_status(trial, retried),
+                latency_ms=latency,
+                error=float(error) if error is not None else None,
+                build_s=attrs.get("build_s"),
+                params=dict(trial.params),
+                baseline=bool(attrs.get("baseline")),
+                reason=str(reason),
+                reused_from=attrs.get("reused_from"),
+                accuracy=dict(accuracy or {}),
+                measured_on=f"{attrs['host']} {attrs.get('gpu', '')}".strip() if "host" in attrs else "",
+                cause=_cause(trial, trial_status(trial, retried)),
+            )
+        )
+    return rows
+
+
+def _cause(trial: optuna.trial.FrozenTrial, status: str) -> str:
+    if status == "failed":
+        return failure_cause(trial)
+    if status == "infeasible":
+        reason = str(trial.user_attrs.get("infeasible", ""))
+        clauses = re.findall(r"fails (\S+)", reason)
+        return f"fails {', '.join(clauses)}" if clauses else (reason.splitlines() or [""])[0][:80]
+    return ""
+
+
+@dataclass(frozen=True)
+class Mark:
+    """The baseline or the winner as every plot places it: at its latency in the measurement that
+    judges the study (the one the summary names), with its error."""
+
+    label: str
+    trial: int
+    latency_ms: float
+    error: float | None
+    measurement: str
+
+    @property
+    def name(self) -> str:
+        return f"{self.label} (trial {self.trial}, {self.measurement})"
+
+    @property
+    def hover(self) -> str:
+        return html.escape(f"{self.name}: {self.latency_ms:.4g} ms")
+
+
+def marks(rows: list[TrialRow], summary: StudySummary) -> list[Mark]:
+    """The baseline and the winner at the summary's figures (one mark where the baseline wins)."""
+    if summary.dry_run or summary.baseline is None:
+        return []
+    error = {r.number: r.error for r in rows}
+    winner = summary.winner
+    measurement = winner.measurement if winner is not None else "search"
+    base = winner.baseline_ms if winner is not None else summary.baseline_search_value
+    found = []
+    if base is not None:
+        label = "baseline, the winner" if summary.baseline_wins else "baseline"
+        found.append(Mark(label, summary.baseline.number, base, error.get(summary.baseline.number), measurement))
+    if winner is not None and not summary.baseline_wins and winner.latency_ms is not None:
+        found.append(Mark("winner", winner.number, winner.latency_ms, error.get(winner.number), measurement))
+    return found
+
+
+@dataclass(frozen=True)
+class ErrorAxis:
+    """The accuracy metric an error axis shows: a similarity at most 1 (cosine, top-k agreement, a
+    user's agreement rate) as ``1 - metric``, any other metric as it is, larger values lower on the
+    axis where larger is better."""
+
+    metric: str
+    higher_is_better: bool
+    complement: bool
+
+    @property
+    def title(self) -> str:
+        if self.complement:
+            return f"1 - {self.metric}"
+        return f"{self.metric} ({'higher' if self.higher_is_better else 'lower'} is better)"
+
+    def value(self, accuracy: dict[str, float]) -> float | None:
+        """What the axis draws for a trial's metrics (None where it has not this metric)."""
+        value = accuracy.get(self.metric)
+        if value is None or not math.isfinite(value):
+            return None
+        return 1.0 - value if self.complement else float(value)
+
+    def cost(self, accuracy: dict[str, float]) -> float | None:
+        """The drawn value as lower-is-better, for the Pareto front."""
+        value = self.value(accuracy)
+        return None if value is None else -value if self.higher_is_better and not self.complement else value
+
+
+def metric_directions(criterion: Criterion | None) -> dict[str, bool]:
+    """Each metric an error axis can show, with whether larger is better: the criterion's clauses
+    first (the user's metrics among them), then the output metrics every trial records."""
+    found = {c.metric.key: c.metric.higher_is_better for c in (criterion.clauses if criterion else ())}
+    return found | {m.key: m.higher_is_better for m in STANDARD_METRICS if m.key not in found}
+
+
+def error_axis(rows: list[TrialRow], criterion: Criterion | None, metric: str | None = None) -> ErrorAxis:
+    """The error axis for ``metric``, or where none is named, the first of the criterion's clauses
+    whose values differ between the feasible trials (the first clause where none does)."""
+    directions = metric_directions(criterion)
+    if metric is not None and metric not in directions:
+        raise UserError(f"no accuracy metric {metric!r} in this study; choose one of: {', '.join(directions)}")
+
+    def axis(name: str) -> ErrorAxis:
+        recorded = [r.accuracy[name] for r in rows if name in r.accuracy and math.isfinite(r.accuracy[name])]
+        bounded = directions[name] and bool(recorded) and max(recorded) <= 1.0 + 1e-6  # a similarity
+        return ErrorAxis(name, directions[name], bounded)
+
+    if metric is not None:
+        return axis(metric)
+    candidates = [c.metric.key for c in criterion.clauses] if criterion is not None else ["cosine"]
+    for name in candidates:
+        drawn = {axis(name).value(r.accuracy) for r in rows if r.status == "feasible"} - {None}
+        if len(drawn) > 1:
+            return axis(name)
+    return axis(candidates[0])
+
+
+def pareto_front(rows: list[TrialRow], axis: ErrorAxis | None = None) -> list[TrialRow]:
+    """Feasible trials that no other feasible trial beats on both latency and error (``axis``'s
+    cost; without one, the criterion's error), by latency."""
+
+    def cost(r: TrialRow) -> float | None:
+        return r.error if axis is None else axis.cost(r.accuracy)
+
+    points = [(r, cost(r)) for r in rows if r.status == "feasible" and r.latency_ms is not None]
+    points = [(r, c) for r, c in points if c is not None]
+    front = [
+        r
+        for r, c in points
+        if not any(
+            o.latency_ms <= r.latency_ms and oc <= c and (o.latency_ms < r.latency_ms or oc < c)  # type: ignore[operator]
+            for o, oc in points
+        )
+    ]
+    return sorted(front, key=lambda r: (r.latency_ms, r.number))  # type: ignore[arg-type, return-value]
