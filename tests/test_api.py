@@ -19,6 +19,7 @@ from optuna.trial import TrialState
 
 import gpt_optuna
 from gpt_optuna.cli import main
+from gpt_optuna.core.errors import EXIT_REGRESSION
 
 SHIPPED_CNN = Path(str(files("gpt_optuna") / "data" / "small_cnn.onnx"))
 
@@ -93,6 +94,9 @@ def test_a_study_tuned_from_python_reads_back_with_the_command_line_and_the_note
     exported = study.export(tmp_path / "winner")
     assert exported.path.is_file() and json.loads(exported.record.read_text())["trial"] == study.deploy
     assert any(line.startswith("verdict: ") for line in exported.lines)
+    checked = study.check(SHIPPED_CNN, budget="8s", tolerance="90%", progress=False)  # the same model, unchanged
+    assert checked.outcomes[0].name == "accuracy" and checked.outcomes[0].passed
+    assert checked.code != EXIT_REGRESSION, [o.message for o in checked.outcomes]
     (Path("studies") / "another.db").write_bytes(b"")  # the notebook reads only the study it is given
     outputs = run_notebook(database, tmp_path, monkeypatch, study_name="from-python", papermill=True)
     assert study.headline in printed(outputs)

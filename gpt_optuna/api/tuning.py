@@ -152,18 +152,18 @@ def _stop(received: signal.Signals) -> None:
 
 
 def python_steps(end: TuneEnd) -> list[str]:
-    """What is worth doing next, as Python calls on the returned study."""
-    summary = end.summary
-    if end.stopped_by is not None and not end.reconfirm:
-        steps = ["resume with: the same gpt_optuna.tune(...) call"]
-    else:
-        steps = [] if end.covered else ["extend with: the same gpt_optuna.tune(...) call with a larger n_trials"]
-    if summary.verdict in ("unconfirmed", "indicative") or end.reconfirm:
+    """What is worth doing next (:meth:`TuneEnd.advice`), as Python calls on the returned study."""
+    advice = end.advice()
+    steps = []
+    if advice.resume:
+        steps.append("resume with: the same gpt_optuna.tune(...) call")
+    if advice.extend:
+        steps.append("extend with: the same gpt_optuna.tune(...) call with a larger n_trials")
+    if advice.confirm:
         steps.append("confirm the finalists: study.confirm()")
-    elif summary.verdict == "inconclusive":
-        processes = 2 * int((summary.confirmed or {}).get("processes", 1))
-        steps.append(f"re-measure on a quiet host: study.confirm(processes={processes})")
+    if advice.remeasure_processes is not None:
+        steps.append(f"re-measure on a quiet host: study.confirm(processes={advice.remeasure_processes})")
     steps.append('report: study.report("report.html")')
-    if summary.verdict == "faster" and summary.best is not None:
+    if advice.export:
         steps.append('export the winner: study.export("best")')
     return steps

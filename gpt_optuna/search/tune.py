@@ -70,10 +70,17 @@ class TuneEnd:
     covered: bool = False
     """The sampler kept proposing evaluated candidates."""
 
+    @property
+    def stopped(self) -> bool:
+        """Stopped by a signal before the search's end (not during the re-measurement)."""
+        return self.stopped_by is not None and not self.reconfirm
+
+    def advice(self) -> Advice:
+        return advise(self.summary, self.covered, self.reconfirm, self.stopped)
+
     def steps(self, args: list[str]) -> list[str]:
         """The commands worth running next (:func:`next_steps`); ``args``: the command that ran."""
-        stopped = self.stopped_by is not None and not self.reconfirm
-        return next_steps(self.config, args, self.done, self.summary, self.covered, self.reconfirm, stopped)
+        return next_steps(self.config, args, self.done, self.summary, self.covered, self.reconfirm, self.stopped)
 
 
 def tune(config: TuneConfig, progress: Progress | None = None) -> TuneEnd:
@@ -335,6 +342,32 @@ def confirm_finalists(
     return ""
 
 
+@dataclass(frozen=True)
+class Advice:
+    """What is worth doing after a run, whoever phrases it (the command line, a Python call)."""
+
+    resume: bool
+    """The run stopped before its end: the same again resumes it."""
+    extend: bool
+    """Else a larger trial target, where the space is not covered."""
+    confirm: bool
+    """The finalists were not confirmed (or their re-measurement was stopped)."""
+    remeasure_processes: int | None
+    """Inconclusive: re-measure on a quiet host in this many processes."""
+    export: bool
+    """The winner is a real improvement."""
+
+
+def advise(summary: StudySummary, covered: bool = False, reconfirm: bool = False, stopped: bool = False) -> Advice:
+    """What :class:`Advice` says after a run that ended as ``summary`` says."""
+    confirm = summary.verdict in ("unconfirmed", "indicative") or reconfirm
+    remeasure = None
+    if not confirm and summary.verdict == "inconclusive":
+        remeasure = 2 * int((summary.confirmed or {}).get("processes", 1))
+    export = summary.verdict == "faster" and summary.best is not None
+    return Advice(stopped, not stopped and not covered, confirm, remeasure, export)
+
+
 def next_steps(
     config: TuneConfig,
     args: list[str],
@@ -362,17 +395,19 @@ def next_steps(
     here = shlex.quote(str(Path.cwd()))
     where = shlex.join(study_flags(str(config.storage), str(config.study_name)))
     extend = shlex.join([*extended, "--n-trials", str(target)])
-    if stopped:
-        steps = [f"resume with: cd {here} && gpt-optuna {shlex.join(args)}"]
-    else:
-        steps = [] if covered else [f"extend with: cd {here} && gpt-optuna {extend}"]
-    if summary.verdict in ("unconfirmed", "indicative") or reconfirm:
+    advice = advise(summary, covered, reconfirm, stopped)
+    steps = []
+    if advice.resume:
+        steps.append(f"resume with: cd {here} && gpt-optuna {shlex.join(args)}")
+    if advice.extend:
+        steps.append(f"extend with: cd {here} && gpt-optuna {extend}")
+    if advice.confirm:
         steps.append(f"confirm the finalists: gpt-optuna confirm {where}")
-    elif summary.verdict == "inconclusive":
-        processes = 2 * int((summary.confirmed or {}).get("processes", 1))
+    if advice.remeasure_processes is not None:
+        processes = advice.remeasure_processes
         steps.append(f"re-measure on a quiet host: gpt-optuna confirm {where} --processes {processes}")
     steps.append(f"report: gpt-optuna report {where} -o {shlex.quote(str(Path('report.html').resolve()))}")
-    if summary.verdict == "faster" and summary.best is not None:
+    if advice.export and summary.best is not None:
         out = Path("best").resolve().with_suffix(export_suffix(summary.best))
         steps.append(f"export the winner: gpt-optuna export {where} -o {shlex.quote(str(out))}")
     return steps
