@@ -291,3 +291,27 @@ def test_multi_objective_search_over_latency_and_error(cnn_path: Path, tmp_path:
     ]
     assert main(memory) == 2  # ONNX Runtime reports no engine memory: refused in one line before anything is made
     assert not Path("studies/m.db").exists() and not Path("studies/m").exists()
+
+
+def test_the_error_axis_is_the_clause_that_tells_the_feasible_trials_apart() -> None:
+    from gpt_optuna.evaluation.accuracy import parse_criterion
+    from gpt_optuna.results.figures import latency_axis
+    from gpt_optuna.results.rows import error_axis
+
+    criterion = parse_criterion("det_agree>=1 and box_px<=1 and psnr>=30", user_metrics=True)
+
+    def trial(number: int, latency: float, box_px: float, psnr: float) -> TrialRow:
+        accuracy = {"det_agree": 1.0, "box_px": box_px, "psnr": psnr, "cosine": 0.999}
+        return TrialRow(number, "feasible", latency, 0.0, None, {}, number == 0, accuracy=accuracy)
+
+    rows = [trial(0, 2.0, 0.0, 60.0), trial(1, 1.0, 0.5, 35.0), trial(2, 1.5, 0.2, 40.0), trial(3, 1.6, 0.4, 50.0)]
+    axis = error_axis(rows, criterion)  # every feasible trial agrees on every detection: box_px tells them apart
+    assert (axis.metric, axis.title) == ("box_px", "box_px (lower is better)")
+    assert [r.number for r in pareto_front(rows, axis)] == [1, 2, 0]
+    assert error_axis(rows, criterion, "det_agree").title == "1 - det_agree"  # a similarity, as an error
+    psnr = error_axis(rows, criterion, "psnr")
+    assert psnr.title == "psnr (higher is better)" and [r.number for r in pareto_front(rows, psnr)] == [1, 2, 3, 0]
+    assert error_axis(rows, criterion, "max_abs").metric == "max_abs"  # the output metrics every trial records
+    with pytest.raises(gpt_optuna.UserError, match="no accuracy metric 'mAP'.*det_agree, box_px, psnr"):
+        error_axis(rows, criterion, "mAP")
+    assert latency_axis([0.1, 1.2])["type"] == "log" and "type" not in latency_axis([0.1, 0.9, None])
