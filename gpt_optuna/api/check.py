@@ -35,6 +35,7 @@ from gpt_optuna.api.check_outcome import (
     write_junit,
 )
 from gpt_optuna.api.check_record import exported_model, load_record, read_samples, recorded_latency, shape_flags
+from gpt_optuna.core import interrupts
 from gpt_optuna.core.errors import UserError
 from gpt_optuna.evaluation.accuracy import parse_criterion
 from gpt_optuna.graph import feeds as feeds_io
@@ -82,7 +83,11 @@ def check(
     share = parse_tolerance(tolerance) if isinstance(tolerance, str) else float(tolerance)
     if not 0 <= share < 1:
         raise UserError(f"tolerance must be between 0 and 100 %, got {tolerance!r}")
-    return run_check(Path(model), Path(record), parse_duration(budget), share, base, report, update, quiet=not progress)
+    with interrupts.handled():
+        result = run_check(Path(model), Path(record), parse_duration(budget), share, base, report, update, not progress)
+    if result.code > 128:  # stopped by a signal: so is the caller, as on the command line
+        interrupts.stop_caller("the check")
+    return result
 
 
 def outputs_unchanged(model: Path, record: dict[str, Any]) -> Outcome:

@@ -132,7 +132,7 @@ def open_study(storage: str | Path, study_name: str | None = None, writable: boo
     read-only unless ``writable``: reading creates and locks nothing."""
     url = storage_url(storage)
     path = storage_file(url)
-    if path is not None and not path.is_file():
+    if url.startswith("sqlite:") and path is not None and not path.is_file():
         raise UserError(f"no study database at {path}")
     opened = open_storage(url, create=False, read_only=not writable)
     if study_name is None:

@@ -9,7 +9,6 @@ timeout ends a trial, never the caller's Python.
 from __future__ import annotations
 
 import contextlib
-import signal
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -112,7 +111,7 @@ def tune(
         end = run_search(tune_config, shown)
     shown.finish(end.summary, python_steps(end), end.note, end.took)
     if end.stopped_by is not None:
-        _stop(interrupts.signal_received())
+        interrupts.stop_caller("the search", "the same call resumes it")
     assert tune_config.storage is not None
     return TunedStudy(open_study(tune_config.storage, end.config.study_name), tune_config.storage)
 
@@ -140,15 +139,6 @@ def _optuna_quiet() -> Iterator[None]:
         yield
     finally:
         optuna.logging.set_verbosity(verbosity)
-
-
-def _stop(received: signal.Signals) -> None:
-    """Stop the caller as the signal would have, now that the study is left resumable: Ctrl-C as
-    KeyboardInterrupt; SIGTERM or SIGHUP sent again, to the caller's own handler."""
-    if received == signal.SIGINT:
-        raise KeyboardInterrupt("the search was stopped by Ctrl-C; the same call resumes it")
-    signal.raise_signal(received)
-    raise KeyboardInterrupt(f"the search was stopped by {received.name}")
 
 
 def python_steps(end: TuneEnd) -> list[str]:

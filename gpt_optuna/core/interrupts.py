@@ -15,6 +15,7 @@ import contextlib
 import signal
 import threading
 from collections.abc import Iterator
+from typing import NoReturn
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 """The signals that stop a run as Ctrl-C does."""
@@ -54,9 +55,14 @@ def handled() -> Iterator[None]:
             signal.signal(number, handler)
 
 
-def signal_received() -> signal.Signals:
-    """The stopping signal last received (SIGINT where none was)."""
-    return signal.Signals(_received[0])
+def stop_caller(what: str, then: str = "") -> NoReturn:
+    """Once a step run under :func:`handled` has stopped for a signal, stop its caller as the signal
+    would have: Ctrl-C as KeyboardInterrupt (saying ``what`` was stopped, and ``then`` what to do);
+    SIGTERM or SIGHUP sent again, to the caller's own handler."""
+    received = signal.Signals(_received[0])
+    if received != signal.SIGINT:
+        signal.raise_signal(received)
+    raise KeyboardInterrupt(f"{what} was stopped by {cause()}" + (f"; {then}" if then else ""))
 
 
 def ignore() -> None:

@@ -51,6 +51,15 @@ def _mark_trace(mark: Mark, x: float, y: float | None, row: TrialRow | None = No
     )
 
 
+def _points(rows: list[TrialRow], x: list[Any], y: list[Any], name: str, **marker: Any) -> Any:
+    """``rows`` as markers at ``x``, ``y``, each with its trial's hover text (its parameters)."""
+    import plotly.graph_objects as go
+
+    return go.Scatter(
+        x=x, y=y, mode="markers", marker=marker or None, name=name, hovertext=[r.hover for r in rows], hoverinfo="text"
+    )
+
+
 LEGEND = {"orientation": "h", "yanchor": "top", "y": -0.22, "xanchor": "left", "x": 0}
 """Legends below the plot, clear of the axis title."""
 
@@ -69,17 +78,9 @@ def pareto_figure(rows: list[TrialRow], axis: ErrorAxis, marked: list[Mark] | No
             groups.setdefault(f"{r.status}: {r.cause}", []).append(r)
     for label, shown in groups.items():
         feasible = label == "feasible"
-        figure.add_trace(
-            go.Scatter(
-                x=[r.latency_ms for r in shown],
-                y=[axis.value(r.accuracy) for r in shown],
-                mode="markers",
-                marker={"symbol": "circle" if feasible else "x", "size": 8 if feasible else 10, "opacity": 0.8},
-                name=label[:80],
-                hovertext=[r.hover for r in shown],
-                hoverinfo="text",
-            )
-        )
+        x, y = [r.latency_ms for r in shown], [axis.value(r.accuracy) for r in shown]
+        style = {"symbol": "circle" if feasible else "x", "size": 8 if feasible else 10, "opacity": 0.8}
+        figure.add_trace(_points(shown, x, y, label[:80], **style))
     front = pareto_front(rows, axis)
     figure.add_trace(
         go.Scatter(
@@ -133,26 +134,18 @@ def history_figure(rows: list[TrialRow], marked: list[Mark] | None = None) -> An
     for r in feasible:
         running = min(running, r.latency_ms)  # type: ignore[type-var]
         best.append(running)
+    numbers = [r.number for r in feasible]
     figure = go.Figure(
         [
-            go.Scatter(
-                x=[r.number for r in feasible],
-                y=[r.latency_ms for r in feasible],
-                mode="markers",
-                name="trial",
-                hovertext=[r.hover for r in feasible],
-                hoverinfo="text",
-            ),
-            go.Scatter(x=[r.number for r in feasible], y=best, mode="lines", line={"shape": "hv"}, name="best so far"),
+            _points(feasible, numbers, [r.latency_ms for r in feasible], "trial"),
+            go.Scatter(x=numbers, y=best, mode="lines", line={"shape": "hv"}, name="best so far"),
         ]
     )
-    right = max((r.number for r in feasible), default=0)
+    right, by_number = max(numbers, default=0), {r.number: r for r in rows}
     for mark in marked or []:  # a line across, and the mark at the right end, labelled
-        symbol, colour, _ = MARK_STYLE["baseline" if mark.label.startswith("baseline") else "winner"]
+        _, colour, _ = MARK_STYLE["baseline" if mark.label.startswith("baseline") else "winner"]
         figure.add_hline(y=mark.latency_ms, line_dash="dash", line_color=colour)
-        figure.add_trace(
-            _mark_trace(mark, right, mark.latency_ms, next((r for r in rows if r.number == mark.trial), None))
-        )
+        figure.add_trace(_mark_trace(mark, right, mark.latency_ms, by_number.get(mark.trial)))
     axis = latency_axis([r.latency_ms for r in feasible] + [m.latency_ms for m in marked or []])
     figure.update_layout(title="Optimization history", xaxis_title="trial", yaxis=axis, legend=LEGEND)
     return figure
@@ -181,16 +174,7 @@ def build_figure(rows: list[TrialRow]) -> Any:
     import plotly.graph_objects as go
 
     shown = [r for r in rows if r.build_s is not None and r.latency_ms is not None]
-    figure = go.Figure(
-        go.Scatter(
-            x=[r.build_s for r in shown],
-            y=[r.latency_ms for r in shown],
-            mode="markers",
-            name="trial",
-            hovertext=[r.hover for r in shown],
-            hoverinfo="text",
-        )
-    )
+    figure = go.Figure(_points(shown, [r.build_s for r in shown], [r.latency_ms for r in shown], "trial"))
     axis = latency_axis([r.latency_ms for r in shown])
     figure.update_layout(title="Build time against latency", xaxis_title="build (s)", yaxis=axis)
     return figure
@@ -203,7 +187,7 @@ def outcomes_figure(rows: list[TrialRow]) -> Any:
 
     counted = Counter((r.status, r.cause) for r in rows if r.reused_from is None and r.status in STATUS_COLOURS)
     ordered = sorted(counted.items(), key=lambda item: (list(STATUS_COLOURS).index(item[0][0]), -item[1]))[::-1]
-    labels = [status if status == "feasible" else f"{status}: {cause[:70]}" for (status, cause), _ in ordered]
+    labels = [f"{status}: {cause[:70]}" if cause else status for (status, cause), _ in ordered]
     figure = go.Figure(
         go.Bar(
             x=[count for _, count in ordered],
