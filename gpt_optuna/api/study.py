@@ -200,7 +200,7 @@ class TunedStudy:
 
     def refresh(self) -> TunedStudy:
         """The study read again (a search still running has added trials since)."""
-        return TunedStudy(load_study(self.study._storage, self.study_name), self.storage)
+        return load(self.storage, self.study_name)
 
     def __str__(self) -> str:
         return format_summary(self.summary)

@@ -76,6 +76,7 @@ class TuneEnd:
         return self.stopped_by is not None and not self.reconfirm
 
     def advice(self) -> Advice:
+        """What is worth doing next (:func:`advise`)."""
         return advise(self.summary, self.covered, self.reconfirm, self.stopped)
 
     def steps(self, args: list[str]) -> list[str]:
