@@ -55,7 +55,7 @@ def test_npz_that_does_not_match(cnn_path: Path, tmp_path: Path) -> None:
 
 def test_status_and_best_without_a_study() -> None:
     one_line_error(gpt_optuna("status"), "no study found under studies/")
-    one_line_error(gpt_optuna("best", "--study-name", "nope"), "no study database at studies/nope.db")
+    one_line_error(gpt_optuna("best", "--study-name", "nope"), f"no study database at {Path.cwd()}/studies/nope.db")
 
 
 def test_help_works_without_heavy_imports() -> None:

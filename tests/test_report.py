@@ -35,12 +35,13 @@ def test_pareto_front_keeps_only_undominated_feasible_trials() -> None:
 
 @pytest.fixture(scope="module")
 def made_study(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One study with feasible, infeasible and failed trials and confirmed finalists, made once; its
-    latencies span over 50x (a 5 ms delay beside 0.05 ms and less)."""
+    """One study with feasible, infeasible and failed trials and confirmed finalists, made once: a
+    space of 9 candidates and the baseline, each evaluated whatever the sampler draws (it proposes
+    none twice), so its latencies span over 50x (a 5 ms delay beside the baseline's 0.2 ms and less)."""
     folder = tmp_path_factory.mktemp("made")
     model = save(small_cnn(), folder / "cnn.onnx")
     config = folder / "tune.toml"
-    space = 'mode = ["ok", "noisy", "crash"]\ndelay_us = [5000, 50, 0]\n'
+    space = 'mode = ["ok", "noisy", "crash"]\ndelay_us = [5000, 50, 0]\nbuild_ms = [0]\na = [0]\nb = [0]\nc = "x"\n'
     config.write_text(f"[measure]\nbudget_s = 0.05\n[space]\n{space}")
     argv = ["tune", str(model), "--backend", SYNTHETIC, "--config", str(config), "--quiet", "--n-trials", "14"]
     here = Path.cwd()

@@ -36,7 +36,6 @@ from gpt_optuna.api.check_outcome import (
 )
 from gpt_optuna.api.check_record import exported_model, load_record, read_samples, recorded_latency, shape_flags
 from gpt_optuna.core import interrupts
-from gpt_optuna.core.errors import UserError
 from gpt_optuna.evaluation.accuracy import parse_criterion
 from gpt_optuna.graph import feeds as feeds_io
 from gpt_optuna.graph import model as model_io
@@ -72,7 +71,27 @@ def check(
     an export wrote), within ``budget`` (a duration or seconds) and ``tolerance`` (``"5%"`` or
     0.05). ``config``: a tune.toml whose [measure] and [space] tables, trial_timeout,
     confirm_processes, confirm_top, sampler and seed apply; ``junit``: a JUnit XML report to
-    write; ``update``: rewrite the record where the model is found faster."""
+    write; ``update``: rewrite the record where the model is found faster. Ctrl-C stops it with
+    KeyboardInterrupt."""
+    options = {"config": config, "junit": junit, "update": update, "progress": progress}
+    with interrupts.handled():
+        result = gate(model, record, budget, tolerance, **options)
+    if result.code > 128:  # stopped by a signal: so is the caller
+        interrupts.stop_caller("the check")
+    return result
+
+
+def gate(
+    model: str | Path,
+    record: str | Path,
+    budget: str | float,
+    tolerance: str | float,
+    config: str | Path | None,
+    junit: str | Path | None,
+    update: bool,
+    progress: bool,
+) -> CheckResult:
+    """:func:`check` as the command line runs it: a signal ends it with its exit code."""
     from gpt_optuna.api.exporting import writable_file
     from gpt_optuna.search.config import read_toml
     from gpt_optuna.search.options import parse_duration, parse_tolerance
@@ -80,14 +99,8 @@ def check(
     allowed = ("measure", "space", "trial_timeout_s", "confirm_processes", "confirm_top", "sampler", "seed")
     base = {k: v for k, v in (read_toml(Path(config)) if config else {}).items() if k in allowed}
     report = writable_file(Path(junit)) if junit else None
-    share = parse_tolerance(tolerance) if isinstance(tolerance, str) else float(tolerance)
-    if not 0 <= share < 1:
-        raise UserError(f"tolerance must be between 0 and 100 %, got {tolerance!r}")
-    with interrupts.handled():
-        result = run_check(Path(model), Path(record), parse_duration(budget), share, base, report, update, not progress)
-    if result.code > 128:  # stopped by a signal: so is the caller, as on the command line
-        interrupts.stop_caller("the check")
-    return result
+    share = parse_tolerance(tolerance)
+    return run_check(Path(model), Path(record), parse_duration(budget), share, base, report, update, not progress)
 
 
 def outputs_unchanged(model: Path, record: dict[str, Any]) -> Outcome:

@@ -17,12 +17,13 @@ from typing import TYPE_CHECKING, Any
 import optuna
 
 from gpt_optuna.api.exporting import Exported, export, writable_file
+from gpt_optuna.core import interrupts
 from gpt_optuna.core.errors import UserError
 from gpt_optuna.evaluation.measure import ROUNDS
 from gpt_optuna.results.export import figures_record
-from gpt_optuna.results.rows import TrialRow, collect, criterion_of, marks
+from gpt_optuna.results.rows import ErrorAxis, TrialRow, collect, criterion_of, error_axis, marks
 from gpt_optuna.results.summary_text import format_summary, headline
-from gpt_optuna.search.config import study_flags
+from gpt_optuna.search.config import absolute_storage, study_flags
 from gpt_optuna.search.options import parse_duration
 from gpt_optuna.study.storage import load_study, open_storage, storage_file
 from gpt_optuna.study.summary import StudySummary, summarize_study
@@ -117,17 +118,20 @@ class Baseline:
 
 
 def storage_url(storage: str | Path) -> str:
-    """An Optuna storage URL for a URL or a study file's path (``studies/x.db``: SQLite)."""
+    """An Optuna storage URL for a URL or an SQLite file's path (``studies/x.db``), a file's made
+    absolute: the same study from any folder."""
+    if not isinstance(storage, str | Path):
+        raise TypeError(f"storage: a URL or an SQLite file's path, not {type(storage).__name__}")
     text = str(storage)
     if "://" in text or text.startswith("journal:"):
-        return text
+        return absolute_storage(text)
     path = Path(text).expanduser().resolve()
     if path.is_dir():
         raise UserError(f"{path} is a folder: give the study's database file, e.g. {path / 'NAME.db'}")
     return f"sqlite:///{path}"
 
 
-def open_study(storage: str | Path, study_name: str | None = None, writable: bool = False) -> optuna.Study:
+def open_existing_study(storage: str | Path, study_name: str | None = None, writable: bool = False) -> optuna.Study:
     """The study in ``storage`` (a URL or a file): the one named, or the only one it holds. Opened
     read-only unless ``writable``: reading creates and locks nothing."""
     url = storage_url(storage)
@@ -137,18 +141,23 @@ def open_study(storage: str | Path, study_name: str | None = None, writable: boo
     opened = open_storage(url, create=False, read_only=not writable)
     if study_name is None:
         names = [s.study_name for s in optuna.get_all_study_summaries(opened, include_best_trial=False)]
-        if len(names) != 1:
-            listed = f" ({', '.join(names)})" if names else ""
-            raise UserError(f"the storage holds {len(names)} studies{listed}; choose one by its name (--study-name)")
+        if not names:
+            raise UserError(f"{url} holds no study")
+        if len(names) > 1:
+            raise UserError(
+                f"the storage holds {len(names)} studies ({', '.join(names)}); choose one with --study-name"
+                " (in Python: study_name=)"
+            )
         study_name = names[0]
     return load_study(opened, study_name)
 
 
 def load(storage: str | Path, study_name: str | None = None) -> TunedStudy:
-    """Open a study as gpt-optuna reads it: ``storage`` is an Optuna storage URL or a study file's
+    """Open a study as gpt-optuna reads it: ``storage`` is an Optuna storage URL or an SQLite file's
     path (``studies/model-onnxruntime.db``); ``study_name`` may be left out where it holds one
-    study. Only reads: this works while a search is running (:meth:`TunedStudy.refresh` reads again)."""
-    return TunedStudy(open_study(storage, study_name), storage_url(storage))
+    study. Only reads (an SQLite file is opened read-only): this works while a search is running
+    (:meth:`TunedStudy.refresh` reads it again)."""
+    return TunedStudy(open_existing_study(storage, study_name), storage_url(storage))
 
 
 class TunedStudy:
@@ -160,7 +169,12 @@ class TunedStudy:
     def __init__(self, study: optuna.Study, storage: str) -> None:
         self.study = study
         self.storage = storage
-        self.summary: StudySummary = summarize_study(study)
+        """The storage's URL (a file's absolute)."""
+
+    @cached_property
+    def summary(self) -> StudySummary:
+        """What every reader says about the study (read once; :meth:`refresh` reads again)."""
+        return summarize_study(self.study)
 
     @property
     def study_name(self) -> str:
@@ -199,8 +213,11 @@ class TunedStudy:
         return None if self.summary.decided is None else self.summary.decided.number
 
     def refresh(self) -> TunedStudy:
-        """The study read again (a search still running has added trials since)."""
-        return load(self.storage, self.study_name)
+        """Read the study again (a search still running has added trials since); returns itself."""
+        self.study = open_existing_study(self.storage, self.study_name)
+        for cached in ("summary", "rows"):
+            self.__dict__.pop(cached, None)
+        return self
 
     def __str__(self) -> str:
         return format_summary(self.summary)
@@ -233,24 +250,28 @@ class TunedStudy:
             | {"reason": r.reason, "reused_from": r.reused_from, "measured_on": r.measured_on}
             for r in self.rows
         ]
-        return pandas.DataFrame.from_records(records, index="number") if records else pandas.DataFrame()
+        columns = ["number", "status", "latency_ms", "winner", "baseline", "reason", "reused_from", "measured_on"]
+        return pandas.DataFrame.from_records(records or [], columns=None if records else columns, index="number")
+
+    def error_axis(self, error: str | None = None) -> ErrorAxis:
+        """The accuracy metric ``error`` names as the Pareto front is drawn against it (default:
+        the criterion's first clause whose values differ between the feasible trials)."""
+        return error_axis(self.rows, criterion_of(self.study), error)
 
     def pareto_front(self, error: str | None = None) -> list[int]:
-        """The trials on the Pareto front of search latency against ``error`` (an accuracy metric;
-        default: the criterion's informative clause), fastest first."""
-        from gpt_optuna.results.rows import error_axis, pareto_front
+        """The trials on the Pareto front of search latency against ``error`` (an accuracy metric,
+        as :meth:`error_axis` takes it), fastest first."""
+        from gpt_optuna.results.rows import pareto_front
 
-        return [r.number for r in pareto_front(self.rows, error_axis(self.rows, criterion_of(self.study), error))]
+        return [r.number for r in pareto_front(self.rows, self.error_axis(error))]
 
     def pareto_figure(self, error: str | None = None) -> Any:
         """Latency against an accuracy metric (``error``: one of the criterion's clauses or the
         output metrics; default: the clause whose values differ between the feasible trials), the
         Pareto front, infeasible trials by reason, and the baseline and winner marked."""
         from gpt_optuna.results.figures import pareto_figure
-        from gpt_optuna.results.rows import error_axis
 
-        axis = error_axis(self.rows, criterion_of(self.study), error)
-        return pareto_figure(self.rows, axis, marks(self.rows, self.summary))
+        return pareto_figure(self.rows, self.error_axis(error), marks(self.rows, self.summary))
 
     def history_figure(self) -> Any:
         """Each feasible trial's latency and the best so far, the baseline and the winner marked."""
@@ -289,6 +310,7 @@ class TunedStudy:
     def export(
         self,
         path: str | Path,
+        *,
         trial: int | None = None,
         format: str = "file",
         force: bool = False,
@@ -300,43 +322,54 @@ class TunedStudy:
         return export(self.study, Path(path), trial, format, force, model_name)
 
     def confirm(
-        self, top: int = 5, processes: int = 5, rounds: int = ROUNDS, timeout: str | float | None = None
+        self, *, top: int = 5, processes: int = 5, rounds: int = ROUNDS, timeout: str | float | None = None
     ) -> TunedStudy:
         """Re-measure the ``top`` best candidates and the baseline interleaved in ``processes``
-        fresh processes (``gpt-optuna confirm``), printing its progress; the study read again.
-        Ctrl-C (a notebook's interrupt) keeps the rounds measured so far."""
+        fresh processes (``gpt-optuna confirm``), printing its progress and the summary; returns
+        itself, read again. Ctrl-C (a notebook's interrupt) keeps the rounds measured so far, prints
+        the summary and raises KeyboardInterrupt."""
         from gpt_optuna.results.winner import record_winner
         from gpt_optuna.search.finalists import confirm, template_from_study
         from gpt_optuna.study.record import study_folder
 
         if top < 1 or processes < 1 or rounds < 3:
-            raise UserError("top and processes must be at least 1, rounds at least 3")
+            raise UserError("--top and --processes must be at least 1, --rounds at least 3")
         deadline = time.monotonic() + parse_duration(timeout) if timeout else None
-        study = open_study(self.storage, self.study_name, writable=True)
+        study = open_existing_study(self.storage, self.study_name, writable=True)
         plural = "es" if processes > 1 else ""
         print(f"re-measuring the {top} best candidates and the baseline in {processes} process{plural} ...")
         say = lambda text: print(text, flush=True)  # noqa: E731
         try:
-            found = confirm(
-                study, template_from_study(study), study_folder(study) / "confirm.log", top, processes, say,
-                deadline=deadline, rounds=rounds,
-            )  # fmt: skip
+            with interrupts.handled():
+                found = confirm(
+                    study, template_from_study(study), study_folder(study) / "confirm.log", top, processes, say,
+                    deadline=deadline, rounds=rounds,
+                )  # fmt: skip
         except KeyboardInterrupt:
             print(format_summary(record_winner(study)))
-            raise
+            interrupts.stop_caller("the re-measurement", "what it measured is kept")
         if found is None:
             raise UserError(f"study {self.study_name} has no measured baseline and feasible candidate to confirm")
         print(format_summary(record_winner(study)))
         return self.refresh()
 
-    def check(self, model: str | Path, **options: Any) -> CheckResult:
+    def check(
+        self,
+        model: str | Path,
+        *,
+        budget: str | float = "10m",
+        tolerance: str | float = "5%",
+        config: str | Path | None = None,
+        progress: bool = True,
+    ) -> CheckResult:
         """Check a (changed) model against what this study recommends deploying, as ``gpt-optuna
         check`` does against an export's record: :attr:`deploy` is exported with its record into
-        ``checks/`` in the study's folder, and :func:`gpt_optuna.check` runs with ``options``."""
+        ``checks/`` in the study's folder, and :func:`gpt_optuna.check` runs with the options."""
         from gpt_optuna.api.check import check
         from gpt_optuna.study.record import study_folder
 
         folder = study_folder(self.study) / "checks" / time.strftime("%Y%m%d-%H%M%S")
         folder.mkdir(parents=True, exist_ok=True)
         exported = self.export(folder / "record", force=True)
+        options = {"budget": budget, "tolerance": tolerance, "config": config, "progress": progress}
         return check(model, exported.record, **options)

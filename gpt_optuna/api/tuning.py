@@ -15,11 +15,11 @@ from typing import Any
 
 import optuna
 
-from gpt_optuna.api.study import TunedStudy, open_study, storage_url
+from gpt_optuna.api.study import TunedStudy, load, storage_url
 from gpt_optuna.core import interrupts
 from gpt_optuna.core.errors import UserError
-from gpt_optuna.search.config import TuneConfig, measure_settings, read_toml
-from gpt_optuna.search.options import parse_duration
+from gpt_optuna.search.config import TuneConfig, absolute_storage, measure_settings, read_toml
+from gpt_optuna.search.options import optional_path, parse_duration
 from gpt_optuna.search.progress import Progress, in_notebook
 from gpt_optuna.search.tune import TuneEnd
 from gpt_optuna.search.tune import tune as run_search
@@ -72,17 +72,17 @@ def tune(
     """
     given: dict[str, Any] = {
         "model": Path(model),
-        "inputs": _path(inputs),
+        "inputs": optional_path(inputs),
         "accuracy": accuracy,
         "backend": backend,
         "n_trials": n_trials,
         "timeout_s": parse_duration(timeout) if timeout is not None else None,
-        "storage": storage_url(storage) if storage is not None else None,
+        "storage": absolute_storage(storage_url(storage)) if storage is not None else None,
         "study_name": study_name,
         "space": dict(space) if space is not None else None,
         "metric": metric,
         "samples": samples,
-        "calibration": _path(calibration),
+        "calibration": optional_path(calibration),
         "shapes": _shape_flags(shapes),
         "sampler": sampler,
         "seed": seed,
@@ -93,7 +93,7 @@ def tune(
         "confirm_processes": confirm_processes,
         "workers": workers,
         "gpus": gpus,
-        "artifacts": _path(artifacts),
+        "artifacts": optional_path(artifacts),
         "allow_mixed_gpus": allow_mixed_gpus,
         "no_seeds": no_seeds,
         "warm_start": warm_start,
@@ -107,17 +107,20 @@ def tune(
     except TypeError as exc:
         raise UserError(f"bad configuration: {exc}") from exc
     shown = Progress(enabled=progress, widgets=progress and in_notebook())
-    with interrupts.handled(), _optuna_quiet():
-        end = run_search(tune_config, shown)
-    shown.finish(end.summary, python_steps(end), end.note, end.took)
+    try:
+        with interrupts.handled(), _optuna_log_kept():
+            end = run_search(tune_config, shown)
+    except KeyboardInterrupt:  # before the search began: nothing to summarize
+        interrupts.stop_caller("the search", "the same call starts it")
+    assert end.config.storage is not None and end.config.study_name is not None
+    where = f"gpt_optuna.load({absolute_storage(end.config.storage)!r}, {end.config.study_name!r})"
+    shown.finish(end.summary, python_steps(end, where), end.note, end.took)
+    if end.reconfirm:
+        then = f"the search is complete: {where}.confirm() re-measures the finalists"
+        interrupts.stop_caller("the finalists' re-measurement", then)
     if end.stopped_by is not None:
         interrupts.stop_caller("the search", "the same call resumes it")
-    assert tune_config.storage is not None
-    return TunedStudy(open_study(tune_config.storage, end.config.study_name), tune_config.storage)
-
-
-def _path(value: str | Path | None) -> Path | None:
-    return None if value is None else Path(value)
+    return load(end.config.storage, end.config.study_name)
 
 
 def _shape_flags(shapes: dict[str, str] | Sequence[str] | None) -> list[str] | None:
@@ -132,8 +135,8 @@ def _shape_flags(shapes: dict[str, str] | Sequence[str] | None) -> list[str] | N
 
 
 @contextlib.contextmanager
-def _optuna_quiet() -> Iterator[None]:
-    """Optuna's own log quiet during the search (its progress is ours), as it was after."""
+def _optuna_log_kept() -> Iterator[None]:
+    """Optuna's log level as it was before the search (which quiets Optuna: its progress is ours)."""
     verbosity = optuna.logging.get_verbosity()
     try:
         yield
@@ -141,10 +144,11 @@ def _optuna_quiet() -> Iterator[None]:
         optuna.logging.set_verbosity(verbosity)
 
 
-def python_steps(end: TuneEnd) -> list[str]:
-    """What is worth doing next (:meth:`TuneEnd.advice`), as Python calls on the returned study."""
+def python_steps(end: TuneEnd, where: str) -> list[str]:
+    """What is worth doing next (:meth:`TuneEnd.advice`), as Python calls on the returned study
+    (``where``: the call that opens it, where a signal stopped the run and nothing is returned)."""
     advice = end.advice()
-    steps = []
+    steps = [f"the study: study = {where}"] if end.stopped_by is not None else []
     if advice.resume:
         steps.append("resume with: the same gpt_optuna.tune(...) call")
     if advice.extend:

@@ -33,10 +33,9 @@ def _resolve_storage(args: argparse.Namespace) -> tuple[str, str | None]:
 
 def _open_existing(args: argparse.Namespace) -> Any:
     """The study a reading command names, as the API opens it; only ``confirm`` writes to it."""
-    from gpt_optuna.api.study import TunedStudy, open_study
+    from gpt_optuna.api.study import load
 
-    url, name = _resolve_storage(args)
-    return TunedStudy(open_study(url, name), url)
+    return load(*_resolve_storage(args))
 
 
 def print_space(config: TuneConfig, as_json: bool) -> int:
@@ -74,11 +73,10 @@ def _tune(args: argparse.Namespace, argv: list[str]) -> int:
 
 
 def _check(args: argparse.Namespace, _: list[str]) -> int:
-    from gpt_optuna.api.check import check
+    from gpt_optuna.api.check import gate
 
-    budget, tolerance = args.budget, args.tolerance
-    options = {"config": args.config, "junit": args.junit, "update": args.update, "progress": not args.quiet}
-    return check(args.model, args.baseline, budget=budget, tolerance=tolerance, **options).code
+    options = (args.config, args.junit, args.update, not args.quiet)
+    return gate(args.model, args.baseline, args.budget, args.tolerance, *options).code
 
 
 def _space(args: argparse.Namespace, _: list[str]) -> int:
@@ -115,13 +113,14 @@ def _report(args: argparse.Namespace, study: Any) -> int:
 
 
 def _export(args: argparse.Namespace, study: Any) -> int:
-    exported = study.export(args.output, args.trial, args.format, args.force, args.model_name)
+    options = {"trial": args.trial, "format": args.format, "force": args.force, "model_name": args.model_name}
+    exported = study.export(args.output, **options)
     print("\n".join(exported.lines))
     return 0
 
 
 def _confirm(args: argparse.Namespace, study: Any) -> int:
-    study.confirm(args.top, args.processes, args.rounds, args.timeout)
+    study.confirm(top=args.top, processes=args.processes, rounds=args.rounds, timeout=args.timeout)
     return 0
 
 

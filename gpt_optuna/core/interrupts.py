@@ -41,18 +41,23 @@ def install() -> None:
 
 @contextlib.contextmanager
 def handled() -> Iterator[None]:
-    """:func:`install` for the block only: the handlers found before it (a Python session's, a
-    notebook kernel's) are given back after it, so that the caller's own Ctrl-C works as before."""
+    """:func:`install` for the block only (a signal the caller ignores, as ``nohup`` ignores SIGHUP,
+    stays ignored): the handlers found before it (a Python session's, a notebook kernel's) are given
+    back after it, and a signal it handled is forgotten, so that the caller's next step starts afresh."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     previous = {number: signal.getsignal(number) for number in SIGNALS}
     install()
+    for number, handler in previous.items():
+        if handler is signal.SIG_IGN:
+            signal.signal(number, signal.SIG_IGN)
     try:
         yield
     finally:
         for number, handler in previous.items():
             signal.signal(number, handler)
+        _pressed.clear()
 
 
 def stop_caller(what: str, then: str = "") -> NoReturn:

@@ -33,11 +33,16 @@ def latency_axis(values: Iterable[float | None]) -> dict[str, Any]:
     return {"title": "latency (ms)"}
 
 
+def _style(mark: Mark) -> tuple[str, str, str]:
+    """The mark's symbol, colour and label position (:data:`MARK_STYLE`)."""
+    return MARK_STYLE["baseline" if mark.label.startswith("baseline") else "winner"]
+
+
 def _mark_trace(mark: Mark, x: float, y: float | None, row: TrialRow | None = None) -> Any:
     """The baseline or the winner, labelled, its hover text with the trial's own (its parameters)."""
     import plotly.graph_objects as go
 
-    symbol, colour, position = MARK_STYLE["baseline" if mark.label.startswith("baseline") else "winner"]
+    symbol, colour, position = _style(mark)
     return go.Scatter(
         x=[x],
         y=[y],
@@ -143,7 +148,7 @@ def history_figure(rows: list[TrialRow], marked: list[Mark] | None = None) -> An
     )
     right, by_number = max(numbers, default=0), {r.number: r for r in rows}
     for mark in marked or []:  # a line across, and the mark at the right end, labelled
-        _, colour, _ = MARK_STYLE["baseline" if mark.label.startswith("baseline") else "winner"]
+        _, colour, _ = _style(mark)
         figure.add_hline(y=mark.latency_ms, line_dash="dash", line_color=colour)
         figure.add_trace(_mark_trace(mark, right, mark.latency_ms, by_number.get(mark.trial)))
     axis = latency_axis([r.latency_ms for r in feasible] + [m.latency_ms for m in marked or []])

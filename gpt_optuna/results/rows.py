@@ -71,7 +71,7 @@ def collect(study: optuna.Study) -> list[TrialRow]:
     trials = study.get_trials(deepcopy=False)
     retried = retried_numbers(trials)
     for trial in trials:
-        attrs = trial.user_attrs
+        attrs, status = trial.user_attrs, trial_status(trial, retried)
         latency = measured_latency_ms(trial)
         accuracy = attrs.get("accuracy")
         error = criterion.error(accuracy) if criterion is not None and accuracy else None
@@ -79,7 +79,7 @@ def collect(study: optuna.Study) -> list[TrialRow]:
         rows.append(
             TrialRow(
                 number=trial.number,
-                status=trial_status(trial, retried),
+                status=status,
                 latency_ms=latency,
                 error=float(error) if error is not None else None,
                 build_s=attrs.get("build_s"),
@@ -89,7 +89,7 @@ def collect(study: optuna.Study) -> list[TrialRow]:
                 reused_from=attrs.get("reused_from"),
                 accuracy=dict(accuracy or {}),
                 measured_on=f"{attrs['host']} {attrs.get('gpu', '')}".strip() if "host" in attrs else "",
-                cause=_cause(trial, trial_status(trial, retried)),
+                cause=_cause(trial, status),
             )
         )
     return rows
@@ -187,7 +187,7 @@ def error_axis(rows: list[TrialRow], criterion: Criterion | None, metric: str | 
 
     def axis(name: str) -> ErrorAxis:
         recorded = [r.accuracy[name] for r in rows if name in r.accuracy and math.isfinite(r.accuracy[name])]
-        bounded = directions[name] and bool(recorded) and max(recorded) <= 1.0 + 1e-6  # a similarity
+        bounded = directions[name] and max(recorded, default=1.0) <= 1.0 + 1e-6  # a similarity
         return ErrorAxis(name, directions[name], bounded)
 
     if metric is not None:

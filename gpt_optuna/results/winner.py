@@ -56,7 +56,7 @@ def record_winner(study: optuna.Study) -> StudySummary:
     summary = summarize_study(study)
     record = winner_record(summary)
     before = study.user_attrs.get(WINNER_ATTR)
-    if record is not None and before != record:
+    if record is not None and (before != record or VERDICT_ATTR not in study.user_attrs):
         study.set_user_attr(WINNER_ATTR, record)
         study.set_user_attr(VERDICT_ATTR, headline(summary))
         _dashboard_notes(study, summary, before["trial"] if before else None)
@@ -106,12 +106,15 @@ def _dashboard_notes(study: optuna.Study, summary: StudySummary, former: int | N
         from optuna_dashboard import save_note
     except ImportError:
         return
-    from optuna_dashboard import save_plotly_graph_object
-
     assert summary.best is not None
     text = headline(summary)
     save_note(study, f"## gpt-optuna\n\n{text}\n\nThe winner is trial {summary.best.number}.")
-    save_plotly_graph_object(study, winner_figure(summary), graph_object_id=DASHBOARD_FIGURE)
+    try:
+        from optuna_dashboard import save_plotly_graph_object
+    except ImportError:  # a version without figures on the study's page
+        pass
+    else:
+        save_plotly_graph_object(study, winner_figure(summary), graph_object_id=DASHBOARD_FIGURE)
 
     def note(number: int, body: str) -> None:
         # the note API reads only these three of a trial (optuna.Trial would call the sampler's hooks)

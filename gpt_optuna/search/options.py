@@ -32,14 +32,17 @@ def parse_duration(text: str | float | int) -> float:
     return seconds
 
 
-def parse_tolerance(text: str) -> float:
-    """``5%`` or ``0.05`` as a fraction."""
+def parse_tolerance(text: str | float) -> float:
+    """``5%``, ``0.05`` (or the number 0.05) as a fraction."""
     try:
-        value = float(text.strip().removesuffix("%")) / (100 if text.strip().endswith("%") else 1)
+        if isinstance(text, str):
+            value = float(text.strip().removesuffix("%")) / (100 if text.strip().endswith("%") else 1)
+        else:
+            value = float(text)
     except ValueError:
         raise UserError(f"malformed --tolerance {text!r}: use e.g. 5% or 0.05") from None
     if not 0 <= value < 1:
-        raise UserError(f"--tolerance must be between 0 and 100 %, got {text!r}")
+        raise UserError(f"--tolerance must be a fraction below 1 (0.05) or a percentage below 100 (5%), got {text!r}")
     return value
 
 
@@ -48,7 +51,8 @@ def _is_loader(value: str, folder: Path) -> bool:
     return ":" in value and not (folder / value).exists() and not Path(value).exists()
 
 
-def _path(text: str | None) -> Path | None:
+def optional_path(text: str | Path | None) -> Path | None:
+    """A path given, None where none was (or an empty flag)."""
     return Path(text) if text else None
 
 
@@ -79,8 +83,8 @@ DURATION = Kind(
     from_flag=lambda text: parse_duration(text) if text else None,
     from_toml=lambda value, folder: parse_duration(value),
 )
-FILE = Kind("a string", (str,), from_flag=_path, from_toml=_file)
-FOLDER = Kind("a string", (str,), from_flag=_path, from_toml=lambda value, folder: folder / value)
+FILE = Kind("a string", (str,), from_flag=optional_path, from_toml=_file)
+FOLDER = Kind("a string", (str,), from_flag=optional_path, from_toml=lambda value, folder: folder / value)
 TEXTS = Kind("a string or a list of strings", (str, list))
 """Comma-separated in one string, or a list."""
 TEXT_LIST = Kind(
