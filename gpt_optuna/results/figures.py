@@ -25,6 +25,13 @@ MARK_STYLE = {"baseline": ("star", "#444444", "top center"), "winner": ("diamond
 STATUS_COLOURS = {"feasible": "#1f77b4", "infeasible": "#ff7f0e", "failed": "#9467bd", "interrupted": "#7f7f7f"}
 
 
+def padded(values: list[float]) -> list[float]:
+    """An axis range holding ``values`` with room around them for the marks and their labels."""
+    low, high = min(values, default=0.0), max(values, default=1.0)
+    span = high - low or abs(high) or 1.0
+    return [low - 0.15 * span, high + 0.15 * span]
+
+
 def latency_axis(values: Iterable[float | None]) -> dict[str, Any]:
     """A latency axis's settings: logarithmic where the values span more than :data:`LOG_SPAN`."""
     drawn = [v for v in values if v is not None and v > 0]
@@ -118,11 +125,10 @@ def pareto_figure(rows: list[TrialRow], axis: ErrorAxis, marked: list[Mark] | No
             font={"size": 11, "color": "#555555"},
         )
     latencies = [r.latency_ms for r in drawn] + [m.latency_ms for m in marked or []]
-    yaxis: dict[str, Any] = {"title": axis.title}
+    errors = [axis.value(r.accuracy) for r in drawn]  # the marked trials' among them
+    yaxis: dict[str, Any] = {"title": axis.title, "range": padded([e for e in errors if e is not None])}
     if axis.higher_is_better and not axis.complement:
-        yaxis["autorange"] = "reversed"  # better is lower on the page, as for an error
-    else:
-        yaxis["rangemode"] = "tozero"
+        yaxis["range"] = yaxis["range"][::-1]  # better is lower on the page, as for an error
     figure.update_layout(
         title=f"Latency against {axis.title}", xaxis=latency_axis(latencies), yaxis=yaxis, legend=LEGEND
     )
