@@ -60,7 +60,7 @@ def tune(
 ) -> TunedStudy:
     """Run or resume a search for the fastest configuration of ``model`` that meets ``accuracy``,
     re-measure the finalists, print the summary, and return the study as :func:`gpt_optuna.load`
-    reads it. ``storage`` is a URL or a study file's path (default ``studies/<study_name>.db``);
+    reads it. ``storage`` is a URL or an SQLite file's path (default ``studies/<study_name>.db``);
     ``space`` is tune.toml's [space] table and ``measure`` its [measure] table, as dicts; ``shapes``
     maps input names to dims (``{"x": "1x3x224x224"}``). ``progress``: a bar (a widget in a
     notebook with ipywidgets) and a line per note.
@@ -77,7 +77,7 @@ def tune(
         "backend": backend,
         "n_trials": n_trials,
         "timeout_s": parse_duration(timeout) if timeout is not None else None,
-        "storage": absolute_storage(storage_url(storage)) if storage is not None else None,
+        "storage": storage_url(storage) if storage is not None else None,
         "study_name": study_name,
         "space": dict(space) if space is not None else None,
         "metric": metric,
