@@ -1,0 +1,107 @@
+"""The tuner's cost per trial as its study grows, beside plain Optuna's TPE on the same storage.
+
+One study of the synthetic backend (a 10,800-candidate space: delays of 0-89 us and three inert
+knobs) is grown by ``tune`` to each size in turn (each stage resumes it with a larger trial
+target); beside it, in the same run, a plain Optuna study with the same distributions, the same
+SQLite settings and a seeded TPE sampler is grown by ``study.optimize`` with an objective that
+returns at once. Each row gives, over the last ``--window`` trials before that size, the tuner's
+overhead per trial (its wall time less the worker's own work, as ``overhead.py`` measures it),
+plain Optuna's time per trial and their ratio, and how long ``gpt-optuna status`` and ``best``
+take on the tuner's study then (the whole command, the interpreter's start included).
+
+    python benchmarks/long_run.py [--sizes 10,100,1000,5000] [--window 10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import optuna
+from overhead import MODEL, SYNTHETIC, Recorder, Timings, per_trial
+
+from gpt_optuna.core.space import Space
+from gpt_optuna.search.config import TuneConfig, read_toml
+from gpt_optuna.search.tune import tune
+from gpt_optuna.study.record import SPACE_ATTR
+from gpt_optuna.study.storage import open_storage
+
+SPACE = """[measure]
+budget_s = 0.005
+min_samples = 3
+[space]
+mode = "ok"
+build_ms = [0]
+delay_us = [{delays}]
+a = [0, 1, 2, 3, 4]
+"""
+"""90 delays x 5 x 8 (b) x 3 (c): 10,800 candidates."""
+
+
+def plain_optuna(url: str, space: Space, sizes: list[int], window: int) -> list[float]:
+    """Milliseconds per trial of plain Optuna's TPE over the last ``window`` trials before each size."""
+    study = optuna.create_study(storage=open_storage(url), sampler=optuna.samplers.TPESampler(seed=0))
+    ended: list[float] = [time.perf_counter()]
+
+    def objective(trial: optuna.Trial) -> float:
+        return float(space.suggest(trial)["delay_us"])
+
+    figures = []
+    for size in sizes:
+        callbacks = [lambda _, __: ended.append(time.perf_counter())]
+        study.optimize(objective, n_trials=size - len(study.trials), callbacks=callbacks)
+        gaps = [b - a for a, b in zip(ended[-window - 1 : -1], ended[-window:], strict=True)]
+        figures.append(1000 * statistics.fmean(gaps))
+    return figures
+
+
+def command_s(*args: str) -> float:
+    """Seconds a ``gpt-optuna`` command takes, start to end."""
+    start = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", "gpt_optuna.cli", *args], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    return time.perf_counter() - start
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="10,100,1000,5000", help="study sizes, comma-separated, increasing")
+    parser.add_argument("--window", type=int, default=10, help="trials averaged before each size")
+    args = parser.parse_args()
+    sizes = [int(s) for s in args.sizes.split(",")]
+    # a later stage's window also needs the trial before it
+    gaps = [b - a - (a > 0) for a, b in zip([0, *sizes], sizes, strict=True)]
+    if min(gaps) < args.window:
+        parser.error("each size must exceed the one before it by --window trials or more")
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    os.chdir(tempfile.mkdtemp(prefix="long-run-"))
+    Path("tune.toml").write_text(SPACE.format(delays=", ".join(map(str, range(90)))))
+    values = read_toml(Path("tune.toml"))
+    config = TuneConfig(model=MODEL, backend=SYNTHETIC, confirm_top=0, seed=0, study_name="long", **values)
+    where = ["--storage", str(config.storage), "--study-name", "long"]
+    timings, rows = Timings(), []
+    for size in sizes:
+        timings.clear()
+        tune(replace(config, n_trials=size), Recorder(timings))
+        study = optuna.load_study(study_name="long", storage=config.storage)
+        tuner = per_trial(study, timings, range(size - args.window, size))["overhead"]
+        rows.append((size, tuner, command_s("status", *where), command_s("best", *where)))
+        print(f"{size} trials: the tuner {tuner:.1f} ms per trial", flush=True)
+    space = Space.from_record(study.user_attrs[SPACE_ATTR])
+    plain = plain_optuna("sqlite:///plain.db", space, sizes, args.window)
+    print("\n trials  tuner ms/trial  plain TPE ms/trial  ratio  status s  best s")
+    for (size, tuner, status_s, best_s), optuna_ms in zip(rows, plain, strict=True):
+        ratio = tuner / optuna_ms
+        print(f"{size:>7}  {tuner:>14.1f}  {optuna_ms:>18.1f}  {ratio:>5.2f}  {status_s:>8.2f}  {best_s:>6.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
