@@ -77,7 +77,7 @@ def main() -> int:
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     # a later stage's window also needs the trial before it
-    gaps = [b - a - (a > 0) for a, b in zip([0, *sizes], sizes, strict=True)]
+    gaps = [b - a - (a > 0) for a, b in zip([0, *sizes[:-1]], sizes, strict=True)]
     if min(gaps) < args.window:
         parser.error("each size must exceed the one before it by --window trials or more")
     optuna.logging.set_verbosity(optuna.logging.ERROR)
