@@ -112,7 +112,7 @@ def readers(where: list[str], cwd: Path, tuned: str, notebook: bool) -> tuple[di
     top = best_rows(rows, summary)[0]
     speedup = float(top["speedup"].split("x")[0]) if top["speedup"] else None
     seen["report best table"] = (top["trial"], top["latency_ms"], speedup)
-    placed = {m.label: m for m in marks(rows, summary)}
+    placed = {m.label: m for m in marks(summary)}
     winner = placed.get("winner") or placed.get("baseline, the winner")
     seen["report plots"] = (winner.trial, winner.latency_ms, None) if winner else (None, None, None)
     attrs = optuna.load_study(study_name=where[3], storage=storage).user_attrs.get("winner", {})

@@ -86,7 +86,7 @@ def test_every_reader_names_the_winner_the_confirmation_chose_over_the_searchs_f
     rows = collect(study)
     table = best_rows(rows, summary)[0]
     readers["report table"] = (table["trial"], table["latency_ms"], table["baseline_ms"], None, table["measured"])
-    baseline_mark, winner_mark = marks(rows, summary)
+    baseline_mark, winner_mark = marks(summary)
     for figure in (
         pareto_figure(rows, error_axis(rows, None), [baseline_mark, winner_mark]),
         history_figure(rows, [baseline_mark, winner_mark]),

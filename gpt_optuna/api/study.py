@@ -86,8 +86,8 @@ class Winner:
         return cls(
             number=record["number"],
             params=dict(record["params"]),
-            verdict=summary.verdict,
-            headline=headline(summary),
+            verdict=record["verdict"],
+            headline=record["headline"],
             measurement=record["measurement"],
             latency_ms=record["latency_ms"],
             baseline_latency_ms=record["baseline_latency_ms"],
@@ -191,7 +191,7 @@ class TunedStudy:
         """The verdict in one sentence, as the summary opens."""
         return headline(self.summary)
 
-    @property
+    @cached_property
     def winner(self) -> Winner | None:
         """The winner and its figures (None before any feasible trial)."""
         return Winner.of(self.summary) if self.summary.best is not None else None
@@ -215,7 +215,7 @@ class TunedStudy:
     def refresh(self) -> TunedStudy:
         """Read the study again (a search still running has added trials since); returns itself."""
         self.study = open_existing_study(self.storage, self.study_name)
-        for cached in ("summary", "rows"):
+        for cached in ("summary", "rows", "winner"):
             self.__dict__.pop(cached, None)
         return self
 
@@ -271,13 +271,13 @@ class TunedStudy:
         Pareto front, infeasible trials by reason, and the baseline and winner marked."""
         from gpt_optuna.results.figures import pareto_figure
 
-        return pareto_figure(self.rows, self.error_axis(error), marks(self.rows, self.summary))
+        return pareto_figure(self.rows, self.error_axis(error), marks(self.summary))
 
     def history_figure(self) -> Any:
         """Each feasible trial's latency and the best so far, the baseline and the winner marked."""
         from gpt_optuna.results.figures import history_figure
 
-        return history_figure(self.rows, marks(self.rows, self.summary))
+        return history_figure(self.rows, marks(self.summary))
 
     def importance_figure(self) -> Any | None:
         """The parameters' importances for latency (None where too few trials completed)."""

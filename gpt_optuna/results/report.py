@@ -92,7 +92,7 @@ def render(study: optuna.Study, where: str = "", error: str | None = None) -> st
     rows = collect(study)
     summary = summarize_study(study)
     criterion = criterion_of(study)
-    marked = marks(rows, summary)
+    marked = marks(summary)
     figures = [
         pareto_figure(rows, error_axis(rows, criterion, error), marked),
         history_figure(rows, marked),

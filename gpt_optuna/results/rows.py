@@ -108,12 +108,11 @@ def _cause(trial: optuna.trial.FrozenTrial, status: str) -> str:
 @dataclass(frozen=True)
 class Mark:
     """The baseline or the winner as every plot places it: at its latency in the measurement that
-    judges the study (the one the summary names), with its error."""
+    judges the study (the one the summary names); each plot takes its accuracy from its trial's row."""
 
     label: str
     trial: int
     latency_ms: float
-    error: float | None
     measurement: str
 
     @property
@@ -125,20 +124,19 @@ class Mark:
         return html.escape(f"{self.name}: {self.latency_ms:.4g} ms")
 
 
-def marks(rows: list[TrialRow], summary: StudySummary) -> list[Mark]:
+def marks(summary: StudySummary) -> list[Mark]:
     """The baseline and the winner at the summary's figures (one mark where the baseline wins)."""
     if summary.dry_run or summary.baseline is None:
         return []
-    error = {r.number: r.error for r in rows}
     winner = summary.winner
     measurement = winner.measurement if winner is not None else "search"
     base = winner.baseline_ms if winner is not None else summary.baseline_search_value
     found = []
     if base is not None:
         label = "baseline, the winner" if summary.baseline_wins else "baseline"
-        found.append(Mark(label, summary.baseline.number, base, error.get(summary.baseline.number), measurement))
+        found.append(Mark(label, summary.baseline.number, base, measurement))
     if winner is not None and not summary.baseline_wins and winner.latency_ms is not None:
-        found.append(Mark("winner", winner.number, winner.latency_ms, error.get(winner.number), measurement))
+        found.append(Mark("winner", winner.number, winner.latency_ms, measurement))
     return found
 
 
@@ -194,9 +192,10 @@ def error_axis(rows: list[TrialRow], criterion: Criterion | None, metric: str | 
         return axis(metric)
     candidates = [c.metric.key for c in criterion.clauses] if criterion is not None else ["cosine"]
     for name in candidates:
-        drawn = {axis(name).value(r.accuracy) for r in rows if r.status == "feasible"} - {None}
+        candidate = axis(name)
+        drawn = {candidate.value(r.accuracy) for r in rows if r.status == "feasible"} - {None}
         if len(drawn) > 1:
-            return axis(name)
+            return candidate
     return axis(candidates[0])
 
 
