@@ -9,7 +9,7 @@ overhead per trial (its wall time less the worker's own work, as ``overhead.py``
 plain Optuna's time per trial and their ratio, and how long ``gpt-optuna status`` and ``best``
 take on the tuner's study then (the whole command, the interpreter's start included).
 
-    python benchmarks/long_run.py [--sizes 10,100,1000,5000] [--window 10]
+    python benchmarks/long_run.py [--sizes 10,100,1000,5000] [--window 20]
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from overhead import MODEL, SYNTHETIC, Recorder, Timings, per_trial
 
 from gpt_optuna.core.space import Space
 from gpt_optuna.search.config import TuneConfig, read_toml
+from gpt_optuna.search.sampling import base_sampler
 from gpt_optuna.search.tune import tune
 from gpt_optuna.study.record import SPACE_ATTR
 from gpt_optuna.study.storage import open_storage
@@ -45,21 +46,27 @@ a = [0, 1, 2, 3, 4]
 """90 delays x 5 x 8 (b) x 3 (c): 10,800 candidates."""
 
 
-def plain_optuna(url: str, space: Space, sizes: list[int], window: int) -> list[float]:
-    """Milliseconds per trial of plain Optuna's TPE over the last ``window`` trials before each size."""
-    study = optuna.create_study(storage=open_storage(url), sampler=optuna.samplers.TPESampler(seed=0))
+def plain_optuna(url: str, space: Space, sizes: list[int], windows: list[int]) -> list[float]:
+    """Milliseconds per trial of plain Optuna's TPE (as the tuner configures it), the median of
+    the last ``windows`` trials before each size."""
+    study = optuna.create_study(storage=open_storage(url), sampler=base_sampler("tpe", 0))
     ended: list[float] = [time.perf_counter()]
 
     def objective(trial: optuna.Trial) -> float:
         return float(space.suggest(trial)["delay_us"])
 
     figures = []
-    for size in sizes:
+    for size, window in zip(sizes, windows, strict=True):
         callbacks = [lambda _, __: ended.append(time.perf_counter())]
         study.optimize(objective, n_trials=size - len(study.trials), callbacks=callbacks)
         gaps = [b - a for a, b in zip(ended[-window - 1 : -1], ended[-window:], strict=True)]
-        figures.append(1000 * statistics.fmean(gaps))
+        figures.append(1000 * statistics.median(gaps))
     return figures
+
+
+def overhead_ms(study: optuna.Study, timings: Timings, numbers: range) -> list[float]:
+    """The tuner's overhead in each trial: its wall time less the worker's own work (``eval_s``)."""
+    return [per_trial(study, timings, range(n, n + 1))["overhead"] for n in numbers]
 
 
 def command_s(*args: str) -> float:
@@ -73,13 +80,13 @@ def command_s(*args: str) -> float:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="10,100,1000,5000", help="study sizes, comma-separated, increasing")
-    parser.add_argument("--window", type=int, default=10, help="trials averaged before each size")
+    parser.add_argument("--window", type=int, default=20, help="trials before each size whose median is shown")
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
-    # a later stage's window also needs the trial before it
-    gaps = [b - a - (a > 0) for a, b in zip([0, *sizes[:-1]], sizes, strict=True)]
-    if min(gaps) < args.window:
-        parser.error("each size must exceed the one before it by --window trials or more")
+    # a stage's window holds its own trials but the first (whose time includes the tuner's start)
+    windows = [min(args.window, b - a - 1) for a, b in zip([0, *sizes[:-1]], sizes, strict=True)]
+    if min(windows) < 1:
+        parser.error("each size must exceed the one before it by 2 trials or more")
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     os.chdir(tempfile.mkdtemp(prefix="long-run-"))
     Path("tune.toml").write_text(SPACE.format(delays=", ".join(map(str, range(90)))))
@@ -87,15 +94,15 @@ def main() -> int:
     config = TuneConfig(model=MODEL, backend=SYNTHETIC, confirm_top=0, seed=0, study_name="long", **values)
     where = ["--storage", str(config.storage), "--study-name", "long"]
     timings, rows = Timings(), []
-    for size in sizes:
+    for size, window in zip(sizes, windows, strict=True):
         timings.clear()
         tune(replace(config, n_trials=size), Recorder(timings))
         study = optuna.load_study(study_name="long", storage=config.storage)
-        tuner = per_trial(study, timings, range(size - args.window, size))["overhead"]
+        tuner = statistics.median(overhead_ms(study, timings, range(size - window, size)))
         rows.append((size, tuner, command_s("status", *where), command_s("best", *where)))
         print(f"{size} trials: the tuner {tuner:.1f} ms per trial", flush=True)
     space = Space.from_record(study.user_attrs[SPACE_ATTR])
-    plain = plain_optuna("sqlite:///plain.db", space, sizes, args.window)
+    plain = plain_optuna("sqlite:///plain.db", space, sizes, windows)
     print("\n trials  tuner ms/trial  plain TPE ms/trial  ratio  status s  best s")
     for (size, tuner, status_s, best_s), optuna_ms in zip(rows, plain, strict=True):
         ratio = tuner / optuna_ms

@@ -25,7 +25,8 @@ from gpt_optuna.graph import feeds as mf
 from gpt_optuna.graph import model as m
 from gpt_optuna.graph.precision import KEEP_GROUPS, KEEP_NODE_COUNTS, PrecisionSetting, precision_knobs, transform
 from gpt_optuna.graph.transforms import is_transform_knob
-from gpt_optuna.search.sampling import FreshSampler, refusal_causes
+from gpt_optuna.search.ledger import refusal_causes
+from gpt_optuna.search.sampling import FreshSampler
 from gpt_optuna.testing.pattern_graphs import PATTERNS
 from gpt_optuna.testing.small_cnn import small_cnn
 

@@ -26,7 +26,8 @@ from gpt_optuna.results.summary_text import format_summary, headline
 from gpt_optuna.search.config import absolute_storage, study_flags
 from gpt_optuna.search.options import parse_duration
 from gpt_optuna.study.storage import load_study, open_storage, storage_file
-from gpt_optuna.study.summary import StudySummary, summarize_study
+from gpt_optuna.study.summary import StudySummary
+from gpt_optuna.study.summary_record import study_summary
 
 if TYPE_CHECKING:
     import pandas
@@ -173,8 +174,9 @@ class TunedStudy:
 
     @cached_property
     def summary(self) -> StudySummary:
-        """What every reader says about the study (read once; :meth:`refresh` reads again)."""
-        return summarize_study(self.study)
+        """What every reader says about the study (read once, from its record where that speaks for it;
+        :meth:`refresh` reads again)."""
+        return study_summary(self.study)
 
     @property
     def study_name(self) -> str:

@@ -195,6 +195,41 @@ class Space:
             candidates = grown
         return candidates
 
+    def size(self) -> int:
+        """How many distinct candidates the search can propose (conditions applied), counted
+        without listing them: knob by knob, over the values of the knobs later conditions read."""
+        return self._count()[0]
+
+    def searched_knobs(self) -> list[str]:
+        """The knobs the search varies: more than one value to try, in some candidate."""
+        active = self._count()[1]
+        return [k.name for k in self.knobs if k.name in active and len(k.search_choices) > 1]
+
+    def _count(self) -> tuple[int, set[str]]:
+        """The candidates' number, and the knobs active in at least one of them."""
+        read_after = [
+            {p for later in self.knobs[i + 1 :] for c in later.conditions for p in c.parents}
+            for i in range(len(self.knobs))
+        ]
+        states: dict[tuple[tuple[str, Value], ...], int] = {(): 1}
+        active: set[str] = set()
+        for knob, read in zip(self.knobs, read_after, strict=True):
+            grown: dict[tuple[tuple[str, Value], ...], int] = {}
+            for state, count in states.items():
+                kept = tuple((n, v) for n, v in state if n in read)
+                if not knob.active(dict(state)):
+                    grown[kept] = grown.get(kept, 0) + count
+                    continue
+                active.add(knob.name)
+                if knob.name in read:
+                    for value in knob.search_choices:
+                        branch = (*kept, (knob.name, value))
+                        grown[branch] = grown.get(branch, 0) + count
+                else:
+                    grown[kept] = grown.get(kept, 0) + count * len(knob.search_choices)
+            states = grown
+        return sum(states.values()), active
+
     def suggest(self, trial: optuna.Trial) -> Candidate:
         params: Candidate = {}
         for knob in self.knobs:
@@ -261,8 +296,8 @@ class Space:
             )
             when = "".join(f"  when {c.key} in {c.describe()}" for c in knob.conditions)
             rows.append(f"{knob.name:<44} default {knob.default!s:<20} {values}{when}")
-        searched = sum(len(k.search_choices) > 1 for k in self.knobs)
-        return "\n".join([*rows, f"{len(self.knobs)} knobs, {searched} searched"])
+        searched = len(self.searched_knobs())
+        return "\n".join([*rows, f"{len(self.knobs)} knobs, {searched} searched, {self.size():,} candidates"])
 
     def with_overrides(self, overrides: Mapping[str, Value | list[Value]]) -> Space:
         """Apply a ``[space]`` table: a list gives the values to try, a scalar fixes the knob, and

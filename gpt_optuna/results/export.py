@@ -19,7 +19,8 @@ from gpt_optuna.graph.interface import dtype_changes, io_record
 from gpt_optuna.results.summary_text import headline
 from gpt_optuna.study.artifacts import artifact_folder, verified
 from gpt_optuna.study.record import IO_CHANGE_ATTR, StudyRecord, study_folder
-from gpt_optuna.study.summary import StudySummary, first_value, summarize_study
+from gpt_optuna.study.summary import StudySummary, first_value
+from gpt_optuna.study.summary_record import study_summary, trial_by_number
 
 
 def trial_model(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> Path:
@@ -70,15 +71,17 @@ def refuse_overwrite(files: list[Path], force: bool) -> None:
 def chosen_trial(study: optuna.Study, summary: StudySummary, number: int | None) -> FrozenTrial:
     """The trial ``--trial`` names, else what the study decided: its winner, or the baseline where
     the verdict keeps the default configuration; only a feasible one."""
-    trials = study.get_trials(deepcopy=False)
     if number is None:
         if summary.best is None:
             raise UserError(f"study {study.study_name} has no feasible trial to export")
         trial = summary.decided
-    elif 0 <= number < len(trials):
-        trial = trials[number]
     else:
-        raise UserError(f"study {study.study_name} has no trial {number}")
+        try:
+            trial = trial_by_number(study, number) if number >= 0 else None
+        except KeyError:
+            trial = None
+        if trial is None:
+            raise UserError(f"study {study.study_name} has no trial {number}")
     if trial.state is not optuna.trial.TrialState.COMPLETE:
         raise UserError(f"trial {trial.number} is {trial.state.name.lower()}: only feasible trials are exported")
     return trial
@@ -111,7 +114,7 @@ def export_trial(
     """The chosen trial (:func:`chosen_trial`) to ``out`` (given the extension of what it is where
     it has none) and ``out``.json, the recorded inputs and reference outputs beside it (or in
     ``samples_dir``), overwriting nothing without ``force``."""
-    summary = summarize_study(study)
+    summary = study_summary(study)
     trial = chosen_trial(study, summary, number)
     record = StudyRecord.read(study)
     artifact = trial.user_attrs.get("engine_artifact")

@@ -32,7 +32,7 @@ from gpt_optuna.graph.interface import describe_changes
 from gpt_optuna.graph.model import ModelInfo, TensorSpec, load_model_info
 from gpt_optuna.results.export import chosen_trial, export_trial, trial_model
 from gpt_optuna.study.record import StudyRecord
-from gpt_optuna.study.summary import summarize_study
+from gpt_optuna.study.summary_record import study_summary
 
 DATA_TYPES = {
     "float32": "TYPE_FP32",
@@ -70,7 +70,7 @@ def write_repository(
         raise UserError(f"Triton serves ONNX Runtime and TensorRT models; study {study.study_name} used {backend}")
     if (repo / name).exists() and not force:
         raise UserError(f"{repo / name} already exists: choose another --model-name, or overwrite with --force")
-    trial = chosen_trial(study, summarize_study(study), number)
+    trial = chosen_trial(study, study_summary(study), number)
     info = load_model_info(trial_model(study, trial))  # an engine: the ONNX it was built from
     refuse_scalars(info)
     version = repo / name / "1"

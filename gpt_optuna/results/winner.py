@@ -23,6 +23,7 @@ from gpt_optuna.results.export import figures_record
 from gpt_optuna.results.summary_text import headline
 from gpt_optuna.study.record import VERDICT_ATTR, WINNER_ATTR, StudyRecord
 from gpt_optuna.study.summary import StudySummary, summarize_study
+from gpt_optuna.study.summary_record import SUMMARY_ATTR, summary_record
 
 OBJECTIVE_NAMES = {"latency": "latency_ms", "error": "error", "memory": "memory_mib", "build_s": "build_s"}
 
@@ -51,7 +52,8 @@ def winner_record(summary: StudySummary) -> dict[str, Any] | None:
 
 
 def record_winner(study: optuna.Study) -> StudySummary:
-    """Write the decided winner into the study (and optuna-dashboard's notes where it is installed)."""
+    """Write the decided winner and the summary into the study (and optuna-dashboard's notes where it
+    is installed)."""
     name_objectives(study)
     summary = summarize_study(study)
     record = winner_record(summary)
@@ -60,6 +62,9 @@ def record_winner(study: optuna.Study) -> StudySummary:
         study.set_user_attr(WINNER_ATTR, record)
         study.set_user_attr(VERDICT_ATTR, headline(summary))
         _dashboard_notes(study, summary, before["trial"] if before else None)
+    recorded = summary_record(study, summary)
+    if study.user_attrs.get(SUMMARY_ATTR) != recorded:
+        study.set_user_attr(SUMMARY_ATTR, recorded)
     return summary
 
 

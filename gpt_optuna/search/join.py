@@ -116,9 +116,12 @@ def join(config: JoinConfig, progress: Progress) -> int:
             progress.note(note)
         timeout = search.get("trial_timeout_s", DEFAULT_TRIAL_TIMEOUT_S)
         artifacts = FileSystemArtifactStore(store)
-        objective = Objective(space, job, timeout, artifacts, progress.result, record.objectives, note=progress.note)
+        objective = Objective(
+            space, job, timeout, artifacts, progress.result, record.objectives, note=progress.note,
+            ledger=sampler.ledger,
+        )  # fmt: skip
         progress.begin(remaining, deadline, len(lanes))
-        budget = TrialBudget(study, target, deadline)
+        budget = TrialBudget(study, target, deadline, sampler=sampler)
         try:
             stopped_by = session.search(study, storage, sampler, objective, budget, progress, lambda *_: None)
         except UserError:

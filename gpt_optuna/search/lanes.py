@@ -25,13 +25,17 @@ from gpt_optuna.core import interrupts
 from gpt_optuna.core.errors import UserError, environment_fault
 from gpt_optuna.evaluation.jobs import WarmUpJob, gpu_names
 from gpt_optuna.evaluation.worker import Worker
+from gpt_optuna.search.ledger import StudyLedger
 from gpt_optuna.search.objective import CandidateFailed, Lane, Objective, SearchTimeUp
-from gpt_optuna.search.time_budget import trial_seconds
-from gpt_optuna.study.recovery import fail_as_interrupted, recover_interrupted, retry_trial
-from gpt_optuna.study.taxonomy import baseline_trial, is_interrupted, own_results, retried_numbers
+from gpt_optuna.search.sampling import FreshSampler
+from gpt_optuna.study.recovery import fail_as_interrupted, has_orphans, recover_interrupted, retry_trial
+from gpt_optuna.study.storage import count_by_state
+from gpt_optuna.study.taxonomy import baseline_trial, is_interrupted, retried_numbers
 
 WAIT_S = 1.0
 """How often a worker with nothing to start looks at the study again."""
+RECOVER_EVERY_S = 60.0
+"""How often the whole study is searched for interrupted candidates whose retry was never queued."""
 WARM_UP_S = 300.0
 
 
@@ -143,8 +147,12 @@ def study_device(study: optuna.Study) -> str | None:
 
 class TrialBudget:
     """Which trials this process may start: while the study holds fewer finished and running
-    trials than ``target`` (None: no limit) and while one more trial (as long as the longest of the
-    last ones) and the time ``kept`` for after the search fit before ``deadline`` (``time.monotonic``)."""
+    trials than ``target`` (None: no limit), while one more trial (as long as the longest of the
+    last ones) and the time ``kept`` for after the search fit before ``deadline`` (``time.monotonic``),
+    and while the sampler has a candidate left (``sampler``: a covered space ends the search).
+
+    The study is read once per claim, into the sampler's ledger (a ledger of its own without one).
+    """
 
     def __init__(
         self,
@@ -152,14 +160,20 @@ class TrialBudget:
         target: int | None,
         deadline: float | None,
         kept: Callable[[], float] = lambda: 0.0,
+        sampler: FreshSampler | None = None,
     ) -> None:
         self.study = study
         self.target = target
         self.deadline = deadline
         self.kept = kept
+        self.sampler = sampler
+        self.ledger = sampler.ledger if sampler is not None else StudyLedger()
         self._lock = threading.Lock()
         self._starting = 0  # claimed by a worker of this process, whose trial may not be in the storage yet
         self._stopped = threading.Event()
+        self._recovered_at = time.monotonic()
+        self.covered = False
+        """The search ended because no candidate was left."""
 
     def stop(self) -> None:
         self._stopped.set()
@@ -169,11 +183,11 @@ class TrialBudget:
         judges trials and time (without taking the slot)."""
         if self._stopped.is_set():
             return False
-        trials = self.study.get_trials(deepcopy=False)
-        if self._out_of_time(trial_seconds(trials)):
+        self._read()
+        if self._out_of_time(self.ledger.longest_recent_s()):
             return False
-        queued = sum(1 for t in trials if t.state in (TrialState.RUNNING, TrialState.WAITING))
-        return self.target is None or len(own_results(trials)) + queued < self.target
+        finished, running, waiting = self.ledger.counts()
+        return self.target is None or finished + running + waiting < self.target
 
     def claim(self) -> bool:
         """Whether a worker may start one more trial; waits while the study's last trials run."""
@@ -181,9 +195,15 @@ class TrialBudget:
             with self._lock:
                 if self._stopped.is_set():
                     return False
-                finished, running, longest = self._counts()
-                if self._out_of_time(longest):
+                self._recover()
+                if self._out_of_time(self.ledger.longest_recent_s()):
                     return False
+                finished, running, waiting = self._counts(exact=False)
+                if not waiting and self.sampler is not None and self.sampler.covered():
+                    self.covered = True
+                    return False
+                if self.target is not None and finished + running + self._starting >= self.target:
+                    finished, running, waiting = self._counts(exact=True)
                 if self.target is None or finished + running + self._starting < self.target:
                     self._starting += 1
                     return True
@@ -191,6 +211,10 @@ class TrialBudget:
                     return False
             interrupts.check()
             time.sleep(WAIT_S)
+
+    def ended(self, trial: FrozenTrial) -> None:
+        """A trial of this process ended: the ledger holds it before the next read."""
+        self.ledger.add(trial)
 
     def _out_of_time(self, longest: float) -> bool:
         """Whether one more trial as long as ``longest`` and the time kept for after the search
@@ -206,17 +230,35 @@ class TrialBudget:
         """Seconds left for the search: before the deadline, less the time kept for after it."""
         return None if self.deadline is None else self.deadline - self.kept() - time.monotonic()
 
-    def _counts(self) -> tuple[int, int, float]:
-        """Trials holding a result, trials running (in any process), and how long the longest of
-        the last evaluated ones took. Trials of dead processes are recovered first."""
+    def _read(self) -> None:
+        trials = self.study.get_trials(deepcopy=False)
+        if self.sampler is not None:
+            self.sampler.read(trials)
+        else:
+            self.ledger.update(trials)
+
+    def _recover(self) -> None:
+        """Fail the trials of dead processes, so their candidates are retried: a lost host's where
+        the storage keeps heartbeats, a dead tuner's on this host (the whole study is searched
+        for them now and then)."""
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            optuna.storages.fail_stale_trials(self.study)  # a lost host, where the storage keeps heartbeats
-        recover_interrupted(self.study)  # a dead process on this host
-        trials = self.study.get_trials(deepcopy=False)
-        finished = len(own_results(trials))
-        running = sum(1 for t in trials if t.state is TrialState.RUNNING)
-        return finished, running, trial_seconds(trials)
+            optuna.storages.fail_stale_trials(self.study)
+        if time.monotonic() - self._recovered_at > RECOVER_EVERY_S or has_orphans(self.ledger.running()):
+            recover_interrupted(self.study)
+            self._recovered_at = time.monotonic()
+            self._read()
+
+    def _counts(self, exact: bool) -> tuple[int, int, int]:
+        """Trials holding a result, running and waiting (in any process). Unless ``exact``, a count
+        by the database where there is one, in which every finished trial counts as holding its
+        result (an interrupted one does not): never fewer than there are."""
+        counted = None if exact else count_by_state(self.study)
+        if counted is None:
+            self._read()
+            return self.ledger.counts()
+        finished = sum(counted.get(state, 0) for state in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL))
+        return finished, counted.get(TrialState.RUNNING, 0), counted.get(TrialState.WAITING, 0)
 
 
 def run_lanes(
@@ -246,7 +288,8 @@ def run_lanes(
             while budget.claim():
                 began.clear()
                 try:
-                    study.optimize(evaluate, n_trials=1, catch=(CandidateFailed,), callbacks=[on_trial, stop_on_ctrl_c])
+                    callbacks = [lambda _, trial: budget.ended(trial), on_trial, stop_on_ctrl_c]
+                    study.optimize(evaluate, n_trials=1, catch=(CandidateFailed,), callbacks=callbacks)
                 finally:
                     if not began:  # no trial was started after all
                         budget.started()

@@ -27,7 +27,9 @@ from gpt_optuna.core.space import Candidate, Space
 from gpt_optuna.evaluation.jobs import EvaluateJob, run_evaluation
 from gpt_optuna.evaluation.outcome import Outcome, TrialResult
 from gpt_optuna.evaluation.worker import Worker
+from gpt_optuna.search.ledger import StudyLedger, key_of
 from gpt_optuna.study.record import IO_CHANGE_ATTR
+from gpt_optuna.study.storage import set_trial_attrs
 from gpt_optuna.study.taxonomy import own_results
 
 HOST = socket.gethostname()
@@ -110,8 +112,11 @@ class Objective:
         objectives: tuple[str, ...] = ("latency",),
         search_left: Callable[[], float | None] = lambda: None,
         note: Callable[[str], None] = lambda _: None,
+        ledger: StudyLedger | None = None,
     ) -> None:
         self.objectives = objectives
+        self.ledger = ledger or StudyLedger()
+        """The study's trials as of this trial's sampling (the sampler's ledger, where it shares it)."""
         self.note = note
         """Told where a trial first does one-time work that holds it up (an fp16 sensitivity ranking),
         and how far that work is while it runs."""
@@ -127,11 +132,10 @@ class Objective:
         """Trials stopped before their candidate was evaluated: the tuner queues them again."""
 
     def __call__(self, trial: optuna.Trial, lane: Lane) -> Any:
-        trial.set_user_attr("owner", OWNER)
-        for name, value in (("host", HOST), ("worker", lane.worker_id), ("gpu", lane.device)):
-            trial.set_user_attr(name, value)  # who measured it, on what
+        set_trial_attrs(trial, {"owner": OWNER, "host": HOST, "worker": lane.worker_id, "gpu": lane.device})
         candidate = self.space.suggest(trial)
-        earlier = find_evaluated(trial.study, candidate, trial.number) or self._await_twin(trial, candidate)
+        self.ledger.update(trial.study._get_trials(deepcopy=False, use_cache=True))  # the sampler's read of this trial
+        earlier = self.ledger.evaluated(key_of(candidate)) or self._await_twin(trial, candidate)
         if earlier is not None:
             return self._reuse(trial, earlier)
         self.consecutive_reuse = 0
@@ -178,6 +182,8 @@ class Objective:
     def _await_twin(self, trial: optuna.Trial, candidate: Candidate) -> FrozenTrial | None:
         """Where an earlier trial of another worker (of another process, which samples apart from
         ours) is evaluating the same candidate, wait for its result instead of evaluating it twice."""
+        if not any(t.params == candidate for t in self.ledger.running(before=trial.number)):
+            return None
         deadline = time.monotonic() + self.trial_timeout_s
         waited = False
         while time.monotonic() < deadline:
@@ -256,10 +262,7 @@ def reason(attrs: dict[str, Any]) -> str:
 
 def record(trial: optuna.Trial, attrs: dict[str, Any], limits: dict[str, float]) -> None:
     """Store a result's attrs, and its constraints (> 0: infeasible) for the sampler."""
-    for key, value in attrs.items():
-        trial.set_user_attr(key, value)
-    for key, value in limits.items():
-        trial.set_constraint(key, value)
+    set_trial_attrs(trial, attrs, limits)
 
 
 def find_evaluated(study: optuna.Study, candidate: Candidate, exclude: int) -> FrozenTrial | None:

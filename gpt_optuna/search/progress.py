@@ -76,13 +76,16 @@ class Progress:
         remaining: int | None,
         deadline: float | None = None,
         workers: int = 1,
+        left: int | None = None,
     ) -> None:
-        """Say what is searched; a bar counts the trials, and shows the workers and, with
-        --timeout, the time left."""
+        """Say what is searched (``left``: the candidates no trial holds yet); a bar counts the
+        trials, and shows the workers and, with --timeout, the time left."""
         verb = "resuming" if resumed else "new"
+        size = space.size()
+        unheld = f", {left:,} not evaluated yet" if left is not None and done else ""
         self.note(
-            f"{verb} study {config.study_name} in {config.storage} ({done} trials done); {len(space)} knobs"
-            + (f"; {workers} workers" if workers > 1 else "")
+            f"{verb} study {config.study_name} in {config.storage} ({done} trials done); {len(space)} knobs,"
+            f" {size:,} candidates{unheld}" + (f"; {workers} workers" if workers > 1 else "")
         )
         if recovered:
             self.note(f"trials {', '.join(map(str, recovered))} were interrupted by a killed run; retrying them")
@@ -151,6 +154,8 @@ class Progress:
             done, total = self._lines[0] + 1, self._lines[1]
             self._lines = (done, total)
             value = f"{trial.values[0]:.4g} ms" if trial.values else _ended(trial)
+            if "reused_from" in trial.user_attrs:
+                value = f"trial {trial.user_attrs['reused_from']}'s candidate again, its result reused: {value}"
             counted = f"{done}/{total}" if total is not None else str(done)
             print(f"trial {trial.number} ({counted}): {value}; {self._status()}", file=self.stream, flush=True)
 

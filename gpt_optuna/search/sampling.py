@@ -2,14 +2,19 @@
 candidate the study already holds, nor a known failing one.
 
 Optuna's samplers propose configurations already tried, often, in small categorical spaces, and
-a failed trial teaches them little. :class:`FreshSampler` wraps any Optuna sampler: it lets the
-wrapped sampler propose a whole candidate (its relative proposal, completed knob by knob in the
-order of the space, as Optuna itself would), and when that candidate was evaluated, is being
-evaluated or waits in the queue, shares the graph transform of a candidate whose transform
-failed, or holds the settings that the candidates the engine refused with one same error all
-share (and no candidate it ran has: their likely cause), it asks again; then tries the
-proposal's neighbours (one knob changed), then random candidates. Only when none is fresh (a
-covered space) does the wrapped proposal stand, and the objective reuses the earlier result.
+a failed trial teaches them little. :class:`FreshSampler` wraps any Optuna sampler: it asks the
+wrapped sampler once for a whole candidate (its relative proposal, completed knob by knob in the
+order of the space, as Optuna itself would; a knob with one value takes it without a fit), and
+where the study holds that candidate (evaluated, being evaluated or queued), it shares the graph
+transform of a candidate whose transform failed, or it holds the settings that the candidates
+the engine refused with one same error all share (and no candidate it ran has: their likely
+cause), it takes instead the nearest candidate no trial holds: one knob changed, else (a space
+small enough to list, :mod:`coverage`) the fewest knobs changed, else random candidates. A
+listed space whose every candidate is held is covered: :meth:`FreshSampler.covered` says so
+before a trial starts, and the search ends there.
+
+What the study holds is read once per trial, through Optuna's own per-trial cache of the study's
+trials (the one its samplers share), into a :class:`~gpt_optuna.search.ledger.StudyLedger`.
 
 Several threads may sample at once (parallel workers): a proposal is reserved until its trial
 ends, so that a second thread never proposes it while the first has not yet stored its params.
@@ -20,8 +25,8 @@ from __future__ import annotations
 import random
 import threading
 import warnings
-from collections import defaultdict
-from collections.abc import Callable, Mapping, Sequence
+from collections import Counter
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import optuna
@@ -32,46 +37,45 @@ from optuna.trial import FrozenTrial, TrialState
 from gpt_optuna.core.errors import MissingDependencyError
 from gpt_optuna.core.space import Candidate, Space
 from gpt_optuna.graph.transforms import is_transform_knob
-from gpt_optuna.study.taxonomy import is_interrupted, retried_numbers, trial_status
+from gpt_optuna.search.coverage import Coverage
+from gpt_optuna.search.ledger import Key, StudyLedger, key_of
 
-ASKS = 4
-"""Proposals asked of the wrapped sampler before looking elsewhere."""
 RANDOM_TRIES = 200
-"""Random candidates tried before accepting a repeat."""
-
-
-Key = frozenset[tuple[str, Any]]
-
-
-def _key(candidate: Candidate) -> Key:
-    return frozenset(candidate.items())
-
-
-def refusal_causes(refused: Mapping[str, list[Key]], ran: list[Key]) -> list[Key]:
-    """Per error the engine refused two or more candidates with, the settings they all share,
-    where no candidate the engine ran has them all: a candidate holding them would be refused too."""
-    causes = []
-    for candidates in refused.values():
-        shared = frozenset.intersection(*candidates) if len(candidates) > 1 else frozenset()
-        if shared and not any(shared <= other for other in ran):
-            causes.append(shared)
-    return causes
+"""Random candidates tried, in a space too large to list, before accepting a repeat."""
+SOURCES = ("sampler", "neighbour", "nearest", "random", "repeat")
+"""Where a proposal came from: the wrapped sampler, one knob changed, the fewest knobs changed
+(a listed space), a random candidate, or a candidate the study holds (a covered space)."""
 
 
 class FreshSampler(BaseSampler):
     """Wraps ``base`` so that each trial gets a candidate not seen in the study.
 
     ``transform_knobs`` names the knobs that decide a candidate's graph transform: a trial whose
-    transform failed rules out every candidate with the same values of those knobs.
+    transform failed rules out every candidate with the same values of those knobs. ``ledger``
+    holds what the study's trials hold (one is made where none is given); ``sources`` counts
+    where each proposal came from (:data:`SOURCES`).
     """
 
-    def __init__(self, base: BaseSampler, space: Space, transform_knobs: Callable[[str], bool], seed: int | None):
+    def __init__(
+        self,
+        base: BaseSampler,
+        space: Space,
+        transform_knobs: Callable[[str], bool],
+        seed: int | None,
+        ledger: StudyLedger | None = None,
+    ):
         self.base = base
         self.space = space
         self._transform_knob = transform_knobs
         self._rng = random.Random(seed)
         self._lock = threading.Lock()
         self._reserved: dict[int, Key] = {}
+        self.ledger = ledger or StudyLedger()
+        self._failed_transforms: set[Key] = set()
+        self._transforms_read = 0
+        self.coverage = Coverage(space, self.ledger, self._ruled_out)
+        self.sources: Counter[str] = Counter()
+        self._single = {k.name: k.search_choices[0] for k in space.knobs if len(k.search_choices) == 1}
 
     def reseed_rng(self) -> None:
         self.base.reseed_rng()
@@ -86,34 +90,67 @@ class FreshSampler(BaseSampler):
         if "fixed_params" in trial.system_attrs:  # an enqueued candidate: it is what it is
             return {}
         with self._lock:
-            proposal = self._propose(study, trial)
-            self._reserved[trial.number] = _key(proposal)
+            self.read(study._get_trials(deepcopy=False, use_cache=True))  # the read the wrapped sampler shares
+            proposal, source = self._propose(study, trial)
+            self.sources[source] += 1
+            self._reserved[trial.number] = key_of(proposal)
             return proposal
 
-    def _propose(self, study: optuna.Study, trial: FrozenTrial) -> Candidate:
-        taken, failed_transforms, causes = self._seen(study, trial.number)
-        taken |= {key for number, key in self._reserved.items() if number != trial.number}
+    def read(self, trials: Sequence[FrozenTrial]) -> None:
+        """Fold a read of the study's trials into the ledger and the coverage."""
+        self.ledger.update(trials)
+        self._catch_up()
+
+    def _catch_up(self) -> None:
+        """Bring the failed transforms and the coverage up to the ledger."""
+        failures = self.ledger.transform_failures
+        self._failed_transforms.update(self._transform_of(dict(key)) for key in failures[self._transforms_read :])
+        self._transforms_read = len(failures)
+        self.coverage.sync(self.ledger.rules)
+
+    def covered(self) -> bool:
+        """Whether no candidate is left to propose (in a listed space: every one held, running,
+        queued or ruled out), as of the ledger's last read."""
+        with self._lock:
+            self._catch_up()
+            return self.coverage.left(self._busy(None)) == 0
+
+    def _busy(self, number: int | None) -> set[Key]:
+        """The candidates running, queued or reserved by another thread (other than trial ``number``)."""
+        return self.ledger.taken(number) | {key for n, key in self._reserved.items() if n != number}
+
+    def _ruled_out(self, key: Key) -> bool:
+        """Whether a candidate shares a failed transform or holds the likely cause of a refusal."""
+        return self._transform_of(dict(key)) in self._failed_transforms or any(
+            cause <= key for cause in self.ledger.refusal_causes()
+        )
+
+    def _propose(self, study: optuna.Study, trial: FrozenTrial) -> tuple[Candidate, str]:
+        busy = self._busy(trial.number)
         suggested = dict(trial.params)  # single-valued knobs, or a retried trial's whole candidate
 
-        def fresh(candidate: Candidate) -> bool:
-            key = _key(candidate)
-            return (
-                key not in taken
-                and self._transform_of(candidate) not in failed_transforms
-                and not any(cause <= key for cause in causes)
-                and self._searched(candidate, suggested)
-            )
+        def fits(candidate: Candidate) -> bool:
+            return self._searched(candidate, suggested) and all(candidate.get(k) == v for k, v in suggested.items())
 
-        first = proposal = self._ask(study, trial, suggested)
-        for _ in range(ASKS - 1):
-            if fresh(proposal):
-                return proposal
-            proposal = self._ask(study, trial, suggested)
+        def fresh(candidate: Candidate) -> bool:
+            key = key_of(candidate)
+            return not self.ledger.has_result(key) and key not in busy and not self._ruled_out(key) and fits(candidate)
+
+        proposal = self._ask(study, trial, suggested)
         if fresh(proposal):
-            return proposal
-        others = [*self._neighbours(first, suggested), *(self._complete(suggested) for _ in range(RANDOM_TRIES))]
-        repeat = next((c for c in [first, *others] if self._searched(c, suggested)), first)  # a covered space
-        return next((candidate for candidate in others if fresh(candidate)), repeat)
+            return proposal, "sampler"
+        neighbour = next((c for c in self._neighbours(proposal, suggested) if fresh(c)), None)
+        if neighbour is not None:
+            return neighbour, "neighbour"
+        if self.coverage.listed:
+            nearest = self.coverage.nearest(proposal, busy, fits, self._rng)
+            if nearest is not None:
+                return nearest, "nearest"
+        else:
+            found = next((c for c in (self._complete(suggested) for _ in range(RANDOM_TRIES)) if fresh(c)), None)
+            if found is not None:
+                return found, "random"
+        return (proposal if fits(proposal) else self.space.default(suggested)), "repeat"  # a covered space
 
     def sample_independent(
         self, study: optuna.Study, trial: FrozenTrial, param_name: str, param_distribution: BaseDistribution
@@ -132,7 +169,7 @@ class FreshSampler(BaseSampler):
 
     def _ask(self, study: optuna.Study, trial: FrozenTrial, suggested: Candidate) -> Candidate:
         """One whole proposal of the wrapped sampler, as Optuna would assemble it around the
-        values the trial already holds."""
+        values the trial already holds (a knob the search tries one value of takes it, unasked)."""
         relative_space = self.base.infer_relative_search_space(study, trial)
         relative = self.base.sample_relative(study, trial, relative_space)
         candidate: Candidate = {}
@@ -143,32 +180,12 @@ class FreshSampler(BaseSampler):
                 candidate[knob.name] = suggested[knob.name]
             elif knob.name in relative and knob.name in relative_space:
                 candidate[knob.name] = relative[knob.name]
+            elif knob.name in self._single:
+                candidate[knob.name] = self._single[knob.name]
             else:
                 distribution = CategoricalDistribution(knob.choices)
                 candidate[knob.name] = self.base.sample_independent(study, trial, knob.name, distribution)
         return candidate
-
-    def _seen(self, study: optuna.Study, number: int) -> tuple[set[Key], set[Key], list[Key]]:
-        """Candidates the study holds (any state but interrupted), the failed transforms, and the
-        causes of the engine's refusals (:func:`refusal_causes`)."""
-        taken, failed = set(), set()
-        refused: dict[str, list[Key]] = defaultdict(list)
-        ran: list[Key] = []
-        trials = study.get_trials(deepcopy=False)
-        retried = retried_numbers(trials)
-        for other in trials:
-            if other.number == number or is_interrupted(other, retried):
-                continue  # an interrupted trial's retry is queued with the same parameters
-            params = other.params or other.system_attrs.get("fixed_params", {})  # queued: not started yet
-            taken.add(_key(params))
-            outcome = other.user_attrs.get("outcome")
-            if outcome == "transform_error":
-                failed.add(self._transform_of(params))
-            elif outcome == "build_error":
-                refused[str(other.user_attrs.get("failure", ""))].append(_key(params))
-            elif trial_status(other, retried) in ("feasible", "infeasible"):
-                ran.append(_key(params))
-        return taken, failed, refusal_causes(refused, ran)
 
     def _searched(self, candidate: Candidate, suggested: Candidate) -> bool:
         """Whether every value the sampler chose is one the search tries (a ``[space]`` restriction
@@ -207,12 +224,13 @@ class FreshSampler(BaseSampler):
         return candidate
 
 
-def make_sampler(name: str, seed: int | None, space: Space) -> optuna.samplers.BaseSampler:
+def make_sampler(name: str, seed: int | None, space: Space, ledger: StudyLedger | None = None) -> FreshSampler:
     """TPE (multivariate, few start-up trials) by default; it handles several objectives too.
 
-    Whichever it is, it proposes only candidates the study does not hold yet (:class:`FreshSampler`).
+    Whichever it is, it proposes only candidates the study does not hold yet (:class:`FreshSampler`),
+    reading the study into ``ledger``.
     """
-    return FreshSampler(_base_sampler(name, seed), space, is_transform_knob, seed)
+    return FreshSampler(base_sampler(name, seed), space, is_transform_knob, seed, ledger)
 
 
 def check_sampler(name: str) -> None:
@@ -226,7 +244,8 @@ def check_sampler(name: str) -> None:
                 raise MissingDependencyError(f"{library} (needed by the GP sampler)", "gp")
 
 
-def _base_sampler(name: str, seed: int | None) -> optuna.samplers.BaseSampler:
+def base_sampler(name: str, seed: int | None) -> optuna.samplers.BaseSampler:
+    """The Optuna sampler of that name, as the search configures it."""
     if name == "nsga2":
         return optuna.samplers.NSGAIISampler(seed=seed)
     if name == "random":

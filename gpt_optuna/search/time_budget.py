@@ -12,11 +12,9 @@ that cannot finish.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import optuna
-from optuna.trial import FrozenTrial, TrialState
 
 from gpt_optuna.evaluation.measure import MeasureSettings
 from gpt_optuna.search.finalists import WORKER_START_S, finalists, process_seconds
@@ -78,17 +76,3 @@ def kept_for_confirmation(
     plan = plan_confirmation(study, top, processes, settings, None, start_s)
     wanted = plan.total_s if plan is not None else 0.0
     return min(wanted, CONFIRM_SHARE * timeout_s) + FINISH_S
-
-
-def trial_seconds(trials: Sequence[FrozenTrial], last: int = 5) -> float:
-    """How long the next trial may take: the longest of the last evaluated ones (0 before any)."""
-    spans = [
-        (t.datetime_complete - t.datetime_start).total_seconds()
-        for t in trials
-        if t.state in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
-        and t.datetime_start is not None
-        and t.datetime_complete is not None
-        and "reused_from" not in t.user_attrs
-        and "interrupted" not in t.user_attrs
-    ]
-    return max(spans[-last:], default=0.0)

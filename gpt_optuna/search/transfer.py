@@ -69,8 +69,11 @@ class TransferQueue:
 
     def update(self, study: optuna.Study, _ended: FrozenTrial | None = None) -> None:
         """Judge the warm-start candidates that ended (in any process), and queue the next one
-        where none is waiting or running. Called as the search starts and as each trial ends."""
+        where none is waiting or running. Called as the search starts and as each trial ends; once
+        no candidate is left to queue, it reads nothing."""
         with self._lock:
+            if not self.pending and not any(self.reserve.values()):  # nothing left to judge a result for
+                return
             trials = study.get_trials(deepcopy=False)
             self._drop_tried(trials)
             retried = retried_numbers(trials)

@@ -37,7 +37,7 @@ from gpt_optuna.search.objective import Objective
 from gpt_optuna.search.phases import Phases
 from gpt_optuna.search.preparation import Prepared, check_resumable, fingerprint, load_inputs, prepare
 from gpt_optuna.search.progress import Progress
-from gpt_optuna.search.sampling import check_sampler, make_sampler
+from gpt_optuna.search.sampling import FreshSampler, check_sampler, make_sampler
 from gpt_optuna.search.seeds import WarmStart, speed_seed, warm_start
 from gpt_optuna.search.session import SearchSession
 from gpt_optuna.search.time_budget import FINISH_S, kept_for_confirmation, plan_confirmation
@@ -142,11 +142,16 @@ def _tune(config: TuneConfig, progress: Progress) -> TuneEnd:
         done = finished_count(study)
         remaining = None if config.n_trials is None else max(config.n_trials - done, 0)
         deadline = None if config.timeout_s is None else phases.started + config.timeout_s
-        progress.start(config, prepared.space, resumed, done, recovered, remaining, deadline, len(lanes))
+        sampler.read(study.get_trials(deepcopy=False))
+        left = sampler.coverage.left(sampler.ledger.taken())
+        progress.start(config, prepared.space, resumed, done, recovered, remaining, deadline, len(lanes), left)
         for note in notes:
             progress.note(note)
         if remaining == 0:
             return TuneEnd(config, record_winner(study), done, 0, note="the study already has its trials")
+        if sampler.ledger.counts()[2] == 0 and sampler.covered():
+            note = f"{covered_note(sampler, True)}: nothing is left to search"
+            return TuneEnd(config, record_winner(study), done, 0, note=note, covered=True)
         record_search(study, config, prepared, deadline)
         job = EvaluateJob.in_study(
             config.workdir,
@@ -162,7 +167,7 @@ def _tune(config: TuneConfig, progress: Progress) -> TuneEnd:
         store = artifact_folder(study, config.artifacts)
         publish(study, store, config.workdir)
         artifacts = FileSystemArtifactStore(store)
-        budget = TrialBudget(study, config.n_trials, deadline, lambda: kept_time(config, study, start_s))
+        budget = TrialBudget(study, config.n_trials, deadline, lambda: kept_time(config, study, start_s), sampler)
         transfer = TransferQueue.of(warm, budget.has_room, progress.note)
         transfer.update(study)
         objective = Objective(
@@ -174,6 +179,7 @@ def _tune(config: TuneConfig, progress: Progress) -> TuneEnd:
             config.objectives,
             budget.search_left,
             progress.note,
+            sampler.ledger,
         )
         phases.begin("searching")
         stopped_by = session.search(study, storage, sampler, objective, budget, progress, transfer.update)
@@ -183,11 +189,8 @@ def _tune(config: TuneConfig, progress: Progress) -> TuneEnd:
             return TuneEnd(config, summary, finished_count(study), code, f"stopped by {stopped_by}", took, stopped_by)
         if deadline is not None:  # the search is over: workers that joined it stop, and leave the GPU to the finalists
             study.set_user_attr(SEARCH_ATTR, study.user_attrs[SEARCH_ATTR] | {"ends_at": time.time()})
-        note = (
-            "the sampler kept proposing evaluated candidates: the space looks covered"
-            if objective.space_exhausted
-            else ""
-        )
+        covered = budget.covered or objective.space_exhausted
+        note = covered_note(sampler, budget.covered) if covered else ""
         progress.end()  # the search's bar stops here: the re-measurement says what it does
         if not config.dry_run and config.confirm_top > 0:
             phases.begin("re-measuring the finalists")
@@ -204,8 +207,17 @@ def _tune(config: TuneConfig, progress: Progress) -> TuneEnd:
         if summary.best is None:
             note = "no candidate met the accuracy criterion" if not config.dry_run else "no candidate built"
         code = EXIT_NO_FEASIBLE if summary.best is None else 0
-        done, covered = finished_count(study), objective.space_exhausted
+        done = finished_count(study)
         return TuneEnd(config, summary, done, code, note, phases.line(), covered=covered)
+
+
+def covered_note(sampler: FreshSampler, every: bool) -> str:
+    """Why the search ended before its trials: ``every`` candidate of a listed space evaluated
+    (or ruled out), else the sampler kept finding none but evaluated ones."""
+    if every:
+        size = sampler.coverage.size
+        return f"every one of the space's {size:,} candidates is evaluated or ruled out: the space is covered"
+    return "the sampler kept proposing evaluated candidates: the space looks covered"
 
 
 def check_run(config: TuneConfig) -> Backend:

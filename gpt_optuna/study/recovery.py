@@ -7,7 +7,7 @@ import datetime
 import json
 import os
 import socket
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
 import optuna
@@ -123,6 +123,11 @@ def _runs_gpt_optuna(pid: int) -> bool:
     except OSError:
         return True
     return b"gpt_optuna" in command or b"gpt-optuna" in command
+
+
+def has_orphans(running: Iterable[FrozenTrial]) -> bool:
+    """Whether a RUNNING trial's tuner on this host is gone (:func:`recover_interrupted` recovers it)."""
+    return any(_owner_is_dead(trial, False) for trial in running)
 
 
 def recover_interrupted(study: optuna.Study, alone: bool = False) -> list[int]:

@@ -1,0 +1,94 @@
+"""The study's summary as the study records it, so that readers (``status``, ``best``, ``export``)
+need not read every trial: thousands of trials take seconds to load, the record milliseconds.
+
+Whoever decides the winner (the end of a search, ``confirm``, ``check``) records the summary
+beside it (:func:`summary_record`); a reader takes it (:func:`study_summary`) while it still speaks
+for the study: as many trials as when it was written, none running or queued, and the same
+confirmation and look at the host. Otherwise, and for a storage that is not a database (where
+counting the trials means reading them), the summary is made from every trial.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from gpt_optuna.study.record import CONFIRMED_ATTR, HOST_ATTR
+from gpt_optuna.study.storage import count_by_state
+from gpt_optuna.study.summary import Stability, StudySummary, summarize_study
+
+SUMMARY_ATTR = "summary"
+"""Study user attr: the summary as :func:`summary_record` writes it."""
+
+
+def summary_record(study: optuna.Study, summary: StudySummary) -> dict[str, Any]:
+    """What the summary holds, trials by number, and what says whether it still speaks for the study."""
+    return {
+        "trials": len(summary.trials),
+        "open": sum(1 for t in summary.trials if not t.state.is_finished()),
+        "confirmed_attr": study.user_attrs.get(CONFIRMED_ATTR),
+        "host_attr": study.user_attrs.get(HOST_ATTR),
+        "counts": summary.counts,
+        "reused": summary.reused,
+        "baseline": None if summary.baseline is None else summary.baseline.number,
+        "best": None if summary.best is None else summary.best.number,
+        "dry_run": summary.dry_run,
+        "confirmed": summary.confirmed,
+        "failures": [list(f) for f in summary.failures],
+        "warm_started": list(summary.warm_started),
+        "allow_io_change": summary.allow_io_change,
+        "stability": None if summary.stability is None else asdict(summary.stability),
+        "orphaned": list(summary.orphaned),
+        "stale_confirmation": summary.stale_confirmation,
+        "host_tuned": [list(h) for h in summary.host_tuned],
+        "host_warnings": list(summary.host_warnings),
+    }
+
+
+def study_summary(study: optuna.Study) -> StudySummary:
+    """The study's summary: its record where that still speaks for it, else made from every trial."""
+    return recorded_summary(study) or summarize_study(study)
+
+
+def recorded_summary(study: optuna.Study) -> StudySummary | None:
+    """The recorded summary, None where there is none or it may no longer speak for the study."""
+    record = study.user_attrs.get(SUMMARY_ATTR)
+    if not isinstance(record, dict) or record.get("open"):
+        return None
+    same_attrs = record.get("confirmed_attr") == study.user_attrs.get(CONFIRMED_ATTR) and record.get(
+        "host_attr"
+    ) == study.user_attrs.get(HOST_ATTR)
+    counts = count_by_state(study) if same_attrs else None
+    if counts is None or sum(counts.values()) != record.get("trials"):
+        return None
+    if counts.get(TrialState.RUNNING) or counts.get(TrialState.WAITING):
+        return None
+    stability = record["stability"]
+    return StudySummary(
+        name=study.study_name,
+        counts=dict(record["counts"]),
+        reused=int(record["reused"]),
+        baseline=trial_by_number(study, record["baseline"]),
+        best=trial_by_number(study, record["best"]),
+        dry_run=bool(record["dry_run"]),
+        confirmed=record["confirmed"],
+        failures=tuple((int(count), str(cause)) for count, cause in record["failures"]),
+        warm_started=tuple(record["warm_started"]),
+        allow_io_change=bool(record["allow_io_change"]),
+        stability=None if stability is None else Stability(**stability),
+        orphaned=tuple(record["orphaned"]),
+        stale_confirmation=record["stale_confirmation"],
+        host_tuned=tuple((str(k), v, str(why)) for k, v, why in record["host_tuned"]),
+        host_warnings=tuple(record["host_warnings"]),
+    )
+
+
+def trial_by_number(study: optuna.Study, number: int | None) -> FrozenTrial | None:
+    """One trial of the study, read alone (None for None)."""
+    if number is None:
+        return None
+    storage = study._storage
+    return storage.get_trial(storage.get_trial_id_from_study_id_trial_number(study._study_id, number))

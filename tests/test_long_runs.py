@@ -1,0 +1,149 @@
+"""What keeps a long search fast and honest: the space's size, a covered space ending on the trial
+that covers it, a repeat that reuses a result, the trial's attrs written at once, the study's
+trials folded in once, and readers that take the recorded summary where it speaks for the study."""
+
+import datetime
+import random
+from pathlib import Path
+
+import optuna
+import pytest
+from conftest import SYNTHETIC, load, synthetic_config, tune
+from optuna.distributions import CategoricalDistribution
+from optuna.trial import TrialState, create_trial
+
+from gpt_optuna.api.study import load as load_tuned
+from gpt_optuna.cli import main
+from gpt_optuna.core.space import Condition, Knob, Space
+from gpt_optuna.results.summary_text import format_summary
+from gpt_optuna.search.ledger import StudyLedger, key_of
+from gpt_optuna.study.storage import count_by_state, open_storage, set_trial_attrs
+from gpt_optuna.study.summary import summarize_study
+from gpt_optuna.study.summary_record import recorded_summary
+
+
+def random_space(rng: random.Random) -> Space:
+    knobs: list[Knob] = []
+    for i in range(rng.randint(1, 6)):
+        choices = tuple(range(rng.randint(1, 3)))
+        condition = None
+        if knobs and rng.random() < 0.6:
+            parent = rng.choice(knobs)
+            others = [k for k in knobs if k is not parent]
+            if others and rng.random() < 0.5:
+                other = rng.choice(others)
+                combos = tuple((a, b) for a in parent.choices for b in other.choices if rng.random() < 0.5)
+                condition = Condition((parent.name, other.name), combos)
+            else:
+                condition = Condition(parent.name, tuple(c for c in parent.choices if rng.random() < 0.5))
+        searched = tuple(c for c in choices if rng.random() < 0.7) or None if len(choices) > 1 else None
+        knobs.append(Knob(f"k{i}", choices, 0, condition=condition, searched=searched))
+    return Space(knobs)
+
+
+def test_the_space_counts_its_candidates_without_listing_them() -> None:
+    rng = random.Random(0)
+    for _ in range(300):
+        space = random_space(rng)
+        listed = space.every_candidate()
+        assert space.size() == len(listed)
+        varied = {name for name in (k.name for k in space.knobs) if len({c.get(name) for c in listed} - {None}) > 1}
+        assert set(space.searched_knobs()) == varied
+
+
+def test_space_prints_the_number_of_candidates(cnn_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    config = synthetic_config(tmp_path, 'mode = ["ok"]\ndelay_us = [0, 50]\nbuild_ms = [0]\na = [0, 1, 2]')
+    assert main(["space", str(cnn_path), "--backend", SYNTHETIC, "--config", str(config)]) == 0
+    assert "4 searched, 144 candidates" in capsys.readouterr().out  # 2 delays x 3 a x 8 b x 3 c
+
+
+def test_a_covered_space_ends_on_the_trial_that_covers_it(
+    cnn_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    space = 'mode = ["ok"]\ndelay_us = [0, 50]\nbuild_ms = [0]\na = [0, 1]\nb = [0]\nc = ["x"]'
+    config = synthetic_config(tmp_path, space)
+    args = [str(cnn_path), "--backend", SYNTHETIC, "--config", str(config), "--seed", "0", "--no-seeds"]
+    assert tune(*args, "--n-trials", "30") == 0
+    trials = load("cnn-syntheticbackend").get_trials()
+    assert len(trials) == 5  # the baseline (delay 200, not searched) and the 4 candidates
+    assert len({tuple(sorted(t.params.items())) for t in trials}) == 5
+    assert not [t for t in trials if "reused_from" in t.user_attrs]
+    assert "every one of the space's 4 candidates is evaluated" in capsys.readouterr().err
+    assert tune(*args, "--n-trials", "40") == 0  # a resume says so, and runs nothing
+    assert len(load("cnn-syntheticbackend").get_trials()) == 5
+    assert "nothing is left to search" in capsys.readouterr().err
+
+
+def test_a_queued_repeat_reuses_the_earlier_result(cnn_path: Path, tmp_path: Path) -> None:
+    config = synthetic_config(tmp_path, 'mode = ["ok"]\ndelay_us = [0, 50, 100]\nbuild_ms = [0]\na = [0]')
+    args = [str(cnn_path), "--backend", SYNTHETIC, "--config", str(config), "--seed", "0", "--no-seeds"]
+    assert tune(*args, "--n-trials", "3") == 0
+    study = load("cnn-syntheticbackend")
+    first = study.get_trials()[1]
+    study.enqueue_trial(first.params)
+    assert tune(*args, "--n-trials", "4") == 0
+    again = load("cnn-syntheticbackend").get_trials()[3]
+    assert again.params == first.params and again.user_attrs["reused_from"] == 1 and again.value == first.value
+
+
+def test_a_trials_attrs_are_stored_at_once_as_optuna_stores_them(tmp_path: Path) -> None:
+    attrs = {"outcome": "ok", "latency": {"median_ms": 1.5, "stable": True}, "owner": "host:1"}
+    studies = [
+        optuna.create_study(storage=storage)
+        for storage in (open_storage(f"sqlite:///{tmp_path / 'a.db'}"), optuna.storages.InMemoryStorage())
+    ]
+    for study in studies:
+        trial = study.ask()
+        set_trial_attrs(trial, attrs, {"accuracy": -0.5})
+        study.tell(trial, 1.0)
+        study.ask()
+    on_disk, in_memory = (study.get_trials()[0] for study in studies)
+    assert on_disk.user_attrs == in_memory.user_attrs == attrs
+    assert on_disk.constraints == in_memory.constraints == {"accuracy": -0.5}
+    assert count_by_state(studies[0]) == {TrialState.COMPLETE: 1, TrialState.RUNNING: 1}
+    assert count_by_state(studies[1]) is None  # in memory: no database to count in
+
+
+def frozen(number: int, state: TrialState, params: dict, **attrs: object) -> optuna.trial.FrozenTrial:
+    trial = create_trial(
+        state=state,
+        params=params,
+        distributions={k: CategoricalDistribution((0, 1, 2)) for k in params},
+        value=1.0 if state is TrialState.COMPLETE else None,
+        user_attrs=dict(attrs),
+    )
+    trial.number = number
+    now = datetime.datetime.now()
+    trial.datetime_start, trial.datetime_complete = now, now + datetime.timedelta(seconds=number)
+    return trial
+
+
+def test_the_ledger_folds_each_trial_once_and_forgets_one_a_retry_takes_back() -> None:
+    ledger = StudyLedger()
+    done = frozen(0, TrialState.COMPLETE, {"x": 0}, outcome="ok")
+    killed = frozen(1, TrialState.FAIL, {"x": 1}, outcome="crash", failure="boom")
+    running = frozen(2, TrialState.RUNNING, {"x": 2})
+    ledger.update([done, killed, running])
+    assert ledger.counts() == (2, 1, 0)
+    assert ledger.evaluated(key_of({"x": 1})) is killed
+    assert ledger.longest_recent_s() == 1.0
+    retry = frozen(3, TrialState.WAITING, {})
+    retry.system_attrs = {"retry_history": [1], "fixed_params": {"x": 1}}
+    ledger.update([done, killed, running, retry])
+    assert ledger.evaluated(key_of({"x": 1})) is None  # the kill landed after its result: it is retried
+    assert ledger.counts() == (1, 1, 1)
+    assert key_of({"x": 1}) in ledger.taken() and key_of({"x": 2}) in ledger.taken()
+
+
+def test_readers_take_the_recorded_summary_while_it_speaks_for_the_study(cnn_path: Path, tmp_path: Path) -> None:
+    config = synthetic_config(tmp_path, 'mode = ["ok", "build_error"]\ndelay_us = [0, 50, 100]\nbuild_ms = [0]')
+    args = [str(cnn_path), "--backend", SYNTHETIC, "--config", str(config), "--seed", "0", "--n-trials", "8"]
+    assert tune(*args) == 0
+    study = load("cnn-syntheticbackend")
+    recorded = recorded_summary(study)
+    assert recorded is not None and recorded.trials == ()
+    assert format_summary(recorded) == format_summary(summarize_study(study))
+    assert str(load_tuned("studies/cnn-syntheticbackend.db")) == format_summary(summarize_study(study))
+    study.enqueue_trial({"mode": "ok", "delay_us": 0})  # a trial the record does not know of
+    assert recorded_summary(study) is None
+    assert "1 waiting" in str(load_tuned("studies/cnn-syntheticbackend.db"))
