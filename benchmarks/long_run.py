@@ -21,7 +21,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import replace
+from collections import Counter
+from dataclasses import fields, replace
 from pathlib import Path
 
 import optuna
@@ -31,7 +32,7 @@ from gpt_optuna.core.space import Space
 from gpt_optuna.search.config import TuneConfig, read_toml
 from gpt_optuna.search.sampling import base_sampler
 from gpt_optuna.search.tune import tune
-from gpt_optuna.study.record import SPACE_ATTR
+from gpt_optuna.study.record import PROPOSED_ATTR, SPACE_ATTR
 from gpt_optuna.study.storage import open_storage
 
 SPACE = """[measure]
@@ -44,12 +45,16 @@ delay_us = [{delays}]
 a = [0, 1, 2, 3, 4]
 """
 """90 delays x 5 x 8 (b) x 3 (c): 10,800 candidates."""
+SMALL_SPACE = SPACE.replace("[{delays}]", "[0, 1, 2, 3, 4]").replace(
+    "a = [0, 1, 2, 3, 4]", 'a = [0, 1]\nb = [0, 1]\nc = ["x"]'
+)
+"""5 delays x 2 x 2 x 1: 20 candidates."""
 
 
-def plain_optuna(url: str, space: Space, sizes: list[int], windows: list[int]) -> list[float]:
+def plain_optuna(url: str, space: Space, sizes: list[int], windows: list[int], sampler: str) -> list[float]:
     """Milliseconds per trial of plain Optuna's TPE (as the tuner configures it), the median of
     the last ``windows`` trials before each size."""
-    study = optuna.create_study(storage=open_storage(url), sampler=base_sampler("tpe", 0))
+    study = optuna.create_study(storage=open_storage(url), sampler=base_sampler(sampler, 0))
     ended: list[float] = [time.perf_counter()]
 
     def objective(trial: optuna.Trial) -> float:
@@ -80,6 +85,7 @@ def command_s(*args: str) -> float:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="10,100,1000,5000", help="study sizes, comma-separated, increasing")
+    parser.add_argument("--sampler", default="tpe", choices=("tpe", "random"), help="the sampler of both searches")
     parser.add_argument("--window", type=int, default=20, help="trials before each size whose median is shown")
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
@@ -91,7 +97,9 @@ def main() -> int:
     os.chdir(tempfile.mkdtemp(prefix="long-run-"))
     Path("tune.toml").write_text(SPACE.format(delays=", ".join(map(str, range(90)))))
     values = read_toml(Path("tune.toml"))
-    config = TuneConfig(model=MODEL, backend=SYNTHETIC, confirm_top=0, seed=0, study_name="long", **values)
+    config = TuneConfig(
+        model=MODEL, backend=SYNTHETIC, confirm_top=0, seed=0, study_name="long", sampler=args.sampler, **values
+    )
     where = ["--storage", str(config.storage), "--study-name", "long"]
     timings, rows = Timings(), []
     for size, window in zip(sizes, windows, strict=True):
@@ -100,14 +108,44 @@ def main() -> int:
         study = optuna.load_study(study_name="long", storage=config.storage)
         tuner = statistics.median(overhead_ms(study, timings, range(size - window, size)))
         rows.append((size, tuner, command_s("status", *where), command_s("best", *where)))
-        print(f"{size} trials: the tuner {tuner:.1f} ms per trial", flush=True)
+        print(f"{size} trials: the tuner {tuner:.1f} ms per trial; {sources(study, size)}", flush=True)
     space = Space.from_record(study.user_attrs[SPACE_ATTR])
-    plain = plain_optuna("sqlite:///plain.db", space, sizes, windows)
-    print("\n trials  tuner ms/trial  plain TPE ms/trial  ratio  status s  best s")
+    plain = plain_optuna("sqlite:///plain.db", space, sizes, windows, args.sampler)
+    print(f"\n trials  tuner ms/trial  plain {args.sampler} ms/trial  ratio  status s  best s")
     for (size, tuner, status_s, best_s), optuna_ms in zip(rows, plain, strict=True):
         ratio = tuner / optuna_ms
         print(f"{size:>7}  {tuner:>14.1f}  {optuna_ms:>18.1f}  {ratio:>5.2f}  {status_s:>8.2f}  {best_s:>6.2f}")
+    print(covered_space(config))
     return 0
+
+
+def asdict_shallow(config: TuneConfig) -> dict[str, object]:
+    """A config's fields as they are (``dataclasses.asdict`` would copy the nested ones into dicts)."""
+    return {f.name: getattr(config, f.name) for f in fields(config)}
+
+
+def sources(study: optuna.Study, size: int) -> str:
+    """Where the candidates of the trials before ``size`` came from, in shares."""
+    found = Counter(str(t.user_attrs.get(PROPOSED_ATTR, "queued")) for t in study.get_trials(deepcopy=False)[:size])
+    return ", ".join(f"{source} {count / size:.0%}" for source, count in found.most_common())
+
+
+def covered_space(config: TuneConfig) -> str:
+    """A search of a 20-candidate space asked for 100 trials, then resumed: where each ends."""
+    Path("small.toml").write_text(SMALL_SPACE)
+    small = TuneConfig(
+        **{**asdict_shallow(config), "study_name": "small", "storage": None, **read_toml(Path("small.toml"))}
+    )
+    first = tune(replace(small, n_trials=100), Recorder(Timings()))
+    again = tune(replace(small, n_trials=200), Recorder(Timings()))
+    study = optuna.load_study(study_name="small", storage=small.storage)
+    held = len({tuple(sorted(t.params.items())) for t in study.get_trials(deepcopy=False)})
+    reused = sum("reused_from" in t.user_attrs for t in study.get_trials(deepcopy=False))
+    return (
+        f"\na space of {held - 1} candidates asked for 100 trials: {first.done} trials (the baseline and each"
+        f" candidate once, {reused} repeats): {first.note}; resumed for 200: {again.done - first.done} more"
+        f" trials: {again.note}"
+    )
 
 
 if __name__ == "__main__":

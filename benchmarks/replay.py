@@ -332,10 +332,11 @@ def search(
         criterion=parse_criterion(landscape.criterion),
         settings=MeasureSettings(),
     )
-    objective = Objective(space, job, 600.0, FileSystemArtifactStore(str(folder)))
+    fresh = sampler if isinstance(sampler, FreshSampler) else None
+    objective = Objective(space, job, 600.0, FileSystemArtifactStore(str(folder)), sampler=fresh)
     lane = Lane(0, LookupWorker(landscape), None, landscape.gpu)
     cap = 3 * len(landscape.results)
-    budget = TrialBudget(study, cap, None)
+    budget = TrialBudget(study, cap, None, sampler=fresh)
     transfer = TransferQueue.of(warm, budget.has_room)
     transfer.update(study)
     found: list[int] = []

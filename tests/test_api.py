@@ -86,7 +86,9 @@ def test_a_study_tuned_from_python_reads_back_with_the_command_line_and_the_note
     assert study.storage == f"sqlite:///{database}"
     where = ["--storage", study.storage, "--study-name", "from-python"]
     assert main(["status", *where]) == 0
-    assert capsys.readouterr().out.strip() == str(study)
+    summary, store = capsys.readouterr().out.strip().rsplit("\n", 1)
+    size, files, folder = study.disk_used()
+    assert summary == str(study) and store.startswith("artifact store: ") and f"{files} files ({folder})" in store
     assert main(["best", "--json", *where]) == 0
     assert json.loads(capsys.readouterr().out) == as_json(study.winner.to_dict())  # type: ignore[union-attr]
     assert main(["report", "--storage", os.path.relpath(database), "--study-name", "from-python", "-o", "r.html"]) == 0

@@ -1,14 +1,18 @@
 """What keeps a long search fast and honest: the space's size, a covered space ending on the trial
 that covers it, a repeat that reuses a result, the trial's attrs written at once, the study's
-trials folded in once, and readers that take the recorded summary where it speaks for the study."""
+trials folded in once, readers that take the recorded summary where it speaks for the study, and
+an artifact store that keeps the engines worth keeping."""
 
 import datetime
+import errno
 import random
 from pathlib import Path
 
 import optuna
 import pytest
 from conftest import SYNTHETIC, load, synthetic_config, tune
+from optuna.artifacts import FileSystemArtifactStore
+from optuna.artifacts.exceptions import ArtifactNotFound
 from optuna.distributions import CategoricalDistribution
 from optuna.trial import TrialState, create_trial
 
@@ -16,6 +20,7 @@ from gpt_optuna.api.study import load as load_tuned
 from gpt_optuna.cli import main
 from gpt_optuna.core.space import Condition, Knob, Space
 from gpt_optuna.results.summary_text import format_summary
+from gpt_optuna.search.engines import EngineKeeper, disk_used
 from gpt_optuna.search.ledger import StudyLedger, key_of
 from gpt_optuna.study.storage import count_by_state, open_storage, set_trial_attrs
 from gpt_optuna.study.summary import summarize_study
@@ -147,3 +152,48 @@ def test_readers_take_the_recorded_summary_while_it_speaks_for_the_study(cnn_pat
     study.enqueue_trial({"mode": "ok", "delay_us": 0})  # a trial the record does not know of
     assert recorded_summary(study) is None
     assert "1 waiting" in str(load_tuned("studies/cnn-syntheticbackend.db"))
+
+
+class FullDisk(FileSystemArtifactStore):
+    """A store on a disk with no room left."""
+
+    def write(self, artifact_id: str, content_body: object) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+
+def test_the_store_keeps_the_baseline_and_the_fastest_engines_and_a_full_disk_costs_no_result(
+    tmp_path: Path,
+) -> None:
+    store = FileSystemArtifactStore(str(tmp_path / "store"))
+    (tmp_path / "store").mkdir()
+    notes: list[str] = []
+    keeper = EngineKeeper(store, 3, notes.append)
+    study = optuna.create_study()
+    latencies = [9.0, 5.0, 7.0, 3.0, 8.0, 1.0, 6.0]
+    for number, latency in enumerate(latencies):
+        trial = study.ask()
+        if number == 0:
+            trial.set_user_attr("baseline", True)
+        engine = tmp_path / f"engine{number}.plan"
+        engine.write_bytes(bytes([number]) * 100)
+        keeper.keep(trial, engine, latency)
+        study.tell(trial, latency)
+    trials = study.get_trials()
+    kept = {t.number for t in trials if "engine_artifact" in t.user_attrs and store_holds(store, t)}
+    assert kept == {0, 3, 5, 1}  # the baseline and the three fastest: 1.0, 3.0, 5.0 ms
+    assert "engine_dropped" in trials[4].user_attrs  # 8 ms ran when three faster ones were kept
+    assert disk_used(tmp_path / "store") == (400, 4)
+    full = EngineKeeper(FullDisk(str(tmp_path / "store")), 3, notes.append)
+    trial = study.ask()
+    (tmp_path / "last.plan").write_bytes(b"x")
+    full.keep(trial, tmp_path / "last.plan", 0.5)
+    assert trial.user_attrs["engine_dropped"] == "the disk was full" and "the disk is full" in notes[-1]
+    study.tell(trial, 0.5)  # the trial's result is kept
+
+
+def store_holds(store: FileSystemArtifactStore, trial: optuna.trial.FrozenTrial) -> bool:
+    try:
+        store.open_reader(trial.user_attrs["engine_artifact"]).close()
+    except ArtifactNotFound:
+        return False
+    return True

@@ -214,6 +214,14 @@ class TunedStudy:
         keeps the default configuration (what :meth:`export` writes without ``trial``)."""
         return None if self.summary.decided is None else self.summary.decided.number
 
+    def disk_used(self) -> tuple[int, int, Path]:
+        """The bytes and files the study's artifact store holds (its engines and data), and its folder."""
+        from gpt_optuna.search.engines import disk_used
+        from gpt_optuna.study.artifacts import artifact_folder
+
+        folder = artifact_folder(self.study)
+        return (*disk_used(folder), folder)
+
     def refresh(self) -> TunedStudy:
         """Read the study again (a search still running has added trials since); returns itself."""
         self.study = open_existing_study(self.storage, self.study_name)

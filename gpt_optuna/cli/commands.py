@@ -126,6 +126,9 @@ def _confirm(args: argparse.Namespace, study: Any) -> int:
 
 def _status(_: argparse.Namespace, study: Any) -> int:
     print(study)
+    size, files, folder = study.disk_used()
+    if files:
+        print(f"artifact store: {size / 2**20:,.1f} MiB in {files} files ({folder})")
     return 0
 
 

@@ -128,13 +128,19 @@ def export_trial(
     source = trial_model(study, trial)
     if not source.is_file():
         raise UserError(f"the model of trial {trial.number} is gone: {source} (the study folder was moved or removed)")
+    if artifact is None and "engine_dropped" in trial.user_attrs:
+        raise UserError(not_kept(trial, str(trial.user_attrs["engine_dropped"])))
     if artifact is not None:
         from optuna.artifacts import FileSystemArtifactStore, download_artifact
+        from optuna.artifacts.exceptions import ArtifactNotFound
 
         out.unlink(missing_ok=True)
-        download_artifact(
-            artifact_store=FileSystemArtifactStore(artifact_folder(study)), artifact_id=artifact, file_path=str(out)
-        )
+        try:
+            download_artifact(
+                artifact_store=FileSystemArtifactStore(artifact_folder(study)), artifact_id=artifact, file_path=str(out)
+            )
+        except ArtifactNotFound:
+            raise UserError(not_kept(trial, "faster candidates took its place")) from None
     else:  # ONNX Runtime builds no engine file: the model it ran, with the options in the side file
         shutil.copyfile(source, out)
     samples = _samples(out, samples_dir)
@@ -169,6 +175,14 @@ def export_trial(
     side_path = out.with_name(out.name + ".json")
     side_path.write_text(json.dumps(side, indent=2))
     return out, side_path
+
+
+def not_kept(trial: FrozenTrial, why: str) -> str:
+    """Why a trial's engine cannot be exported: the artifact store did not keep it."""
+    return (
+        f"the engine of trial {trial.number} was not kept ({why}): the study keeps the baseline's and the fastest"
+        " candidates' engines; export one of those, or search with --keep-all-engines to keep every one"
+    )
 
 
 def model_interface(study: optuna.Study, trial: FrozenTrial, model: Path) -> dict[str, Any]:

@@ -93,6 +93,8 @@ class TuneConfig:
     lets workers on other hosts join."""
     allow_mixed_gpus: bool = False
     no_seeds: bool = False
+    keep_all_engines: bool = False
+    """Keep every feasible candidate's engine, not only the baseline's and the fastest ones'."""
     """Do not try the backend's every-speed-feature-on candidate right after the baseline."""
     warm_start: str | None = None
     """Studies (comma-separated, or ``auto``) whose best configurations are tried first."""

@@ -118,7 +118,7 @@ def join(config: JoinConfig, progress: Progress) -> int:
         artifacts = FileSystemArtifactStore(store)
         objective = Objective(
             space, job, timeout, artifacts, progress.result, record.objectives, note=progress.note,
-            ledger=sampler.ledger,
+            sampler=sampler,
         )  # fmt: skip
         progress.begin(remaining, deadline, len(lanes))
         budget = TrialBudget(study, target, deadline, sampler=sampler)

@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import optuna
-from optuna.artifacts import FileSystemArtifactStore, upload_artifact
+from optuna.artifacts import FileSystemArtifactStore
 from optuna.trial import FrozenTrial, TrialState
 
 from gpt_optuna.core import interrupts
@@ -27,8 +27,10 @@ from gpt_optuna.core.space import Candidate, Space
 from gpt_optuna.evaluation.jobs import EvaluateJob, run_evaluation
 from gpt_optuna.evaluation.outcome import Outcome, TrialResult
 from gpt_optuna.evaluation.worker import Worker
+from gpt_optuna.search.engines import KEPT_ENGINES, EngineKeeper
 from gpt_optuna.search.ledger import StudyLedger, key_of
-from gpt_optuna.study.record import IO_CHANGE_ATTR
+from gpt_optuna.search.sampling import FreshSampler
+from gpt_optuna.study.record import IO_CHANGE_ATTR, PROPOSED_ATTR
 from gpt_optuna.study.storage import set_trial_attrs
 from gpt_optuna.study.taxonomy import own_results
 
@@ -112,11 +114,13 @@ class Objective:
         objectives: tuple[str, ...] = ("latency",),
         search_left: Callable[[], float | None] = lambda: None,
         note: Callable[[str], None] = lambda _: None,
-        ledger: StudyLedger | None = None,
+        sampler: FreshSampler | None = None,
+        keep_engines: int | None = KEPT_ENGINES,
     ) -> None:
         self.objectives = objectives
-        self.ledger = ledger or StudyLedger()
-        """The study's trials as of this trial's sampling (the sampler's ledger, where it shares it)."""
+        self.sampler = sampler
+        self.ledger = sampler.ledger if sampler is not None else StudyLedger()
+        """The study's trials as of this trial's sampling (the sampler's ledger, where there is one)."""
         self.note = note
         """Told where a trial first does one-time work that holds it up (an fp16 sensitivity ranking),
         and how far that work is while it runs."""
@@ -125,15 +129,18 @@ class Objective:
         self.space = space
         self.job = job
         self.trial_timeout_s = trial_timeout_s
-        self.artifacts = artifacts
+        self.engines = EngineKeeper(artifacts, keep_engines, note)
+        """What the artifact store keeps: the baseline's engine and the ``keep_engines`` fastest (None: all)."""
         self.on_result = on_result
         self.consecutive_reuse = 0
         self.interrupted: list[int] = []
         """Trials stopped before their candidate was evaluated: the tuner queues them again."""
 
     def __call__(self, trial: optuna.Trial, lane: Lane) -> Any:
-        set_trial_attrs(trial, {"owner": OWNER, "host": HOST, "worker": lane.worker_id, "gpu": lane.device})
         candidate = self.space.suggest(trial)
+        who = {"owner": OWNER, "host": HOST, "worker": lane.worker_id, "gpu": lane.device}  # who measured it, on what
+        source = self.sampler.sources.get(trial.number) if self.sampler is not None else None
+        set_trial_attrs(trial, who | ({PROPOSED_ATTR: source} if source else {}))
         self.ledger.update(trial.study._get_trials(deepcopy=False, use_cache=True))  # the sampler's read of this trial
         earlier = self.ledger.evaluated(key_of(candidate)) or self._await_twin(trial, candidate)
         if earlier is not None:
@@ -214,15 +221,13 @@ class Objective:
         return tuple(figures[name] for name in self.objectives)
 
     def _keep_engine(self, trial: optuna.Trial, result: TrialResult) -> None:
-        """Store a feasible candidate's engine as an artifact of its trial; drop any other."""
+        """Keep a feasible candidate's engine where it earns a place (:class:`EngineKeeper`); drop any other."""
         if result.engine_path is None:
             return
         try:
             if result.outcome is Outcome.OK:
-                artifact_id = upload_artifact(
-                    artifact_store=self.artifacts, file_path=str(result.engine_path), study_or_trial=trial
-                )
-                trial.set_user_attr("engine_artifact", artifact_id)
+                value = result.build_s if self.job.dry_run else result.latency.median_ms if result.latency else None
+                self.engines.keep(trial, result.engine_path, float("inf") if value is None else value)
         finally:
             result.engine_path.unlink(missing_ok=True)
 

@@ -207,6 +207,13 @@ OPTIONS: tuple[Option, ...] = (
         "a folder every host mounts lets workers on other hosts join",
     ),
     Option(
+        "--keep-all-engines",
+        "keep_all_engines",
+        FLAG,
+        "keep every feasible candidate's engine in the artifact store (default: the baseline's and the fastest"
+        " ones', at least 10 and --confirm-top)",
+    ),
+    Option(
         "--no-seeds",
         "no_seeds",
         FLAG,

@@ -3,15 +3,16 @@ candidate the study already holds, nor a known failing one.
 
 Optuna's samplers propose configurations already tried, often, in small categorical spaces, and
 a failed trial teaches them little. :class:`FreshSampler` wraps any Optuna sampler: it asks the
-wrapped sampler once for a whole candidate (its relative proposal, completed knob by knob in the
-order of the space, as Optuna itself would; a knob with one value takes it without a fit), and
-where the study holds that candidate (evaluated, being evaluated or queued), it shares the graph
-transform of a candidate whose transform failed, or it holds the settings that the candidates
-the engine refused with one same error all share (and no candidate it ran has: their likely
-cause), it takes instead the nearest candidate no trial holds: one knob changed, else (a space
-small enough to list, :mod:`coverage`) the fewest knobs changed, else random candidates. A
-listed space whose every candidate is held is covered: :meth:`FreshSampler.covered` says so
-before a trial starts, and the search ends there.
+wrapped sampler for a whole candidate (its relative proposal, completed knob by knob in the order
+of the space, as Optuna itself would; a knob with one value takes it without a fit). Where the
+study holds that candidate (evaluated, being evaluated or queued), it shares the graph transform
+of a candidate whose transform failed, or it holds the settings that the candidates the engine
+refused with one same error all share (and no candidate it ran has: their likely cause), the
+wrapped sampler is asked again, a few times while the study is small (its fit is cheap then),
+and then the nearest candidate no trial holds is taken: one knob changed, else (a space small
+enough to list, :mod:`coverage`) the fewest knobs changed, else random candidates. A listed space
+whose every candidate is held is covered: :meth:`FreshSampler.covered` says so before a trial
+starts, and the search ends there.
 
 What the study holds is read once per trial, through Optuna's own per-trial cache of the study's
 trials (the one its samplers share), into a :class:`~gpt_optuna.search.ledger.StudyLedger`.
@@ -25,7 +26,6 @@ from __future__ import annotations
 import random
 import threading
 import warnings
-from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -40,6 +40,11 @@ from gpt_optuna.graph.transforms import is_transform_knob
 from gpt_optuna.search.coverage import Coverage
 from gpt_optuna.search.ledger import Key, StudyLedger, key_of
 
+ASKS = 4
+"""Proposals asked of the wrapped sampler in a small study, before looking elsewhere."""
+ASKED_ONCE_FROM = 200
+"""From this many trials in the study, the wrapped sampler is asked once a trial: its fit grows with
+the study, and a second answer costs as much as the first."""
 RANDOM_TRIES = 200
 """Random candidates tried, in a space too large to list, before accepting a repeat."""
 SOURCES = ("sampler", "neighbour", "nearest", "random", "repeat")
@@ -52,8 +57,7 @@ class FreshSampler(BaseSampler):
 
     ``transform_knobs`` names the knobs that decide a candidate's graph transform: a trial whose
     transform failed rules out every candidate with the same values of those knobs. ``ledger``
-    holds what the study's trials hold (one is made where none is given); ``sources`` counts
-    where each proposal came from (:data:`SOURCES`).
+    holds what the study's trials hold (one is made where none is given).
     """
 
     def __init__(
@@ -74,7 +78,8 @@ class FreshSampler(BaseSampler):
         self._failed_transforms: set[Key] = set()
         self._transforms_read = 0
         self.coverage = Coverage(space, self.ledger, self._ruled_out)
-        self.sources: Counter[str] = Counter()
+        self.sources: dict[int, str] = {}
+        """Where each trial's candidate came from (:data:`SOURCES`), until the trial ends."""
         self._single = {k.name: k.search_choices[0] for k in space.knobs if len(k.search_choices) == 1}
 
     def reseed_rng(self) -> None:
@@ -92,7 +97,7 @@ class FreshSampler(BaseSampler):
         with self._lock:
             self.read(study._get_trials(deepcopy=False, use_cache=True))  # the read the wrapped sampler shares
             proposal, source = self._propose(study, trial)
-            self.sources[source] += 1
+            self.sources[trial.number] = source
             self._reserved[trial.number] = key_of(proposal)
             return proposal
 
@@ -136,21 +141,26 @@ class FreshSampler(BaseSampler):
             key = key_of(candidate)
             return not self.ledger.has_result(key) and key not in busy and not self._ruled_out(key) and fits(candidate)
 
-        proposal = self._ask(study, trial, suggested)
+        asks = ASKS if trial.number < ASKED_ONCE_FROM else 1
+        first = proposal = self._ask(study, trial, suggested)
+        for _ in range(asks - 1):
+            if fresh(proposal):
+                break
+            proposal = self._ask(study, trial, suggested)
         if fresh(proposal):
             return proposal, "sampler"
-        neighbour = next((c for c in self._neighbours(proposal, suggested) if fresh(c)), None)
+        neighbour = next((c for c in self._neighbours(first, suggested) if fresh(c)), None)
         if neighbour is not None:
             return neighbour, "neighbour"
         if self.coverage.listed:
-            nearest = self.coverage.nearest(proposal, busy, fits, self._rng)
+            nearest = self.coverage.nearest(first, busy, fits, self._rng)
             if nearest is not None:
                 return nearest, "nearest"
         else:
             found = next((c for c in (self._complete(suggested) for _ in range(RANDOM_TRIES)) if fresh(c)), None)
             if found is not None:
                 return found, "random"
-        return (proposal if fits(proposal) else self.space.default(suggested)), "repeat"  # a covered space
+        return (first if fits(first) else self.space.default(suggested)), "repeat"  # a covered space
 
     def sample_independent(
         self, study: optuna.Study, trial: FrozenTrial, param_name: str, param_distribution: BaseDistribution
@@ -165,6 +175,7 @@ class FreshSampler(BaseSampler):
     ) -> None:
         with self._lock:
             self._reserved.pop(trial.number, None)
+            self.sources.pop(trial.number, None)
         self.base.after_trial(study, trial, state, values)
 
     def _ask(self, study: optuna.Study, trial: FrozenTrial, suggested: Candidate) -> Candidate:

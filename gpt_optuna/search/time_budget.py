@@ -12,6 +12,8 @@ that cannot finish.
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import optuna
@@ -76,3 +78,30 @@ def kept_for_confirmation(
     plan = plan_confirmation(study, top, processes, settings, None, start_s)
     wanted = plan.total_s if plan is not None else 0.0
     return min(wanted, CONFIRM_SHARE * timeout_s) + FINISH_S
+
+
+KEPT_REFRESH_S = 15.0
+"""How often, at most, the time kept for the finalists is estimated again during a search."""
+
+
+def refresh_s(timeout_s: float | None) -> float:
+    """How long an estimate of the time kept may stand: :data:`KEPT_REFRESH_S`, or 1 % of a shorter
+    ``--timeout`` (a short search has few trials to read, and little time to misjudge)."""
+    return KEPT_REFRESH_S if timeout_s is None else min(KEPT_REFRESH_S, timeout_s / 100)
+
+
+class Refreshed:
+    """A figure worked out again at most every ``every_s`` seconds (the time kept for the
+    finalists reads every trial: once per trial would cost a long search more than its trials)."""
+
+    def __init__(self, work_out: Callable[[], float], every_s: float = KEPT_REFRESH_S) -> None:
+        self.work_out = work_out
+        self.every_s = every_s
+        self._value = 0.0
+        self._at: float | None = None
+
+    def __call__(self) -> float:
+        now = time.monotonic()
+        if self._at is None or now - self._at >= self.every_s:
+            self._value, self._at = self.work_out(), now
+        return self._value

@@ -24,6 +24,7 @@ from gpt_optuna.graph.model_profile import ModelProfile
 from gpt_optuna.results.export import export_suffix
 from gpt_optuna.results.winner import name_objectives, record_winner
 from gpt_optuna.search.config import TuneConfig, study_flags
+from gpt_optuna.search.engines import KEPT_ENGINES
 from gpt_optuna.search.finalists import ConfirmationFailed, confirm
 from gpt_optuna.search.host_check import look
 from gpt_optuna.search.lanes import (
@@ -40,7 +41,13 @@ from gpt_optuna.search.progress import Progress
 from gpt_optuna.search.sampling import FreshSampler, check_sampler, make_sampler
 from gpt_optuna.search.seeds import WarmStart, speed_seed, warm_start
 from gpt_optuna.search.session import SearchSession
-from gpt_optuna.search.time_budget import FINISH_S, kept_for_confirmation, plan_confirmation
+from gpt_optuna.search.time_budget import (
+    FINISH_S,
+    Refreshed,
+    kept_for_confirmation,
+    plan_confirmation,
+    refresh_s,
+)
 from gpt_optuna.search.transfer import TransferQueue
 from gpt_optuna.study.artifacts import artifact_folder, publish
 from gpt_optuna.study.record import FOLDER_ATTR, HOST_ATTR, MEASURE_ATTR, SEARCH_ATTR, SPACE_ATTR, STUDIES
@@ -167,7 +174,8 @@ def _tune(config: TuneConfig, progress: Progress) -> TuneEnd:
         store = artifact_folder(study, config.artifacts)
         publish(study, store, config.workdir)
         artifacts = FileSystemArtifactStore(store)
-        budget = TrialBudget(study, config.n_trials, deadline, lambda: kept_time(config, study, start_s), sampler)
+        kept = Refreshed(lambda: kept_time(config, study, start_s), refresh_s(config.timeout_s))
+        budget = TrialBudget(study, config.n_trials, deadline, kept, sampler)
         transfer = TransferQueue.of(warm, budget.has_room, progress.note)
         transfer.update(study)
         objective = Objective(
@@ -179,8 +187,10 @@ def _tune(config: TuneConfig, progress: Progress) -> TuneEnd:
             config.objectives,
             budget.search_left,
             progress.note,
-            sampler.ledger,
+            sampler,
+            None if config.keep_all_engines else max(KEPT_ENGINES, config.confirm_top),
         )
+        objective.engines.seed(study.get_trials(deepcopy=False))
         phases.begin("searching")
         stopped_by = session.search(study, storage, sampler, objective, budget, progress, transfer.update)
         if stopped_by is not None:

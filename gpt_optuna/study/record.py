@@ -43,6 +43,9 @@ WARM_START_ATTR = "warm_start_from"
 """Trial user attr: the earlier trial (``STUDY:TRIAL``) a warm-start candidate came from."""
 WHY_TRIED = ("baseline", "seeded", WARM_START_ATTR)
 """The trial user attrs that say why a candidate was tried: a retry keeps them."""
+PROPOSED_ATTR = "proposed_by"
+"""Trial user attr: where the sampler's candidate came from (its wrapped sampler, a neighbour, the
+nearest untried candidate, a random one, or a repeat in a covered space)."""
 IO_CHANGE_ATTR = "io_dtypes"
 """Trial user attr: the dtypes the trial's model changed at its inputs and outputs, where it changed
 any (only in a study that allowed it)."""
