@@ -77,6 +77,8 @@ def test_a_covered_space_ends_on_the_trial_that_covers_it(
     assert tune(*args, "--n-trials", "40") == 0  # a resume says so, and runs nothing
     assert len(load("cnn-syntheticbackend").get_trials()) == 5
     assert "nothing is left to search" in capsys.readouterr().err
+    assert main(["space", *args[:5]]) == 0
+    assert "study cnn-syntheticbackend: 0 of the 4 candidates not evaluated yet" in capsys.readouterr().out
 
 
 def test_a_queued_repeat_reuses_the_earlier_result(cnn_path: Path, tmp_path: Path) -> None:

@@ -46,12 +46,33 @@ def print_space(config: TuneConfig, as_json: bool) -> int:
     space, versions = offered_space(config, notes, say)
     for note in notes:
         print(note, file=sys.stderr)
+    left = _left_in_study(config, space)
     if as_json:
-        print(json.dumps({"backend": config.backend, "versions": versions, "knobs": space.describe()}))
+        counts = {"candidates": space.size(), "left": None if left is None else left[1]}
+        print(json.dumps({"backend": config.backend, "versions": versions, "knobs": space.describe(), **counts}))
     else:
         print(f"{config.backend} ({', '.join(f'{k} {v}' for k, v in versions.items())}) for {config.model}:")
         print(space.table())
+        if left is not None:
+            print(f"study {left[0]}: {left[1]:,} of the {space.size():,} candidates not evaluated yet")
     return 0
+
+
+def _left_in_study(config: TuneConfig, space: Any) -> tuple[str, int] | None:
+    """(study name, candidates of ``space`` no trial holds) where the study ``config`` names exists."""
+    from gpt_optuna.api.study import open_existing_study
+    from gpt_optuna.search.coverage import candidates_left
+    from gpt_optuna.study.storage import storage_file
+
+    assert config.storage is not None and config.study_name is not None
+    path = storage_file(config.storage)
+    if path is not None and not path.is_file():
+        return None
+    try:
+        study = open_existing_study(config.storage, config.study_name)
+    except UserError:
+        return None
+    return config.study_name, candidates_left(space, study.get_trials(deepcopy=False))
 
 
 def run(argv: list[str]) -> int:

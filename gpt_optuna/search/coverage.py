@@ -11,15 +11,19 @@ covering it.
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
+
+import numpy as np
+from optuna.trial import FrozenTrial
 
 from gpt_optuna.core.space import Candidate, Space, Value
 from gpt_optuna.search.ledger import Key, StudyLedger
 
 LISTED_AT_MOST = 100_000
-"""The largest space whose candidates are listed (about 150 bytes each)."""
+"""The largest space whose candidates are listed (a row of small integers each, and its index)."""
 _ABSENT = object()
 """A knob that is not active in a candidate."""
+_FAR = np.iinfo(np.int32).max
 
 Row = tuple[object, ...]
 """A candidate as its values in the space's knob order (:data:`_ABSENT` where a knob is inactive)."""
@@ -29,7 +33,9 @@ class Coverage:
     """The space's candidates against the study's: how many are left, and which.
 
     ``ruled_out`` says which candidates the search will not try even though no trial holds them
-    (it is asked again whenever the ledger's rules change).
+    (it is asked again whenever the ledger's rules change). A listed space keeps each candidate as
+    the indices of its values (-1: inactive), so that the distance from a proposal to every
+    candidate left is one array operation.
     """
 
     def __init__(self, space: Space, ledger: StudyLedger, ruled_out: Callable[[Key], bool]) -> None:
@@ -38,8 +44,13 @@ class Coverage:
         self.ruled_out = ruled_out
         self.size = space.size()
         self._names = [k.name for k in space.knobs]
+        self._values = [{v: i for i, v in enumerate(k.search_choices)} for k in space.knobs]
         self._listed = self.size <= LISTED_AT_MOST
-        self._left: set[Row] = set()
+        self._rows: list[Row] = []
+        self._index: dict[Row, int] = {}
+        self._codes = np.zeros((0, len(self._names)), dtype=np.int16)
+        self._open = np.zeros(0, dtype=bool)
+        """Candidates no finished trial holds and no rule rules out."""
         self._read = 0
         self._unfolded = -1
         self._rules = -1
@@ -62,49 +73,64 @@ class Coverage:
         candidates ruled out may have (then the list is made again)."""
         ledger = self.ledger
         if ledger.unfolded != self._unfolded or rules != self._rules:
-            self._unfolded, self._rules, self._read = ledger.unfolded, rules, 0
-            self._in_space = 0
+            self._unfolded, self._rules, self._read, self._in_space = ledger.unfolded, rules, 0, 0
             if self._listed:
-                self._left = {
-                    self.row(c) for c in self.space.every_candidate() if not self.ruled_out(frozenset(c.items()))
-                }
+                self._list()
         for key in ledger.held_log[self._read :]:
             row = self.row(key)
             if self._listed:
-                self._left.discard(row)
+                at = self._index.get(row)
+                if at is not None:
+                    self._open[at] = False
             elif self._valid(row):
                 self._in_space += 1
         self._read = len(ledger.held_log)
 
-    def left(self, taken: Iterable[Key] = ()) -> int | None:
-        """Candidates no trial holds (nor ``taken``: running, queued or being proposed); for a
-        space too large to list, those no finished trial holds (None where that count means
-        nothing: a listed space's candidates ruled out are not left either)."""
+    def _list(self) -> None:
+        """List every candidate, each open unless a rule rules it out."""
+        if not self._rows:
+            self._rows = [self.row(c) for c in self.space.every_candidate()]
+            self._index = {row: at for at, row in enumerate(self._rows)}
+            self._codes = np.array([self._code(row) for row in self._rows], dtype=np.int16).reshape(
+                len(self._rows), len(self._names)
+            )
+        self._open = np.array([not self.ruled_out(frozenset(self.candidate(row).items())) for row in self._rows])
+
+    def _code(self, row: Row) -> list[int]:
+        """A candidate's value indices (-1: inactive, -2: a value the search does not try)."""
+        return [-1 if v is _ABSENT else values.get(v, -2) for v, values in zip(row, self._values, strict=True)]
+
+    def left(self, taken: Iterable[Key] = ()) -> int:
+        """Candidates no trial holds (nor ``taken``: running, queued or being proposed), those ruled
+        out not counted; for a space too large to list, those no finished trial holds."""
         if not self._listed:
             return self.size - self._in_space
-        busy = {self.row(key) for key in taken}
-        return len(self._left) - len(busy & self._left)
+        busy = self._busy(taken)
+        return int(self._open.sum()) - int(self._open[busy].sum()) if busy else int(self._open.sum())
+
+    def _busy(self, taken: Iterable[Key]) -> list[int]:
+        return sorted({at for at in (self._index.get(self.row(key)) for key in taken) if at is not None})
 
     def nearest(
-        self, to: Candidate, taken: set[Key], fits: Callable[[Candidate], bool], rng: random.Random
+        self, to: Candidate, taken: Iterable[Key], fits: Callable[[Candidate], bool], rng: random.Random
     ) -> Candidate | None:
         """Of the candidates left (not ``taken``, and those ``fits`` accepts), one of those that
         differ from ``to`` in the fewest knobs; None where none is left or the space is not listed."""
         if not self._listed:
             return None
-        busy = {self.row(key) for key in taken}
-        target = self.row(to)
-        best: list[Row] = []
-        fewest = len(target) + 1
-        for row in self._left:
-            if row in busy:
-                continue
-            apart = sum(a != b for a, b in zip(row, target, strict=True))
-            if apart < fewest and fits(self.candidate(row)):
-                best, fewest = [row], apart
-            elif apart == fewest and fits(self.candidate(row)):
-                best.append(row)
-        return self.candidate(rng.choice(sorted(best, key=repr))) if best else None
+        apart = (self._codes != np.array(self._code(self.row(to)), dtype=np.int16)).sum(axis=1, dtype=np.int32)
+        apart[~self._open] = _FAR
+        apart[self._busy(taken)] = _FAR
+        while True:
+            fewest = int(apart.min()) if len(apart) else _FAR
+            if fewest == _FAR:
+                return None
+            closest = np.flatnonzero(apart == fewest)
+            for at in rng.sample(list(closest), len(closest)):  # in a random order: usually the first fits
+                candidate = self.candidate(self._rows[at])
+                if fits(candidate):
+                    return candidate
+            apart[closest] = _FAR
 
     def _valid(self, row: Row) -> bool:
         """Whether a candidate is one the search proposes (each active knob at a value it tries)."""
@@ -117,3 +143,12 @@ class Coverage:
                     return False
                 values[knob.name] = value  # type: ignore[assignment]
         return True
+
+
+def candidates_left(space: Space, trials: Sequence[FrozenTrial]) -> int:
+    """How many of the space's candidates none of ``trials`` holds (evaluated, running or queued)."""
+    ledger = StudyLedger()
+    ledger.update(trials)
+    coverage = Coverage(space, ledger, lambda _: False)
+    coverage.sync(ledger.rules)
+    return coverage.left(ledger.taken())
