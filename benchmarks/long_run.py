@@ -3,13 +3,17 @@
 One study of the synthetic backend (a 10,800-candidate space: delays of 0-89 us and three inert
 knobs) is grown by ``tune`` to each size in turn (each stage resumes it with a larger trial
 target); beside it, in the same run, a plain Optuna study with the same distributions, the same
-SQLite settings and a seeded TPE sampler is grown by ``study.optimize`` with an objective that
-returns at once. Each row gives, over the last ``--window`` trials before that size, the tuner's
-overhead per trial (its wall time less the worker's own work, as ``overhead.py`` measures it),
-plain Optuna's time per trial and their ratio, and how long ``gpt-optuna status`` and ``best``
-take on the tuner's study then (the whole command, the interpreter's start included).
+SQLite settings and the sampler the tuner wraps (``--sampler``: TPE as the tuner configures it, or
+random), seeded, is grown by ``study.optimize`` with an objective that returns at once. Each row
+gives, over the last ``--window`` trials before that size, the tuner's overhead per trial (its
+wall time less the worker's own work, as ``overhead.py`` measures it), plain Optuna's time per
+trial and their ratio (both the median of the window), how long ``gpt-optuna status`` and
+``best`` take on the tuner's study then (the whole command, the interpreter's start and imports
+included; the median of three runs), and of ``status`` the part that reads the study (opening it
+and its summary in words, in this process); each stage says where its candidates came from. Then
+a search of a 20-candidate space asked for 100 trials, and resumed: where each ends.
 
-    python benchmarks/long_run.py [--sizes 10,100,1000,5000] [--window 20]
+    python benchmarks/long_run.py [--sizes 10,100,1000,5000] [--window 20] [--sampler tpe|random]
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from pathlib import Path
 import optuna
 from overhead import MODEL, SYNTHETIC, Recorder, Timings, per_trial
 
+import gpt_optuna
 from gpt_optuna.core.space import Space
 from gpt_optuna.search.config import TuneConfig, read_toml
 from gpt_optuna.search.sampling import base_sampler
@@ -75,11 +80,25 @@ def overhead_ms(study: optuna.Study, timings: Timings, numbers: range) -> list[f
 
 
 def command_s(*args: str) -> float:
-    """Seconds a ``gpt-optuna`` command takes, start to end."""
-    start = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "gpt_optuna.cli", *args], capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr
-    return time.perf_counter() - start
+    """Seconds a ``gpt-optuna`` command takes, start to end: the median of three runs."""
+    runs = []
+    for _ in range(3):
+        start = time.perf_counter()
+        done = subprocess.run([sys.executable, "-m", "gpt_optuna.cli", *args], capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+        runs.append(time.perf_counter() - start)
+    return statistics.median(runs)
+
+
+def reading_ms(storage: str, name: str) -> float:
+    """Milliseconds ``status`` spends on the study itself, in this process: opening it, its summary
+    in words (the median of three)."""
+    runs = []
+    for _ in range(3):
+        start = time.perf_counter()
+        str(gpt_optuna.load(storage, name))
+        runs.append(time.perf_counter() - start)
+    return 1000 * statistics.median(runs)
 
 
 def main() -> int:
@@ -107,14 +126,18 @@ def main() -> int:
         tune(replace(config, n_trials=size), Recorder(timings))
         study = optuna.load_study(study_name="long", storage=config.storage)
         tuner = statistics.median(overhead_ms(study, timings, range(size - window, size)))
-        rows.append((size, tuner, command_s("status", *where), command_s("best", *where)))
+        status = command_s("status", *where)
+        rows.append((size, tuner, status, command_s("best", *where), reading_ms(str(config.storage), "long")))
         print(f"{size} trials: the tuner {tuner:.1f} ms per trial; {sources(study, size)}", flush=True)
     space = Space.from_record(study.user_attrs[SPACE_ATTR])
     plain = plain_optuna("sqlite:///plain.db", space, sizes, windows, args.sampler)
-    print(f"\n trials  tuner ms/trial  plain {args.sampler} ms/trial  ratio  status s  best s")
-    for (size, tuner, status_s, best_s), optuna_ms in zip(rows, plain, strict=True):
+    print(f"\n trials  tuner ms/trial  plain {args.sampler} ms/trial  ratio  status s  best s  reading ms")
+    for (size, tuner, status_s, best_s, read_ms), optuna_ms in zip(rows, plain, strict=True):
         ratio = tuner / optuna_ms
-        print(f"{size:>7}  {tuner:>14.1f}  {optuna_ms:>18.1f}  {ratio:>5.2f}  {status_s:>8.2f}  {best_s:>6.2f}")
+        print(
+            f"{size:>7}  {tuner:>14.1f}  {optuna_ms:>18.1f}  {ratio:>5.2f}  {status_s:>8.2f}  {best_s:>6.2f}"
+            f"  {read_ms:>10.1f}"
+        )
     print(covered_space(config))
     return 0
 

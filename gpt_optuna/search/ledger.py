@@ -58,11 +58,13 @@ class StudyLedger:
         """Finished trials at or above ``_prefix`` folded in."""
         self._retried: set[int] = set()
         self._own: dict[int, Key] = {}
-        self._trials: dict[int, FrozenTrial] = {}
         """Trials holding their own result: candidate by trial number."""
+        self._trials: dict[int, FrozenTrial] = {}
         self._holders: Counter[Key] = Counter()
+        """How many trials hold each candidate's own result."""
         self._first: dict[Key, FrozenTrial] = {}
         self._open: dict[int, FrozenTrial] = {}
+        """The running and queued trials of the last read."""
         self._spans: deque[float] = deque(maxlen=RECENT)
         self.transform_failures: list[Key] = []
         """Candidates whose graph transform failed, in the order they were folded."""

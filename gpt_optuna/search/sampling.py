@@ -8,9 +8,10 @@ of the space, as Optuna itself would; a knob with one value takes it without a f
 study holds that candidate (evaluated, being evaluated or queued), it shares the graph transform
 of a candidate whose transform failed, or it holds the settings that the candidates the engine
 refused with one same error all share (and no candidate it ran has: their likely cause), the
-wrapped sampler is asked again, a few times while the study is small (its fit is cheap then),
-and then the nearest candidate no trial holds is taken: one knob changed, else (a space small
-enough to list, :mod:`coverage`) the fewest knobs changed, else random candidates. A listed space
+nearest candidate no trial holds is taken instead: one knob changed, else (a space small enough
+to list, :mod:`coverage`) the fewest knobs changed, else random candidates. The wrapped sampler
+is asked once a trial (its fit grows with the study, and a second answer costs a second fit; on
+the replayed landscapes, asking again did not find the best sooner). A listed space
 whose every candidate is held is covered: :meth:`FreshSampler.covered` says so before a trial
 starts, and the search ends there.
 
@@ -40,11 +41,6 @@ from gpt_optuna.graph.transforms import is_transform_knob
 from gpt_optuna.search.coverage import Coverage
 from gpt_optuna.search.ledger import Key, StudyLedger, key_of
 
-ASKS = 4
-"""Proposals asked of the wrapped sampler in a small study, before looking elsewhere."""
-ASKED_ONCE_FROM = 200
-"""From this many trials in the study, the wrapped sampler is asked once a trial: its fit grows with
-the study, and a second answer costs as much as the first."""
 RANDOM_TRIES = 200
 """Random candidates tried, in a space too large to list, before accepting a repeat."""
 SOURCES = ("sampler", "neighbour", "nearest", "random", "repeat")
@@ -141,14 +137,9 @@ class FreshSampler(BaseSampler):
             key = key_of(candidate)
             return not self.ledger.has_result(key) and key not in busy and not self._ruled_out(key) and fits(candidate)
 
-        asks = ASKS if trial.number < ASKED_ONCE_FROM else 1
-        first = proposal = self._ask(study, trial, suggested)
-        for _ in range(asks - 1):
-            if fresh(proposal):
-                break
-            proposal = self._ask(study, trial, suggested)
-        if fresh(proposal):
-            return proposal, "sampler"
+        first = self._ask(study, trial, suggested)  # once: a second answer costs a second fit
+        if fresh(first):
+            return first, "sampler"
         neighbour = next((c for c in self._neighbours(first, suggested) if fresh(c)), None)
         if neighbour is not None:
             return neighbour, "neighbour"
