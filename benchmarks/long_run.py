@@ -2,9 +2,10 @@
 
 One study of the synthetic backend (a 10,800-candidate space: delays of 0-89 us and three inert
 knobs) is grown by ``tune`` to each size in turn (each stage resumes it with a larger trial
-target); beside it, in the same run, a plain Optuna study with the same distributions, the same
-SQLite settings and the sampler the tuner wraps (``--sampler``: TPE as the tuner configures it, or
-random), seeded, is grown by ``study.optimize`` with an objective that returns at once. Each row
+target), and right after each stage, in the same run, a plain Optuna study with the same
+distributions, the same SQLite settings and the sampler the tuner wraps (``--sampler``: TPE as the
+tuner configures it, or random), seeded, is grown by ``study.optimize`` to the same size with an
+objective that returns at once (side by side: a busy host slows both alike). Each row
 gives, over the last ``--window`` trials before that size, the tuner's overhead per trial (its
 wall time less the worker's own work, as ``overhead.py`` measures it), plain Optuna's time per
 trial and their ratio (both the median of the window), how long ``gpt-optuna status`` and
@@ -56,22 +57,26 @@ SMALL_SPACE = SPACE.replace("[{delays}]", "[0, 1, 2, 3, 4]").replace(
 """5 delays x 2 x 2 x 1: 20 candidates."""
 
 
-def plain_optuna(url: str, space: Space, sizes: list[int], windows: list[int], sampler: str) -> list[float]:
-    """Milliseconds per trial of plain Optuna's TPE (as the tuner configures it), the median of
-    the last ``windows`` trials before each size."""
-    study = optuna.create_study(storage=open_storage(url), sampler=base_sampler(sampler, 0))
-    ended: list[float] = [time.perf_counter()]
+class PlainOptuna:
+    """A plain Optuna study of the same space, storage settings and sampler (as the tuner configures
+    it), grown stage by stage beside the tuner's, with an objective that returns at once."""
 
-    def objective(trial: optuna.Trial) -> float:
-        return float(space.suggest(trial)["delay_us"])
+    def __init__(self, url: str, space: Space, sampler: str) -> None:
+        self.study = optuna.create_study(storage=open_storage(url), sampler=base_sampler(sampler, 0))
+        self.space = space
+        self.ended: list[float] = [time.perf_counter()]
 
-    figures = []
-    for size, window in zip(sizes, windows, strict=True):
-        callbacks = [lambda _, __: ended.append(time.perf_counter())]
-        study.optimize(objective, n_trials=size - len(study.trials), callbacks=callbacks)
-        gaps = [b - a for a, b in zip(ended[-window - 1 : -1], ended[-window:], strict=True)]
-        figures.append(1000 * statistics.median(gaps))
-    return figures
+    def grow(self, size: int, window: int) -> float:
+        """Grow the study to ``size`` trials; milliseconds per trial, the median of the last ``window``."""
+
+        def objective(trial: optuna.Trial) -> float:
+            return float(self.space.suggest(trial)["delay_us"])
+
+        self.ended.append(time.perf_counter())  # the stage's first trial starts here
+        callbacks = [lambda _, __: self.ended.append(time.perf_counter())]
+        self.study.optimize(objective, n_trials=size - len(self.study.trials), callbacks=callbacks)
+        gaps = [b - a for a, b in zip(self.ended[-window - 1 : -1], self.ended[-window:], strict=True)]
+        return 1000 * statistics.median(gaps)
 
 
 def overhead_ms(study: optuna.Study, timings: Timings, numbers: range) -> list[float]:
@@ -120,19 +125,21 @@ def main() -> int:
         model=MODEL, backend=SYNTHETIC, confirm_top=0, seed=0, study_name="long", sampler=args.sampler, **values
     )
     where = ["--storage", str(config.storage), "--study-name", "long"]
-    timings, rows = Timings(), []
+    timings, rows, plain = Timings(), [], None
     for size, window in zip(sizes, windows, strict=True):
         timings.clear()
         tune(replace(config, n_trials=size), Recorder(timings))
         study = optuna.load_study(study_name="long", storage=config.storage)
         tuner = statistics.median(overhead_ms(study, timings, range(size - window, size)))
+        plain = plain or PlainOptuna(
+            "sqlite:///plain.db", Space.from_record(study.user_attrs[SPACE_ATTR]), args.sampler
+        )
+        plain_ms = plain.grow(size, window)  # right after the tuner's stage: the host as it is now
         status = command_s("status", *where)
-        rows.append((size, tuner, status, command_s("best", *where), reading_ms(str(config.storage), "long")))
+        rows.append((size, tuner, plain_ms, status, command_s("best", *where), reading_ms(str(config.storage), "long")))
         print(f"{size} trials: the tuner {tuner:.1f} ms per trial; {sources(study, size)}", flush=True)
-    space = Space.from_record(study.user_attrs[SPACE_ATTR])
-    plain = plain_optuna("sqlite:///plain.db", space, sizes, windows, args.sampler)
     print(f"\n trials  tuner ms/trial  plain {args.sampler} ms/trial  ratio  status s  best s  reading ms")
-    for (size, tuner, status_s, best_s, read_ms), optuna_ms in zip(rows, plain, strict=True):
+    for size, tuner, optuna_ms, status_s, best_s, read_ms in rows:
         ratio = tuner / optuna_ms
         print(
             f"{size:>7}  {tuner:>14.1f}  {optuna_ms:>18.1f}  {ratio:>5.2f}  {status_s:>8.2f}  {best_s:>6.2f}"

@@ -105,8 +105,7 @@ def render(study: optuna.Study, where: str = "", error: str | None = None) -> st
         for index, figure in enumerate(f for f in figures if f is not None)
     ]
     counts = {label: sum(r.status == label for r in rows) for label in ("feasible", "infeasible", "failed")}
-    failed = [r for r in rows if r.status == "failed" and r.reused_from is None]
-    failures = "".join(f"<li>trial {r.number}: {html.escape(r.reason[:200])}</li>" for r in failed)
+    failures = "".join(f"<li>{html.escape(line)}</li>" for line in failure_lines(rows))
     per_trial = accuracy_rows(rows, criterion)
     export = f"gpt-optuna export {where or '--study-name ' + summary.name} --trial N -o FILE"
     return f"""<!DOCTYPE html>
@@ -126,6 +125,26 @@ def render(study: optuna.Study, where: str = "", error: str | None = None) -> st
 <h2>Failed trials</h2><ul>{failures or "<li>none</li>"}</ul>
 </body></html>
 """
+
+
+SHOWN_NUMBERS = 20
+"""Trials named per cause of failure; the rest are counted."""
+
+
+def failure_lines(rows: list[TrialRow]) -> list[str]:
+    """The failed trials grouped by cause, most common first, each with its trials' numbers (a few,
+    then how many more): thousands of failures stay a short list."""
+    by_cause: dict[str, list[int]] = {}
+    for r in rows:
+        if r.status == "failed" and r.reused_from is None:
+            by_cause.setdefault(r.reason[:200], []).append(r.number)
+    lines = []
+    for cause, numbers in sorted(by_cause.items(), key=lambda item: (-len(item[1]), item[1][0])):
+        shown = ", ".join(map(str, numbers[:SHOWN_NUMBERS]))
+        more = f" and {len(numbers) - SHOWN_NUMBERS} more" if len(numbers) > SHOWN_NUMBERS else ""
+        which = "trial" if len(numbers) == 1 else "trials"
+        lines.append(f"{len(numbers)} x {cause} ({which} {shown}{more})")
+    return lines
 
 
 def criterion_sentence(study: optuna.Study, rows: list[TrialRow]) -> str:
