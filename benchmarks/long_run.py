@@ -131,13 +131,13 @@ def main() -> int:
         tune(replace(config, n_trials=size), Recorder(timings))
         study = optuna.load_study(study_name="long", storage=config.storage)
         tuner = statistics.median(overhead_ms(study, timings, range(size - window, size)))
-        plain = plain or PlainOptuna(
-            "sqlite:///plain.db", Space.from_record(study.user_attrs[SPACE_ATTR]), args.sampler
-        )
+        space, came_from = Space.from_record(study.user_attrs[SPACE_ATTR]), sources(study, size)
+        del study  # its copy of the trials would weigh on the next searches' memory
+        plain = plain or PlainOptuna("sqlite:///plain.db", space, args.sampler)
         plain_ms = plain.grow(size, window)  # right after the tuner's stage: the host as it is now
         status = command_s("status", *where)
         rows.append((size, tuner, plain_ms, status, command_s("best", *where), reading_ms(str(config.storage), "long")))
-        print(f"{size} trials: the tuner {tuner:.1f} ms per trial; {sources(study, size)}", flush=True)
+        print(f"{size} trials: the tuner {tuner:.1f} ms per trial; {came_from}", flush=True)
     print(f"\n trials  tuner ms/trial  plain {args.sampler} ms/trial  ratio  status s  best s  reading ms")
     for size, tuner, optuna_ms, status_s, best_s, read_ms in rows:
         ratio = tuner / optuna_ms

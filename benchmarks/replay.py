@@ -353,7 +353,7 @@ def search(
         if found and (near or count >= trials):
             budget.stop()
 
-    run_lanes(landscape.name, storage, sampler, [lane], objective, budget, on_trial)
+    run_lanes(sampler, [lane], objective, budget, on_trial)
     return RunResult(min(found, default=cap + 1), min(near, default=cap + 1) <= trials)
 
 

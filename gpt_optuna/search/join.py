@@ -123,7 +123,7 @@ def join(config: JoinConfig, progress: Progress) -> int:
         progress.begin(remaining, deadline, len(lanes))
         budget = TrialBudget(study, target, deadline, sampler=sampler)
         try:
-            stopped_by = session.search(study, storage, sampler, objective, budget, progress, lambda *_: None)
+            stopped_by = session.search(sampler, objective, budget, progress, lambda *_: None)
         except UserError:
             progress.end()
             raise

@@ -262,21 +262,23 @@ class TrialBudget:
 
 
 def run_lanes(
-    study_name: str,
-    storage: optuna.storages.BaseStorage,
     sampler: optuna.samplers.BaseSampler,
     lanes: Sequence[Lane],
     objective: Objective,
     budget: TrialBudget,
     on_trial: Callable[[optuna.Study, FrozenTrial], None],
 ) -> None:
-    """Search with every lane at once until the budget is spent, telling ``on_trial`` as each trial
-    ends. After an error (a Ctrl-C before any other), once every lane has stopped, the trials it
-    stopped are queued again and it is raised."""
+    """Search the budget's study with every lane at once until the budget is spent, telling
+    ``on_trial`` as each trial ends. After an error (a Ctrl-C before any other), once every lane has
+    stopped, the trials it stopped are queued again and it is raised.
+
+    The lanes share the budget's study's storage, and so its cache of the trials: one copy of a
+    large study in memory, not one per lane and one more for the budget."""
     errors: list[BaseException] = []
+    shared = budget.study._storage
 
     def lane_main(lane: Lane) -> None:
-        study = optuna.load_study(study_name=study_name, storage=storage, sampler=sampler)
+        study = optuna.load_study(study_name=budget.study.study_name, storage=shared, sampler=sampler)
         began: list[int] = []
 
         def evaluate(trial: optuna.Trial) -> Any:

@@ -49,24 +49,22 @@ class SearchSession:
 
     def search(
         self,
-        study: optuna.Study,
-        storage: optuna.storages.BaseStorage,
         sampler: optuna.samplers.BaseSampler,
         objective: Objective,
         budget: TrialBudget,
         progress: Progress,
         after_trial: Callable[[optuna.Study, FrozenTrial], None],
     ) -> str | None:
-        """Search on every lane until ``budget`` is spent, telling the progress (then ``after_trial``)
-        as each trial ends; what stopped it early (a signal's description), else None. A
-        :class:`UserError` in a trial is raised."""
+        """Search the budget's study on every lane until ``budget`` is spent, telling the progress
+        (then ``after_trial``) as each trial ends; what stopped it early (a signal's description),
+        else None. A :class:`UserError` in a trial is raised."""
 
         def trial_done(study: optuna.Study, trial: FrozenTrial) -> None:
             progress.trial_done(study, trial)
             after_trial(study, trial)
 
         try:
-            run_lanes(study.study_name, storage, sampler, self.lanes, objective, budget, trial_done)
+            run_lanes(sampler, self.lanes, objective, budget, trial_done)
         except KeyboardInterrupt:
             return interrupts.cause()
         return None

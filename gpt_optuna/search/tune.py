@@ -192,7 +192,7 @@ def _tune(config: TuneConfig, progress: Progress) -> TuneEnd:
         )
         objective.engines.seed(study.get_trials(deepcopy=False))
         phases.begin("searching")
-        stopped_by = session.search(study, storage, sampler, objective, budget, progress, transfer.update)
+        stopped_by = session.search(sampler, objective, budget, progress, transfer.update)
         if stopped_by is not None:
             summary = record_winner(study)
             code, took = interrupts.exit_code(), phases.line()
