@@ -68,7 +68,7 @@ class FreshSampler(BaseSampler):
         self.space = space
         self._transform_knob = transform_knobs
         self._rng = random.Random(seed)
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # the budget reads into the ledger from other lanes' threads
         self._reserved: dict[int, Key] = {}
         self.ledger = ledger or StudyLedger()
         self._failed_transforms: set[Key] = set()
@@ -99,8 +99,9 @@ class FreshSampler(BaseSampler):
 
     def read(self, trials: Sequence[FrozenTrial]) -> None:
         """Fold a read of the study's trials into the ledger and the coverage."""
-        self.ledger.update(trials)
-        self._catch_up()
+        with self._lock:
+            self.ledger.update(trials)
+            self._catch_up()
 
     def _catch_up(self) -> None:
         """Bring the failed transforms and the coverage up to the ledger."""
