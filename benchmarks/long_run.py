@@ -27,7 +27,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from dataclasses import fields, replace
+from dataclasses import replace
 from pathlib import Path
 
 import optuna
@@ -149,11 +149,6 @@ def main() -> int:
     return 0
 
 
-def asdict_shallow(config: TuneConfig) -> dict[str, object]:
-    """A config's fields as they are (``dataclasses.asdict`` would copy the nested ones into dicts)."""
-    return {f.name: getattr(config, f.name) for f in fields(config)}
-
-
 def sources(study: optuna.Study, size: int) -> str:
     """Where the candidates of the trials before ``size`` came from, in shares."""
     found = Counter(str(t.user_attrs.get(PROPOSED_ATTR, "queued")) for t in study.get_trials(deepcopy=False)[:size])
@@ -163,9 +158,7 @@ def sources(study: optuna.Study, size: int) -> str:
 def covered_space(config: TuneConfig) -> str:
     """A search of a 20-candidate space asked for 100 trials, then resumed: where each ends."""
     Path("small.toml").write_text(SMALL_SPACE)
-    small = TuneConfig(
-        **{**asdict_shallow(config), "study_name": "small", "storage": None, **read_toml(Path("small.toml"))}
-    )
+    small = replace(config, study_name="small", storage=None, **read_toml(Path("small.toml")))
     first = tune(replace(small, n_trials=100), Recorder(Timings()))
     again = tune(replace(small, n_trials=200), Recorder(Timings()))
     study = optuna.load_study(study_name="small", storage=small.storage)

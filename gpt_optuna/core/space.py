@@ -202,7 +202,9 @@ class Space:
 
     def searched_knobs(self) -> list[str]:
         """The knobs the search varies: more than one value to try, in some candidate."""
-        active = self._count()[1]
+        return self._searched(self._count()[1])
+
+    def _searched(self, active: set[str]) -> list[str]:
         return [k.name for k in self.knobs if k.name in active and len(k.search_choices) > 1]
 
     def _count(self) -> tuple[int, set[str]]:
@@ -296,8 +298,9 @@ class Space:
             )
             when = "".join(f"  when {c.key} in {c.describe()}" for c in knob.conditions)
             rows.append(f"{knob.name:<44} default {knob.default!s:<20} {values}{when}")
-        searched = len(self.searched_knobs())
-        return "\n".join([*rows, f"{len(self.knobs)} knobs, {searched} searched, {self.size():,} candidates"])
+        size, active = self._count()
+        searched = len(self._searched(active))
+        return "\n".join([*rows, f"{len(self.knobs)} knobs, {searched} searched, {size:,} candidates"])
 
     def with_overrides(self, overrides: Mapping[str, Value | list[Value]]) -> Space:
         """Apply a ``[space]`` table: a list gives the values to try, a scalar fixes the knob, and
