@@ -5,6 +5,7 @@ an artifact store that keeps the engines worth keeping."""
 
 import datetime
 import errno
+import json
 import random
 from pathlib import Path
 
@@ -63,7 +64,7 @@ def test_space_prints_the_number_of_candidates(cnn_path: Path, tmp_path: Path, c
 
 
 def test_a_covered_space_ends_on_the_trial_that_covers_it(
-    cnn_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    cnn_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     space = 'mode = ["ok"]\ndelay_us = [0, 50]\nbuild_ms = [0]\na = [0, 1]\nb = [0]\nc = ["x"]'
     config = synthetic_config(tmp_path, space)
@@ -79,6 +80,13 @@ def test_a_covered_space_ends_on_the_trial_that_covers_it(
     assert "nothing is left to search" in capsys.readouterr().err
     assert main(["space", *args[:5]]) == 0
     assert "study cnn-syntheticbackend: 0 of the 4 candidates not evaluated yet" in capsys.readouterr().out
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    storage = f"sqlite:///{Path('studies/cnn-syntheticbackend.db').resolve()}"
+    monkeypatch.chdir(elsewhere)  # from another folder, the study named
+    assert main(["space", *args[:5], "--storage", storage, "--study-name", "cnn-syntheticbackend", "--json"]) == 0
+    counted = json.loads(capsys.readouterr().out)
+    assert (counted["candidates"], counted["left"]) == (4, 0)
 
 
 def test_a_queued_repeat_reuses_the_earlier_result(cnn_path: Path, tmp_path: Path) -> None:

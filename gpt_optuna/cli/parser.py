@@ -43,6 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add(space, "config", help="tune.toml; its [space] table is applied")
     space.add_argument("--json", action="store_true", help="print the knobs as JSON")
     _add(space, "allow_io_change")
+    _add(space, "storage", help="the study's storage, whose candidates not evaluated yet are counted (default: tune's)")
+    _add(space, "study_name", help="the study whose candidates not evaluated yet are counted (default: tune's)")
 
     worker = commands.add_parser(
         "worker", help="join a study's search from this host (its storage must be reachable from here)"
