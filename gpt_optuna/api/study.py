@@ -141,7 +141,7 @@ def open_existing_study(storage: str | Path, study_name: str | None = None, writ
         raise UserError(f"no study database at {path}")
     opened = open_storage(url, create=False, read_only=not writable)
     if study_name is None:
-        names = [s.study_name for s in optuna.get_all_study_summaries(opened, include_best_trial=False)]
+        names = optuna.get_all_study_names(opened)
         if not names:
             raise UserError(f"{url} holds no study")
         if len(names) > 1:

@@ -114,7 +114,7 @@ def warm_start(
     :class:`~gpt_optuna.search.transfer.TransferQueue`). Of the first, at most
     :data:`WARM_LIMIT` are taken: first the ones the most alike models agree on (their
     similarities summed), then by speedup over their study's baseline."""
-    names = [s.study_name for s in optuna.get_all_study_summaries(storage, include_best_trial=False)]
+    names = optuna.get_all_study_names(storage)
     if spec.strip() == "auto":
         chosen = [n for n in names if n != this and _same_kind(storage, n, backend, device)]
     else:

@@ -50,7 +50,10 @@ def open_storage(
         if path is None:
             return _rdb_storage(url, create, heartbeat=True)
         if read_only:
-            return _rdb_storage(_read_only_sqlite(path), create=False, heartbeat=False)
+            from gpt_optuna.study.sqlite_reader import open_reader, read_only_uri
+
+            reader = open_reader(path)  # a schema it does not know: through Optuna
+            return reader or _rdb_storage(f"sqlite:///{read_only_uri(path)}&uri=true", create=False, heartbeat=False)
         if not os.access(path.parent, os.W_OK) or path.exists() and not os.access(path, os.W_OK):
             raise UserError(f"{path} is read-only: the study can be read (status, best, report), not searched")
         _use_write_ahead_log(path)
@@ -114,16 +117,6 @@ def storage_file(url: str) -> Path | None:
     if url.startswith("sqlite:///") and url != "sqlite:///:memory:":
         return Path(url.removeprefix("sqlite:///"))
     return None
-
-
-def _read_only_sqlite(path: Path) -> str:
-    """A URL that opens a SQLite file without writing to it (nor to its folder, where a file that
-    cannot be written would need its write-ahead-log index created)."""
-    import urllib.parse
-
-    writable = os.access(path, os.W_OK) and os.access(path.parent, os.W_OK)
-    mode = "mode=ro" if writable else "mode=ro&immutable=1"
-    return f"sqlite:///file:{urllib.parse.quote(str(path.resolve()))}?{mode}&uri=true"
 
 
 def _rdb_storage(url: str, create: bool, heartbeat: bool) -> optuna.storages.RDBStorage:
@@ -241,6 +234,10 @@ def set_trial_attrs(trial: optuna.Trial, attrs: dict[str, Any], constraints: dic
 def count_by_state(study: optuna.Study) -> dict[optuna.trial.TrialState, int] | None:
     """The study's trials per state, counted by the database (None where the storage is not one:
     then only reading every trial tells)."""
+    from gpt_optuna.study.sqlite_reader import SQLiteReader
+
+    if isinstance(study._storage, SQLiteReader):
+        return study._storage.count_by_state(study._study_id)
     backend = _database(study._storage)
     if backend is None:
         return None
@@ -276,6 +273,6 @@ def load_study(
     try:
         return optuna.load_study(study_name=name, storage=storage, sampler=sampler)
     except KeyError:
-        names = [s.study_name for s in optuna.get_all_study_summaries(storage, include_best_trial=False)]
+        names = optuna.get_all_study_names(storage)
         known = f"; studies there: {', '.join(names)}" if names else "; the storage holds no study"
         raise UserError(f"no study named {name!r}{known}") from None

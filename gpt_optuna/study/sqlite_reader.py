@@ -1,0 +1,260 @@
+"""A study's SQLite file read directly, for the readers (``status``, ``best``, ``report``, ``export``,
+:func:`gpt_optuna.load`).
+
+Opening the file through Optuna's RDBStorage imports SQLAlchemy and Alembic (about 0.8 s, most of
+what ``status`` took) and builds each trial through the ORM; the reader reads Optuna's tables with
+:mod:`sqlite3` in one read transaction per call (a snapshot, while a tuner writes beside it) and
+writes nothing. It knows the schema Optuna has kept since 3.0 (:data:`SCHEMA_VERSION`); a file of
+another schema is opened through Optuna (:func:`open_reader` returns None).
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime
+import json
+import os
+import sqlite3
+import threading
+import urllib.parse
+from collections import defaultdict
+from collections.abc import Callable, Container, Iterator
+from contextlib import contextmanager
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from optuna.distributions import BaseDistribution, json_to_distribution
+from optuna.storages import BaseStorage
+from optuna.study import StudyDirection
+from optuna.study._frozen import FrozenStudy
+from optuna.trial import FrozenTrial, TrialState
+
+SCHEMA_VERSION = 12
+"""The schema of Optuna's database storage (``version_info.schema_version``) this reader knows."""
+_INFINITE = {"INF_POS": float("inf"), "INF_NEG": float("-inf"), "NAN": float("nan")}
+"""Stored value types other than ``FINITE``, whose value column is empty."""
+
+
+def open_reader(path: Path) -> SQLiteReader | None:
+    """A reader of the study file at ``path``; None where its schema is not the one this reader knows."""
+    reader = SQLiteReader(path)
+    try:
+        version = reader.schema_version()
+    except sqlite3.DatabaseError:
+        version = None
+    if version != SCHEMA_VERSION:
+        reader.close()
+        return None
+    return reader
+
+
+class SQLiteReader(BaseStorage):
+    """Optuna's storage interface over a study's SQLite file, read-only: every write refuses."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._read: tuple[tuple[int, int], list[FrozenTrial]] | None = None
+        """The last study read: (study id, the file's version) and its trials."""
+        self._connection = sqlite3.connect(
+            read_only_uri(path), uri=True, isolation_level=None, timeout=60.0, check_same_thread=False
+        )
+        self._lock = threading.RLock()
+
+    def close(self) -> None:
+        with self._lock:
+            self._connection.close()
+
+    @contextmanager
+    def _snapshot(self) -> Iterator[sqlite3.Connection]:
+        """One read transaction (the outermost of nested calls): what is read inside sees one state of
+        the file. One thread at a time."""
+        with self._lock:
+            if self._connection.in_transaction:
+                yield self._connection
+                return
+            self._connection.execute("BEGIN")
+            try:
+                yield self._connection
+            finally:
+                self._connection.execute("COMMIT")
+
+    def _rows(self, query: str, args: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+        with self._snapshot() as db:
+            return db.execute(query, args).fetchall()
+
+    def schema_version(self) -> int | None:
+        rows = self._rows("SELECT schema_version FROM version_info")
+        return int(rows[0][0]) if rows else None
+
+    def get_study_id_from_name(self, study_name: str) -> int:
+        rows = self._rows("SELECT study_id FROM studies WHERE study_name = ?", (study_name,))
+        if not rows:
+            raise KeyError(f"No such study {study_name}.")
+        return int(rows[0][0])
+
+    def get_study_name_from_id(self, study_id: int) -> str:
+        rows = self._rows("SELECT study_name FROM studies WHERE study_id = ?", (study_id,))
+        if not rows:
+            raise KeyError(f"No study with study_id {study_id} exists.")
+        return str(rows[0][0])
+
+    def get_study_directions(self, study_id: int) -> list[StudyDirection]:
+        with self._snapshot():
+            rows = self._rows(
+                "SELECT direction FROM study_directions WHERE study_id = ? ORDER BY objective", (study_id,)
+            )
+            if not rows:
+                self.get_study_name_from_id(study_id)  # no such study: KeyError
+        return [StudyDirection[name] for (name,) in rows]
+
+    def get_study_user_attrs(self, study_id: int) -> dict[str, Any]:
+        return self._study_attrs("study_user_attributes", study_id)
+
+    def get_study_system_attrs(self, study_id: int) -> dict[str, Any]:
+        return self._study_attrs("study_system_attributes", study_id)
+
+    def _study_attrs(self, table: str, study_id: int) -> dict[str, Any]:
+        rows = self._rows(f"SELECT key, value_json FROM {table} WHERE study_id = ?", (study_id,))
+        return {key: json.loads(value) for key, value in rows}
+
+    def get_all_studies(self) -> list[FrozenStudy]:
+        with self._snapshot() as db:
+            names = db.execute("SELECT study_id, study_name FROM studies ORDER BY study_id").fetchall()
+            return [
+                FrozenStudy(
+                    study_name=name,
+                    direction=None,
+                    directions=self.get_study_directions(study_id),
+                    user_attrs=self.get_study_user_attrs(study_id),
+                    system_attrs=self.get_study_system_attrs(study_id),
+                    study_id=study_id,
+                )
+                for study_id, name in names
+            ]
+
+    def count_by_state(self, study_id: int) -> dict[TrialState, int]:
+        rows = self._rows("SELECT state, COUNT(*) FROM trials WHERE study_id = ? GROUP BY state", (study_id,))
+        return {TrialState[state]: int(count) for state, count in rows}
+
+    def get_n_trials(self, study_id: int, state: tuple[TrialState, ...] | TrialState | None = None) -> int:
+        counts = self.count_by_state(study_id)
+        if state is None:
+            return sum(counts.values())
+        states = (state,) if isinstance(state, TrialState) else state
+        return sum(counts.get(s, 0) for s in states)
+
+    def get_trial_id_from_study_id_trial_number(self, study_id: int, trial_number: int) -> int:
+        rows = self._rows("SELECT trial_id FROM trials WHERE study_id = ? AND number = ?", (study_id, trial_number))
+        if not rows:
+            raise KeyError(f"No trial with trial number {trial_number} exists in study with study_id {study_id}.")
+        return int(rows[0][0])
+
+    def get_trial(self, trial_id: int) -> FrozenTrial:
+        with self._snapshot() as db:
+            found = self._trials(db, "trial_id = ?", (trial_id,))
+        if not found:
+            raise KeyError(f"No trial with trial-id {trial_id} found.")
+        return found[0]
+
+    def get_all_trials(
+        self, study_id: int, deepcopy: bool = True, states: Container[TrialState] | None = None
+    ) -> list[FrozenTrial]:
+        """The study's trials; read once while the file is unchanged (a reader asks several times)."""
+        with self._snapshot() as db:
+            if db.execute("SELECT 1 FROM studies WHERE study_id = ?", (study_id,)).fetchone() is None:
+                raise KeyError(f"No study with study_id {study_id} exists.")
+            version = (study_id, db.execute("PRAGMA data_version").fetchone()[0])  # changes with each commit
+            if self._read is None or self._read[0] != version:
+                self._read = version, self._trials(db, "study_id = ?", (study_id,))
+        trials = self._read[1] if states is None else [t for t in self._read[1] if t.state in states]
+        return copy.deepcopy(trials) if deepcopy else list(trials)
+
+    @staticmethod
+    def _trials(db: sqlite3.Connection, where: str, args: tuple[int, ...]) -> list[FrozenTrial]:
+        """The trials ``where`` selects, each built as Optuna's database storage builds it."""
+        rows = db.execute(
+            f"SELECT trial_id, number, state, datetime_start, datetime_complete FROM trials WHERE {where}"
+            " ORDER BY trial_id",
+            args,
+        ).fetchall()
+        chosen = f"trial_id IN (SELECT trial_id FROM trials WHERE {where})"
+
+        def per_trial(query: str) -> dict[int, list[tuple[Any, ...]]]:
+            grouped: dict[int, list[tuple[Any, ...]]] = defaultdict(list)
+            for row in db.execute(query.format(chosen=chosen), args):
+                grouped[row[0]].append(row[1:])
+            return grouped
+
+        params = per_trial(
+            "SELECT trial_id, param_name, param_value, distribution_json FROM trial_params WHERE {chosen}"
+            " ORDER BY param_id"
+        )
+        values = per_trial("SELECT trial_id, objective, value, value_type FROM trial_values WHERE {chosen}")
+        steps = per_trial(
+            "SELECT trial_id, step, intermediate_value, intermediate_value_type FROM trial_intermediate_values"
+            " WHERE {chosen}"
+        )
+        user = per_trial("SELECT trial_id, key, value_json FROM trial_user_attributes WHERE {chosen}")
+        system = per_trial("SELECT trial_id, key, value_json FROM trial_system_attributes WHERE {chosen}")
+        trials = []
+        for trial_id, number, state, start, complete in rows:
+            objectives = sorted(values.get(trial_id, ()))
+            distributions = {name: _distribution(text) for name, _, text in params.get(trial_id, ())}
+            trials.append(
+                FrozenTrial(
+                    number=number,
+                    state=TrialState[state],
+                    value=None,
+                    values=[_stored(value, kind) for _, value, kind in objectives] or None,
+                    datetime_start=_local_time(start),
+                    datetime_complete=_local_time(complete),
+                    params={name: distributions[name].to_external_repr(v) for name, v, _ in params.get(trial_id, ())},
+                    distributions=distributions,
+                    user_attrs={key: json.loads(text) for key, text in user.get(trial_id, ())},
+                    system_attrs={key: json.loads(text) for key, text in system.get(trial_id, ())},
+                    intermediate_values={step: _stored(v, kind) for step, v, kind in steps.get(trial_id, ())},
+                    trial_id=trial_id,
+                )
+            )
+        return trials
+
+    def _refuse(self, *_: Any, **__: Any) -> Any:
+        raise PermissionError(f"{self.path} is open for reading only")
+
+    create_new_study: Callable[..., int] = _refuse
+    delete_study: Callable[..., None] = _refuse
+    set_study_user_attr: Callable[..., None] = _refuse
+    set_study_system_attr: Callable[..., None] = _refuse
+    create_new_trial: Callable[..., int] = _refuse
+    set_trial_param: Callable[..., None] = _refuse
+    set_trial_state_values: Callable[..., bool] = _refuse
+    set_trial_intermediate_value: Callable[..., None] = _refuse
+    set_trial_user_attr: Callable[..., None] = _refuse
+    set_trial_system_attr: Callable[..., None] = _refuse
+
+
+def read_only_uri(path: Path) -> str:
+    """An SQLite URI that opens the file without writing to it, nor to its folder (where a file that
+    cannot be written would need its write-ahead-log index created)."""
+    writable = os.access(path, os.W_OK) and os.access(path.parent, os.W_OK)
+    mode = "mode=ro" if writable else "mode=ro&immutable=1"
+    return f"file:{urllib.parse.quote(str(path.resolve()))}?{mode}"
+
+
+@lru_cache(maxsize=256)
+def _distribution(text: str) -> BaseDistribution:
+    """A parameter's distribution from its JSON (a study repeats a handful of them in every trial)."""
+    return json_to_distribution(text)
+
+
+def _stored(value: float | None, kind: str) -> float:
+    return float(value) if kind == "FINITE" else _INFINITE[kind]  # type: ignore[arg-type]
+
+
+def _local_time(text: str | None) -> datetime.datetime | None:
+    """A stored time (naive UTC) as Optuna's database storage returns it: naive local time."""
+    if text is None:
+        return None
+    utc = datetime.datetime.fromisoformat(text).replace(tzinfo=datetime.UTC)
+    return utc.astimezone().replace(tzinfo=None)
