@@ -1,25 +1,27 @@
 """The tuner's cost per trial as its study grows, beside plain Optuna's TPE on the same storage.
 
 One study of the synthetic backend (a 10,800-candidate space: delays of 0-89 us and three inert
-knobs) is grown by ``tune`` to each size in turn (each stage resumes it with a larger trial
-target), and right after each stage, in the same run, a plain Optuna study with the same
-distributions, the same SQLite settings and the sampler the tuner wraps (``--sampler``: TPE as the
-tuner configures it, or random), seeded, is grown by ``study.optimize`` to the same size with an
-objective that returns at once (side by side: a busy host slows both alike). Each row
-gives, over the last ``--window`` trials before that size, the tuner's overhead per trial (its
-wall time less the worker's own work, as ``overhead.py`` measures it), plain Optuna's time per
-trial and their ratio (both the median of the window), how long ``gpt-optuna status`` and
-``best`` take on the tuner's study then (the whole command, the interpreter's start and imports
-included; the median of three runs), and of ``status`` the part that reads the study (opening it
-and its summary in words, in this process); each stage says where its candidates came from. Then
-a search of a 20-candidate space asked for 100 trials, and resumed: where each ends.
+knobs) is grown by ``tune`` to each size in turn (each run resumes it with a larger trial target)
+beside a plain Optuna study with the same distributions, the same SQLite settings and the sampler
+the tuner wraps (``--sampler``: TPE as the tuner configures it, or random), seeded, grown by
+``study.optimize`` with an objective that returns at once. The last trials before each size are
+grown in ``--rounds`` alternating rounds, the tuner's then plain Optuna's (a busy host slows both
+alike), and each row gives, over those trials (the first of each round left out: it carries the
+start of a run), the median of the tuner's overhead per trial (its wall time less the worker's own
+work, as ``overhead.py`` measures it), the median of plain Optuna's time per trial, their ratio,
+how long ``gpt-optuna status`` and ``best`` take on the tuner's study then (the whole command, the
+interpreter's start and imports included; the median of three runs) and of ``status`` the part
+that reads the study (opening it and its summary in words, in this process); each stage says where
+its candidates came from. Then a search of a 20-candidate space asked for 100 trials, and resumed:
+where each ends.
 
-    python benchmarks/long_run.py [--sizes 10,100,1000,5000] [--window 20] [--sampler tpe|random]
+    python benchmarks/long_run.py [--sizes 10,100,1000,5000] [--window 20] [--rounds 4] [--sampler tpe|random]
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import statistics
 import subprocess
@@ -39,7 +41,7 @@ from gpt_optuna.search.config import TuneConfig, read_toml
 from gpt_optuna.search.sampling import base_sampler
 from gpt_optuna.search.tune import tune
 from gpt_optuna.study.record import PROPOSED_ATTR, SPACE_ATTR
-from gpt_optuna.study.storage import open_storage
+from gpt_optuna.study.storage import open_storage, storage_file
 
 SPACE = """[measure]
 budget_s = 0.005
@@ -59,24 +61,36 @@ SMALL_SPACE = SPACE.replace("[{delays}]", "[0, 1, 2, 3, 4]").replace(
 
 class PlainOptuna:
     """A plain Optuna study of the same space, storage settings and sampler (as the tuner configures
-    it), grown stage by stage beside the tuner's, with an objective that returns at once."""
+    it), grown beside the tuner's, with an objective that returns at once."""
 
     def __init__(self, url: str, space: Space, sampler: str) -> None:
         self.study = optuna.create_study(storage=open_storage(url), sampler=base_sampler(sampler, 0))
         self.space = space
-        self.ended: list[float] = [time.perf_counter()]
 
-    def grow(self, size: int, window: int) -> float:
-        """Grow the study to ``size`` trials; milliseconds per trial, the median of the last ``window``."""
+    def grow(self, size: int) -> list[float]:
+        """Grow the study to ``size`` trials; the milliseconds of each trial but the first."""
 
         def objective(trial: optuna.Trial) -> float:
             return float(self.space.suggest(trial)["delay_us"])
 
-        self.ended.append(time.perf_counter())  # the stage's first trial starts here
-        callbacks = [lambda _, __: self.ended.append(time.perf_counter())]
+        ended = [time.perf_counter()]
+        callbacks = [lambda _, __: ended.append(time.perf_counter())]
         self.study.optimize(objective, n_trials=size - len(self.study.trials), callbacks=callbacks)
-        gaps = [b - a for a, b in zip(self.ended[-window - 1 : -1], self.ended[-window:], strict=True)]
-        return 1000 * statistics.median(gaps)
+        return [1000 * (b - a) for a, b in zip(ended[1:-1], ended[2:], strict=True)]
+
+
+def grow_tuner(config: TuneConfig, size: int) -> list[float]:
+    """Grow the tuner's study to ``size`` trials; the overhead of each trial of this run but the first."""
+    timings = Timings()
+    path = storage_file(str(config.storage))
+    first = len(read(config).get_trials(deepcopy=False)) if path is not None and path.is_file() else 0
+    tune(replace(config, n_trials=size), Recorder(timings))
+    return overhead_ms(read(config), timings, range(first + 1, size))
+
+
+def read(config: TuneConfig) -> optuna.Study:
+    """The tuner's study, opened as its readers open it."""
+    return optuna.load_study(study_name=config.study_name, storage=open_storage(config.storage, read_only=True))
 
 
 def overhead_ms(study: optuna.Study, timings: Timings, numbers: range) -> list[float]:
@@ -110,13 +124,17 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="10,100,1000,5000", help="study sizes, comma-separated, increasing")
     parser.add_argument("--sampler", default="tpe", choices=("tpe", "random"), help="the sampler of both searches")
-    parser.add_argument("--window", type=int, default=20, help="trials before each size whose median is shown")
+    parser.add_argument("--window", type=int, default=20, help="trials timed before each size (at most)")
+    parser.add_argument("--rounds", type=int, default=4, help="alternating rounds the timed trials are grown in")
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
-    # a stage's window holds its own trials but the first (whose time includes the tuner's start)
-    windows = [min(args.window, b - a - 1) for a, b in zip([0, *sizes[:-1]], sizes, strict=True)]
-    if min(windows) < 1:
-        parser.error("each size must exceed the one before it by 2 trials or more")
+    # each round grows both studies by this many trials, the first of which is not timed
+    per_round = [
+        min(math.ceil(args.window / args.rounds) + 1, (b - a) // args.rounds)
+        for a, b in zip([0, *sizes[:-1]], sizes, strict=True)
+    ]
+    if min(per_round) < 2:
+        parser.error(f"each size must exceed the one before it by {2 * args.rounds} trials or more")
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     os.chdir(tempfile.mkdtemp(prefix="long-run-"))
     Path("tune.toml").write_text(SPACE.format(delays=", ".join(map(str, range(90)))))
@@ -125,25 +143,27 @@ def main() -> int:
         model=MODEL, backend=SYNTHETIC, confirm_top=0, seed=0, study_name="long", sampler=args.sampler, **values
     )
     where = ["--storage", str(config.storage), "--study-name", "long"]
-    timings, rows, plain = Timings(), [], None
-    for size, window in zip(sizes, windows, strict=True):
-        timings.clear()
-        tune(replace(config, n_trials=size), Recorder(timings))
-        study = optuna.load_study(study_name="long", storage=config.storage)
-        tuner = statistics.median(overhead_ms(study, timings, range(size - window, size)))
-        space, came_from = Space.from_record(study.user_attrs[SPACE_ATTR]), sources(study, size)
-        del study  # its copy of the trials would weigh on the next searches' memory
+    plain: PlainOptuna | None = None
+    rows = []
+    for size, step in zip(sizes, per_round, strict=True):
+        start = size - args.rounds * step
+        grow_tuner(config, start)
+        space = Space.from_record(read(config).user_attrs[SPACE_ATTR])
         plain = plain or PlainOptuna("sqlite:///plain.db", space, args.sampler)
-        plain_ms = plain.grow(size, window)  # right after the tuner's stage: the host as it is now
+        plain.grow(start)
+        tuner, plain_ms = [], []
+        for end in range(start + step, size + 1, step):  # alternating: the host as it is now for both
+            tuner += grow_tuner(config, end)
+            plain_ms += plain.grow(end)
         status = command_s("status", *where)
-        rows.append((size, tuner, plain_ms, status, command_s("best", *where), reading_ms(str(config.storage), "long")))
-        print(f"{size} trials: the tuner {tuner:.1f} ms per trial; {came_from}", flush=True)
-    print(f"\n trials  tuner ms/trial  plain {args.sampler} ms/trial  ratio  status s  best s  reading ms")
-    for size, tuner, optuna_ms, status_s, best_s, read_ms in rows:
-        ratio = tuner / optuna_ms
+        figures = (statistics.median(tuner), statistics.median(plain_ms), len(tuner))
+        rows.append((size, *figures, status, command_s("best", *where), reading_ms(str(config.storage), "long")))
+        print(f"{size} trials: the tuner {figures[0]:.1f} ms per trial; {sources(read(config), size)}", flush=True)
+    print(f"\n trials  timed  tuner ms/trial  plain {args.sampler} ms/trial  ratio  status s  best s  reading ms")
+    for size, tuner_ms, optuna_ms, timed, status_s, best_s, read_ms in rows:
         print(
-            f"{size:>7}  {tuner:>14.1f}  {optuna_ms:>18.1f}  {ratio:>5.2f}  {status_s:>8.2f}  {best_s:>6.2f}"
-            f"  {read_ms:>10.1f}"
+            f"{size:>7}  {timed:>5}  {tuner_ms:>14.1f}  {optuna_ms:>18.1f}  {tuner_ms / optuna_ms:>5.2f}"
+            f"  {status_s:>8.2f}  {best_s:>6.2f}  {read_ms:>10.1f}"
         )
     print(covered_space(config))
     return 0

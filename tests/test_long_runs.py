@@ -23,7 +23,7 @@ from gpt_optuna.core.space import Condition, Knob, Space
 from gpt_optuna.results.summary_text import format_summary
 from gpt_optuna.search.engines import EngineKeeper, disk_used
 from gpt_optuna.search.ledger import StudyLedger, key_of
-from gpt_optuna.study.storage import count_by_state, open_storage, set_trial_attrs
+from gpt_optuna.study.storage import count_by_state, one_transaction, open_storage, set_trial_attrs
 from gpt_optuna.study.summary import summarize_study
 from gpt_optuna.study.summary_record import recorded_summary
 
@@ -117,6 +117,42 @@ def test_a_trials_attrs_are_stored_at_once_as_optuna_stores_them(tmp_path: Path)
     assert on_disk.constraints == in_memory.constraints == {"accuracy": -0.5}
     assert count_by_state(studies[0]) == {TrialState.COMPLETE: 1, TrialState.RUNNING: 1}
     assert count_by_state(studies[1]) is None  # in memory: no database to count in
+
+
+def test_a_trials_params_and_attrs_are_stored_in_one_transaction_as_optuna_stores_them(tmp_path: Path) -> None:
+    space = Space([Knob("a", (0, 1, 2), 0), Knob("b", ("x", "y"), "x"), Knob("c", (True,), True)])
+    urls = [f"sqlite:///{tmp_path / 'one.db'}", f"journal:{tmp_path / 'journal.log'}"]
+    studies = [optuna.create_study(storage=open_storage(url), sampler=optuna.samplers.RandomSampler(0)) for url in urls]
+    studies.append(optuna.create_study(sampler=optuna.samplers.RandomSampler(0)))  # Optuna's own writes
+    for study in studies:
+        for _ in range(3):  # the first trial of a process checks through Optuna, later ones at once
+            trial = study.ask()
+            with one_transaction(trial) as attrs:
+                candidate = space.suggest(trial)
+                attrs["owner"] = "host:1"
+            assert trial.params == candidate
+            study.tell(trial, 1.0)
+    read = [[(t.params, t.distributions, t.user_attrs) for t in study.get_trials()] for study in studies]
+    assert read[0] == read[1] == read[2]
+    assert read[0][0][2] == {"owner": "host:1"}
+    trial = studies[0].ask()
+    with one_transaction(trial):
+        space.suggest(trial)
+        meanwhile = open_storage(urls[0], read_only=True).get_all_trials(studies[0]._study_id)[-1].params
+    assert meanwhile == {} and studies[0].get_trials()[-1].params == trial.params  # written as the block ends
+    studies[0].tell(trial, 1.0)
+    # a param of another distribution than the study's earlier trials gave it is refused, as Optuna refuses it,
+    # in this process and in a fresh one (the first check in a process is Optuna's own)
+    for study in (studies[0], optuna.load_study(study_name=studies[0].study_name, storage=open_storage(urls[0]))):
+        trial = study.ask()
+        with pytest.raises(ValueError), one_transaction(trial):
+            Space([Knob("b", ("x", "z"), "x")]).suggest(trial)
+        study.tell(trial, state=TrialState.FAIL)
+    trial = studies[0].ask()
+    with pytest.raises(optuna.exceptions.UpdateFinishedTrialError), one_transaction(trial) as attrs:
+        attrs["late"] = 1
+        studies[0].tell(trial, state=TrialState.FAIL)  # a trial that ended is not written to
+    assert "late" not in studies[0].get_trials()[-1].user_attrs
 
 
 def frozen(number: int, state: TrialState, params: dict, **attrs: object) -> optuna.trial.FrozenTrial:

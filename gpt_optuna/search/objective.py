@@ -31,7 +31,7 @@ from gpt_optuna.search.engines import KEPT_ENGINES, EngineKeeper
 from gpt_optuna.search.ledger import StudyLedger, key_of
 from gpt_optuna.search.sampling import FreshSampler
 from gpt_optuna.study.record import IO_CHANGE_ATTR, PROPOSED_ATTR
-from gpt_optuna.study.storage import set_trial_attrs
+from gpt_optuna.study.storage import one_transaction, set_trial_attrs
 from gpt_optuna.study.taxonomy import own_results
 
 HOST = socket.gethostname()
@@ -137,10 +137,12 @@ class Objective:
         """Trials stopped before their candidate was evaluated: the tuner queues them again."""
 
     def __call__(self, trial: optuna.Trial, lane: Lane) -> Any:
-        candidate = self.space.suggest(trial)
-        who = {"owner": OWNER, "host": HOST, "worker": lane.worker_id, "gpu": lane.device}  # who measured it, on what
-        source = self.sampler.sources.get(trial.number) if self.sampler is not None else None
-        set_trial_attrs(trial, who | ({PROPOSED_ATTR: source} if source else {}))
+        with one_transaction(trial) as attrs:
+            candidate = self.space.suggest(trial)
+            source = self.sampler.sources.get(trial.number) if self.sampler is not None else None
+            # who measured it, on what
+            attrs |= {"owner": OWNER, "host": HOST, "worker": lane.worker_id, "gpu": lane.device}
+            attrs |= {PROPOSED_ATTR: source} if source else {}
         self.ledger.update(trial.study._get_trials(deepcopy=False, use_cache=True))  # the sampler's read of this trial
         earlier = self.ledger.evaluated(key_of(candidate)) or self._await_twin(trial, candidate)
         if earlier is not None:

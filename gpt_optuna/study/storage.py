@@ -7,10 +7,13 @@ import os
 import sqlite3
 import time
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import optuna
+from optuna.distributions import BaseDistribution
 
 from gpt_optuna.core.errors import MissingDependencyError, UserError
 from gpt_optuna.study.recovery import retry_trial
@@ -210,17 +213,92 @@ def set_trial_attrs(trial: optuna.Trial, attrs: dict[str, Any], constraints: dic
         for key, value in constraints.items():
             trial.set_constraint(key, value)
         return
+    system = {f"{CONSTRAINTS_KEY}:{key}": float(value) for key, value in constraints.items()}
+    _write(trial, backend, attrs, system, [])
+
+
+@contextmanager
+def one_transaction(trial: optuna.Trial) -> Iterator[dict[str, Any]]:
+    """The params ``trial`` is given inside the block (its ``suggest_*`` calls) and the user attrs put in
+    the dict the block gets, stored as it ends, in one transaction on SQLite and PostgreSQL, each param
+    checked against the study's earlier ones as Optuna checks it: Optuna writes each param in a
+    transaction of its own (a search space's knobs cost a trial several milliseconds). Elsewhere the
+    params as Optuna writes them and the attrs as :func:`set_trial_attrs` does."""
+    attrs: dict[str, Any] = {}
+    cached = trial.storage
+    backend = _database(cached)
+    if backend is None or backend.engine.name not in UPSERTS or not isinstance(cached, optuna.storages._CachedStorage):
+        yield attrs
+        set_trial_attrs(trial, attrs)
+        return
+    params: list[tuple[str, float, BaseDistribution]] = []
+    trial.storage = _HeldParams(cached, params)
+    try:
+        yield attrs
+    finally:
+        trial.storage = cached
+        _write(trial, backend, attrs, {}, params)  # what was given before an error too: the trial's record
+
+
+class _HeldParams:
+    """A trial's storage that holds the params it is given, for :func:`one_transaction` to write."""
+
+    def __init__(self, storage: optuna.storages.BaseStorage, held: list[tuple[str, float, BaseDistribution]]) -> None:
+        self._storage = storage
+        self._held = held
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._storage, name)
+
+    def set_trial_param(self, trial_id: int, name: str, value: float, distribution: BaseDistribution) -> None:
+        self._held.append((name, value, distribution))
+
+
+def _write(
+    trial: optuna.Trial,
+    backend: optuna.storages.RDBStorage,
+    attrs: dict[str, Any],
+    system: dict[str, Any],
+    params: list[tuple[str, float, BaseDistribution]],
+) -> None:
+    """A running trial's params, user and system attrs in one transaction, a statement per kind."""
+    if not (attrs or system or params):
+        return
     import importlib
     import json
 
+    import sqlalchemy
+    from optuna.distributions import check_distribution_compatibility, distribution_to_json
     from optuna.storages._rdb import models
     from optuna.storages._rdb.storage import _create_scoped_session
 
     insert = importlib.import_module(UPSERTS[backend.engine.name]).insert
-    system = {f"{CONSTRAINTS_KEY}:{key}": float(value) for key, value in constraints.items()}
     with _create_scoped_session(backend.scoped_session) as session:
         state = models.TrialModel.find_or_raise_by_id(trial._trial_id, session).state
         backend.check_trial_is_updatable(trial._trial_id, state)
+        cached = trial.storage
+        rows = []
+        for name, value, distribution in params:
+            assert isinstance(cached, optuna.storages._CachedStorage)
+            with cached._lock:
+                known = cached._studies[trial.study._study_id].param_distribution
+                previous = known.get(name)
+            if previous is None:  # new to this process: Optuna's own check against the study's trials
+                backend._set_trial_param_without_commit(session, trial._trial_id, name, value, distribution)
+                with cached._lock:
+                    known[name] = distribution
+                continue
+            check_distribution_compatibility(previous, distribution)
+            rows.append(
+                {
+                    "trial_id": trial._trial_id,
+                    "param_name": name,
+                    "param_value": value,
+                    "distribution_json": distribution_to_json(distribution),
+                }
+            )
+        if rows:
+            session.execute(sqlalchemy.insert(models.TrialParamModel), rows)
         for model, values in ((models.TrialUserAttributeModel, attrs), (models.TrialSystemAttributeModel, system)):
             if values:
                 statement = insert(model)
