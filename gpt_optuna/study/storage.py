@@ -273,22 +273,22 @@ def _write(
     from optuna.storages._rdb.storage import _create_scoped_session
 
     insert = importlib.import_module(UPSERTS[backend.engine.name]).insert
+    cached = trial.storage
+    known: dict[str, BaseDistribution] = {}
+    if params:  # what this process knows of each param's distribution, read before the database's write
+        assert isinstance(cached, optuna.storages._CachedStorage)  # lock is taken (a lane holding this lock
+        with cached._lock:  # may be waiting for that one)
+            known = dict(cached._studies[trial.study._study_id].param_distribution)
+    new = {name: distribution for name, _, distribution in params if name not in known}
     with _create_scoped_session(backend.scoped_session) as session:
         state = models.TrialModel.find_or_raise_by_id(trial._trial_id, session).state
         backend.check_trial_is_updatable(trial._trial_id, state)
-        cached = trial.storage
         rows = []
         for name, value, distribution in params:
-            assert isinstance(cached, optuna.storages._CachedStorage)
-            with cached._lock:
-                known = cached._studies[trial.study._study_id].param_distribution
-                previous = known.get(name)
-            if previous is None:  # new to this process: Optuna's own check against the study's trials
+            if name in new:  # new to this process: Optuna's own check against the study's trials
                 backend._set_trial_param_without_commit(session, trial._trial_id, name, value, distribution)
-                with cached._lock:
-                    known[name] = distribution
                 continue
-            check_distribution_compatibility(previous, distribution)
+            check_distribution_compatibility(known[name], distribution)
             rows.append(
                 {
                     "trial_id": trial._trial_id,
@@ -307,6 +307,10 @@ def _write(
                 )
                 rows = [{"trial_id": trial._trial_id, "key": k, "value_json": json.dumps(v)} for k, v in values.items()]
                 session.execute(statement, rows)
+    if new:
+        assert isinstance(cached, optuna.storages._CachedStorage)
+        with cached._lock:
+            cached._studies[trial.study._study_id].param_distribution.update(new)
 
 
 def count_by_state(study: optuna.Study) -> dict[optuna.trial.TrialState, int] | None:
