@@ -310,6 +310,8 @@ def test_the_error_axis_is_the_clause_that_tells_the_feasible_trials_apart() -> 
     assert (axis.metric, axis.title) == ("box_px", "box_px (lower is better)")
     assert [r.number for r in pareto_front(rows, axis)] == [1, 2, 0]
     assert error_axis(rows, criterion, "det_agree").title == "1 - det_agree"  # a similarity, as an error
+    cosine = error_axis(rows, criterion, "cosine")
+    assert cosine.value({"cosine": 1.0000000000000002}) == 0.0  # a rounded similarity is no negative error
     psnr = error_axis(rows, criterion, "psnr")
     assert psnr.title == "psnr (higher is better)" and [r.number for r in pareto_front(rows, psnr)] == [1, 2, 3, 0]
     assert error_axis(rows, criterion, "max_abs").metric == "max_abs"  # the output metrics every trial records

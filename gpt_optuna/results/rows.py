@@ -161,7 +161,7 @@ class ErrorAxis:
         value = accuracy.get(self.metric)
         if value is None or not math.isfinite(value):
             return None
-        return 1.0 - value if self.complement else float(value)
+        return max(0.0, 1.0 - value) if self.complement else float(value)  # a rounded cosine may pass 1
 
     def cost(self, accuracy: dict[str, float]) -> float | None:
         """The drawn value as lower-is-better, for the Pareto front."""
