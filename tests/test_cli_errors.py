@@ -42,6 +42,7 @@ def test_malformed_model(tmp_path: Path) -> None:
         (["--timeout", "soon"], "malformed duration 'soon'"),
         (["--shape", "input:1x3x64"], "rank 3"),
         (["--confirm-processes", "0"], "--confirm-processes must be at least 1, got 0"),
+        (["--study-name", "x" * 260], "study name of 260 characters: at most 200"),
     ],
 )
 def test_bad_flags(cnn_path: Path, flags: list[str], expected: str) -> None:
@@ -56,6 +57,7 @@ def test_npz_that_does_not_match(cnn_path: Path, tmp_path: Path) -> None:
 def test_status_and_best_without_a_study() -> None:
     one_line_error(gpt_optuna("status"), "no study found under studies/")
     one_line_error(gpt_optuna("best", "--study-name", "nope"), f"no study database at {Path.cwd()}/studies/nope.db")
+    one_line_error(gpt_optuna("status", "--study-name", "x" * 300), "study name of 300 characters: at most 200")
 
 
 def test_help_works_without_heavy_imports() -> None:

@@ -29,6 +29,20 @@ def test_defaults_name_the_study_after_model_and_backend() -> None:
 
 
 @pytest.mark.parametrize(
+    "model, name",
+    [
+        ("models/modèle vidéo (v2).onnx", "modele_video_v2-onnxruntime"),
+        ("models/.hidden model.onnx", "hidden_model-onnxruntime"),
+        ("models/日本語.onnx", "model-791be523-onnxruntime"),
+        ("exports/Größe/model.onnx", "Groe-model-onnxruntime"),
+        ("models/" + "x" * 300 + ".onnx", "x" * 188 + "-onnxruntime"),
+    ],
+)
+def test_any_model_file_name_gives_a_valid_study_name(model: str, name: str) -> None:
+    assert TuneConfig(model=Path(model)).study_name == name
+
+
+@pytest.mark.parametrize(
     "kwargs, message",
     [
         ({"backend": "tensorflow"}, "unknown backend"),

@@ -221,3 +221,21 @@ def test_the_space_check_is_remembered_for_a_resume_and_the_space_command(
     assert tune(*base, "--n-trials", "3") == 2  # checked anew, then refused: the study has another space
     other = capsys.readouterr().err
     assert "checking the space 2/2: graph_fusion none, precision int8 ..." in other and "the search space" in other
+
+
+def test_a_model_file_named_with_spaces_and_accents_is_searched_and_read(
+    cnn_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model = cnn_path.with_name("modèle vidéo (v2).onnx")
+    cnn_path.rename(model)
+    config = synthetic_config(tmp_path, 'mode = "ok"\ndelay_us = [0, 50]')
+    argv = [str(model), "--backend", SYNTHETIC, "--config", str(config), "--n-trials", "3", "--confirm-top", "0"]
+    assert tune(*argv) == 0
+    database = tmp_path / "studies" / "modele_video_v2-syntheticbackend.db"
+    assert database.is_file()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    capsys.readouterr()
+    assert main(["status", "--storage", str(database)]) == 0
+    assert "study modele_video_v2-syntheticbackend: 3 complete" in capsys.readouterr().out

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
 import re
 import tomllib
+import unicodedata
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -27,18 +29,41 @@ GENERIC_STEMS = frozenset({"model", "inference", "infer", "saved_model", "export
 """Model file names that many exporters write: the folder name tells such models apart."""
 
 
+MAX_STUDY_NAME = 200
+"""Characters a study name may hold: its database and folder are named after it, and file names
+stop at 255 bytes on common file systems (SQLite adds ``-journal`` to the database's)."""
+
+
 def default_study_name(model: Path, backend: str) -> str:
-    """``<model>-<backend>``; a model with a generic name (``model.onnx``) is named by its folder too."""
+    """``<model>-<backend>``; a model with a generic name (``model.onnx``) is named by its folder too.
+    Any file name gives a valid name: letters lose their accents, other characters become ``_``, and
+    a long name is cut to :data:`MAX_STUDY_NAME` (the backend kept)."""
     short = backend.rpartition(":")[2].lower() if ":" in backend else backend
-    stem = model.stem
+    stem = _name_part(model.stem)
     if stem.lower() in GENERIC_STEMS:
-        folder = re.sub(r"[^A-Za-z0-9._-]", "_", model.resolve().parent.name).lstrip("._-")
+        folder = _name_part(model.resolve().parent.name)
         stem = f"{folder}-{stem}" if folder else stem
-    return f"{stem}-{short}"
+    if not stem:  # no letter of it is ASCII: told apart by its name's hash
+        stem = "model-" + hashlib.sha256(model.name.encode()).hexdigest()[:8]
+    return f"{stem[: MAX_STUDY_NAME - len(short) - 1]}-{short}"
+
+
+def _name_part(text: str) -> str:
+    """``text`` in the letters, digits, ``.``, ``_`` and ``-`` a study name holds, not starting with a mark."""
+    ascii_text = unicodedata.normalize("NFKD", text).encode("ascii", "ignore").decode()
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", ascii_text).strip("._-")
 
 
 def default_storage(study_name: str) -> str:
-    return f"sqlite:///{STUDIES}/{study_name}.db"
+    """The SQLite file under ``studies/`` named after the study."""
+    return f"sqlite:///{STUDIES}/{short_enough(study_name)}.db"
+
+
+def short_enough(study_name: str) -> str:
+    """The name, where files can be named after it; a UserError otherwise."""
+    if len(study_name) > MAX_STUDY_NAME:
+        raise UserError(f"study name of {len(study_name)} characters: at most {MAX_STUDY_NAME}")
+    return study_name
 
 
 def absolute_storage(url: str) -> str:
@@ -137,7 +162,7 @@ class TuneConfig:
             self.n_trials = DEFAULT_N_TRIALS
         if self.study_name is None:
             self.study_name = default_study_name(self.model, self.backend)
-        if not _NAME_RE.match(self.study_name):
+        if not _NAME_RE.match(short_enough(self.study_name)):  # its folder is named after it
             raise UserError(f"study name {self.study_name!r} may hold only letters, digits, '.', '_' and '-'")
         if self.storage is None:
             self.storage = default_storage(self.study_name)
