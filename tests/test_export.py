@@ -199,3 +199,71 @@ def test_a_verdict_that_keeps_the_default_exports_the_default_and_says_so(
     assert side["trial"] == 0 and side["decided"] and side["verdict"] == "not_significant" and not side["winner"]
     assert main(["export", "--trial", str(best.number), "-o", "finalist.onnx"]) == 0
     assert json.loads(Path("finalist.onnx.json").read_text())["winner"]
+
+
+BASELINE_ONLY = """[measure]
+budget_s = 0.05
+[space]
+provider = "CPUExecutionProvider"
+graph_optimization_level = ["ORT_ENABLE_BASIC", "ORT_ENABLE_ALL"]
+"""
+
+
+def test_a_model_with_external_data_exports_as_a_file_that_loads_on_its_own(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import onnx
+    from conftest import matmul_model
+
+    source = tmp_path / "model" / "mlp.onnx"
+    source.parent.mkdir()
+    onnx.save_model(
+        matmul_model(features=64), source, save_as_external_data=True, location="weights.bin", size_threshold=0
+    )
+    assert source.stat().st_size < (source.parent / "weights.bin").stat().st_size  # the weights are outside
+    (tmp_path / "tune.toml").write_text(BASELINE_ONLY)
+    assert tune(str(source), "--config", "tune.toml", "--shape", "x:2x64", "--n-trials", "2", "--confirm-top", "0") == 0
+    out = tmp_path / "shipped"
+    out.mkdir()
+    monkeypatch.chdir(out)
+    database = tmp_path / "studies" / "mlp-onnxruntime.db"
+    assert main(["export", "--storage", str(database), "--trial", "0", "-o", "mlp.onnx"]) == 0
+    (source.parent / "weights.bin").unlink()  # the export must not need the original's weights
+    record = json.loads(Path("mlp.onnx.json").read_text())
+    inputs = mf.unstack(dict(np.load(record["samples"]["inputs"])))[0]
+    reference = mf.unstack(dict(np.load(record["samples"]["reference"])))[0]
+    session = gpt_optuna.open_session("mlp.onnx")
+    (name,) = reference
+    np.testing.assert_allclose(session.run([name], inputs)[0], reference[name], rtol=1e-5, atol=1e-6)
+    assert sorted(p.name for p in out.iterdir()) == [
+        "mlp.onnx",
+        "mlp.onnx.inputs.npz",
+        "mlp.onnx.json",
+        "mlp.onnx.reference.npz",
+    ]
+
+
+def test_an_interrupted_export_leaves_none_of_its_files_and_runs_again(
+    cnn_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import shutil
+
+    import gpt_optuna.results.export as export
+
+    (tmp_path / "tune.toml").write_text(BASELINE_ONLY)
+    assert tune(str(cnn_path), "--config", "tune.toml", "--n-trials", "2", "--confirm-top", "0") == 0
+    copies, copy = [], shutil.copyfile
+
+    def interrupted_copy(source: str | Path, dest: str | Path) -> None:
+        copies.append(dest)
+        copy(source, dest)
+        if len(copies) == 2:  # Ctrl-C after the model and the first samples file
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(export.shutil, "copyfile", interrupted_copy)
+    assert main(["export", "-o", "best.onnx"]) != 0
+    assert len(copies) == 2 and not [p.name for p in tmp_path.iterdir() if p.name.startswith("best")]
+    monkeypatch.undo()
+    monkeypatch.chdir(tmp_path)
+    assert main(["export", "-o", "best.onnx"]) == 0  # the same command again: no --force needed
+    assert Path("best.onnx.json").is_file()

@@ -6,6 +6,7 @@ import hashlib
 import json
 import os
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ from gpt_optuna.backends import DEPLOYMENTS
 from gpt_optuna.backends.base import ExportedTrial
 from gpt_optuna.core.errors import UserError
 from gpt_optuna.graph.interface import dtype_changes, io_record
+from gpt_optuna.graph.model_copy import copy_model, external_data_file
 from gpt_optuna.results.summary_text import headline
 from gpt_optuna.study.artifacts import artifact_folder, verified
 from gpt_optuna.study.record import IO_CHANGE_ATTR, StudyRecord, study_folder
@@ -57,7 +59,8 @@ def written_files(out: Path, engine: bool, backend: str | None, samples_dir: Pat
     files = [out, out.with_name(out.name + ".json"), *_samples(out, samples_dir).values()]
     deployment = DEPLOYMENTS.get(backend or "")
     beside = deployment.beside if engine and deployment is not None else ()
-    return files + [out.with_name(out.name + suffix) for suffix in beside]
+    files += [out.with_name(out.name + suffix) for suffix in beside]
+    return files + [external_data_file(f) for f in files if f.suffix == ".onnx"]  # a model too large for one file
 
 
 def refuse_overwrite(files: list[Path], force: bool) -> None:
@@ -123,13 +126,37 @@ def export_trial(
         raise UserError(f"-o names the {kind} file to write; its record FILE.json is written beside it")
     if not out.suffix:
         out = out.with_name(out.name + export_suffix(trial))
-    refuse_overwrite(written_files(out, artifact is not None, record.backend, samples_dir), force)
+    files = written_files(out, artifact is not None, record.backend, samples_dir)
+    refuse_overwrite(files, force)
     workdir = verified(study, study_folder(study))
     source = trial_model(study, trial)
     if not source.is_file():
         raise UserError(f"the model of trial {trial.number} is gone: {source} (the study folder was moved or removed)")
     if artifact is None and "engine_dropped" in trial.user_attrs:
         raise UserError(not_kept(trial, str(trial.user_attrs["engine_dropped"])))
+    try:
+        return _write_export(study, summary, trial, Written(source, out, workdir, samples_dir))
+    except BaseException:  # interrupted, or the disk is full: none of its files is left half-written
+        for path in files:
+            path.unlink(missing_ok=True)
+        raise
+
+
+@dataclass(frozen=True)
+class Written:
+    """What an export writes from: the model the trial ran, the study's data folder; and where to."""
+
+    source: Path
+    out: Path
+    workdir: Path
+    samples_dir: Path | None
+
+
+def _write_export(study: optuna.Study, summary: StudySummary, trial: FrozenTrial, where: Written) -> tuple[Path, Path]:
+    """The files of :func:`export_trial`, the side file last."""
+    record = StudyRecord.read(study)
+    artifact = trial.user_attrs.get("engine_artifact")
+    source, out, workdir = where.source, where.out, where.workdir
     if artifact is not None:
         from optuna.artifacts import FileSystemArtifactStore, download_artifact
         from optuna.artifacts.exceptions import ArtifactNotFound
@@ -142,8 +169,8 @@ def export_trial(
         except ArtifactNotFound:
             raise UserError(not_kept(trial, "faster candidates took its place")) from None
     else:  # ONNX Runtime builds no engine file: the model it ran, with the options in the side file
-        shutil.copyfile(source, out)
-    samples = _samples(out, samples_dir)
+        copy_model(source, out)
+    samples = _samples(out, where.samples_dir)
     confirmed = next((r for r in (summary.confirmed or {}).get("ranking", []) if r["number"] == trial.number), None)
     side: dict[str, Any] = {
         "study": study.study_name,

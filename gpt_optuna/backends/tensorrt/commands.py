@@ -10,7 +10,6 @@ trtexec's ``--useCudaGraph`` is the one that exists for inference.
 from __future__ import annotations
 
 import shlex
-import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -135,9 +134,10 @@ def build_commands(trial: ExportedTrial) -> dict[str, Any]:
     have no flag in each."""
     from gpt_optuna.graph.constant_folding import folded
     from gpt_optuna.graph.model import load_model_info
+    from gpt_optuna.graph.model_copy import copy_model
 
     parsed = trial.out.with_name(trial.out.name + ".onnx")
-    shutil.copyfile(folded(load_model_info(trial.model), trial.models).path, parsed)
+    copy_model(folded(load_model_info(trial.model), trial.models).path, parsed)
     lines = [
         make(parsed.name, trial.out.name, dict(trial.params), dict(trial.defaults), dict(trial.shapes))
         for make in (trtexec, polygraphy)
