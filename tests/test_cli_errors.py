@@ -49,6 +49,21 @@ def test_bad_flags(cnn_path: Path, flags: list[str], expected: str) -> None:
     one_line_error(gpt_optuna("tune", str(cnn_path), *flags), expected)
 
 
+@pytest.mark.parametrize(
+    "line, expected",
+    [
+        ('intra_op_num_threads = "lots"', '[space] intra_op_num_threads = "lots": give a number'),
+        ('graph_optimization_level = "ORT_ENABLE_EVERYTHING"', 'not a value it offers here ("ORT_DISABLE_ALL"'),
+        ("mem_pattern = 3", "[space] mem_pattern = 3: give true or false"),
+        ('precision = ["fp32", "fp64"]', '[space] precision = "fp64": not a value it offers here'),
+    ],
+)
+def test_space_values_of_the_wrong_kind(cnn_path: Path, tmp_path: Path, line: str, expected: str) -> None:
+    (tmp_path / "bad.toml").write_text(f"[space]\n{line}\n")
+    for command in ("tune", "space"):
+        one_line_error(gpt_optuna(command, str(cnn_path), "--config", str(tmp_path / "bad.toml")), expected)
+
+
 def test_npz_that_does_not_match(cnn_path: Path, tmp_path: Path) -> None:
     np.savez(tmp_path / "f.npz", input=np.zeros((1, 3, 32, 32), np.float32))
     one_line_error(gpt_optuna("tune", str(cnn_path), "--inputs", str(tmp_path / "f.npz")), "size 32 on axis 2")

@@ -88,6 +88,9 @@ class Knob:
     host_sensitive: str = ""
     """Why the knob's best value depends on the host it was measured on (its cores and their
     load, say), where it does: a winner that changes it is named as tuned for this host."""
+    open_ended: bool = False
+    """The engine takes values beyond ``choices`` (a TensorRT build route's number): a ``[space]`` list
+    may name others; otherwise a value of names must be one of ``choices``."""
 
     def __post_init__(self) -> None:
         if not self.choices:
@@ -254,6 +257,7 @@ class Space:
                 "searched": None if k.searched is None else list(k.searched),
                 "selects_engine": k.selects_engine,
                 "host_sensitive": k.host_sensitive,
+                "open_ended": k.open_ended,
             }
             for k in self.knobs
         ]
@@ -280,6 +284,7 @@ class Space:
                     None if item["searched"] is None else tuple(item["searched"]),
                     item["selects_engine"],
                     item.get("host_sensitive", ""),
+                    item.get("open_ended", False),
                 )
             )
         return cls(knobs)
@@ -325,9 +330,31 @@ class Space:
             values = tuple(given) if isinstance(given, list) else (given,)
             if not values:
                 raise UserError(f"[space] gives knob {knob.name!r} no values")
+            for value in values:
+                _check_value(knob, value)
             if knob.default in values or knob.selects_engine:
                 default = knob.default if knob.default in values else values[0]
                 knobs.append(replace(knob, choices=values, default=default, searched=None))
             else:
                 knobs.append(replace(knob, choices=(knob.default, *values), searched=values))
         return Space(knobs)
+
+
+def _check_value(knob: Knob, value: Value) -> None:
+    """A UserError where a ``[space]`` value cannot be the knob's: not of its type (true/false for a
+    switch, a number for a number), or, for a knob of names, not one it offers here."""
+    kinds = {type(c) for c in knob.choices}
+    fits = type(value) in kinds or (type(value) is int and float in kinds)
+    offered = ", ".join(_shown(c) for c in knob.choices)
+    if kinds <= {str} and value not in knob.choices and not knob.open_ended:
+        raise UserError(f"[space] {knob.name} = {_shown(value)}: not a value it offers here ({offered})")
+    if not fits:
+        wanted = "true or false" if kinds == {bool} else "a number" if kinds & {int, float} else "one of its values"
+        raise UserError(f"[space] {knob.name} = {_shown(value)}: give {wanted} (it offers {offered})")
+
+
+def _shown(value: Value) -> str:
+    """A value as ``[space]`` in TOML writes it."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return f'"{value}"' if isinstance(value, str) else str(value)

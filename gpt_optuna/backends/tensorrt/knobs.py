@@ -105,7 +105,7 @@ def discover_knobs(trt: ModuleType, config: Any, *, has_qdq: bool, dynamic: bool
     if hasattr(config, "all_build_routes"):
         for route in parse_build_routes(config.all_build_routes):
             choices = (route.default,) if route.open_ended else _route_choices(route)
-            knobs.append(Knob(route.knob_name, choices, route.default, route.help))
+            knobs.append(Knob(route.knob_name, choices, route.default, route.help, open_ended=route.open_ended))
     if hasattr(trt, "CudaGraphStrategy"):
         knobs.append(Knob("runtime.cuda_graph_strategy", tuple(trt.CudaGraphStrategy.__members__), "DISABLED"))
     else:
