@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from onnx import TensorProto, helper, numpy_helper
 from optuna.trial import TrialState
 
 from gpt_optuna.cli import main
+from gpt_optuna.core.errors import EXIT_USER_ERROR
 from gpt_optuna.evaluation.accuracy import parse_criterion
 from gpt_optuna.evaluation.jobs import EvaluateJob
 from gpt_optuna.evaluation.measure import MeasureSettings
@@ -145,7 +147,8 @@ def test_a_repeated_candidate_names_the_transformed_model_it_ran(
     after it, the space covered; that candidate queued again repeats it and copies its result, the
     model it ran included, so that exporting the repeat writes the fp16 graph, not the fp32
     original. The one trial that ranks the nodes by fp16 sensitivity says so before it holds the
-    search up."""
+    search up. The model and the ranking damaged afterwards: export refuses the model, confirm makes
+    both again."""
     fixed = ["provider", "graph_optimization_level", "mem_pattern", "execution_mode", "intra_op_num_threads"]
     fixed += ["intra_op_spinning", "cpu_mem_arena", "denormal_as_zero", '"keep_fp32.normalization"']
     config = tmp_path / "tune.toml"
@@ -170,7 +173,20 @@ def test_a_repeated_candidate_names_the_transformed_model_it_ran(
     ran = trials[1].user_attrs["transformed_model"]
     assert ran.startswith("fp16-") and all(t.user_attrs["transformed_model"] == ran for t in trials[1:])
     assert main(["export", "--trial", "2", "-o", str(tmp_path / "out.onnx")]) == 0
-    assert (tmp_path / "out.onnx").read_bytes() == (Path("studies/overflow-onnxruntime/models") / ran).read_bytes()
+    made = Path("studies/overflow-onnxruntime/models") / ran
+    good = made.read_bytes()
+    assert (tmp_path / "out.onnx").read_bytes() == good
+    # damaged behind the tuner's back: export refuses the model, confirm makes it and the ranking again
+    made.write_bytes(good[: len(good) // 2])
+    (sensitivity,) = Path("studies/overflow-onnxruntime").glob("sensitivity-*.json")
+    sensitivity.write_bytes(b"\xff\xfe not a ranking")
+    capsys.readouterr()
+    assert main(["export", "--trial", "1", "-o", str(tmp_path / "damaged.onnx")]) == EXIT_USER_ERROR
+    assert "the model trial 1 ran is damaged" in capsys.readouterr().err
+    assert not list(tmp_path.glob("damaged.onnx*"))
+    assert main(["confirm", "--top", "1", "--processes", "1"]) == 0
+    assert made.read_bytes() == good and json.loads(sensitivity.read_text())["nodes"]
+    assert main(["export", "--trial", "1", "-o", str(tmp_path / "again.onnx")]) == 0
 
 
 def test_transforms_are_cached_by_content_key(tmp_path: Path) -> None:

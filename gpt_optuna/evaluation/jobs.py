@@ -352,7 +352,10 @@ class EvaluateJob:
         """The nodes of ``model`` (the candidate's graph before its precision) by fp16 sensitivity,
         read from ``path``, or computed and kept there."""
         if path.is_file():
-            return list(json.loads(path.read_text())["nodes"])
+            try:
+                return list(json.loads(path.read_text())["nodes"])
+            except (ValueError, KeyError, TypeError):  # damaged (a partial copy, an edit): ranked again
+                path.unlink(missing_ok=True)
         first = unstack(_npz(self.feeds_path))[0], unstack(_npz(self.reference_path))[0]
         started = told = time.monotonic()
 

@@ -2,7 +2,9 @@
 
 A transform that fails on a graph fails the same way every time, so its failure is kept beside
 where the model would be (``NAME.failed.json``, with the traceback) and raised again at once,
-instead of redoing minutes of work on every trial that asks for it.
+instead of redoing minutes of work on every trial that asks for it. A model made is kept with the
+hash of its content (``NAME.sha256``, written before the model is): one that no longer matches it
+(damaged, truncated, edited) is made again rather than used.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from gpt_optuna.core.errors import GptOptunaError, UserError
+from gpt_optuna.graph.model import file_sha256
 
 
 class TransformFailed(GptOptunaError):
@@ -23,6 +26,37 @@ class TransformFailed(GptOptunaError):
     def __init__(self, message: str, log: str) -> None:
         super().__init__(message)
         self.log = log
+
+
+_INTACT: dict[Path, tuple[int, int]] = {}
+"""Models this process found intact, with the size and time of change they had then."""
+
+
+def intact(out: Path) -> bool:
+    """Whether the model at ``out`` is the file that was made: its content has the hash recorded
+    when it was made (checked once per process while its size and time of change stay). A model
+    made before hashes were recorded is taken as it is, and its hash recorded now."""
+    stat = out.stat()
+    if _INTACT.get(out) == (stat.st_size, stat.st_mtime_ns):
+        return True
+    actual = file_sha256(out)
+    recorded = _hash_path(out)
+    if not recorded.is_file():
+        _write_hash(out, actual)
+    elif recorded.read_text().strip() != actual:
+        return False
+    _INTACT[out] = (stat.st_size, stat.st_mtime_ns)
+    return True
+
+
+def _hash_path(out: Path) -> Path:
+    return out.with_name(out.name + ".sha256")
+
+
+def _write_hash(out: Path, digest: str) -> None:
+    partial = _hash_path(out).with_name(f"{_hash_path(out).name}.{os.getpid()}.tmp")
+    partial.write_text(digest + "\n")
+    partial.replace(_hash_path(out))
 
 
 def _failure_path(out: Path) -> Path:
@@ -37,7 +71,7 @@ def produce(out: Path, make: Callable[[Path], None]) -> Path:
     Missing libraries (a UserError) and the machine's own trouble (disk full, out of
     memory) are raised as they are and not kept: they are not the graph's fault.
     """
-    if out.is_file():
+    if out.is_file() and intact(out):
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
     with out.with_name(out.name + ".lock").open("a") as lock:
@@ -47,7 +81,9 @@ def produce(out: Path, make: Callable[[Path], None]) -> Path:
 
 def _produce(out: Path, make: Callable[[Path], None]) -> Path:
     if out.is_file():
-        return out
+        if intact(out):
+            return out
+        out.unlink()  # damaged: made again
     failed = _failure_path(out)
     if failed.is_file():
         record = json.loads(failed.read_text())
@@ -55,6 +91,7 @@ def _produce(out: Path, make: Callable[[Path], None]) -> Path:
     tmp = out.with_name(f"{out.stem}.{os.getpid()}.tmp.onnx")
     try:
         make(tmp)
+        _write_hash(out, file_sha256(tmp))
         tmp.replace(out)
     except (UserError, OSError, MemoryError):
         raise

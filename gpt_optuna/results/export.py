@@ -17,6 +17,7 @@ from gpt_optuna.backends import DEPLOYMENTS
 from gpt_optuna.backends.base import ExportedTrial
 from gpt_optuna.core.errors import UserError
 from gpt_optuna.graph.interface import dtype_changes, io_record
+from gpt_optuna.graph.model_cache import intact
 from gpt_optuna.graph.model_copy import copy_model, external_data_file
 from gpt_optuna.results.summary_text import headline
 from gpt_optuna.study.artifacts import artifact_folder, verified
@@ -29,7 +30,13 @@ def trial_model(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> Path:
     """The ONNX model a trial ran: its transformed copy in the study folder, else the study's model."""
     transformed = trial.user_attrs.get("transformed_model")
     if transformed:
-        return study_folder(study) / "models" / transformed
+        path = study_folder(study) / "models" / transformed
+        if path.is_file() and not intact(path):
+            raise UserError(
+                f"the model trial {trial.number} ran is damaged: {path} is not the file made for it (its content"
+                " differs from the hash recorded then); a search or confirm that runs this candidate makes it again"
+            )
+        return path
     model = StudyRecord.read(study).model
     if model is None:
         raise UserError(f"study {study.study_name!r} was not made by gpt-optuna: it records no model")
