@@ -267,3 +267,11 @@ def test_an_interrupted_export_leaves_none_of_its_files_and_runs_again(
     monkeypatch.chdir(tmp_path)
     assert main(["export", "-o", "best.onnx"]) == 0  # the same command again: no --force needed
     assert Path("best.onnx.json").is_file()
+    Path("repo").mkdir()  # a Triton model folder alike
+    copies.clear()
+    monkeypatch.setattr(export.shutil, "copyfile", interrupted_copy)
+    assert main(["export", "--format", "triton", "-o", "repo"]) != 0
+    assert len(copies) == 2 and not list(Path("repo").iterdir())
+    monkeypatch.undo()
+    monkeypatch.chdir(tmp_path)
+    assert main(["export", "--format", "triton", "-o", "repo"]) == 0

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -74,10 +75,16 @@ def write_repository(
     info = load_model_info(trial_model(study, trial))  # an engine: the ONNX it was built from
     refuse_scalars(info)
     version = repo / name / "1"
-    version.mkdir(parents=True, exist_ok=True)
-    _, side = export_trial(study, trial.number, version / deployment.triton_model_file, True, repo / name)
-    text, left_out = config_text(name, info, json.loads(side.read_text()), deployment)
-    (repo / name / "config.pbtxt").write_text(text)
+    new = not (repo / name).exists()
+    try:
+        version.mkdir(parents=True, exist_ok=True)
+        _, side = export_trial(study, trial.number, version / deployment.triton_model_file, True, repo / name)
+        text, left_out = config_text(name, info, json.loads(side.read_text()), deployment)
+        (repo / name / "config.pbtxt").write_text(text)
+    except BaseException:  # interrupted: no half-written model folder is left to be refused next time
+        if new:
+            shutil.rmtree(repo / name, ignore_errors=True)
+        raise
     return repo / name, left_out, side
 
 
