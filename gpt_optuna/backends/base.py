@@ -207,6 +207,10 @@ class Backend(abc.ABC):
         self.build(model, candidate, workdir, shapes)
         return []
 
+    def execution_providers(self) -> list[str]:
+        """The execution providers of the engine that really start here, for an engine that has them."""
+        return []
+
     def versions(self) -> dict[str, str]:
         """Library versions to record with the study."""
         return {}

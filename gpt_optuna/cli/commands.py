@@ -122,6 +122,12 @@ def _worker(args: argparse.Namespace, _: list[str]) -> int:
     return join(config, Progress(enabled=not args.quiet))
 
 
+def _doctor(args: argparse.Namespace, _: list[str]) -> int:
+    from gpt_optuna.api.doctor import doctor
+
+    return doctor(as_json=args.json)
+
+
 def _storage_proxy(args: argparse.Namespace, _: list[str]) -> int:
     from gpt_optuna.study.storage import serve_storage
 
@@ -174,6 +180,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace, list[str]], int]] = {
     "space": _space,
     "worker": _worker,
     "storage-proxy": _storage_proxy,
+    "doctor": _doctor,
 }
 """The commands that open no study first, each with the command line's arguments."""
 STUDY_COMMANDS: dict[str, Callable[[argparse.Namespace, Any], int]] = {

@@ -124,6 +124,11 @@ def build_parser() -> argparse.ArgumentParser:
     best = commands.add_parser("best", help="the best feasible trial")
     _add(best, "storage", "study_name")
     best.add_argument("--json", action="store_true", help="print one JSON object")
+
+    doctor = commands.add_parser(
+        "doctor", help="the engines, execution providers, GPUs and knobs here, and a self-test of each engine"
+    )
+    doctor.add_argument("--json", action="store_true", help="print one JSON object")
     return parser
 
 

@@ -89,6 +89,9 @@ class OnnxRuntimeBackend(Backend):
     def refused_run(self, error: Exception) -> str | None:
         return refusal(error)
 
+    def execution_providers(self) -> list[str]:
+        return usable_providers()
+
     def space(self, model: ModelInfo, shapes: dict[str, ShapeRange]) -> Space:
         ort = ort_module()
         levels = [lvl for lvl in (*OPTIONAL_GRAPH_LEVELS, "ORT_ENABLE_ALL") if hasattr(ort.GraphOptimizationLevel, lvl)]
