@@ -86,17 +86,21 @@ def test_space_values_are_checked_against_the_knob_before_anything_runs() -> Non
     space = Space(
         [
             Knob("route.tactics", ("auto",), "auto", open_ended=True),
+            Knob("provider", ("GPU",), "GPU", selects_engine=True),
+            Knob("cpu_threads", (0, 2), 0, condition=Condition("provider", ("CPU",))),  # CPU: usable, not searched
             Knob("level", ("a", "b"), "a"),
             Knob("threads", (0, 1, 2), 0),
             Knob("switch", (True, False), True),
             Knob("ratio", (0.5, 1.0), 0.5),
         ]
     )
-    allowed = space.with_overrides({"route.tactics": ["10", "20"], "threads": [3, 4], "ratio": [2], "level": "b"})
-    assert allowed.knobs[2].choices == (0, 3, 4)  # numbers beyond those offered, names of an open-ended knob
+    overrides = {"route.tactics": ["10", "20"], "threads": [3, 4], "ratio": [2], "level": "b", "provider": "CPU"}
+    allowed = space.with_overrides(overrides)
+    assert allowed.knobs[4].choices == (0, 3, 4)  # numbers beyond those offered, names of an open-ended knob
     assert Space.from_record(allowed.to_record()).knobs[0].open_ended
     for overrides, message in [
         ({"level": "c"}, 'level = "c": not a value it offers here \\("a", "b"\\)'),
+        ({"provider": "NPU"}, 'provider = "NPU": not a value it offers here \\("GPU", "CPU"\\)'),
         ({"threads": "lots"}, 'threads = "lots": give a number'),
         ({"threads": [1, True]}, "threads = true: give a number"),
         ({"switch": 3}, "switch = 3: give true or false"),

@@ -330,8 +330,9 @@ class Space:
             values = tuple(given) if isinstance(given, list) else (given,)
             if not values:
                 raise UserError(f"[space] gives knob {knob.name!r} no values")
+            described = {v for k in self.knobs for c in k.conditions if c.parent == knob.name for v in c.values}
             for value in values:
-                _check_value(knob, value)
+                _check_value(knob, value, described)
             if knob.default in values or knob.selects_engine:
                 default = knob.default if knob.default in values else values[0]
                 knobs.append(replace(knob, choices=values, default=default, searched=None))
@@ -340,13 +341,14 @@ class Space:
         return Space(knobs)
 
 
-def _check_value(knob: Knob, value: Value) -> None:
+def _check_value(knob: Knob, value: Value, described: set[Any]) -> None:
     """A UserError where a ``[space]`` value cannot be the knob's: not of its type (true/false for a
-    switch, a number for a number), or, for a knob of names, not one it offers here."""
+    switch, a number for a number), or, for a knob of names, not one it offers here nor one other
+    knobs are described for (the CPU provider on a GPU host, which is not searched by default)."""
     kinds = {type(c) for c in knob.choices}
     fits = type(value) in kinds or (type(value) is int and float in kinds)
-    offered = ", ".join(_shown(c) for c in knob.choices)
-    if kinds <= {str} and value not in knob.choices and not knob.open_ended:
+    offered = ", ".join(_shown(c) for c in (*knob.choices, *sorted(described - set(knob.choices), key=str)))
+    if kinds <= {str} and value not in knob.choices and value not in described and not knob.open_ended:
         raise UserError(f"[space] {knob.name} = {_shown(value)}: not a value it offers here ({offered})")
     if not fits:
         wanted = "true or false" if kinds == {bool} else "a number" if kinds & {int, float} else "one of its values"
