@@ -34,9 +34,9 @@ class EngineCheck:
     not_run: str | None = None
 
 
-def check_engines(names: list[str] | None = None) -> list[EngineCheck]:
-    """Each registered engine (or those named) checked here."""
-    return [_check(name) for name in names or list(BACKENDS)]
+def check_engines() -> list[EngineCheck]:
+    """Each registered engine, checked here."""
+    return [_check(name) for name in BACKENDS]
 
 
 def _check(name: str) -> EngineCheck:
@@ -54,7 +54,6 @@ def _check(name: str) -> EngineCheck:
             return EngineCheck(name, missing=f"its self-test failed: {failure}")
         finally:
             worker.close()
-    found.pop("defaults", None)
     return EngineCheck(name, **found)
 
 

@@ -35,7 +35,6 @@ class SelfTestJob:
             "gpus": gpu_names(),
             "providers": backend.execution_providers(),
             "knobs": {knob.name: list(knob.search_choices) for knob in space.knobs},
-            "defaults": space.default(),
         }
         with tempfile.TemporaryDirectory(prefix="gpt-optuna-doctor-") as workdir:
             started = time.perf_counter()
