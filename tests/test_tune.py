@@ -239,3 +239,16 @@ def test_a_model_file_named_with_spaces_and_accents_is_searched_and_read(
     capsys.readouterr()
     assert main(["status", "--storage", str(database)]) == 0
     assert "study modele_video_v2-syntheticbackend: 3 complete" in capsys.readouterr().out
+
+
+def test_storage_may_be_an_sqlite_files_path(
+    cnn_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = synthetic_config(tmp_path, 'mode = "ok"\ndelay_us = [0, 50]')
+    (tmp_path / "my studies").mkdir()
+    where = ["--storage", "my studies/cnn.db", "--study-name", "cnn"]
+    argv = [str(cnn_path), "--backend", SYNTHETIC, "--config", str(config), "--n-trials", "2", *where]
+    assert tune(*argv, "--confirm-top", "0") == 0
+    assert f"--storage 'sqlite:///{tmp_path}/my studies/cnn.db'" in capsys.readouterr().out
+    assert main(["status", *where]) == 0
+    assert "study cnn: 2 complete" in capsys.readouterr().out

@@ -23,7 +23,8 @@ from gpt_optuna.evaluation.measure import ROUNDS
 from gpt_optuna.results.export import figures_record
 from gpt_optuna.results.rows import ErrorAxis, TrialRow, collect, criterion_of, error_axis, marks
 from gpt_optuna.results.summary_text import format_summary, headline
-from gpt_optuna.search.config import absolute_storage, study_flags
+from gpt_optuna.search.config import storage_url as config_storage_url
+from gpt_optuna.search.config import study_flags
 from gpt_optuna.search.options import parse_duration
 from gpt_optuna.study.storage import load_study, open_storage, storage_file
 from gpt_optuna.study.summary import StudySummary
@@ -123,13 +124,7 @@ def storage_url(storage: str | Path) -> str:
     absolute: the same study from any folder."""
     if not isinstance(storage, str | Path):
         raise TypeError(f"storage: a URL or an SQLite file's path, not {type(storage).__name__}")
-    text = str(storage)
-    if "://" in text or text.startswith("journal:"):
-        return absolute_storage(text)
-    path = Path(text).expanduser().resolve()
-    if path.is_dir():
-        raise UserError(f"{path} is a folder: give the study's database file, e.g. {path / 'NAME.db'}")
-    return f"sqlite:///{path}"
+    return config_storage_url(str(storage))
 
 
 def open_existing_study(storage: str | Path, study_name: str | None = None, writable: bool = False) -> optuna.Study:

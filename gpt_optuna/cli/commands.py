@@ -11,7 +11,7 @@ from typing import Any
 
 from gpt_optuna.cli.parser import build_parser, tune_config
 from gpt_optuna.core.errors import UserError
-from gpt_optuna.search.config import TuneConfig, default_storage
+from gpt_optuna.search.config import TuneConfig, default_storage, storage_url
 from gpt_optuna.search.options import parse_duration
 from gpt_optuna.study.record import STUDIES
 
@@ -109,7 +109,7 @@ def _worker(args: argparse.Namespace, _: list[str]) -> int:
     from gpt_optuna.search.progress import Progress
 
     config = JoinConfig(
-        storage=args.storage,
+        storage=storage_url(args.storage),
         study_name=args.study_name,
         model=Path(args.model) if args.model else None,
         n_trials=args.n_trials,

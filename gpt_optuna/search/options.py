@@ -163,7 +163,12 @@ OPTIONS: tuple[Option, ...] = (
     Option("--n-trials", "n_trials", INT, "trials the study should hold when done (default 100 without --timeout)"),
     Option("--timeout", "timeout_s", DURATION, "stop after this long, e.g. 8h, 30m, 90s"),
     Option("--trial-timeout", "trial_timeout_s", DURATION, "deadline for one candidate (default 600 s)"),
-    Option("--storage", "storage", TEXT, "Optuna storage URL (default sqlite:///studies/<study-name>.db)"),
+    Option(
+        "--storage",
+        "storage",
+        TEXT,
+        "Optuna storage URL or an SQLite file's path (default sqlite:///studies/<study-name>.db)",
+    ),
     Option("--study-name", "study_name", TEXT, "study name (default: the only study in the storage)"),
     Option(
         "--sampler",
