@@ -142,7 +142,7 @@ def export_trial(
     if artifact is None and "engine_dropped" in trial.user_attrs:
         raise UserError(not_kept(trial, str(trial.user_attrs["engine_dropped"])))
     try:
-        return _write_export(study, summary, trial, Written(source, out, workdir, samples_dir))
+        return _write_export(study, summary, trial, Written(record, source, out, workdir, samples_dir))
     except BaseException:  # interrupted, or the disk is full: none of its files is left half-written
         for path in files:
             path.unlink(missing_ok=True)
@@ -151,8 +151,10 @@ def export_trial(
 
 @dataclass(frozen=True)
 class Written:
-    """What an export writes from: the model the trial ran, the study's data folder; and where to."""
+    """What an export writes from: the study's record, the model the trial ran, the study's data
+    folder; and where to."""
 
+    record: StudyRecord
     source: Path
     out: Path
     workdir: Path
@@ -161,9 +163,8 @@ class Written:
 
 def _write_export(study: optuna.Study, summary: StudySummary, trial: FrozenTrial, where: Written) -> tuple[Path, Path]:
     """The files of :func:`export_trial`, the side file last."""
-    record = StudyRecord.read(study)
     artifact = trial.user_attrs.get("engine_artifact")
-    source, out, workdir = where.source, where.out, where.workdir
+    record, source, out, workdir = where.record, where.source, where.out, where.workdir
     if artifact is not None:
         from optuna.artifacts import FileSystemArtifactStore, download_artifact
         from optuna.artifacts.exceptions import ArtifactNotFound

@@ -78,12 +78,17 @@ def absolute_storage(url: str) -> str:
 def storage_url(storage: str) -> str:
     """An Optuna storage URL for a URL or an SQLite file's path (``studies/x.db``), a file's made
     absolute: the same study from any folder."""
-    if "://" in storage or storage.startswith("journal:"):
+    if is_url(storage):
         return absolute_storage(storage)
     path = Path(storage).expanduser().resolve()
     if path.is_dir():
         raise UserError(f"{path} is a folder: give the study's database file, e.g. {path / 'NAME.db'}")
     return f"sqlite:///{path}"
+
+
+def is_url(storage: str) -> bool:
+    """Whether ``--storage`` names a storage URL (``journal:`` included) rather than an SQLite file's path."""
+    return "://" in storage or storage.startswith("journal:")
 
 
 def study_flags(storage: str, study_name: str) -> list[str]:
@@ -177,7 +182,7 @@ class TuneConfig:
             raise UserError(f"study name {self.study_name!r} may hold only letters, digits, '.', '_' and '-'")
         if self.storage is None:
             self.storage = default_storage(self.study_name)
-        elif "://" not in self.storage and not self.storage.startswith("journal:"):
+        elif not is_url(self.storage):
             self.storage = storage_url(self.storage)  # an SQLite file's path, as the readers take it
         if self.measure.target_rel_ci <= 0 or self.measure.budget_s <= 0:
             raise UserError("[measure] target_rel_ci and budget_s must be positive")
