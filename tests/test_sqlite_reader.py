@@ -46,6 +46,8 @@ def study_file(tmp_path: Path) -> Path:
     study = optuna.create_study(study_name="one", storage=url, sampler=optuna.samplers.RandomSampler(seed=0))
     study.set_user_attr("summary", {"trials": 3, "nested": [None, 1.5]})
     study.set_metric_names(["latency"])
+    for kind in ("fp16", None, 3, True):  # complete, complete at inf, pruned, failed: whatever the sampler draws
+        study.enqueue_trial({"kind": kind})
     study.optimize(_objective, n_trials=24, catch=(RuntimeError,))
     study.enqueue_trial({"x": 0.5})
     study.ask()
