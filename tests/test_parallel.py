@@ -184,6 +184,30 @@ def test_a_worker_joins_over_a_journal_file_and_a_killed_one_loses_nothing(cnn_p
     joined_search(cnn_path, tmp_path, f"journal:{tmp_path / 'search.journal'}", "joined", 10)
 
 
+def test_a_retry_is_queued_by_the_process_that_failed_the_trial_until_it_is_gone(tmp_path: Path) -> None:
+    """A worker joining from another folder holds no other tuner's lock there (``alone``); it must
+    not queue the retry of a trial another live process has just failed and is about to queue."""
+    from gpt_optuna.study.recovery import recover_interrupted
+
+    study = optuna.create_study(storage=f"sqlite:///{tmp_path / 's.db'}", study_name="s")
+    trial = study.ask({"x": optuna.distributions.CategoricalDistribution(["a", "b"])})
+    failer = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "gpt_optuna"])
+    try:
+        trial.set_user_attr("owner", f"{socket.gethostname()}:{failer.pid}")
+        trial.set_user_attr("interrupted_by", f"{socket.gethostname()}:{failer.pid}")
+        trial.set_user_attr("interrupted", "the tuner was killed")
+        study.tell(trial, state=TrialState.FAIL)
+        assert recover_interrupted(study, alone=True) == []
+        assert study.get_trials(states=(TrialState.WAITING,)) == []  # the failer queues it
+    finally:
+        failer.kill()
+        failer.wait()
+    recover_interrupted(study)  # the failer died before it queued the retry
+    recover_interrupted(study, alone=True)
+    waiting = study.get_trials(states=(TrialState.WAITING,))
+    assert [(t.params, t.system_attrs["failed_trial"]) for t in waiting] == [(trial.params, trial.number)]
+
+
 def test_a_worker_with_another_model_or_no_search_is_refused(
     cnn_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -10,7 +10,6 @@ study is not built again: the trial copies the earlier result and names it in ``
 
 from __future__ import annotations
 
-import os
 import socket
 import time
 from collections.abc import Callable
@@ -31,11 +30,12 @@ from gpt_optuna.search.engines import KEPT_ENGINES, EngineKeeper
 from gpt_optuna.search.ledger import StudyLedger, key_of
 from gpt_optuna.search.sampling import FreshSampler
 from gpt_optuna.study.record import IO_CHANGE_ATTR, PROPOSED_ATTR
+from gpt_optuna.study.recovery import PROCESS
 from gpt_optuna.study.storage import one_transaction, set_trial_attrs
 from gpt_optuna.study.taxonomy import own_results
 
 HOST = socket.gethostname()
-OWNER = f"{HOST}:{os.getpid()}"
+OWNER = PROCESS
 """Which tuner process runs a trial, so a later run can tell a dead owner's trials apart."""
 
 

@@ -22,6 +22,9 @@ from gpt_optuna.study.taxonomy import (
 
 _MAX_RETRY = 3
 
+PROCESS = f"{socket.gethostname()}:{os.getpid()}"
+"""This process as a trial's ``owner`` and an interrupted trial's ``interrupted_by`` name it."""
+
 
 def retry_trial(study: optuna.Study, trial: FrozenTrial) -> None:
     """Enqueue an interrupted trial's candidate again, keeping the marks of why it was tried.
@@ -101,19 +104,34 @@ def no_tuner_runs_here(workdir: Path) -> bool:
 
 
 def _owner_is_dead(trial: FrozenTrial, alone: bool) -> bool:
-    """Whether the process that runs a RUNNING trial is gone: a dead process on this host, one
-    that no longer runs gpt-optuna (its number reused) while no tuner but this one runs here, or
-    none named long after the trial started. Owners on other hosts are the heartbeat's to judge."""
+    """Whether the process that runs a RUNNING trial is gone (:func:`_is_gone`), or none is named
+    long after the trial started."""
     owner = trial.user_attrs.get("owner")
     if not owner:
         started = trial.datetime_start
         return alone or started is not None and (datetime.datetime.now() - started).total_seconds() > ORPHAN_AFTER_S
-    host, _, pid = owner.rpartition(":")
+    return _is_gone(owner, alone)
+
+
+def _is_gone(process: str, alone: bool) -> bool:
+    """Whether ``process`` (``host:pid``) is gone: a dead process on this host, or one that no
+    longer runs gpt-optuna (its number reused) while no tuner but this one runs here. Processes on
+    other hosts are the heartbeat's to judge."""
+    host, _, pid = process.rpartition(":")
     if host != socket.gethostname():
         return False
     if not pid.isdigit() or int(pid) == os.getpid():
         return alone  # this process's own earlier run (in a notebook, say)
     return not _process_alive(int(pid)) or alone and not _runs_gpt_optuna(int(pid))
+
+
+def _failer_is_gone(trial: FrozenTrial, alone: bool) -> bool:
+    """Whether the process that failed an interrupted trial, and would queue its retry, is gone: a
+    kill between the two left the retry unqueued. A trial failed by the storage's heartbeat names
+    no such process: its retry is overdue only (:func:`_retry_overdue`)."""
+    attrs = trial.user_attrs
+    failer = attrs.get("interrupted_by") or ("interrupted" in attrs and attrs.get("owner"))
+    return bool(failer) and _is_gone(failer, alone)
 
 
 def _runs_gpt_optuna(pid: int) -> bool:
@@ -133,8 +151,10 @@ def has_orphans(running: Iterable[FrozenTrial]) -> bool:
 def recover_interrupted(study: optuna.Study, alone: bool = False) -> list[int]:
     """Fail the RUNNING trials whose tuner on this host is dead, and queue their candidates again;
     queue too any interrupted candidate whose retry a kill kept from being queued (a kill between
-    failing a trial and queueing its retry), once per candidate. ``alone``: no other tuner runs
-    on this host (see :func:`tuner_presence`).
+    failing a trial and queueing its retry), once per candidate: where the process that failed it
+    is gone, or long after. ``alone``: no other tuner runs on this host (see :func:`tuner_presence`);
+    a process that shares the study from another folder or host may still be about to queue a
+    retry it failed, so ``alone`` alone never queues one.
 
     Trials of a tuner on another host are left to the storage heartbeat.
     """
@@ -155,7 +175,7 @@ def recover_interrupted(study: optuna.Study, alone: bool = False) -> list[int]:
             and trial.number not in retried
             and key not in settled
             and trial.params
-            and (alone or trial.number in recovered or _retry_overdue(trial))
+            and (trial.number in recovered or _failer_is_gone(trial, alone) or _retry_overdue(trial))
         ):
             retry_trial(study, trial)
             settled.add(key)
@@ -166,6 +186,7 @@ def fail_as_interrupted(study: optuna.Study, trial: FrozenTrial, reason: str) ->
     """Fail a RUNNING trial whose candidate was not evaluated as interrupted (``reason``), so that
     its candidate is retried; false where another process ended the trial first."""
     try:
+        study._storage.set_trial_user_attr(trial._trial_id, "interrupted_by", PROCESS)
         study._storage.set_trial_user_attr(trial._trial_id, "interrupted", reason)
         study._storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)
     except optuna.exceptions.UpdateFinishedTrialError:
