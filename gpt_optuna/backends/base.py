@@ -207,6 +207,15 @@ class Backend(abc.ABC):
         self.build(model, candidate, workdir, shapes)
         return []
 
+    def baseline_values(self, path: Path) -> dict[str, Value]:
+        """The knobs (name -> value) of a user's own configuration file (``--baseline-config``), in
+        the engine's own terms; a UserError where the file says what no knob sets."""
+        raise UserError(f"backend {self.name!r} does not read --baseline-config files")
+
+    def fit_baseline(self, values: Mapping[str, Value], space: Space) -> dict[str, Value]:
+        """:meth:`baseline_values` for ``space``, where the engine offers a setting by another knob."""
+        return dict(values)
+
     def execution_providers(self) -> list[str]:
         """The execution providers of the engine that really start here, for an engine that has them."""
         return []

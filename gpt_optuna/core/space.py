@@ -330,9 +330,8 @@ class Space:
             values = tuple(given) if isinstance(given, list) else (given,)
             if not values:
                 raise UserError(f"[space] gives knob {knob.name!r} no values")
-            described = {v for k in self.knobs for c in k.conditions if c.parent == knob.name for v in c.values}
             for value in values:
-                _check_value(knob, value, described)
+                _check_value(knob, value, self._described(knob))
             if knob.default in values or knob.selects_engine:
                 default = knob.default if knob.default in values else values[0]
                 knobs.append(replace(knob, choices=values, default=default, searched=None))
@@ -340,19 +339,47 @@ class Space:
                 knobs.append(replace(knob, choices=(knob.default, *values), searched=values))
         return Space(knobs)
 
+    def _described(self, knob: Knob) -> set[Any]:
+        """Values of ``knob`` that other knobs are described for (their conditions name them)."""
+        return {v for k in self.knobs for c in k.conditions if c.parent == knob.name for v in c.values}
 
-def _check_value(knob: Knob, value: Value, described: set[Any]) -> None:
-    """A UserError where a ``[space]`` value cannot be the knob's: not of its type (true/false for a
-    switch, a number for a number), or, for a knob of names, not one it offers here nor one other
-    knobs are described for (the CPU provider on a GPU host, which is not searched by default)."""
+    def including(self, values: Mapping[str, Value], where: str) -> Space:
+        """The space with each of ``values`` (a user's own configuration) among its knob's choices:
+        a value the knob did not offer is added for that configuration alone, not searched."""
+        by_name = {k.name: k for k in self.knobs}
+        unknown = sorted(set(values) - by_name.keys())
+        if unknown:
+            raise UserError(f"{where} sets {unknown[0]}, which no knob of this search sets here")
+        knobs = []
+        for knob in self.knobs:
+            if knob.name in values:
+                value = _as_choice(knob, values[knob.name])
+                _check_value(knob, value, self._described(knob), where)
+                if value not in knob.choices:
+                    knob = replace(knob, choices=(*knob.choices, value), searched=knob.search_choices)
+            knobs.append(knob)
+        return Space(knobs)
+
+
+def _as_choice(knob: Knob, value: Value) -> Value:
+    """A switch's value given as 0 or 1 (ONNX Runtime's option strings) as false or true."""
+    switch = all(isinstance(c, bool) for c in knob.choices)
+    return bool(value) if switch and type(value) is int and value in (0, 1) else value
+
+
+def _check_value(knob: Knob, value: Value, described: set[Any], where: str = "[space]") -> None:
+    """A UserError where a ``[space]`` (or ``where``) value cannot be the knob's: not of its type
+    (true/false for a switch, a number for a number), or, for a knob of names, not one it offers
+    here nor one other knobs are described for (the CPU provider on a GPU host, which is not
+    searched by default)."""
     kinds = {type(c) for c in knob.choices}
     fits = type(value) in kinds or (type(value) is int and float in kinds)
     offered = ", ".join(_shown(c) for c in (*knob.choices, *sorted(described - set(knob.choices), key=str)))
     if kinds <= {str} and value not in knob.choices and value not in described and not knob.open_ended:
-        raise UserError(f"[space] {knob.name} = {_shown(value)}: not a value it offers here ({offered})")
+        raise UserError(f"{where} {knob.name} = {_shown(value)}: not a value it offers here ({offered})")
     if not fits:
         wanted = "true or false" if kinds == {bool} else "a number" if kinds & {int, float} else "one of its values"
-        raise UserError(f"[space] {knob.name} = {_shown(value)}: give {wanted} (it offers {offered})")
+        raise UserError(f"{where} {knob.name} = {_shown(value)}: give {wanted} (it offers {offered})")
 
 
 def _shown(value: Value) -> str:

@@ -21,9 +21,10 @@ from gpt_optuna.graph.model_cache import intact
 from gpt_optuna.graph.model_copy import copy_model, external_data_file
 from gpt_optuna.results.summary_text import headline
 from gpt_optuna.study.artifacts import artifact_folder, verified
-from gpt_optuna.study.record import IO_CHANGE_ATTR, StudyRecord, study_folder
+from gpt_optuna.study.record import IO_CHANGE_ATTR, YOURS_ATTR, StudyRecord, study_folder
 from gpt_optuna.study.summary import StudySummary, first_value
 from gpt_optuna.study.summary_record import study_summary, trial_by_number
+from gpt_optuna.study.taxonomy import measured_latency_ms
 
 
 def trial_model(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> Path:
@@ -115,6 +116,26 @@ def figures_record(summary: StudySummary, trial: FrozenTrial) -> dict[str, Any]:
         "search_latency_ms": first_value(trial),
         "winner": winner,
         "verdict": summary.verdict if winner or decided else None,
+        "your_configuration": versus_yours_record(summary, trial),
+    }
+
+
+def versus_yours_record(summary: StudySummary, trial: FrozenTrial) -> dict[str, Any] | None:
+    """The trial beside the user's own configuration (``--baseline-config``), None without one."""
+    yours = summary.yours
+    if yours is None:
+        return None
+    figures = summary.versus_yours(trial)
+    return {
+        "trial": yours.number,
+        "file": yours.user_attrs.get(YOURS_ATTR),
+        "params": dict(yours.params),
+        "is_this_trial": trial.number == yours.number,
+        "measurement": figures.measurement if figures is not None else None,
+        "latency_ms": figures.baseline_ms if figures is not None else measured_latency_ms(yours),
+        "speedup": figures.speedup if figures is not None else None,
+        "speedup_ci95": list(figures.ci) if figures is not None and figures.ci is not None else None,
+        "faster": summary.beats_yours(trial),
     }
 
 

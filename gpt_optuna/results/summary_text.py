@@ -5,10 +5,13 @@ from __future__ import annotations
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
+from optuna.trial import TrialState
+
 from gpt_optuna.graph.interface import describe_changes
 from gpt_optuna.study.evidence import WORTHWHILE
-from gpt_optuna.study.record import source_study
+from gpt_optuna.study.record import YOURS_ATTR, source_study
 from gpt_optuna.study.summary import first_value
+from gpt_optuna.study.taxonomy import measured_latency_ms
 
 if TYPE_CHECKING:
     from gpt_optuna.study.summary import Figures, StudySummary
@@ -56,7 +59,35 @@ def _interval(figures: Figures) -> str:
 
 def headline(summary: StudySummary) -> str:
     """The study's verdict in one line, said first by every reader: whether the winner is really
-    faster than the baseline, in which measurement, by how much."""
+    faster than the baseline, in which measurement, by how much; and where the user gave their
+    own configuration, the same against it, and what to deploy."""
+    return _against_defaults(summary) + versus_yours(summary)
+
+
+def versus_yours(summary: StudySummary) -> str:
+    """The verdict's part about the user's own configuration (empty without one)."""
+    yours, winner = summary.yours, summary.best
+    if yours is None or winner is None:
+        return ""
+    named = f"your configuration ({yours.user_attrs.get(YOURS_ATTR)}, trial {yours.number})"
+    if summary.baseline is not None and yours.number == summary.baseline.number:
+        return f"; {named} is the engine's defaults: the baseline"
+    if yours.state is not TrialState.COMPLETE:
+        return f"; {named} did not meet the accuracy criterion: {yours.user_attrs.get('infeasible', 'it failed')}"
+    if winner.number == yours.number:
+        return f"; the winner is {named}: nothing the search found beat it"
+    figures = summary.versus_yours(winner)
+    if figures is None or figures.speedup is None:
+        return f"; {named} has no latency to compare with"
+    measured = f"trial {winner.number} is {figures.speedup:.3f}x {named}{_interval(figures)}"
+    against = f"{figures.latency_ms:.4g} ms against {figures.baseline_ms:.4g} ms, {figures.measurement}"
+    decided = summary.decided
+    if decided is not None and decided.number == yours.number:
+        return f"; {measured} ({against}): not shown faster than what you run; keep your configuration"
+    return f"; {measured} ({against})"
+
+
+def _against_defaults(summary: StudySummary) -> str:
     winner, verdict = summary.winner, summary.verdict
     if verdict == "dry_run":
         return "dry run: builds only, no latency measured" + (
@@ -200,6 +231,7 @@ def format_verdict(summary: StudySummary) -> list[str]:
         lines = [f"baseline (trial {summary.baseline.number}): no value ({summary.baseline.state.name.lower()})"]
     else:
         lines = [f"baseline (trial {summary.baseline.number}): {base:.4g} {unit} ({which})"]
+    lines += _yours_line(summary)
     if summary.best is None or best is None:
         return [*lines, "best: no feasible trial yet"]
     if summary.baseline_wins and summary.measurement != "search":
@@ -217,6 +249,19 @@ def format_verdict(summary: StudySummary) -> list[str]:
     return lines + format_interface(summary)
 
 
+def _yours_line(summary: StudySummary) -> list[str]:
+    """The user's own configuration's latency, in the measurement that judges the winner."""
+    yours = summary.yours
+    if yours is None or summary.baseline is not None and yours.number == summary.baseline.number:
+        return []
+    record = (summary.confirmed or {}).get("yours") or {}
+    latency, which = (record["median_ms"], summary.measurement) if record else (measured_latency_ms(yours), "search")
+    shown = (
+        f"{latency:.4g} {summary.unit} ({which})" if latency is not None else f"no value ({yours.state.name.lower()})"
+    )
+    return [f"your configuration (trial {yours.number}, {yours.user_attrs.get(YOURS_ATTR)}): {shown}"]
+
+
 def format_confirmed(summary: StudySummary) -> list[str]:
     """The finalists' interleaved re-measurement, and what it says of the winner."""
     confirmed = summary.confirmed or {}
@@ -232,6 +277,12 @@ def format_confirmed(summary: StudySummary) -> list[str]:
             f"  trial {row['number']}: {_ms(row)}, speedup {row['speedup']:.3f}x "
             f"[95% CI {row['ci_low']:.3f}-{row['ci_high']:.3f}]"
         )
+    yours = confirmed.get("yours")
+    if yours:
+        against = ", ".join(
+            f"trial {r['number']} {r['speedup']:.3f}x [{r['ci_low']:.3f}-{r['ci_high']:.3f}]" for r in yours["versus"]
+        )
+        lines.append(f"  against your configuration (trial {yours['number']}, {yours['median_ms']:.4g} ms): {against}")
     if confirmed.get("stopped"):
         lines.append(f"  the re-measurement ended early ({confirmed['stopped']}): these figures are what it measured")
     spread = max(max(_per_process(r)) / min(_per_process(r)) for r in [base, *confirmed["ranking"]])

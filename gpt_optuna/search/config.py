@@ -123,6 +123,10 @@ class TuneConfig:
     """At most this many samples of --inputs are used."""
     metric: str | None = None
     """A user metric function, ``module:function`` or ``script.py:function``."""
+    baseline_config: Path | None = None
+    """The user's own configuration, measured beside the engine's defaults (``--baseline-config``)."""
+    baseline_values: dict[str, Value] | None = None
+    """The knobs ``baseline_config`` sets, as the backend read them."""
     seeds: list[tuple[dict[str, Value], str]] = field(default_factory=list)
     """Configurations tried right after the baseline (fitted to the space), each with why."""
     workers: int | None = None

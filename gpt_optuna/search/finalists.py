@@ -34,9 +34,9 @@ from gpt_optuna.evaluation.jobs import EvaluateJob
 from gpt_optuna.evaluation.measure import BLOCK, MIN_ROUNDS, ROUNDS, ROUNDS_BUDGET_S, MeasureSettings
 from gpt_optuna.evaluation.worker import FailureKind, JobFailure, Worker
 from gpt_optuna.study.artifacts import INPUTS_FILE, REFERENCE_FILE
-from gpt_optuna.study.evidence import LEVEL, judge, speedups
+from gpt_optuna.study.evidence import LEVEL, Speedup, judge, speedups
 from gpt_optuna.study.record import CONFIRMED_ATTR, StudyRecord
-from gpt_optuna.study.taxonomy import baseline_trial, measured_latency_ms, search_ranking
+from gpt_optuna.study.taxonomy import baseline_trial, measured_latency_ms, search_ranking, your_trial
 
 WORKER_START_S = 5.0
 """A fresh worker process's start and library load, in the estimate of a process's time where it
@@ -94,11 +94,16 @@ def finalists(study: optuna.Study, top: int) -> tuple[FrozenTrial | None, list[F
     return baseline, best
 
 
-def summarize_rounds(numbers: list[int], medians: np.ndarray, processes: np.ndarray) -> dict[str, Any]:
-    """Ranking and speedups (column 0 is the baseline) from the per-round medians and the process
-    each round ran in: the record the study keeps (:data:`CONFIRMED_ATTR`)."""
-    found = speedups(medians, processes)
-    rows = [
+def with_yours(trials: list[FrozenTrial], study: optuna.Study) -> list[FrozenTrial]:
+    """``trials`` (the baseline and finalists) and the user's own configuration after them, where
+    the study has one with a measured latency that is not among them."""
+    yours = your_trial(study.get_trials(deepcopy=False))
+    measured = yours is not None and "latency" in yours.user_attrs
+    return [*trials, yours] if measured and yours.number not in {t.number for t in trials} else trials
+
+
+def _rows(numbers: list[int], found: list[Speedup]) -> list[dict[str, Any]]:
+    return [
         {
             "number": number,
             "median_ms": s.latency_ms,
@@ -111,14 +116,32 @@ def summarize_rounds(numbers: list[int], medians: np.ndarray, processes: np.ndar
         }
         for number, s in zip(numbers, found, strict=True)
     ]
-    return {
+
+
+def summarize_rounds(
+    numbers: list[int], medians: np.ndarray, processes: np.ndarray, yours: int | None = None, extra: bool = False
+) -> dict[str, Any]:
+    """Ranking and speedups (column 0 is the baseline) from the per-round medians and the process
+    each round ran in: the record the study keeps (:data:`CONFIRMED_ATTR`). Where the user's own
+    configuration (trial ``yours``) was re-measured, every other one's speedup over it too
+    (``yours``); ``extra``: it was not a finalist (the last column), so it is not ranked."""
+    found = speedups(medians, processes)
+    rows = _rows(numbers, found)
+    ranked = rows[1:-1] if extra else rows[1:]
+    result = {
         "baseline": rows[0],
-        "ranking": sorted(rows[1:], key=lambda row: -row["speedup"]),
+        "ranking": sorted(ranked, key=lambda row: -row["speedup"]),
         "rounds": len(medians),
         "processes": found[0].processes,
         "level": LEVEL,
-        "finalists": list(numbers[1:]),
+        "finalists": [row["number"] for row in ranked],
     }
+    if yours is not None and yours != numbers[0]:
+        column = numbers.index(yours)
+        order = [column, *[i for i in range(len(numbers)) if i != column]]
+        versus = _rows([numbers[i] for i in order], speedups(medians[:, order], processes))
+        result["yours"] = {"number": yours, "median_ms": versus[0]["median_ms"], "versus": versus[1:]}
+    return result
 
 
 class _Rounds:
@@ -265,7 +288,7 @@ def confirm(
     baseline, best = finalists(study, top)
     if baseline is None or not best:
         return None
-    trials = [baseline, *best]
+    trials = with_yours([baseline, *best], study)
     evaluations = [replace(template, candidate=dict(t.params)) for t in trials]
     expected = process_seconds(trials, template.settings, start_s)
     quiet = quiet_seconds(trials, template.settings)
@@ -274,7 +297,11 @@ def confirm(
         measured = interleave(evaluations, worker_log, processes, say, expected, quiet, env, deadline, rounds)
     except Stopped as exc:
         stop, measured = exc, exc.measured
-    result = summarize_rounds([t.number for t in trials], measured.medians, measured.processes)
+    yours = your_trial(study.get_trials(deepcopy=False))
+    numbers = [t.number for t in trials]
+    mine = yours.number if yours is not None and yours.number in numbers else None
+    extra = len(trials) > len(best) + 1
+    result = summarize_rounds(numbers, measured.medians, measured.processes, mine, extra)
     result |= {"planned_processes": processes, "stopped": measured.stopped}
     study.set_user_attr(CONFIRMED_ATTR, result)
     if stop is not None:

@@ -178,6 +178,14 @@ OPTIONS: tuple[Option, ...] = (
         {"choices": SAMPLERS},
     ),
     Option("--seed", "seed", INT, "sampler seed"),
+    Option(
+        "--baseline-config",
+        "baseline_config",
+        FILE,
+        "your own configuration, measured beside the engine's defaults and named in the verdict: ONNX Runtime"
+        " providers, session_options and session_config_entries (TOML or JSON, an export's side file too);"
+        " trtexec flags for TensorRT",
+    ),
     Option("--config", None, TEXT, "tune.toml with the same keys, plus [measure] and [space] tables"),
     Option("--dry-run", "dry_run", FLAG, "build every candidate without running it; the value is the build time"),
     Option(

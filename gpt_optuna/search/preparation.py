@@ -267,6 +267,7 @@ def run_identity(config: TuneConfig, inputs: Inputs) -> dict[str, Any]:
         "objective": "build_s" if config.dry_run else "latency_ms",
         "objectives": list(config.objectives),
         "allow_io_change": config.allow_io_change,
+        "your_configuration": config.baseline_values,
     }
 
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import optuna
 
 from gpt_optuna.evaluation.measure import MeasureSettings
-from gpt_optuna.search.finalists import WORKER_START_S, finalists, process_seconds
+from gpt_optuna.search.finalists import WORKER_START_S, finalists, process_seconds, with_yours
 
 CONFIRM_SHARE = 0.25
 """At most this share of ``--timeout`` is kept for the finalists' re-measurement."""
@@ -57,7 +57,7 @@ def plan_confirmation(
         return None
     for count in range(processes, 0, -1):
         for k in range(len(best), 0, -1):
-            seconds = process_seconds([baseline, *best[:k]], settings, start_s)
+            seconds = process_seconds(with_yours([baseline, *best[:k]], study), settings, start_s)
             if left_s is None or count * seconds <= left_s:
                 return ConfirmPlan(k, count, seconds)
     return None

@@ -49,8 +49,9 @@ from gpt_optuna.search.time_budget import (
     refresh_s,
 )
 from gpt_optuna.search.transfer import TransferQueue
+from gpt_optuna.search.your_configuration import your_candidate
 from gpt_optuna.study.artifacts import artifact_folder, publish
-from gpt_optuna.study.record import FOLDER_ATTR, HOST_ATTR, MEASURE_ATTR, SEARCH_ATTR, SPACE_ATTR, STUDIES
+from gpt_optuna.study.record import FOLDER_ATTR, HOST_ATTR, MEASURE_ATTR, SEARCH_ATTR, SPACE_ATTR, STUDIES, YOURS_ATTR
 from gpt_optuna.study.recovery import recover_interrupted
 from gpt_optuna.study.resume import open_study, recorded_fingerprint, recorded_folder
 from gpt_optuna.study.storage import open_storage, storage_file
@@ -109,6 +110,8 @@ def _tune(config: TuneConfig, progress: Progress) -> TuneEnd:
     phases = Phases()
     notes: list[str] = []
     engine = check_run(config)
+    if config.baseline_config is not None:
+        config = replace(config, baseline_values=engine.baseline_values(config.baseline_config))
     host = look()  # before this run's own workers start
     phases.begin("preparing")
     inputs = load_inputs(config, notes)
@@ -125,10 +128,16 @@ def _tune(config: TuneConfig, progress: Progress) -> TuneEnd:
         start_s = started_in(first, config.backend)  # what each finalists' process will cost to start
         with warming(others, config.backend) as names:  # the others start while the first finds the space
             prepared = prepare(config, first, inputs, notes, progress.note)
+        yours = None
+        if config.baseline_values is not None:
+            assert config.baseline_config is not None
+            where = f"--baseline-config {config.baseline_config.name}"
+            space, yours = your_candidate(prepared.space, config.baseline_values, engine, where, notes)
+            prepared = replace(prepared, space=space)
         lanes = session.place([prepared.versions.get("gpu", "none"), *names], engine.runs_on_cpu(prepared.space))
         sampler = make_sampler(config.sampler, config.seed, prepared.space)
         seeds, warm = first_candidates(
-            config, prepared.space, prepared.profile, engine, storage, lanes[0].device, notes
+            config, prepared.space, prepared.profile, engine, storage, lanes[0].device, notes, yours
         )
         study, resumed = open_study(
             storage,
@@ -287,16 +296,23 @@ def first_candidates(
     storage: optuna.storages.BaseStorage,
     device: str,
     notes: list[str],
+    yours: Candidate | None = None,
 ) -> tuple[list[tuple[Candidate, dict[str, str]]], WarmStart]:
-    """What a new study tries right after its baseline: the configurations given (``config.seeds``)
-    and every speed feature on (unless ``--no-seeds``), with the user attrs that say why, queued
+    """What a new study tries right after its baseline: the user's own configuration (``yours``,
+    from ``--baseline-config``), the configurations given (``config.seeds``) and every speed
+    feature on (unless ``--no-seeds``), each once, with the user attrs that say why, queued
     with the baseline; then the best of the ``--warm-start`` studies, as many from each as its
     model's likeness to this one (``profile``) earns, ranked, each with where it came from (queued
     one at a time by :class:`TransferQueue`)."""
-    seeds = [(space.fitted(values), {"seeded": why}) for values, why in config.seeds]
+    seeds: list[tuple[Candidate, dict[str, str]]] = []
+    if yours is not None:
+        assert config.baseline_config is not None
+        seeds.append((yours, {"seeded": "your configuration", YOURS_ATTR: config.baseline_config.name}))
+    seeds += [(space.fitted(values), {"seeded": why}) for values, why in config.seeds]
     speed = None if config.no_seeds else speed_seed(space, backend)
     if speed is not None:
         seeds.append((speed, {"seeded": "every speed feature on"}))
+    seeds = [(c, why) for i, (c, why) in enumerate(seeds) if all(c != earlier for earlier, _ in seeds[:i])]
     if not config.warm_start:
         return seeds, WarmStart([], {}, {}, {})
     assert config.study_name is not None
@@ -347,7 +363,8 @@ def confirm_finalists(
     if plan is None:
         return "" if left is None else "no time left before --timeout to re-measure the finalists"
     progress.note(
-        f"re-measuring the {plan.top} best candidates and the baseline, interleaved, in {plan.processes} fresh"
+        f"re-measuring the {plan.top} best candidates and the baseline"
+        f"{' (and your configuration)' if config.baseline_config else ''}, interleaved, in {plan.processes} fresh"
         f" process{'es' if plan.processes > 1 else ''} (about {plan.total_s:.0f} s) ..."
     )
     try:

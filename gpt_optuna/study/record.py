@@ -41,7 +41,9 @@ DATA_ATTR = "shared_data"
 
 WARM_START_ATTR = "warm_start_from"
 """Trial user attr: the earlier trial (``STUDY:TRIAL``) a warm-start candidate came from."""
-WHY_TRIED = ("baseline", "seeded", WARM_START_ATTR)
+YOURS_ATTR = "your_configuration"
+"""On the trial of the user's own configuration (``--baseline-config``): the file it was read from."""
+WHY_TRIED = ("baseline", "seeded", WARM_START_ATTR, YOURS_ATTR)
 """The trial user attrs that say why a candidate was tried: a retry keeps them."""
 PROPOSED_ATTR = "proposed_by"
 """Trial user attr: where the sampler's candidate came from (its wrapped sampler, a neighbour, the

@@ -9,7 +9,7 @@ from typing import Any
 import optuna
 
 from gpt_optuna.core.errors import UserError
-from gpt_optuna.study.record import FINGERPRINT_ATTR, FOLDER_ATTR
+from gpt_optuna.study.record import FINGERPRINT_ATTR, FOLDER_ATTR, YOURS_ATTR
 
 
 def fingerprint_differences(stored: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
@@ -21,6 +21,7 @@ def fingerprint_differences(stored: Mapping[str, Any], current: Mapping[str, Any
         "metric": "the user metric function (--metric)",
         "inputs_sha256": "the input data",
         "shapes": "the input shapes",
+        "your_configuration": "your configuration (--baseline-config)",
         "space": "the search space",
         "objective": "the objective (--dry-run)",
         "objectives": "the objectives (--objectives)",
@@ -76,7 +77,8 @@ def open_study(
         if study.trials:
             raise UserError(f"study {name!r} exists but was not made by gpt-optuna; choose another --study-name")
         study.set_user_attr(FINGERPRINT_ATTR, fingerprint)
-        study.enqueue_trial(baseline, user_attrs={"baseline": True})
+        yours = {k: v for seed, attrs in seeds if seed == baseline for k, v in attrs.items() if k == YOURS_ATTR}
+        study.enqueue_trial(baseline, user_attrs={"baseline": True} | yours)
         for seed, attrs in seeds:
             if seed != baseline:
                 study.enqueue_trial(seed, user_attrs=attrs)

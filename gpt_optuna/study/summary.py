@@ -31,6 +31,7 @@ from gpt_optuna.study.taxonomy import (
     retried_numbers,
     search_ranking,
     trial_status,
+    your_trial,
 )
 
 
@@ -123,6 +124,8 @@ class StudySummary:
     it was measured on."""
     host_warnings: tuple[str, ...] = ()
     """What the look at the host before the search found (load, other GPU work, clocks)."""
+    yours: FrozenTrial | None = None
+    """The trial of the user's own configuration (``--baseline-config``), where there is one."""
 
     @property
     def unit(self) -> str:
@@ -149,6 +152,35 @@ class StudySummary:
         ci = (float(row["ci_low"]), float(row["ci_high"])) if "ci_low" in row else None
         each = tuple(float(v) for v in row.get("process_ms", []))
         return Figures(trial.number, self.confirmed_measurement, float(row["median_ms"]), base, ci, each)
+
+    def versus_yours(self, trial: FrozenTrial) -> Figures | None:
+        """The trial's figures beside the user's own configuration's (``baseline_ms`` is theirs),
+        from the confirmation where it re-measured both, else the search's; None without one, or
+        where either has no latency."""
+        if self.yours is None or trial.number == self.yours.number:
+            return None
+        if self.baseline is not None and self.yours.number == self.baseline.number:
+            return self.figures(trial)
+        record = (self.confirmed or {}).get("yours") or {}
+        row = next((r for r in record.get("versus", []) if r["number"] == trial.number), None)
+        if row is not None:
+            ci = (float(row["ci_low"]), float(row["ci_high"]))
+            each = tuple(float(v) for v in row.get("process_ms", []))
+            return Figures(trial.number, self.confirmed_measurement, row["median_ms"], record["median_ms"], ci, each)
+        latency, theirs = measured_latency_ms(trial), measured_latency_ms(self.yours)
+        if latency is None or theirs is None:
+            return None
+        return Figures(trial.number, "search", latency, theirs)
+
+    def beats_yours(self, trial: FrozenTrial) -> bool:
+        """Whether ``trial`` is faster than the user's own configuration by the study's evidence:
+        beyond the confirmation's interval where it re-measured both, else in the search."""
+        figures = self.versus_yours(trial)
+        if figures is None or figures.speedup is None:
+            return False
+        if figures.ci is None:
+            return figures.measurement == "search" and figures.speedup > 1.0
+        return judge(figures.ci[0], figures.ci[1], int((self.confirmed or {}).get("processes", 1))) == "faster"
 
     @property
     def confirmed_measurement(self) -> str:
@@ -217,8 +249,13 @@ class StudySummary:
     @property
     def decided(self) -> FrozenTrial | None:
         """The trial the study recommends deploying: the baseline where the verdict keeps the
-        default configuration, else the winner (None before any feasible trial)."""
-        return self.baseline if self.keeps_default and self.baseline is not None else self.best
+        default configuration, else the winner (None before any feasible trial); where the user
+        gave their own configuration, theirs unless that one is shown faster than it."""
+        decided = self.baseline if self.keeps_default and self.baseline is not None else self.best
+        feasible = self.yours is not None and self.yours.state is TrialState.COMPLETE
+        if not feasible or decided is None or self.beats_yours(decided):
+            return decided
+        return self.yours
 
     @property
     def io_changes(self) -> dict[str, dict[str, list[str]]]:
@@ -301,4 +338,5 @@ def summarize_study(study: optuna.Study) -> StudySummary:
         stale_confirmation=stale,
         host_tuned=tuple(host_tuned(study, best, baseline)),
         host_warnings=tuple((study.user_attrs.get(HOST_ATTR) or {}).get("warnings", [])),
+        yours=your_trial(trials),
     )

@@ -45,6 +45,7 @@ def summary_record(study: optuna.Study, summary: StudySummary) -> dict[str, Any]
         "stale_confirmation": summary.stale_confirmation,
         "host_tuned": [list(h) for h in summary.host_tuned],
         "host_warnings": list(summary.host_warnings),
+        "yours": None if summary.yours is None else summary.yours.number,
     }
 
 
@@ -83,6 +84,7 @@ def recorded_summary(study: optuna.Study) -> StudySummary | None:
         stale_confirmation=record["stale_confirmation"],
         host_tuned=tuple((str(k), v, str(why)) for k, v, why in record["host_tuned"]),
         host_warnings=tuple(record["host_warnings"]),
+        yours=trial_by_number(study, record.get("yours")),
     )
 
 

@@ -7,6 +7,8 @@ from collections import Counter
 
 from optuna.trial import FrozenTrial, TrialState
 
+from gpt_optuna.study.record import YOURS_ATTR
+
 
 def retried_numbers(trials: list[FrozenTrial]) -> set[int]:
     """Trials whose candidate was queued again because they were interrupted (by Ctrl-C, a killed
@@ -42,6 +44,13 @@ def baseline_trial(trials: list[FrozenTrial]) -> FrozenTrial | None:
     own = [t for t in own_results(trials) if t.user_attrs.get("baseline")]
     measured = (t for t in own if t.state is TrialState.COMPLETE or "latency" in t.user_attrs)
     return next(measured, own[0] if own else None)
+
+
+def your_trial(trials: list[FrozenTrial]) -> FrozenTrial | None:
+    """The trial of the user's own configuration (``--baseline-config``) that holds its own result
+    (the baseline, where that configuration is the engine's defaults); None without one."""
+    retried = retried_numbers(trials)
+    return next((t for t in trials if YOURS_ATTR in t.user_attrs and has_own_result(t, retried)), None)
 
 
 def search_ranking(trials: list[FrozenTrial]) -> list[FrozenTrial]:

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from gpt_optuna.backends.base import CANNOT_RUN, Backend, BuildError, Built, KnobLimit, Runner, import_cupy
+from gpt_optuna.backends.onnxruntime import user_settings
 from gpt_optuna.backends.onnxruntime.knobs import (
     applicable_cuda_options,
     discover_knobs,
@@ -41,7 +42,7 @@ from gpt_optuna.backends.onnxruntime.settings import (
     usable_providers,
 )
 from gpt_optuna.core.errors import MissingDependencyError
-from gpt_optuna.core.space import Candidate, Space
+from gpt_optuna.core.space import Candidate, Space, Value
 from gpt_optuna.graph.feeds import synthetic_feeds
 from gpt_optuna.graph.model import Feeds, ModelInfo, ShapeRange
 
@@ -91,6 +92,9 @@ class OnnxRuntimeBackend(Backend):
 
     def execution_providers(self) -> list[str]:
         return usable_providers()
+
+    def baseline_values(self, path: Path) -> dict[str, Value]:
+        return user_settings.knob_values(user_settings.read_settings(path), f"--baseline-config {path.name}")
 
     def space(self, model: ModelInfo, shapes: dict[str, ShapeRange]) -> Space:
         ort = ort_module()

@@ -12,6 +12,7 @@ import hashlib
 import importlib
 import importlib.util
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType, ModuleType
@@ -20,9 +21,10 @@ from typing import Any
 import numpy as np
 
 from gpt_optuna.backends.base import Backend, BuildError, Built, KnobLimit, Runner, import_cupy
+from gpt_optuna.backends.tensorrt import trtexec_flags
 from gpt_optuna.backends.tensorrt.knobs import RouteKnob, configure, discover_knobs, parse_build_routes, route_string
 from gpt_optuna.core.errors import MissingDependencyError
-from gpt_optuna.core.space import Candidate, Space
+from gpt_optuna.core.space import Candidate, Space, Value
 from gpt_optuna.graph.constant_folding import folded
 from gpt_optuna.graph.model import Feeds, ModelInfo, ShapeRange
 
@@ -118,6 +120,12 @@ class TensorRTBackend(Backend):
             else:
                 raise MissingDependencyError(self.library, self.extra)
         return self._trt
+
+    def baseline_values(self, path: Path) -> dict[str, Value]:
+        return trtexec_flags.knob_values(trtexec_flags.read_flags(path), f"--baseline-config {path.name}")
+
+    def fit_baseline(self, values: Mapping[str, Value], space: Space) -> dict[str, Value]:
+        return trtexec_flags.fitted_to(dict(values), {k.name for k in space.knobs})
 
     def versions(self) -> dict[str, str]:
         return {self.modules[0]: str(getattr(self.trt, "__version__", "unknown"))}
