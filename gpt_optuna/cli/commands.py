@@ -151,6 +151,28 @@ def _confirm(args: argparse.Namespace, study: Any) -> int:
     return 0
 
 
+def _compare(args: argparse.Namespace, study: Any) -> int:
+    from gpt_optuna.api.compare import compare
+    from gpt_optuna.core import interrupts
+    from gpt_optuna.search.options import parse_duration
+
+    timeout = parse_duration(args.timeout) if args.timeout else None
+    say = (lambda _: None) if args.json else (lambda text: print(text, flush=True))
+    with interrupts.handled():
+        found = compare(study.study, args.a, args.b, args.processes, args.rounds, timeout, say)
+    print(json.dumps(found.to_dict()) if args.json else "\n".join(found.lines()))
+    return 0
+
+
+def _profile(args: argparse.Namespace, study: Any) -> int:
+    from gpt_optuna.api.profile import profile
+
+    say = (lambda _: None) if args.json else (lambda text: print(text, flush=True))
+    found = profile(study.study, args.trial, args.runs, say)
+    print(json.dumps(found.to_dict()) if args.json else "\n".join(found.lines()))
+    return 0
+
+
 def _status(_: argparse.Namespace, study: Any) -> int:
     print(study)
     size, files, folder = study.disk_used()
@@ -187,6 +209,8 @@ STUDY_COMMANDS: dict[str, Callable[[argparse.Namespace, Any], int]] = {
     "report": _report,
     "export": _export,
     "confirm": _confirm,
+    "compare": _compare,
+    "profile": _profile,
     "status": _status,
     "best": _best,
 }

@@ -79,6 +79,29 @@ def build_parser() -> argparse.ArgumentParser:
         " measured is kept (default: none; a process that says nothing for long is stopped as hung)",
     )
 
+    compare = commands.add_parser(
+        "compare", help="two trials, models or exports of a study on its inputs, timed interleaved: one verdict"
+    )
+    compare.add_argument("a", help="A: a trial number, baseline, yours (tune --baseline-config), or an ONNX model")
+    compare.add_argument("b", help="B: the same kinds; the verdict is B's speedup over A")
+    _add(compare, "storage", "study_name")
+    compare.add_argument("--processes", type=int, default=5, help="fresh processes to time in (default 5)")
+    compare.add_argument(
+        "--rounds", type=int, default=ROUNDS, help=f"interleaved rounds in each process (default {ROUNDS})"
+    )
+    compare.add_argument("--timeout", help="bound the timing, e.g. 10m; what was measured is kept")
+    compare.add_argument("--json", action="store_true", help="the comparison as JSON")
+
+    profile = commands.add_parser(
+        "profile", help="a trial's time per operator type and node beside the baseline's (ONNX Runtime's profiler)"
+    )
+    profile.add_argument(
+        "trial", nargs="?", help="a trial number, baseline or yours (default: the study's decided one)"
+    )
+    _add(profile, "storage", "study_name")
+    profile.add_argument("--runs", type=int, default=50, help="runs profiled for each (default 50)")
+    profile.add_argument("--json", action="store_true", help="the profile as JSON")
+
     check = commands.add_parser(
         "check",
         help="CI gate: the model against a record written by export (exit 0 pass, 1 regression, 5 not decided)",

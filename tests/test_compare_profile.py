@@ -1,0 +1,61 @@
+"""compare and profile on a real ONNX Runtime study: two sides timed interleaved in fresh processes
+with one verdict, and where a trial's time goes per operator beside the baseline's."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from conftest import synthetic_config, tune
+
+from gpt_optuna.cli import main
+
+STORAGE = ["--storage", "sqlite:///studies/cnn-onnxruntime.db"]
+
+
+@pytest.fixture
+def searched(cnn_path: Path, tmp_path: Path) -> Path:
+    config = synthetic_config(tmp_path, 'precision = "fp32"')
+    assert tune(str(cnn_path), "--config", str(config), "--n-trials", "3", "--confirm-top", "0") == 0
+    return cnn_path
+
+
+def test_compare_times_two_sides_interleaved_and_checks_their_outputs(
+    searched: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    capsys.readouterr()
+    assert main(["compare", "baseline", "2", *STORAGE, "--processes", "2", "--rounds", "3", "--json"]) == 0
+    found = json.loads(capsys.readouterr().out)
+    assert found["a"] == "trial 0" and found["b"] == "trial 2" and found["processes"] == 2
+    assert found["verdict"] in ("faster", "baseline", "inconclusive", "not_significant")
+    low, high = found["speedup_ci95"]
+    assert low <= found["speedup"] <= high
+    assert found["speedup"] == pytest.approx(found["a_latency_ms"] / found["b_latency_ms"])
+    assert [a["feasible"] for a in found["accuracy"]] == [True, True]
+
+    assert main(["compare", "1", str(searched), *STORAGE, "--processes", "1", "--rounds", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "B: cnn.onnx (the engine's defaults)" in out and "verdict: indicative (one process)" in out
+    assert "B outputs: meet the study's criterion" in out
+
+    assert main(["compare", "0", "12", *STORAGE]) == 2
+    assert "has no trial 12 (it has 3)" in capsys.readouterr().err
+    assert main(["compare", "0", "nowhere.onnx", *STORAGE]) == 2
+    assert "give a trial number, baseline, yours, or an ONNX model file" in capsys.readouterr().err
+
+
+def test_profile_lists_operator_times_beside_the_baseline(searched: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    capsys.readouterr()
+    assert main(["profile", "1", *STORAGE, "--runs", "5", "--json"]) == 0
+    found = json.loads(capsys.readouterr().out)
+    assert found["trial"] == "trial 1" and found["baseline"] == "trial 0" and found["runs"] == 5
+    ops = {row["op_type"] for row in found["by_op_type"]}
+    assert "Conv" in ops or "FusedConv" in ops
+    assert all(n["median_ms"] >= 0 and n["provider"] == "CPUExecutionProvider" for n in found["trial_nodes"])
+    assert sum(r["trial_ms"] for r in found["by_op_type"]) == pytest.approx(
+        sum(n["median_ms"] for n in found["trial_nodes"])
+    )
+    assert Path("studies/cnn-onnxruntime/profile-1.json").is_file()
+    assert main(["profile", "best.onnx", *STORAGE]) == 2
+    assert "profile takes a trial number, baseline or yours" in capsys.readouterr().err
