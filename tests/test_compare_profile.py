@@ -57,5 +57,7 @@ def test_profile_lists_operator_times_beside_the_baseline(searched: Path, capsys
         sum(n["median_ms"] for n in found["trial_nodes"])
     )
     assert Path("studies/cnn-onnxruntime/profile-1.json").is_file()
+    assert main(["report", *STORAGE, "-o", "report.html"]) == 0
+    assert "Where the time goes: trial 1 against the baseline (median of 5 runs)" in Path("report.html").read_text()
     assert main(["profile", "best.onnx", *STORAGE]) == 2
     assert "profile takes a trial number, baseline or yours" in capsys.readouterr().err

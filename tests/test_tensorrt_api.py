@@ -256,3 +256,28 @@ def test_weak_typing_flags_only_apply_while_the_graph_stays_fp32(cnn_path: Path,
     assert "flag.FP16" not in fp16_graph and "keep_io_fp32" not in knobs  # the model's I/O dtypes stay
     assert "flag.FP16" in configuration(space, {"precision": "fp32"})
     assert knobs["flag.TF32"].condition is None
+
+
+def test_layer_times_come_from_the_profiler_with_the_onnx_operators_of_each_layer(
+    fake_cupy: FakeCuPy, cnn_path: Path, tmp_path: Path
+) -> None:
+    import onnx
+
+    nodes = onnx.load(str(cnn_path)).graph.node
+    conv, relu = (next(n.output[0] for n in nodes if n.op_type == op) for op in ("Conv", "Relu"))
+    for version in VERSIONS:
+        fake = FakeTensorRT(version)
+        fake.layers = [(f"node_of_{conv} + node_of_{relu}", 0.25), ("Reformatting CopyNode for Output Tensor 0", 0.01)]
+        info, space = space_of(fake, cnn_path)
+        graph = (
+            {"runtime.cuda_graph_strategy": "WHOLE_GRAPH_CAPTURE"} if version == "rtx" else {"runtime.cuda_graph": True}
+        )
+        feeds, outputs = {"x": np.zeros((1, 3, 64, 64), np.float32)}, {"y": np.zeros((1, 10))}
+        found = backend(fake).layer_times(
+            info, {**space.default(), **graph}, tmp_path, m.resolve_shapes(info, {}), feeds, outputs, 3
+        )
+        assert [(n.op_type, n.median_ms) for n in found] == [("Conv+Relu", 0.25), ("Reformat", 0.01)]
+        assert len(fake.written("IExecutionContext.profiler")) == 1
+        assert len(fake.written("IExecutionContext.execute_async_v3")) == 3  # no CUDA graph: each run profiled
+        if version == "rtx":
+            assert [s.name for s in fake.written("IRuntimeConfig.cuda_graph_strategy")] == ["DISABLED"]

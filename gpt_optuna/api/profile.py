@@ -1,8 +1,10 @@
 """``gpt-optuna profile``: where a trial's time goes, operator by operator, beside the baseline's.
 
-Both are profiled in fresh processes by ONNX Runtime's own profiler (:mod:`profile_job`); the
-operator types are listed slowest first with the baseline's time, the trial's and their ratio, then
-the trial's slowest nodes. The result is kept in the study folder (``profile-TRIAL.json``).
+Both are profiled in fresh processes by the engine's own profiler (:mod:`profile_job`: ONNX
+Runtime's per node, TensorRT's ``IProfiler`` per layer, a layer typed by the ONNX operators it was
+made of); the operator types are listed slowest first with the baseline's time, the trial's and
+their ratio, then the trial's slowest nodes or layers. The result is kept in the study folder
+(``profile-TRIAL.json``).
 """
 
 from __future__ import annotations
@@ -15,11 +17,12 @@ from typing import Any
 import optuna
 
 from gpt_optuna.api.compare import side
+from gpt_optuna.backends.base import NodeTime
 from gpt_optuna.core.errors import UserError
-from gpt_optuna.evaluation.profile_job import NodeTime, ProfileJob
+from gpt_optuna.evaluation.profile_job import ProfileJob
 from gpt_optuna.evaluation.worker import JobFailure, Worker
 from gpt_optuna.search.finalists import template_from_study
-from gpt_optuna.study.record import StudyRecord, study_folder
+from gpt_optuna.study.record import study_folder
 from gpt_optuna.study.summary_record import study_summary
 
 PROFILE_TIMEOUT_S = 600.0
@@ -49,13 +52,13 @@ class Profile:
         mine = sum(n.median_ms for n in self.trial_nodes)
         lines = [
             f"{self.trial} against {self.baseline}: operator kernels {mine:.4g} ms against {base:.4g} ms per run"
-            f" (median of {self.runs} runs each, ONNX Runtime's profiler; time outside kernels not counted)",
+            f" (median of {self.runs} runs each, the engine's profiler; time outside kernels not counted)",
             f"  {'operator type':<28} {'baseline ms':>12} {'trial ms':>12} {'ratio':>8}",
         ]
         for op, b, t in self.by_op_type():
             ratio = f"{b / t:.2f}x" if b and t else "only here" if t else "gone"
             lines.append(f"  {op:<28} {b:>12.4f} {t:>12.4f} {ratio:>8}")
-        lines.append(f"the trial's {min(TOP_NODES, len(self.trial_nodes))} slowest nodes:")
+        lines.append(f"the trial's {min(TOP_NODES, len(self.trial_nodes))} slowest nodes or layers:")
         lines += [
             f"  {n.median_ms:>9.4f} ms  {n.op_type:<20} {n.name} ({n.provider})" for n in self.trial_nodes[:TOP_NODES]
         ]
@@ -74,9 +77,6 @@ class Profile:
 
 def profile(study: optuna.Study, trial: str | None = None, runs: int = 50, say: Any = print) -> Profile:
     """Profile ``trial`` (default: the study's decided one) and the baseline."""
-    record = StudyRecord.read(study)
-    if record.backend != "onnxruntime":
-        raise UserError(f"profile reads ONNX Runtime's profiler; study {study.study_name} searched {record.backend}")
     if runs < 1:
         raise UserError("--runs must be at least 1")
     if trial is None:

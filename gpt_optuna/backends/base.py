@@ -98,6 +98,16 @@ class Built:
 
 
 @dataclass(frozen=True)
+class NodeTime:
+    """One operator's (ONNX Runtime) or layer's (TensorRT) median time over profiled runs."""
+
+    name: str
+    op_type: str
+    provider: str
+    median_ms: float
+
+
+@dataclass(frozen=True)
 class KnobLimit:
     """A knob a graph cannot use everywhere: ``allowed`` says where it can (None: nowhere), and
     ``reason`` why not elsewhere."""
@@ -206,6 +216,20 @@ class Backend(abc.ABC):
         """
         self.build(model, candidate, workdir, shapes)
         return []
+
+    def layer_times(
+        self,
+        model: ModelInfo,
+        candidate: Candidate,
+        workdir: Path,
+        shapes: dict[str, ShapeRange],
+        feeds: Feeds,
+        outputs: Feeds,
+        runs: int,
+    ) -> list[NodeTime]:
+        """Build ``candidate`` and run it ``runs`` times on ``feeds`` under the engine's own
+        profiler: each operator's or layer's median time, slowest first."""
+        raise UserError(f"backend {self.name!r} has no profiler gpt-optuna reads")
 
     def baseline_values(self, path: Path) -> dict[str, Value]:
         """The knobs (name -> value) of a user's own configuration file (``--baseline-config``), in

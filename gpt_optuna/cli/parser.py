@@ -93,7 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("--json", action="store_true", help="the comparison as JSON")
 
     profile = commands.add_parser(
-        "profile", help="a trial's time per operator type and node beside the baseline's (ONNX Runtime's profiler)"
+        "profile", help="a trial's time per operator type, node or layer beside the baseline's (the engine's profiler)"
     )
     profile.add_argument(
         "trial", nargs="?", help="a trial number, baseline or yours (default: the study's decided one)"

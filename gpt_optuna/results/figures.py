@@ -217,3 +217,24 @@ def outcomes_figure(rows: list[TrialRow]) -> Any:
         height=max(260, 90 + 34 * len(labels)),
     )
     return figure
+
+
+def profile_figure(profile: dict[str, Any]) -> Any:
+    """A saved profile (``gpt-optuna profile``) as grouped bars: each operator type's time per run
+    in the baseline and in the trial, the trial's slowest first."""
+    import plotly.graph_objects as go
+
+    rows = profile["by_op_type"]
+    types = [row["op_type"] for row in rows]
+    figure = go.Figure(
+        [
+            go.Bar(name=profile["baseline"] + " (baseline)", x=types, y=[row["baseline_ms"] for row in rows]),
+            go.Bar(name=profile["trial"], x=types, y=[row["trial_ms"] for row in rows]),
+        ]
+    )
+    figure.update_layout(
+        barmode="group",
+        title=f"Where the time goes: {profile['trial']} against the baseline (median of {profile['runs']} runs)",
+        yaxis_title="ms per run",
+    )
+    return figure

@@ -18,9 +18,10 @@ from gpt_optuna.results.figures import (
     importance_figure,
     outcomes_figure,
     pareto_figure,
+    profile_figure,
 )
 from gpt_optuna.results.rows import TrialRow, collect, criterion_of, error_axis, marks
-from gpt_optuna.study.record import StudyRecord
+from gpt_optuna.study.record import StudyRecord, study_folder
 from gpt_optuna.study.summary import StudySummary, summarize_study
 
 
@@ -99,6 +100,7 @@ def render(study: optuna.Study, where: str = "", error: str | None = None) -> st
         importance_figure(study),
         build_figure(rows),
         outcomes_figure(rows),
+        *(profile_figure(p) for p in saved_profiles(study)),
     ]
     parts = [
         figure.to_html(full_html=False, include_plotlyjs=(index == 0), div_id=f"figure-{index}")
@@ -125,6 +127,19 @@ def render(study: optuna.Study, where: str = "", error: str | None = None) -> st
 <h2>Failed trials</h2><ul>{failures or "<li>none</li>"}</ul>
 </body></html>
 """
+
+
+def saved_profiles(study: optuna.Study) -> list[dict[str, Any]]:
+    """The profiles ``gpt-optuna profile`` kept in the study folder (a damaged one is left out)."""
+    found = []
+    for path in sorted(study_folder(study).glob("profile-*.json")):
+        try:
+            profile = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(profile, dict) and {"trial", "baseline", "runs", "by_op_type"} <= profile.keys():
+            found.append(profile)
+    return found
 
 
 SHOWN_NUMBERS = 20

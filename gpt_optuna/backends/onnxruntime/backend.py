@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from gpt_optuna.backends.base import CANNOT_RUN, Backend, BuildError, Built, KnobLimit, Runner, import_cupy
+from gpt_optuna.backends.base import CANNOT_RUN, Backend, BuildError, Built, KnobLimit, NodeTime, Runner, import_cupy
 from gpt_optuna.backends.onnxruntime import user_settings
 from gpt_optuna.backends.onnxruntime.knobs import (
     applicable_cuda_options,
@@ -24,6 +24,7 @@ from gpt_optuna.backends.onnxruntime.knobs import (
     optimized_ops,
     where_it_works,
 )
+from gpt_optuna.backends.onnxruntime.profiling import profiled_nodes
 from gpt_optuna.backends.onnxruntime.settings import (
     CPU,
     CUDA,
@@ -92,6 +93,18 @@ class OnnxRuntimeBackend(Backend):
 
     def execution_providers(self) -> list[str]:
         return usable_providers()
+
+    def layer_times(
+        self,
+        model: ModelInfo,
+        candidate: Candidate,
+        workdir: Path,
+        shapes: dict[str, ShapeRange],
+        feeds: Feeds,
+        outputs: Feeds,
+        runs: int,
+    ) -> list[NodeTime]:
+        return profiled_nodes(model.path, candidate, workdir, feeds, runs)
 
     def baseline_values(self, path: Path) -> dict[str, Value]:
         return user_settings.knob_values(user_settings.read_settings(path), f"--baseline-config {path.name}")

@@ -11,8 +11,10 @@ from __future__ import annotations
 import hashlib
 import importlib
 import importlib.util
+import re
+import statistics
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType, ModuleType
@@ -20,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from gpt_optuna.backends.base import Backend, BuildError, Built, KnobLimit, Runner, import_cupy
+from gpt_optuna.backends.base import Backend, BuildError, Built, KnobLimit, NodeTime, Runner, import_cupy
 from gpt_optuna.backends.tensorrt import trtexec_flags
 from gpt_optuna.backends.tensorrt.knobs import RouteKnob, configure, discover_knobs, parse_build_routes, route_string
 from gpt_optuna.core.errors import MissingDependencyError
@@ -229,6 +231,34 @@ class TensorRTBackend(Backend):
     def open(self, built: Built, feeds: Feeds, outputs: Feeds) -> Runner:
         return TensorRTRunner(self.trt, built.engine, feeds)
 
+    def layer_times(
+        self,
+        model: ModelInfo,
+        candidate: Candidate,
+        workdir: Path,
+        shapes: dict[str, ShapeRange],
+        feeds: Feeds,
+        outputs: Feeds,
+        runs: int,
+    ) -> list[NodeTime]:
+        """Each layer's median time by TensorRT's ``IProfiler``, the engine run without a CUDA graph
+        (a graph's launches are not profiled layer by layer); a layer's type is the ONNX operators
+        it was made of, by the node names TensorRT gives its layers."""
+        plain = dict(candidate)
+        if "runtime.cuda_graph" in plain:
+            plain["runtime.cuda_graph"] = False
+        if "runtime.cuda_graph_strategy" in plain:
+            plain["runtime.cuda_graph_strategy"] = "DISABLED"
+        runner = self.open(self.build(model, plain, workdir, shapes), feeds, outputs)
+        assert isinstance(runner, TensorRTRunner)
+        try:
+            times = runner.layer_times(runs)
+        finally:
+            runner.close()
+        kinds = layer_kinds(model.path)
+        found = [NodeTime(name, kinds(name), self.library, statistics.median(t)) for name, t in times.items()]
+        return sorted(found, key=lambda n: -n.median_ms)
+
 
 class TensorRTRTXBackend(TensorRTBackend):
     """TensorRT-RTX (module ``tensorrt_rtx``). Its timing cache is a no-op since RTX 1.2, so none is kept."""
@@ -265,6 +295,24 @@ def network_io(trt: Any, network: Any) -> dict[str, dict[str, str]]:
     }
 
 
+def layer_kinds(model_path: Path) -> Callable[[str], str]:
+    """A TensorRT layer's name -> the ONNX operators it was made of (``Conv+Relu``). TensorRT names
+    a layer by its nodes' names (``node_of_OUTPUT`` for an unnamed node), fused ones joined."""
+    import onnx
+
+    graph = onnx.load(str(model_path), load_external_data=False).graph
+    ops = {node.name or f"node_of_{node.output[0]}": node.op_type for node in graph.node if node.output}
+    ops |= {f"node_of_{node.output[0]}": node.op_type for node in graph.node if node.output}
+
+    def kind(layer: str) -> str:
+        found = [ops[token] for token in re.findall(r"[^\s,()+]+", layer) if token in ops]
+        if found:
+            return "+".join(dict.fromkeys(found))
+        return "Reformat" if "Reformat" in layer else "layer"
+
+    return kind
+
+
 class TensorRTRunner(Runner):
     """An engine with CuPy buffers per I/O tensor, run with ``execute_async_v3`` on a CuPy stream."""
 
@@ -272,6 +320,7 @@ class TensorRTRunner(Runner):
         cupy = import_cupy()
 
         logger = _capturing_logger(trt)
+        self._trt = trt
         self._runtime = trt.Runtime(logger)
         self._engine = self._runtime.deserialize_cuda_engine(engine.plan)
         if self._engine is None:
@@ -314,6 +363,21 @@ class TensorRTRunner(Runner):
         self.stream.synchronize()
         self.attrs: dict[str, Any] = {"device_memory_bytes": int(self._engine.device_memory_size_v2)}
         self._graph = self._capture() if candidate.get("runtime.cuda_graph") else None
+
+    def layer_times(self, runs: int) -> dict[str, list[float]]:
+        """Run ``runs`` times with a TensorRT profiler on the context: each layer's times (ms)."""
+        times: dict[str, list[float]] = {}
+
+        class LayerTimes(self._trt.IProfiler):  # type: ignore[name-defined,misc]
+            def report_layer_time(self, layer_name: str, ms: float) -> None:
+                times.setdefault(layer_name, []).append(float(ms))
+
+        profiler = LayerTimes()
+        self._context.profiler = profiler
+        for _ in range(runs):
+            self._enqueue()
+            self.stream.synchronize()
+        return times
 
     def _enqueue(self) -> None:
         if not self._context.execute_async_v3(self.stream.ptr):

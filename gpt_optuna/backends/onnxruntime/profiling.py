@@ -1,0 +1,52 @@
+"""Where an ONNX Runtime session's time goes, node by node: its own profiler's trace, read back.
+
+The session is created as the candidate's (its model, session and provider options) with
+``enable_profiling`` on and run on one sample; each node's kernel time is the median over the runs
+(the first run's allocations and any outlier do not count), with its operator type and provider.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from gpt_optuna.backends.base import NodeTime
+from gpt_optuna.backends.onnxruntime.settings import ort_module, provider_options, session_options
+from gpt_optuna.core.space import Candidate
+from gpt_optuna.graph.model import Feeds
+
+KERNEL = "_kernel_time"
+"""The suffix of a node's kernel event in ONNX Runtime's trace."""
+
+
+def profiled_nodes(model_path: Path, candidate: Candidate, workdir: Path, feeds: Feeds, runs: int) -> list[NodeTime]:
+    """Run the candidate's session ``runs`` times under ONNX Runtime's profiler; its node times."""
+    with tempfile.TemporaryDirectory() as folder:
+        options = session_options(candidate)
+        options.enable_profiling = True
+        options.profile_file_prefix = str(Path(folder) / "profile")
+        providers = [(str(candidate["provider"]), provider_options(candidate, None, workdir))]
+        session = ort_module().InferenceSession(str(model_path), options, providers=providers)
+        for _ in range(runs):
+            session.run(None, feeds)
+        trace = json.loads(Path(session.end_profiling()).read_text())
+    return node_times(trace)
+
+
+def node_times(trace: list[dict[str, Any]]) -> list[NodeTime]:
+    """Each node's median kernel time (ms) in an ONNX Runtime trace, slowest first."""
+    durations: dict[str, list[float]] = {}
+    kinds: dict[str, tuple[str, str]] = {}
+    for event in trace:
+        name = str(event.get("name", ""))
+        if event.get("cat") != "Node" or not name.endswith(KERNEL):
+            continue
+        node = name.removesuffix(KERNEL)
+        durations.setdefault(node, []).append(float(event.get("dur", 0)) / 1000)
+        args = event.get("args", {})
+        kinds[node] = (str(args.get("op_name", "?")), str(args.get("provider", "?")))
+    found = [NodeTime(n, *kinds[n], statistics.median(d)) for n, d in durations.items()]
+    return sorted(found, key=lambda t: -t.median_ms)
