@@ -184,3 +184,29 @@ def test_an_internal_error_exits_4_apart_from_a_regression(
     assert cli.main(["status"]) == 4
     err = capsys.readouterr().err
     assert "Traceback" in err and "internal error (a bug" in err
+
+
+def test_a_record_of_a_study_with_your_configuration_carries_it_into_the_check(
+    cnn_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "tune.toml").write_text(CONFIG)
+    (tmp_path / "mine.toml").write_text(
+        'providers = ["CPUExecutionProvider"]\n[session_options]\nintra_op_num_threads = 1\n'
+    )
+    config = ["--config", str(tmp_path / "tune.toml")]
+    assert tune(str(cnn_path), *config, "--baseline-config", "mine.toml", "--n-trials", "4", "--confirm-top", "0") == 0
+    assert main(["export", "-o", "record.onnx"]) == 0
+    carried = json.loads(Path("record.onnx.json").read_text())["your_configuration"]
+    assert carried["file"] == "mine.toml" and carried["params"]["intra_op_num_threads"] == 1
+    capsys.readouterr()
+    check = ["check", str(cnn_path), "--baseline", "record.onnx.json", "--budget", "30s", "--quiet", *config]
+    assert main([*check, "--tolerance", "90%"]) in (0, 5)
+    out = capsys.readouterr().out
+    assert "against your configuration: " in out and "your configuration (mine.toml, trial" in out
+    name = re.search(r"--study-name (check-\S+)", out)
+    assert name is not None
+    import optuna
+
+    trials = optuna.load_study(study_name=name[1], storage=f"sqlite:///studies/{name[1]}.db").get_trials()
+    yours = [t for t in trials if "your_configuration" in t.user_attrs]
+    assert len(yours) == 1 and yours[0].params["intra_op_num_threads"] == 1

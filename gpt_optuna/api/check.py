@@ -122,6 +122,15 @@ def outputs_unchanged(model: Path, record: dict[str, Any]) -> Outcome:
     return Outcome("accuracy", False, f"accuracy regression: the model's outputs changed: {verdict.reason}")
 
 
+def your_configuration(record: dict[str, Any]) -> dict[str, Any]:
+    """The TuneConfig fields that measure the user's own configuration the record carries (the
+    export of a study tuned with ``--baseline-config``) beside the check's; none without one."""
+    yours = record.get("your_configuration")
+    if not isinstance(yours, dict) or not isinstance(yours.get("params"), dict):
+        return {}
+    return {"baseline_config": Path(str(yours.get("file") or "your configuration")), "baseline_values": yours["params"]}
+
+
 def still_to_measure(study: Any) -> int:
     """How many trials must still run for the baseline and the recorded configuration to be
     measured (a budget spent on the preparation can leave them waiting): the waiting trials up to
@@ -144,7 +153,7 @@ def run_check(
     quiet: bool = False,
 ) -> CheckResult:
     """The whole check within ``budget_s``, each outcome printed as one line."""
-    from gpt_optuna.results.summary_text import stability_warning
+    from gpt_optuna.results.summary_text import stability_warning, versus_yours
     from gpt_optuna.search.progress import Progress
     from gpt_optuna.search.tune import tune
     from gpt_optuna.study.storage import load_study, open_storage
@@ -170,6 +179,7 @@ def run_check(
             confirm_top=0 if exported is not None else base.get("confirm_top", 5),  # the comparison confirms
             study_name=name,
             seeds=[(record["params"], "the recorded configuration")],
+            **your_configuration(record),
             no_seeds=True,  # the recorded configuration is the one to try first
             allow_io_change=bool((record.get("interface") or {}).get("allow_io_change")),
         )
@@ -193,6 +203,8 @@ def run_check(
         elif latency.better:
             outcomes[-1] = replace(latency, message=latency.message + "; --update records it")
         if summary is not None:
+            if versus_yours(summary):
+                print(f"against your configuration: {versus_yours(summary).removeprefix('; ')}")
             for line in (*(f"warning: {w}" for w in summary.host_warnings), stability_warning(summary)):
                 if line:
                     print(line)

@@ -110,7 +110,7 @@ def _tune(config: TuneConfig, progress: Progress) -> TuneEnd:
     phases = Phases()
     notes: list[str] = []
     engine = check_run(config)
-    if config.baseline_config is not None:
+    if config.baseline_config is not None and config.baseline_values is None:
         config = replace(config, baseline_values=engine.baseline_values(config.baseline_config))
     host = look()  # before this run's own workers start
     phases.begin("preparing")
