@@ -123,6 +123,9 @@ def test_unnamed_and_repeated_dimensions_get_names_of_their_own(tmp_path: Path) 
     assert shapes["x"].opt == (8, 3, 48, 192)
     again = m.with_distinct_dims(m.load_model_info(path), tmp_path / "models")
     assert again.path == info.path and again.sha256 == info.sha256
+    info.path.write_bytes(info.path.read_bytes()[:-7])  # a damaged copy is made again, never used
+    remade = m.with_distinct_dims(m.load_model_info(path), tmp_path / "models")
+    assert remade.path == info.path and remade.sha256 == info.sha256
     named = save(token_model(), tmp_path / "tokens.onnx")  # static: nothing to rename, no copy
     assert m.with_distinct_dims(m.load_model_info(named), tmp_path / "models").path == named
 

@@ -139,22 +139,16 @@ def distinct_dims(model: object) -> bool:
 
 
 def with_distinct_dims(info: ModelInfo, cache_dir: Path) -> ModelInfo:
-    """The model, or where :func:`distinct_dims` renames something, a copy in ``cache_dir`` (by content)."""
+    """The model, or where :func:`distinct_dims` renames something, a copy in ``cache_dir`` (by
+    content, kept with its hash: a damaged copy is made again, never used)."""
     import onnx
+
+    from gpt_optuna.graph.model_cache import produce
 
     model = onnx.load(str(info.path))
     if not distinct_dims(model):
         return info
-    out = cache_dir / f"dims-{info.sha256[:24]}.onnx"
-    if not out.is_file():
-        cache_dir.mkdir(parents=True, exist_ok=True)
-        tmp = out.with_name(out.name + ".tmp")
-        try:
-            onnx.save(model, str(tmp))
-            tmp.replace(out)
-        finally:
-            tmp.unlink(missing_ok=True)
-    return load_model_info(out)
+    return load_model_info(produce(cache_dir / f"dims-{info.sha256[:24]}.onnx", lambda tmp: onnx.save(model, str(tmp))))
 
 
 def one_line(exc: BaseException) -> str:
