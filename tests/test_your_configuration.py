@@ -17,9 +17,10 @@ from gpt_optuna.backends.tensorrt.trtexec_flags import knob_values as trtexec_va
 from gpt_optuna.cli import main
 from gpt_optuna.core.errors import UserError
 from gpt_optuna.core.space import Condition, Knob, Space
-from gpt_optuna.search.your_configuration import your_candidate
+from gpt_optuna.search.your_configuration import holding_yours, your_candidate
 from gpt_optuna.study.record import YOURS_ATTR
 
+ORT = OnnxRuntimeBackend()
 SILERO = """providers = ["CPUExecutionProvider"]
 [session_options]
 intra_op_num_threads = 1
@@ -93,7 +94,11 @@ def test_a_value_the_space_does_not_offer_is_added_for_the_configuration_alone()
             Knob("spin", (True, False), True),
         ]
     )
-    held = space.including({"provider": "CPUExecutionProvider", "threads": 1, "spin": 0}, "--baseline-config f")
+    held = holding_yours(
+        space, {"provider": "CPUExecutionProvider", "threads": 1, "spin": 0}, ORT, "--baseline-config f"
+    )
+    restricted = held.restricted("spin", (True, False))  # as the space check does: the CPU's knobs stay
+    assert [k.name for k in restricted.knobs] == ["provider", "threads", "spin"]
     assert held.fitted({"provider": "CPUExecutionProvider", "threads": 1, "spin": False}) == {
         "provider": "CPUExecutionProvider",
         "threads": 1,
@@ -101,10 +106,12 @@ def test_a_value_the_space_does_not_offer_is_added_for_the_configuration_alone()
     }
     assert [k.search_choices for k in held.knobs] == [("CUDAExecutionProvider",), (0, 2), (True, False)]
     notes: list[str] = []
-    _, candidate = your_candidate(space, {"threads": 1}, OnnxRuntimeBackend(), "--baseline-config f", notes)
+    candidate = your_candidate(held, {"threads": 1, "tf32": True, "spin": "no"}, ORT, "--baseline-config f", notes)
     assert candidate == {"provider": "CUDAExecutionProvider", "spin": True}
     assert notes == [
-        "--baseline-config f: threads = 1 takes no effect here: it applies where provider is CPUExecutionProvider"
+        "--baseline-config f: threads = 1 takes no effect here: it applies where provider is CPUExecutionProvider",
+        "--baseline-config f: tf32 = True cannot be used with this model here; it is left out",
+        "--baseline-config f: spin = no cannot be used with this model here; measured at True",
     ]
     with pytest.raises(UserError, match='--baseline-config f spin = "no": give true or false'):
         space.including({"spin": "no"}, "--baseline-config f")

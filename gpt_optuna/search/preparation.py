@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import optuna
 
+from gpt_optuna.backends import load_backend
 from gpt_optuna.core.errors import UserError
 from gpt_optuna.core.space import Space
 from gpt_optuna.evaluation.jobs import EvaluateJob, SpaceJob
@@ -25,6 +26,7 @@ from gpt_optuna.graph.model_profile import ModelProfile, profile_of
 from gpt_optuna.graph.precision import QUANTIZED
 from gpt_optuna.search.config import TuneConfig
 from gpt_optuna.search.space_check import check_space
+from gpt_optuna.search.your_configuration import holding_yours
 from gpt_optuna.study.artifacts import CALIBRATION_FILE, INPUTS_FILE, REFERENCE_FILE
 from gpt_optuna.study.resume import recorded_fingerprint, refuse_if_different
 
@@ -132,6 +134,10 @@ def discover_space(
         slow.cancel()
     notes += left_out
     space = space.with_overrides(config.space)
+    if config.baseline_values is not None:
+        assert config.baseline_config is not None
+        where = f"--baseline-config {config.baseline_config.name}"
+        space = holding_yours(space, config.baseline_values, load_backend(config.backend), where)
     calibration_sha256 = ""
     if set(space.choices("precision")) & set(QUANTIZED):
         samples = calibration_samples(config, inputs, notes)

@@ -132,8 +132,7 @@ def _tune(config: TuneConfig, progress: Progress) -> TuneEnd:
         if config.baseline_values is not None:
             assert config.baseline_config is not None
             where = f"--baseline-config {config.baseline_config.name}"
-            space, yours = your_candidate(prepared.space, config.baseline_values, engine, where, notes)
-            prepared = replace(prepared, space=space)
+            yours = your_candidate(prepared.space, config.baseline_values, engine, where, notes)
         lanes = session.place([prepared.versions.get("gpu", "none"), *names], engine.runs_on_cpu(prepared.space))
         sampler = make_sampler(config.sampler, config.seed, prepared.space)
         seeds, warm = first_candidates(
