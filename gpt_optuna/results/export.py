@@ -6,7 +6,7 @@ import hashlib
 import json
 import os
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +24,6 @@ from gpt_optuna.study.artifacts import artifact_folder, verified
 from gpt_optuna.study.record import IO_CHANGE_ATTR, YOURS_ATTR, StudyRecord, study_folder
 from gpt_optuna.study.summary import StudySummary, first_value
 from gpt_optuna.study.summary_record import study_summary, trial_by_number
-from gpt_optuna.study.taxonomy import measured_latency_ms
 
 
 def trial_model(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> Path:
@@ -126,13 +125,17 @@ def versus_yours_record(summary: StudySummary, trial: FrozenTrial) -> dict[str, 
     if yours is None:
         return None
     figures = summary.versus_yours(trial)
+    own = summary.figures(yours)  # its latency in the measurement that judged it
+    confirmed = (summary.confirmed or {}).get("yours")
+    if confirmed:  # re-measured beside the finalists without being one
+        own = replace(own, measurement=summary.confirmed_measurement, latency_ms=confirmed["median_ms"])
     return {
         "trial": yours.number,
         "file": yours.user_attrs.get(YOURS_ATTR),
         "params": dict(yours.params),
         "is_this_trial": trial.number == yours.number,
-        "measurement": figures.measurement if figures is not None else None,
-        "latency_ms": figures.baseline_ms if figures is not None else measured_latency_ms(yours),
+        "measurement": figures.measurement if figures is not None else own.measurement,
+        "latency_ms": figures.baseline_ms if figures is not None else own.latency_ms,
         "speedup": figures.speedup if figures is not None else None,
         "speedup_ci95": list(figures.ci) if figures is not None and figures.ci is not None else None,
         "faster": summary.beats_yours(trial),
