@@ -9,6 +9,7 @@ from onnx import TensorProto, helper
 from gpt_optuna.core.errors import UserError
 from gpt_optuna.graph import feeds as mf
 from gpt_optuna.graph import model as m
+from gpt_optuna.graph.model_cache import with_distinct_dims
 
 
 def test_load_reports_inputs_outputs_and_hash(mlp_path: Path) -> None:
@@ -113,7 +114,7 @@ def paddle_style_model() -> onnx.ModelProto:
 
 def test_unnamed_and_repeated_dimensions_get_names_of_their_own(tmp_path: Path) -> None:
     path = save(paddle_style_model(), tmp_path / "cls.onnx")
-    info = m.with_distinct_dims(m.load_model_info(path), tmp_path / "models")
+    info = with_distinct_dims(m.load_model_info(path), tmp_path / "models")
     assert info.path.parent == tmp_path / "models"
     assert info.inputs[0].shape == ("x_dim0", 3, "x_dim2", "x_dim3")
     with pytest.raises(UserError) as asked:
@@ -121,13 +122,13 @@ def test_unnamed_and_repeated_dimensions_get_names_of_their_own(tmp_path: Path) 
     assert "--shape x:<x_dim0>x3x<x_dim2>x<x_dim3>" in str(asked.value) and "x1" not in str(asked.value)
     shapes = m.resolve_shapes(info, m.parse_shapes(["x:8x3x48x192"]))  # H and W may differ now
     assert shapes["x"].opt == (8, 3, 48, 192)
-    again = m.with_distinct_dims(m.load_model_info(path), tmp_path / "models")
+    again = with_distinct_dims(m.load_model_info(path), tmp_path / "models")
     assert again.path == info.path and again.sha256 == info.sha256
     info.path.write_bytes(info.path.read_bytes()[:-7])  # a damaged copy is made again, never used
-    remade = m.with_distinct_dims(m.load_model_info(path), tmp_path / "models")
+    remade = with_distinct_dims(m.load_model_info(path), tmp_path / "models")
     assert remade.path == info.path and remade.sha256 == info.sha256
     named = save(token_model(), tmp_path / "tokens.onnx")  # static: nothing to rename, no copy
-    assert m.with_distinct_dims(m.load_model_info(named), tmp_path / "models").path == named
+    assert with_distinct_dims(m.load_model_info(named), tmp_path / "models").path == named
 
 
 def test_a_dimension_named_by_a_given_input_sizes_the_others(minimal_pair: Path) -> None:

@@ -23,6 +23,7 @@ from gpt_optuna.evaluation.accuracy import parse_criterion
 from gpt_optuna.evaluation.sensitivity import rank_sensitive_nodes
 from gpt_optuna.graph import feeds as mf
 from gpt_optuna.graph import model as m
+from gpt_optuna.graph.model_cache import with_distinct_dims
 from gpt_optuna.graph.precision import KEEP_GROUPS, KEEP_NODE_COUNTS, PrecisionSetting, precision_knobs, transform
 from gpt_optuna.graph.transforms import is_transform_knob
 from gpt_optuna.search.ledger import refusal_causes
@@ -35,7 +36,7 @@ ALL = ("fp32", "fp16", "bf16", "int8", "fp8")
 
 def prepared(name: str, tmp_path: Path) -> tuple[m.ModelInfo, m.Feeds, m.Feeds]:
     builder, flags = PATTERNS[name]
-    info = m.with_distinct_dims(m.load_model_info(save(builder(), tmp_path / f"{name}.onnx")), tmp_path / "dims")
+    info = with_distinct_dims(m.load_model_info(save(builder(), tmp_path / f"{name}.onnx")), tmp_path / "dims")
     feeds = mf.synthetic_feeds(info, m.resolve_shapes(info, m.parse_shapes(flags)))
     return info, feeds, mf.reference_outputs(info, feeds)
 
@@ -355,7 +356,7 @@ def test_transforms_of_models_other_projects_exported_pass_the_checker_and_load(
     from conftest import registry_model
 
     package, member, flags = REAL_MODELS[name]
-    info = m.with_distinct_dims(m.load_model_info(registry_model(package, member)), tmp_path / "dims")
+    info = with_distinct_dims(m.load_model_info(registry_model(package, member)), tmp_path / "dims")
     feeds = mf.synthetic_feeds(info, m.resolve_shapes(info, m.parse_shapes(flags)))
     reference = mf.reference_outputs(info, feeds)
     ranking = rank_sensitive_nodes(info.path, feeds, reference, limit=8)

@@ -34,6 +34,8 @@ if TYPE_CHECKING:
     import pandas
 
     from gpt_optuna.api.check_outcome import CheckResult
+    from gpt_optuna.api.compare import Comparison
+    from gpt_optuna.api.profile import Profile
 
 
 def best_record(summary: StudySummary) -> dict[str, Any]:
@@ -357,6 +359,33 @@ class TunedStudy:
             raise UserError(f"study {self.study_name} has no measured baseline and feasible candidate to confirm")
         print(format_summary(record_winner(study)))
         return self.refresh()
+
+    def compare(
+        self,
+        a: str | int,
+        b: str | int,
+        *,
+        processes: int = 5,
+        rounds: int = ROUNDS,
+        timeout: str | float | None = None,
+        progress: bool = True,
+    ) -> Comparison:
+        """Time ``a`` and ``b`` (trial numbers, ``"baseline"``, ``"yours"`` or ONNX model paths) on
+        the study's inputs, interleaved in fresh processes (``gpt-optuna compare``); the verdict is
+        B's speedup over A, beside each one's outputs against the study's reference."""
+        from gpt_optuna.api.compare import compare
+
+        say = (lambda text: print(text, flush=True)) if progress else (lambda _: None)
+        timeout_s = parse_duration(timeout) if timeout else None
+        return compare(self.study, str(a), str(b), processes, rounds, timeout_s, say)
+
+    def profile(self, trial: str | int | None = None, *, runs: int = 50, progress: bool = True) -> Profile:
+        """Where ``trial``'s time goes (default: :attr:`deploy`'s), operator by operator, beside the
+        baseline's, by the engine's own profiler (``gpt-optuna profile``)."""
+        from gpt_optuna.api.profile import profile
+
+        say = (lambda text: print(text, flush=True)) if progress else (lambda _: None)
+        return profile(self.study, None if trial is None else str(trial), runs, say)
 
     def check(
         self,

@@ -138,19 +138,6 @@ def distinct_dims(model: object) -> bool:
     return renamed
 
 
-def with_distinct_dims(info: ModelInfo, cache_dir: Path) -> ModelInfo:
-    """The model, or where :func:`distinct_dims` renames something, a copy in ``cache_dir`` (by
-    content, kept with its hash: a damaged copy is made again, never used)."""
-    import onnx
-
-    from gpt_optuna.graph.model_cache import produce
-
-    model = onnx.load(str(info.path))
-    if not distinct_dims(model):
-        return info
-    return load_model_info(produce(cache_dir / f"dims-{info.sha256[:24]}.onnx", lambda tmp: onnx.save(model, str(tmp))))
-
-
 def one_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return text[0] if text else type(exc).__name__

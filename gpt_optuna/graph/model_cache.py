@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from gpt_optuna.core.errors import GptOptunaError, UserError
-from gpt_optuna.graph.model import file_sha256
+from gpt_optuna.graph.model import ModelInfo, distinct_dims, file_sha256, load_model_info
 
 
 class TransformFailed(GptOptunaError):
@@ -104,3 +104,14 @@ def _produce(out: Path, make: Callable[[Path], None]) -> Path:
     finally:
         tmp.unlink(missing_ok=True)
     return out
+
+
+def with_distinct_dims(info: ModelInfo, cache_dir: Path) -> ModelInfo:
+    """The model, or where :func:`distinct_dims` renames something, a copy in ``cache_dir`` (by
+    content, kept with its hash: a damaged copy is made again, never used)."""
+    import onnx
+
+    model = onnx.load(str(info.path))
+    if not distinct_dims(model):
+        return info
+    return load_model_info(produce(cache_dir / f"dims-{info.sha256[:24]}.onnx", lambda tmp: onnx.save(model, str(tmp))))

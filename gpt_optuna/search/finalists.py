@@ -315,7 +315,8 @@ def template_from_study(study: optuna.Study, model: Path | None = None, workdir:
     the study folder (or ``workdir``)."""
     from gpt_optuna.evaluation.accuracy import parse_criterion
     from gpt_optuna.evaluation.measure import MeasureSettings
-    from gpt_optuna.graph.model import ShapeRange, load_model_info, with_distinct_dims
+    from gpt_optuna.graph.model import ShapeRange, load_model_info
+    from gpt_optuna.graph.model_cache import with_distinct_dims
     from gpt_optuna.study.artifacts import verified
     from gpt_optuna.study.record import MEASURE_ATTR, study_folder
 

@@ -22,6 +22,7 @@ from gpt_optuna.evaluation.jobs import EvaluateJob, SpaceJob
 from gpt_optuna.evaluation.worker import JobFailure, Worker
 from gpt_optuna.graph import feeds as feeds_io
 from gpt_optuna.graph import model as model_io
+from gpt_optuna.graph.model_cache import with_distinct_dims
 from gpt_optuna.graph.model_profile import ModelProfile, profile_of
 from gpt_optuna.graph.precision import QUANTIZED
 from gpt_optuna.search.config import TuneConfig
@@ -211,7 +212,7 @@ def offered_space(config: TuneConfig, notes: list[str], say: Callable[[str], Non
     as :func:`tune` does, in a scratch folder removed afterwards."""
     inputs = load_inputs(config, notes)
     with tempfile.TemporaryDirectory() as tmp, Worker(Path(tmp) / "worker.log") as worker:
-        working = model_io.with_distinct_dims(inputs.info, Path(tmp) / "models")
+        working = with_distinct_dims(inputs.info, Path(tmp) / "models")
         space, versions, _ = discover_space(config, worker, inputs, working, Path(tmp), notes, say)
     return space, versions
 
@@ -238,7 +239,7 @@ def prepare(
     key = f"samples:{inputs.info.sha256}:{inputs.inputs_sha256}"  # stacked on a sample axis
     feeds_io.cache_npz(workdir / INPUTS_FILE, feeds_io.stack(inputs.samples), key)
     feeds_io.cache_npz(workdir / REFERENCE_FILE, feeds_io.stack(inputs.references), key)
-    working = model_io.with_distinct_dims(inputs.info, workdir / "models")
+    working = with_distinct_dims(inputs.info, workdir / "models")
     space, versions, calibration_sha256 = discover_space(config, worker, inputs, working, workdir, notes, say)
     return Prepared(inputs, working, space, versions, profile_of(inputs.info.path), calibration_sha256)
 
