@@ -61,3 +61,35 @@ def test_profile_lists_operator_times_beside_the_baseline(searched: Path, capsys
     assert "Where the time goes: trial 1 against the baseline (median of 5 runs)" in Path("report.html").read_text()
     assert main(["profile", "best.onnx", *STORAGE]) == 2
     assert "profile takes a trial number, baseline or yours" in capsys.readouterr().err
+
+
+def test_a_trace_gives_each_nodes_median_and_leaves_control_flow_to_its_subgraphs_nodes() -> None:
+    from gpt_optuna.backends.onnxruntime.profiling import node_times
+
+    def kernel(name: str, op: str, us: int) -> dict[str, object]:
+        return {"cat": "Node", "name": f"{name}_kernel_time", "dur": us, "args": {"op_name": op, "provider": "CPU"}}
+
+    trace = [
+        kernel("If_0", "If", 500),  # its time is its branch's nodes' time, reported below
+        *(kernel("If_0_then/Conv", "Conv", us) for us in (300, 100, 200)),
+        *(kernel("relu", "Relu", us) for us in (40, 50, 900)),  # an outlier run does not count
+        {"cat": "Node", "name": "relu_fence_before", "dur": 7, "args": {"op_name": "Relu"}},
+        {"cat": "Session", "name": "model_run", "dur": 900},
+    ]
+    assert [(n.name, n.op_type, n.median_ms) for n in node_times(trace)] == [
+        ("If_0_then/Conv", "Conv", 0.2),
+        ("relu", "Relu", 0.05),
+    ]
+
+
+def test_export_says_when_the_verdict_keeps_your_configuration(tmp_path: Path) -> None:
+    from gpt_optuna.api.exporting import export_lines
+
+    side = tmp_path / "shipped.onnx.json"
+    record = {"trial": 1, "headline": "verdict: ...", "decided": True, "winner": False, "interface": {"changed": False}}
+    side.write_text(json.dumps(record | {"your_configuration": {"file": "mine.toml", "is_this_trial": True}}))
+    assert "note: the verdict keeps your configuration (mine.toml), trial 1;" in export_lines(side)[-1]
+    side.write_text(json.dumps(record | {"trial": 0, "your_configuration": None}))
+    assert (
+        "note: the verdict keeps the default configuration, so this is the baseline, trial 0;" in export_lines(side)[-1]
+    )

@@ -65,11 +65,14 @@ def export_lines(side: Path) -> list[str]:
     lines = [f"wrote {written} and {side}"]
     if record.get("headline"):  # the study's winner: its verdict, as every reader says it
         lines.append(record["headline"])
+        yours = record.get("your_configuration") or {}
         if record.get("decided") and not record.get("winner"):
-            lines.append(
-                f"note: the verdict keeps the default configuration, so this is the baseline, trial {record['trial']};"
-                " export --trial N takes another trial"
+            kept = (
+                f"your configuration ({yours.get('file')}), trial {record['trial']}"
+                if yours.get("is_this_trial")
+                else f"the default configuration, so this is the baseline, trial {record['trial']}"
             )
+            lines.append(f"note: the verdict keeps {kept}; export --trial N takes another trial")
     elif record.get("speedup") is not None:
         interval = record.get("speedup_ci95")
         lines.append(

@@ -36,8 +36,14 @@ def profiled_nodes(model_path: Path, candidate: Candidate, workdir: Path, feeds:
     return node_times(trace)
 
 
+CONTROL_FLOW = frozenset({"If", "Loop", "Scan"})
+"""Operators whose kernel time is their subgraphs' nodes' time, which the trace reports node by
+node too: left out, so that no time is counted twice."""
+
+
 def node_times(trace: list[dict[str, Any]]) -> list[NodeTime]:
-    """Each node's median kernel time (ms) in an ONNX Runtime trace, slowest first."""
+    """Each node's median kernel time (ms) in an ONNX Runtime trace, slowest first; control-flow
+    nodes left out (:data:`CONTROL_FLOW`)."""
     durations: dict[str, list[float]] = {}
     kinds: dict[str, tuple[str, str]] = {}
     for event in trace:
@@ -48,5 +54,7 @@ def node_times(trace: list[dict[str, Any]]) -> list[NodeTime]:
         durations.setdefault(node, []).append(float(event.get("dur", 0)) / 1000)
         args = event.get("args", {})
         kinds[node] = (str(args.get("op_name", "?")), str(args.get("provider", "?")))
-    found = [NodeTime(n, *kinds[n], statistics.median(d)) for n, d in durations.items()]
+    found = [
+        NodeTime(n, *kinds[n], statistics.median(d)) for n, d in durations.items() if kinds[n][0] not in CONTROL_FLOW
+    ]
     return sorted(found, key=lambda t: -t.median_ms)
