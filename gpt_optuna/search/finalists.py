@@ -94,10 +94,9 @@ def finalists(study: optuna.Study, top: int) -> tuple[FrozenTrial | None, list[F
     return baseline, best
 
 
-def with_yours(trials: list[FrozenTrial], study: optuna.Study) -> list[FrozenTrial]:
-    """``trials`` (the baseline and finalists) and the user's own configuration after them, where
-    the study has one with a measured latency that is not among them."""
-    yours = your_trial(study.get_trials(deepcopy=False))
+def with_yours(trials: list[FrozenTrial], yours: FrozenTrial | None) -> list[FrozenTrial]:
+    """``trials`` (the baseline and finalists) and the user's own configuration (``yours``) after
+    them, where it measured a latency and is not among them."""
     measured = yours is not None and "latency" in yours.user_attrs
     return [*trials, yours] if measured and yours.number not in {t.number for t in trials} else trials
 
@@ -288,7 +287,8 @@ def confirm(
     baseline, best = finalists(study, top)
     if baseline is None or not best:
         return None
-    trials = with_yours([baseline, *best], study)
+    yours = your_trial(study.get_trials(deepcopy=False))
+    trials = with_yours([baseline, *best], yours)
     evaluations = [replace(template, candidate=dict(t.params)) for t in trials]
     expected = process_seconds(trials, template.settings, start_s)
     quiet = quiet_seconds(trials, template.settings)
@@ -297,7 +297,6 @@ def confirm(
         measured = interleave(evaluations, worker_log, processes, say, expected, quiet, env, deadline, rounds)
     except Stopped as exc:
         stop, measured = exc, exc.measured
-    yours = your_trial(study.get_trials(deepcopy=False))
     numbers = [t.number for t in trials]
     mine = yours.number if yours is not None and yours.number in numbers else None
     extra = len(trials) > len(best) + 1

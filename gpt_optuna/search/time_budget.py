@@ -20,6 +20,7 @@ import optuna
 
 from gpt_optuna.evaluation.measure import MeasureSettings
 from gpt_optuna.search.finalists import WORKER_START_S, finalists, process_seconds, with_yours
+from gpt_optuna.study.taxonomy import your_trial
 
 CONFIRM_SHARE = 0.25
 """At most this share of ``--timeout`` is kept for the finalists' re-measurement."""
@@ -55,9 +56,10 @@ def plan_confirmation(
     baseline, best = finalists(study, top)
     if baseline is None or not best:
         return None
+    yours = your_trial(study.get_trials(deepcopy=False))
     for count in range(processes, 0, -1):
         for k in range(len(best), 0, -1):
-            seconds = process_seconds(with_yours([baseline, *best[:k]], study), settings, start_s)
+            seconds = process_seconds(with_yours([baseline, *best[:k]], yours), settings, start_s)
             if left_s is None or count * seconds <= left_s:
                 return ConfirmPlan(k, count, seconds)
     return None
