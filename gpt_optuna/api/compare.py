@@ -25,15 +25,13 @@ from gpt_optuna.evaluation.outcome import Outcome, TrialResult
 from gpt_optuna.evaluation.worker import JobFailure, Worker
 from gpt_optuna.graph import model as model_io
 from gpt_optuna.graph.transforms import is_transform_knob
-from gpt_optuna.search.finalists import ConfirmationFailed, interleave, template_from_study
+from gpt_optuna.search.finalists import QUIET_S, WORKER_START_S, ConfirmationFailed, interleave, template_from_study
 from gpt_optuna.study.evidence import Speedup, judge, speedups
 from gpt_optuna.study.record import study_folder
 from gpt_optuna.study.taxonomy import baseline_trial, your_trial
 
 EVALUATE_TIMEOUT_S = 600.0
 """One side's build, accuracy check and first timing, at most."""
-START_S = 10.0
-"""A timing process's start and builds, in its estimate where nothing was measured."""
 
 
 @dataclass(frozen=True)
@@ -130,8 +128,8 @@ def side(study: optuna.Study, template: EvaluateJob, text: str) -> Side:
             raise UserError(f"study {study.study_name} has {what}")
     else:
         return _model_side(template, Path(text))
-    if not trial.params and trial.number != 0:
-        raise UserError(f"trial {trial.number} holds no candidate")
+    if not trial.params:
+        raise UserError(f"trial {trial.number} holds no candidate (it ended before one was chosen)")
     return Side(f"trial {trial.number}", replace(template, candidate=dict(trial.params)))
 
 
@@ -180,12 +178,12 @@ def compare(
     if any(r.latency is None for r in results):
         return Comparison(*sides, accuracy, None, "none", "a side could not be run: see its outputs line")
     per_round = 2 * BLOCK * sum(r.latency.median_ms for r in results if r.latency is not None) / 1000
+    builds = [r.build_s or 0.0 for r in results]
+    expected_s = WORKER_START_S + sum(builds) + rounds * per_round
+    quiet_s = QUIET_S + 3 * max(*builds, per_round)
     say(f"timing A and B interleaved in {processes} fresh processes ...")
     try:
-        measured = interleave(
-            [s.job for s in sides], log, processes, say, START_S + rounds * per_round, 60.0 + 3 * START_S, None,
-            deadline, rounds,
-        )  # fmt: skip
+        measured = interleave([s.job for s in sides], log, processes, say, expected_s, quiet_s, None, deadline, rounds)
     except ConfirmationFailed as failure:
         return Comparison(*sides, accuracy, None, "none", failure.reason)
     found = speedups(measured.medians, measured.processes)[1]
