@@ -93,3 +93,19 @@ def test_export_says_when_the_verdict_keeps_your_configuration(tmp_path: Path) -
     assert (
         "note: the verdict keeps the default configuration, so this is the baseline, trial 0;" in export_lines(side)[-1]
     )
+
+
+def test_a_gpu_providers_host_timed_nodes_are_said_to_be_launch_times() -> None:
+    from gpt_optuna.api.profile import Profile
+    from gpt_optuna.backends.base import NodeTime
+
+    cpu = [NodeTime("conv", "Conv", "CPUExecutionProvider", 0.5)]
+    gpu = [
+        NodeTime("conv", "Conv", "CUDAExecutionProvider", 0.02),
+        NodeTime("gemm", "Gemm", "CUDAExecutionProvider", 0.01),
+    ]
+    shown = Profile("trial 3", "trial 0", gpu, cpu, 10).lines()
+    assert shown[0].startswith("trial 3 against trial 0: operator kernels 0.03 ms against 0.5 ms per run")
+    assert any(line.startswith("note: ONNX Runtime times a GPU provider's nodes on the host") for line in shown)
+    assert [line.split()[0] for line in shown[2:4]] == ["Conv", "Gemm"]
+    assert not any("note:" in line for line in Profile("trial 3", "trial 0", cpu, cpu, 10).lines())

@@ -26,6 +26,8 @@ from gpt_optuna.study.record import study_folder
 from gpt_optuna.study.summary_record import study_summary
 
 PROFILE_TIMEOUT_S = 600.0
+HOST_TIMED = frozenset({"CUDAExecutionProvider", "TensorrtExecutionProvider"})
+"""ONNX Runtime providers whose node events time the launch on the host, not the GPU's work."""
 TOP_NODES = 10
 
 
@@ -58,6 +60,11 @@ class Profile:
         for op, b, t in self.by_op_type():
             ratio = f"{b / t:.2f}x" if b and t else "only here" if t else "gone"
             lines.append(f"  {op:<28} {b:>12.4f} {t:>12.4f} {ratio:>8}")
+        if any(n.provider in HOST_TIMED for n in (*self.trial_nodes, *self.baseline_nodes)):
+            lines.append(
+                "note: ONNX Runtime times a GPU provider's nodes on the host, as they are launched, not their kernels"
+                " on the GPU: the figures show launch-bound work; compare the whole latency with compare"
+            )
         lines.append(f"the trial's {min(TOP_NODES, len(self.trial_nodes))} slowest nodes or layers:")
         lines += [
             f"  {n.median_ms:>9.4f} ms  {n.op_type:<20} {n.name} ({n.provider})" for n in self.trial_nodes[:TOP_NODES]
