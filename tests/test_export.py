@@ -20,6 +20,7 @@ from gpt_optuna.graph import model as m
 TUNED = """[measure]
 budget_s = 0.05
 [space]
+provider = "CPUExecutionProvider"
 precision = ["fp16"]
 graph_optimization_level = ["ORT_ENABLE_BASIC"]
 intra_op_num_threads = [1]

@@ -116,7 +116,7 @@ def test_the_search_finds_the_sensitive_nodes_by_itself(overflow_path: Path, tmp
     np.savez(feeds, x=inputs(overflow_path)[1]["x"])
     config = tmp_path / "tune.toml"
     config.write_text(
-        '[measure]\nbudget_s = 0.05\n[space]\nprecision = ["fp16"]\nprovider = "default"\n'
+        '[measure]\nbudget_s = 0.05\n[space]\nprecision = ["fp16"]\nprovider = "CPUExecutionProvider"\n'
         'graph_optimization_level = "default"\nexecution_mode = "default"\nintra_op_num_threads = "default"\n'
         'mem_pattern = "default"\nintra_op_spinning = "default"\ncpu_mem_arena = "default"\n'
         'denormal_as_zero = "default"\n'
@@ -149,12 +149,12 @@ def test_a_repeated_candidate_names_the_transformed_model_it_ran(
     original. The one trial that ranks the nodes by fp16 sensitivity says so before it holds the
     search up. The model and the ranking damaged afterwards: export refuses the model, confirm makes
     both again."""
-    fixed = ["provider", "graph_optimization_level", "mem_pattern", "execution_mode", "intra_op_num_threads"]
+    fixed = ["graph_optimization_level", "mem_pattern", "execution_mode", "intra_op_num_threads"]
     fixed += ["intra_op_spinning", "cpu_mem_arena", "denormal_as_zero", '"keep_fp32.normalization"']
     config = tmp_path / "tune.toml"
     config.write_text(
         '[measure]\nbudget_s = 0.05\n[space]\nprecision = "fp16"\nkeep_fp32_nodes = 4\n'
-        + "".join(f'{k} = "default"\n' for k in fixed)
+        'provider = "CPUExecutionProvider"\n' + "".join(f'{k} = "default"\n' for k in fixed)
     )
     argv = ["tune", str(overflow_path), "--config", str(config), "--quiet", "--n-trials", "4", "--confirm-top", "0"]
     assert main([*argv, "--accuracy", "cosine>=0.999"]) == 0
@@ -273,7 +273,7 @@ def test_real_encoder_fp16_and_int8_are_built_validated_and_ranked(minilm_path: 
     config = tmp_path / "tune.toml"
     config.write_text(
         '[measure]\nbudget_s = 0.2\n[space]\nprecision = ["fp16", "int8"]\nkeep_fp32_nodes = [0]\n'
-        'quantize_ops = "matmul"\nprovider = "default"\ngraph_optimization_level = "default"\n'
+        'quantize_ops = "matmul"\nprovider = "CPUExecutionProvider"\ngraph_optimization_level = "default"\n'
         'mem_pattern = "default"\nexecution_mode = "default"\nintra_op_num_threads = "default"\n'
         'intra_op_spinning = "default"\ncpu_mem_arena = "default"\ndenormal_as_zero = "default"\n'
         'graph_fusion = "default"\n'
