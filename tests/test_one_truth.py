@@ -171,8 +171,12 @@ def test_unstable_measurements_are_flagged_with_what_to_do(tmp_path: Path, capsy
     flags = ["--config", str(config), "--n-trials", "3", "--confirm-top", "0", "--no-seeds"]
     assert tune(CNN, "--backend", SYNTHETIC, *flags) == 0
     warning = "warning: unstable measurements: 3 of 3 search latencies missed their +-1e-07% precision target"
+    measured = [
+        (t.number, t.state.name, t.user_attrs.get("latency", {}).get("rel_ci"), t.user_attrs.get("reused_from"))
+        for t in load(STUDY).trials
+    ]  # what the warning counts, said where it is not as expected
     for text in (capsys.readouterr().out, run("status", capsys)):
-        assert warning in text and "the tuner's cores to itself" in text
+        assert warning in text and "the tuner's cores to itself" in text, (measured, text[-1500:])
     run("report", capsys, "-o", "report.html")
     assert warning in Path("report.html").read_text()
     assert json.loads(run("best", capsys, "--json"))["unstable_measurements"] == [3, 3]
