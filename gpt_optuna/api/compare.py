@@ -12,6 +12,7 @@ over A. Nothing is written to the study.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -157,7 +158,7 @@ def compare(
     processes: int = 5,
     rounds: int = ROUNDS,
     timeout_s: float | None = None,
-    say: Any = print,
+    say: Callable[[str], None] = print,
 ) -> Comparison:
     """Evaluate ``a`` and ``b`` (see :func:`side`) once each, then time them interleaved."""
     if processes < 1 or rounds < 3:

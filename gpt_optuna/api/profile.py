@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -82,7 +83,9 @@ class Profile:
         }
 
 
-def profile(study: optuna.Study, trial: str | None = None, runs: int = 50, say: Any = print) -> Profile:
+def profile(
+    study: optuna.Study, trial: str | None = None, runs: int = 50, say: Callable[[str], None] = print
+) -> Profile:
     """Profile ``trial`` (default: the study's decided one) and the baseline."""
     if runs < 1:
         raise UserError("--runs must be at least 1")
