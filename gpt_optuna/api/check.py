@@ -203,8 +203,9 @@ def run_check(
         elif latency.better:
             outcomes[-1] = replace(latency, message=latency.message + "; --update records it")
         if summary is not None:
-            if versus_yours(summary):
-                print(f"against your configuration: {versus_yours(summary).removeprefix('; ')}")
+            against = versus_yours(summary).removeprefix("; ")
+            if against:
+                print(f"against your configuration: {against}")
             for line in (*(f"warning: {w}" for w in summary.host_warnings), stability_warning(summary)):
                 if line:
                     print(line)

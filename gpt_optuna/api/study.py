@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import html
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -36,6 +37,11 @@ if TYPE_CHECKING:
     from gpt_optuna.api.check_outcome import CheckResult
     from gpt_optuna.api.compare import Comparison
     from gpt_optuna.api.profile import Profile
+
+
+def _teller(progress: bool) -> Callable[[str], None]:
+    """What a long command says as it goes: printed at once, or nothing."""
+    return (lambda text: print(text, flush=True)) if progress else (lambda _: None)
 
 
 def best_record(summary: StudySummary) -> dict[str, Any]:
@@ -345,7 +351,7 @@ class TunedStudy:
         study = open_existing_study(self.storage, self.study_name, writable=True)
         plural = "es" if processes > 1 else ""
         print(f"re-measuring the {top} best candidates and the baseline in {processes} process{plural} ...")
-        say = lambda text: print(text, flush=True)  # noqa: E731
+        say = _teller(True)
         try:
             with interrupts.handled():
                 found = confirm(
@@ -375,17 +381,16 @@ class TunedStudy:
         B's speedup over A, beside each one's outputs against the study's reference."""
         from gpt_optuna.api.compare import compare
 
-        say = (lambda text: print(text, flush=True)) if progress else (lambda _: None)
         timeout_s = parse_duration(timeout) if timeout else None
-        return compare(self.study, str(a), str(b), processes, rounds, timeout_s, say)
+        with interrupts.handled():
+            return compare(self.study, str(a), str(b), processes, rounds, timeout_s, _teller(progress))
 
     def profile(self, trial: str | int | None = None, *, runs: int = 50, progress: bool = True) -> Profile:
         """Where ``trial``'s time goes (default: :attr:`deploy`'s), operator by operator, beside the
         baseline's, by the engine's own profiler (``gpt-optuna profile``)."""
         from gpt_optuna.api.profile import profile
 
-        say = (lambda text: print(text, flush=True)) if progress else (lambda _: None)
-        return profile(self.study, None if trial is None else str(trial), runs, say)
+        return profile(self.study, None if trial is None else str(trial), runs, _teller(progress))
 
     def check(
         self,

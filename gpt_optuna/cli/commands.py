@@ -152,23 +152,14 @@ def _confirm(args: argparse.Namespace, study: Any) -> int:
 
 
 def _compare(args: argparse.Namespace, study: Any) -> int:
-    from gpt_optuna.api.compare import compare
-    from gpt_optuna.core import interrupts
-    from gpt_optuna.search.options import parse_duration
-
-    timeout = parse_duration(args.timeout) if args.timeout else None
-    say = (lambda _: None) if args.json else (lambda text: print(text, flush=True))
-    with interrupts.handled():
-        found = compare(study.study, args.a, args.b, args.processes, args.rounds, timeout, say)
+    options = {"processes": args.processes, "rounds": args.rounds, "timeout": args.timeout}
+    found = study.compare(args.a, args.b, **options, progress=not args.json)
     print(json.dumps(found.to_dict()) if args.json else "\n".join(found.lines()))
     return 0
 
 
 def _profile(args: argparse.Namespace, study: Any) -> int:
-    from gpt_optuna.api.profile import profile
-
-    say = (lambda _: None) if args.json else (lambda text: print(text, flush=True))
-    found = profile(study.study, args.trial, args.runs, say)
+    found = study.profile(args.trial, runs=args.runs, progress=not args.json)
     print(json.dumps(found.to_dict()) if args.json else "\n".join(found.lines()))
     return 0
 

@@ -6,7 +6,7 @@ import hashlib
 import json
 import os
 import shutil
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -125,17 +125,14 @@ def versus_yours_record(summary: StudySummary, trial: FrozenTrial) -> dict[str, 
     if yours is None:
         return None
     figures = summary.versus_yours(trial)
-    own = summary.figures(yours)  # its latency in the measurement that judged it
-    confirmed = (summary.confirmed or {}).get("yours")
-    if confirmed:  # re-measured beside the finalists without being one
-        own = replace(own, measurement=summary.confirmed_measurement, latency_ms=confirmed["median_ms"])
+    own_ms, measurement = summary.your_latency()
     return {
         "trial": yours.number,
         "file": yours.user_attrs.get(YOURS_ATTR),
         "params": dict(yours.params),
         "is_this_trial": trial.number == yours.number,
-        "measurement": figures.measurement if figures is not None else own.measurement,
-        "latency_ms": figures.baseline_ms if figures is not None else own.latency_ms,
+        "measurement": figures.measurement if figures is not None else measurement,
+        "latency_ms": figures.baseline_ms if figures is not None else own_ms,
         "speedup": figures.speedup if figures is not None else None,
         "speedup_ci95": list(figures.ci) if figures is not None and figures.ci is not None else None,
         "faster": summary.beats_yours(trial),

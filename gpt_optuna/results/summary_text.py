@@ -11,7 +11,6 @@ from gpt_optuna.graph.interface import describe_changes
 from gpt_optuna.study.evidence import WORTHWHILE
 from gpt_optuna.study.record import YOURS_ATTR, source_study
 from gpt_optuna.study.summary import first_value
-from gpt_optuna.study.taxonomy import measured_latency_ms
 
 if TYPE_CHECKING:
     from gpt_optuna.study.summary import Figures, StudySummary
@@ -254,8 +253,7 @@ def _yours_line(summary: StudySummary) -> list[str]:
     yours = summary.yours
     if yours is None or summary.baseline is not None and yours.number == summary.baseline.number:
         return []
-    record = (summary.confirmed or {}).get("yours") or {}
-    latency, which = (record["median_ms"], summary.measurement) if record else (measured_latency_ms(yours), "search")
+    latency, which = summary.your_latency()
     shown = (
         f"{latency:.4g} {summary.unit} ({which})" if latency is not None else f"no value ({yours.state.name.lower()})"
     )

@@ -172,6 +172,14 @@ class StudySummary:
             return None
         return Figures(trial.number, "search", latency, theirs)
 
+    def your_latency(self) -> tuple[float | None, str]:
+        """The user's own configuration's latency (ms) and the measurement it comes from: the
+        confirmation where it re-measured it, else the search's (None without one)."""
+        record = (self.confirmed or {}).get("yours")
+        if record:
+            return float(record["median_ms"]), self.confirmed_measurement
+        return (None if self.yours is None else measured_latency_ms(self.yours)), "search"
+
     def beats_yours(self, trial: FrozenTrial) -> bool:
         """Whether ``trial`` is faster than the user's own configuration by the study's evidence:
         beyond the confirmation's interval where it re-measured both, else in the search."""
