@@ -9,6 +9,7 @@ does), so that PyTorch and ONNX Runtime run the same network on the same inputs.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -151,3 +152,111 @@ def token_inputs(seed: int = 0) -> dict[str, np.ndarray]:
     lengths = rng.integers(SEQUENCE // 2, SEQUENCE + 1, BATCH)
     mask = (np.arange(SEQUENCE)[None] < lengths[:, None]).astype(np.int64)
     return {"input_ids": ids * mask, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)}
+
+
+# The family benchmark: architectures from torchvision, timm and transformers, seeded random
+# weights (latency does not depend on them), each returning one tensor.
+
+
+def _seeded(make: Callable[[], nn.Module]) -> nn.Module:
+    torch.manual_seed(0)
+    return make().eval()
+
+
+def efficientnet_b0() -> nn.Module:
+    import torchvision
+
+    return _seeded(lambda: torchvision.models.efficientnet_b0(weights=None))
+
+
+class _Out(nn.Module):
+    """A segmentation model's ``out`` map (torchvision's segmentation models return a dict)."""
+
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.inner(x)["out"]
+
+
+def deeplabv3_mobilenet() -> nn.Module:
+    import torchvision
+
+    return _seeded(
+        lambda: _Out(torchvision.models.segmentation.deeplabv3_mobilenet_v3_large(weights=None, weights_backbone=None))
+    )
+
+
+def swin_t() -> nn.Module:
+    import torchvision
+
+    return _seeded(lambda: torchvision.models.swin_t(weights=None))
+
+
+def convnextv2_tiny() -> nn.Module:
+    """timm's ConvNeXt V2 (global response normalization)."""
+    import timm
+
+    return _seeded(lambda: timm.create_model("convnextv2_tiny", pretrained=False))
+
+
+def mobilevit_s() -> nn.Module:
+    """timm's MobileViT-S, a mobile hybrid of convolutions and transformer blocks."""
+    import timm
+
+    return _seeded(lambda: timm.create_model("mobilevit_s", pretrained=False))
+
+
+class _Hidden(nn.Module):
+    """A ``transformers`` model's last hidden state from token ids and a padding mask."""
+
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        return self.inner(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
+
+
+def _hidden(make: Callable[[], nn.Module]) -> nn.Module:
+    return _seeded(lambda: _Hidden(make()))
+
+
+def bert_base() -> nn.Module:
+    import transformers
+
+    return _hidden(lambda: transformers.BertModel(transformers.BertConfig(), add_pooling_layer=False))
+
+
+def gpt2() -> nn.Module:
+    """GPT-2 small, its causal mask built by the library."""
+    import transformers
+
+    return _hidden(lambda: transformers.GPT2Model(transformers.GPT2Config()))
+
+
+def llama() -> nn.Module:
+    """A Llama-style decoder of 490 MB: RMSNorm, rotary embeddings, 16 query heads over 4 K/V heads."""
+    import transformers
+
+    config = transformers.LlamaConfig(
+        vocab_size=32000,
+        hidden_size=1024,
+        intermediate_size=2816,
+        num_hidden_layers=8,
+        num_attention_heads=16,
+        num_key_value_heads=4,
+    )
+    return _hidden(lambda: transformers.LlamaModel(config))
+
+
+def decoder_inputs(seed: int = 0) -> dict[str, np.ndarray]:
+    """Token ids (below every vocabulary's size here) and a padding mask, without token types."""
+    inputs = token_inputs(seed)
+    return {"input_ids": inputs["input_ids"], "attention_mask": inputs["attention_mask"]}
+
+
+def noise_images(seed: int = 0) -> dict[str, np.ndarray]:
+    """A batch of N(0, 1) images at 224x224 (the weights are random too: nothing to recognise)."""
+    return {"x": np.random.default_rng(seed).standard_normal((BATCH, 3, 224, 224), dtype=np.float32)}

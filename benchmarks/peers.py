@@ -84,26 +84,33 @@ def _exported(
     module: Callable[[], torch.nn.Module],
     feeds: Callable[[], dict[str, np.ndarray]],
     opset: int | None = None,
+    dynamo: bool = False,
 ) -> Callable[[Path], Path]:
-    """The ONNX file of ``module`` exported by TorchScript at this batch (the same weights)."""
+    """The ONNX file of ``module`` exported at this batch (the same weights), by TorchScript or,
+    where ``dynamo``, by torch's default exporter (TorchScript where that one fails, said on stderr)."""
 
     def export(cache: Path) -> Path:
         path = cache / f"{name}_seed0_b{peer_models.BATCH}.onnx"
         if not path.is_file():
             inputs = feeds()
             args = tuple(torch.from_numpy(v) for v in inputs.values())
-            torch.onnx.export(
-                module(),
-                args,
-                str(path),
-                input_names=list(inputs),
-                output_names=["logits"],
-                dynamo=False,
-                opset_version=opset,
-            )
+            names = {"input_names": list(inputs), "output_names": ["logits"], "opset_version": opset}
+            if dynamo:
+                try:
+                    torch.onnx.export(module(), args, str(path), dynamo=True, external_data=False, **names)
+                    return path
+                except Exception as exc:  # noqa: BLE001 - any exporter failure falls back
+                    print(f"{name}: the dynamo exporter failed ({exc!r:.200}); TorchScript's instead", file=sys.stderr)
+            torch.onnx.export(module(), args, str(path), dynamo=False, **names)
         return path
 
     return export
+
+
+def _family(name: str, module: Callable[[], torch.nn.Module], cnn: bool, tokens: bool = False) -> PeerModel:
+    """A model of the family benchmark, exported by torch's default exporter."""
+    feeds = peer_models.decoder_inputs if tokens else peer_models.noise_images
+    return PeerModel(module, feeds, cnn, _exported(name, module, feeds, 18, dynamo=True))
 
 
 def _images() -> dict[str, np.ndarray]:
@@ -125,7 +132,19 @@ MODELS = {
     "convnext_tiny": PeerModel(
         peer_models.convnext_tiny, _images, True, _exported("convnext_tiny", peer_models.convnext_tiny, _images, 17)
     ),
+    "efficientnet_b0": _family("efficientnet_b0", peer_models.efficientnet_b0, True),
+    "deeplabv3_mobilenet": _family("deeplabv3_mobilenet", peer_models.deeplabv3_mobilenet, True),
+    "convnextv2_tiny": _family("convnextv2_tiny", peer_models.convnextv2_tiny, True),
+    "mobilevit_s": _family("mobilevit_s", peer_models.mobilevit_s, True),
+    "swin_t": _family("swin_t", peer_models.swin_t, False),
+    "bert_base": _family("bert_base", peer_models.bert_base, False, tokens=True),
+    "gpt2": _family("gpt2", peer_models.gpt2, False, tokens=True),
+    "llama": _family("llama", peer_models.llama, False, tokens=True),
 }
+FAMILIES = (
+    "resnet50,efficientnet_b0,convnextv2_tiny,deeplabv3_mobilenet,mobilevit_s,vit_b_16,swin_t,bert_base,gpt2,llama"
+)
+"""The family benchmark: ten architectures from torchvision, timm and transformers."""
 
 
 @dataclass
@@ -201,17 +220,26 @@ def onnxruntime_rows(
     folder: Path,
     stack: contextlib.ExitStack,
     profile: bool,
+    timeout_s: float | None = None,
 ) -> tuple[list[Row], str]:
-    """ONNX Runtime's defaults and the tuned winner, timed through the tuner's runner (open until
-    ``stack`` closes), and the tuner's own figures for both."""
+    """ONNX Runtime's defaults and the tuned winner (searched for ``n_trials``, or until
+    ``timeout_s``), timed through the tuner's runner (open until ``stack`` closes), and the tuner's
+    own figures for both."""
     inputs = folder / f"{name}.inputs.npz"
     save_npz(inputs, feeds)
     config = TuneConfig(
-        model=model, inputs=inputs, accuracy=CRITERION, n_trials=n_trials, study_name=f"peers-{name}", seed=0
+        model=model,
+        inputs=inputs,
+        accuracy=CRITERION,
+        n_trials=n_trials,
+        timeout_s=timeout_s,
+        study_name=f"peers-{name}",
+        seed=0,
     )
     storage = f"sqlite:///studies/peers-{name}.db"
     searched = (
-        Path(f"studies/peers-{name}.db").is_file()
+        timeout_s is None
+        and Path(f"studies/peers-{name}.db").is_file()
         and finished_count(optuna.load_study(study_name=f"peers-{name}", storage=storage)) >= n_trials
     )
     started = time.monotonic()
@@ -328,8 +356,9 @@ def model_lines(name: str, rows: list[Row], reference: np.ndarray | None) -> lis
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--models", default=",".join(MODELS), help=f"the family benchmark: {FAMILIES}")
     parser.add_argument("--n-trials", type=int, default=40)
+    parser.add_argument("--timeout", type=float, help="seconds each search may take (then at most --n-trials)")
     parser.add_argument("--peers", default=",".join(PEERS))
     parser.add_argument("--compile-timeout", type=float, default=600.0, help="seconds one PyTorch peer may take")
     parser.add_argument("--olive-timeout", type=float, default=900.0, help="seconds Olive's tuning may take")
@@ -360,7 +389,9 @@ def main() -> None:
             onnx_path, feeds = model.onnx(args.cache.resolve()), model.feeds()
             tuned, figures = [], []
             if "onnxruntime" in peers:  # first: a rerun resumes the search
-                tuned, figure = onnxruntime_rows(name, onnx_path, feeds, args.n_trials, folder, stack, args.profile)
+                tuned, figure = onnxruntime_rows(
+                    name, onnx_path, feeds, args.n_trials, folder, stack, args.profile, args.timeout
+                )
                 figures.append(figure)
             reference = torch_row(name, "eager32", False, args.compile_timeout)
             rows = [reference] if "eager32" in peers else []

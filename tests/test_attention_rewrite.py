@@ -15,7 +15,8 @@ from onnx import TensorProto, helper
 
 from gpt_optuna.graph import model as m
 from gpt_optuna.graph.attention_rewrite import rewrite_attention
-from gpt_optuna.graph.fusion import fuse_transformer, fused_path
+from gpt_optuna.graph.fusion import fused_path
+from gpt_optuna.graph.ort_fusion import fuse_transformer
 
 HEADS, HEAD, HIDDEN = 2, 4, 8
 NEG = float(np.finfo(np.float32).min)

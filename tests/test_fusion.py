@@ -22,7 +22,15 @@ from gpt_optuna.evaluation.measure import MeasureSettings
 from gpt_optuna.evaluation.outcome import Outcome
 from gpt_optuna.graph import feeds as mf
 from gpt_optuna.graph import model as m
-from gpt_optuna.graph.fusion import FUSED_VERSION, fused_path, fusion_knobs, graph_ops
+from gpt_optuna.graph.fusion import (
+    FUSED_VERSION,
+    FUSION_VALUES,
+    FUSIONS,
+    fused_ops,
+    fused_path,
+    fusion_knobs,
+    graph_ops,
+)
 from gpt_optuna.graph.model_cache import TransformFailed
 from gpt_optuna.graph.precision import PrecisionSetting, transform
 
@@ -107,7 +115,7 @@ def test_fusion_is_offered_only_where_it_changes_the_model_and_the_backend_runs_
     # nothing to fuse in a CNN: the optimizer is not even run, and the user is told
     assert knobs(cnn, ("transformer",), tmp_path / "cnn") == (
         [],
-        ["graph_fusion not searched: the model has no layer norm, GELU or softmax for the transformer fusion"],
+        ["graph_fusion not searched: the model has no layer norm, GELU or softmax for the transformer fusions"],
     )
     assert not (tmp_path / "cnn").exists()
     # a LayerNormalization the model already has is not something the fusion did
@@ -124,7 +132,7 @@ def test_fusion_is_offered_only_where_it_changes_the_model_and_the_backend_runs_
     onnx.save(helper.make_model(norm, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "norm.onnx")
     assert knobs(m.load_model_info(tmp_path / "norm.onnx"), ("transformer",), tmp_path / "models") == (
         [],
-        ["graph_fusion not searched: the transformer fusion fuses nothing in this model"],
+        ["graph_fusion transformer not searched: it fuses nothing in this model"],
     )
     space, _, _ = SpaceJob("onnxruntime", minilm, SHAPES, tmp_path / "models")()
     assert "graph_fusion" in [k.name for k in space.knobs]
@@ -213,3 +221,95 @@ def test_a_graph_the_optimizer_fails_on_keeps_its_failure_for_the_space_check(tm
     with pytest.raises(TransformFailed) as again:
         fused_path(path, info.sha256, "transformer", tmp_path / "models")
     assert str(again.value) == str(first.value) and kept[0].stat().st_mtime_ns == stamp
+
+
+BERT_EXPORT = Path(__file__).parent / "data" / "bert_dynamo_export.onnx"
+"""A two-layer BERT from ``transformers`` (seeded weights, hidden 32, 4 heads), exported by torch's
+dynamo exporter at batch 2 x 16 tokens, as a user exports it today."""
+
+
+def bert_feeds() -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(0)
+    mask = np.ones((2, 16), np.int64)
+    mask[1, 11:] = 0
+    return {"input_ids": rng.integers(0, 128, (2, 16)), "attention_mask": mask}
+
+
+def test_each_maintained_fusion_is_a_value_where_it_fuses_the_model_otherwise(tmp_path: Path) -> None:
+    """On a real exporter's graph: every value offered fuses something, none fuses it as another
+    does, what is left out is said, attention is fused by one of them, and each fused model
+    computes what the export computes."""
+    info = m.load_model_info(BERT_EXPORT)
+    fusions = FUSIONS[1:]
+    (knob,), notes = knobs(info, fusions, tmp_path / "models")
+    offered = knob.choices[1:]
+    counts = {f: fused_ops(fused_path(BERT_EXPORT, info.sha256, f, tmp_path / "models")) for f in offered}
+    assert all(counts.values())
+    assert len({json.dumps(c, sort_keys=True) for c in counts.values()}) == len(offered)
+    fitting = [f.name for f in FUSION_VALUES if f.fits(graph_ops(onnx.load(str(BERT_EXPORT))))]
+    for fusion in set(fitting) - set(offered) - {"transformer-mha"}:  # -mha: said only where it differs
+        assert any(note.startswith(f"graph_fusion {fusion} not searched: ") for note in notes), (fusion, notes)
+    assert any({"Attention", "MultiHeadAttention"} & set(c) for c in counts.values()), counts
+    feeds = bert_feeds()
+    original = run(BERT_EXPORT, feeds)
+    for fusion in offered:
+        assert (
+            np.abs(run(fused_path(BERT_EXPORT, info.sha256, fusion, tmp_path / "models"), feeds) - original).max()
+            < 1e-4
+        )
+
+
+def rms_norm_model() -> onnx.ModelProto:
+    """Two RMSNorm + projection blocks, as a Llama-style decoder writes them."""
+    rng = np.random.default_rng(0)
+    hidden, nodes, weights, x = 64, [], [], "x"
+    for i in range(2):
+        weights += [
+            numpy_helper.from_array(np.array(2.0, np.float32), f"two{i}"),
+            numpy_helper.from_array(np.array(1e-6, np.float32), f"eps{i}"),
+            numpy_helper.from_array((1 + 0.1 * rng.standard_normal(hidden)).astype(np.float32), f"gain{i}"),
+            numpy_helper.from_array((0.1 * rng.standard_normal((hidden, hidden))).astype(np.float32), f"w{i}"),
+        ]
+        nodes += [
+            helper.make_node("Pow", [x, f"two{i}"], [f"square{i}"]),
+            helper.make_node("ReduceMean", [f"square{i}"], [f"mean{i}"], axes=[-1]),
+            helper.make_node("Add", [f"mean{i}", f"eps{i}"], [f"shifted{i}"]),
+            helper.make_node("Sqrt", [f"shifted{i}"], [f"rms{i}"]),
+            helper.make_node("Div", [x, f"rms{i}"], [f"normed{i}"]),
+            helper.make_node("Mul", [f"normed{i}", f"gain{i}"], [f"scaled{i}"]),
+            helper.make_node("MatMul", [f"scaled{i}", f"w{i}"], [f"y{i}"]),
+        ]
+        x = f"y{i}"
+    graph = helper.make_graph(
+        nodes,
+        "rms",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8, hidden])],
+        [helper.make_tensor_value_info(x, TensorProto.FLOAT, [2, 8, hidden])],
+        weights,
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_rms_norms_fused_into_onnxruntime_operators_of_onnx_domain_load_and_run_in_fp16(tmp_path: Path) -> None:
+    """ONNX Runtime writes SimplifiedLayerNormalization in ONNX's own domain, which ONNX's checker
+    knows not: the fused model is still read, and its fp16 copy types the operator by ONNX
+    Runtime's schema (a cast where it meets fp16 neighbours)."""
+    onnx.save(rms_norm_model(), tmp_path / "rms.onnx")
+    info = m.load_model_info(tmp_path / "rms.onnx")
+    fused = fused_path(info.path, info.sha256, "transformer", tmp_path / "models")
+    assert fused_ops(fused) == {"SimplifiedLayerNormalization": 2}
+    fused_info = m.load_model_info(fused)
+    fp16 = transform(fused, fused_info.sha256, PrecisionSetting("fp16"), [], [], "", tmp_path / "models")
+    feeds = {"x": np.random.default_rng(1).standard_normal((2, 8, 64)).astype(np.float32)}
+    original = run(info.path, feeds)
+    assert np.abs(run(fused, feeds) - original).max() < 1e-4
+    assert cosine(run(fp16, feeds), original) > 0.9999
+
+
+def test_making_fused_models_stops_once_its_share_of_the_time_is_spent(tmp_path: Path) -> None:
+    info = m.load_model_info(BERT_EXPORT)
+    notes: list[str] = []
+    ops = graph_ops(onnx.load(str(BERT_EXPORT)))
+    assert fusion_knobs(info, FUSIONS[1:], tmp_path / "models", ops, notes.append, budget_s=-1.0) == []
+    assert not (tmp_path / "models").exists()
+    assert notes and all("no time left for it in preparation's share of --timeout" in note for note in notes)

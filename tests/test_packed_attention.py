@@ -13,7 +13,7 @@ import pytest
 from conftest import Initializers
 from onnx import TensorProto, helper
 
-from gpt_optuna.graph.fusion import fuse_transformer
+from gpt_optuna.graph.ort_fusion import fuse_transformer
 from gpt_optuna.graph.packed_attention import rewrite_packed_attention
 
 BATCH, SEQ, HEADS, HEAD = 2, 5, 3, 4

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import time
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +21,9 @@ from gpt_optuna.backends.tensorrt.backend import TensorRTRTXBackend
 from gpt_optuna.cli import main
 from gpt_optuna.core.space import Knob, Space
 from gpt_optuna.evaluation.accuracy import parse_criterion
+from gpt_optuna.evaluation.jobs import CheckJob, EvaluateJob
+from gpt_optuna.evaluation.measure import MeasureSettings
+from gpt_optuna.evaluation.outcome import Outcome, TrialResult
 from gpt_optuna.evaluation.sensitivity import rank_sensitive_nodes
 from gpt_optuna.graph import feeds as mf
 from gpt_optuna.graph import model as m
@@ -28,6 +32,7 @@ from gpt_optuna.graph.precision import KEEP_GROUPS, KEEP_NODE_COUNTS, PrecisionS
 from gpt_optuna.graph.transforms import is_transform_knob
 from gpt_optuna.search.ledger import refusal_causes
 from gpt_optuna.search.sampling import FreshSampler
+from gpt_optuna.search.space_check import check_space
 from gpt_optuna.testing.pattern_graphs import PATTERNS
 from gpt_optuna.testing.small_cnn import small_cnn
 
@@ -400,3 +405,42 @@ def test_fp16_types_follow_the_operator_schemas(tmp_path: Path) -> None:
     assert cast.attribute[0].i == onnx.TensorProto.FLOAT16
     shared = {i.name: i.data_type for i in graph.initializer if i.name.startswith("shared")}
     assert sorted(shared.values()) == [onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16]
+
+
+class _LoadsEverything:
+    """Stands in for the worker in the check's schedule: every graph loads, and what is checked
+    is counted (the loading itself is tested above, for real)."""
+
+    def __init__(self) -> None:
+        self.checked: list[tuple[str, str]] = []
+
+    def run(self, job: CheckJob, timeout: float | None, on_progress: object = None) -> TrialResult:
+        self.checked.append((job.job.candidate["graph_fusion"], job.job.candidate["precision"]))
+        return TrialResult(Outcome.OK, attrs={"limits": []})
+
+
+def test_a_space_check_cut_short_keeps_some_of_each_knob_and_offers_only_what_it_checked(cnn_path: Path) -> None:
+    """Past its deadline only the default is still checked; before it, the fused graphs at the
+    default precision come before other precisions, so a cut keeps some of each."""
+    space = Space(
+        [
+            Knob("graph_fusion", ("none", "transformer", "onnxscript"), "none"),
+            Knob("precision", ("fp32", "fp16", "int8"), "fp32"),
+        ]
+    )
+    info = m.load_model_info(cnn_path)
+    criterion = parse_criterion("cosine>=0.99")
+    template = EvaluateJob(
+        "onnxruntime", info, {}, cnn_path.parent, {}, cnn_path, cnn_path, criterion, MeasureSettings()
+    )
+    worker = _LoadsEverything()
+    notes: list[str] = []
+    late = time.monotonic() - 1
+    checked, complete = check_space(space, template, worker, 60.0, notes.append, deadline=late)  # type: ignore[arg-type]
+    assert worker.checked == [("none", "fp32")] and not complete
+    assert checked.choices("graph_fusion") == ("none",) and checked.choices("precision") == ("fp32",)
+    assert len(notes) == 4 and all("not checked within preparation's share of --timeout" in n for n in notes)
+    worker = _LoadsEverything()
+    checked, complete = check_space(space, template, worker, 60.0, [].append)  # type: ignore[arg-type]
+    assert complete and len(worker.checked) == 9 and checked.choices("precision") == ("fp32", "fp16", "int8")
+    assert worker.checked[:4] == [("none", "fp32"), ("transformer", "fp32"), ("none", "fp16"), ("onnxscript", "fp32")]

@@ -114,6 +114,8 @@ class SpaceJob:
     cache_dir: Path
     allow_io_change: bool = False
     """Offer reduced-precision inputs and outputs (``keep_io_fp32``); the interface stays otherwise."""
+    fusion_budget_s: float | None = None
+    """Making the fused models stops after this long (see :func:`fusion_knobs`)."""
 
     def __call__(self) -> tuple[Space, dict[str, str], list[str]]:
         """The space, the library versions (and GPU), and a line for each transform left out."""
@@ -123,7 +125,9 @@ class SpaceJob:
         graph = onnx.load(str(self.model.path), load_external_data=False)
         precision = precision_knobs(graph, backend.precisions(), self.allow_io_change)
         notes: list[str] = []
-        fusion = fusion_knobs(self.model, backend.fusions(), self.cache_dir, graph_ops(graph), notes.append)
+        fusion = fusion_knobs(
+            self.model, backend.fusions(), self.cache_dir, graph_ops(graph), notes.append, self.fusion_budget_s
+        )
         knobs = list(backend.space(self.model, self.shapes).knobs)
         if precision:  # weak-typing flags only where the graph itself stays fp32
             graph_fp32 = Condition("precision", ("fp32",))

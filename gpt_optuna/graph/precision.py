@@ -20,7 +20,7 @@ from typing import Any
 
 from gpt_optuna.core.space import Candidate, Condition, Knob
 from gpt_optuna.graph import opset, reduced_float
-from gpt_optuna.graph.model import Feeds
+from gpt_optuna.graph.model import Feeds, run_checker
 from gpt_optuna.graph.model_cache import produce
 from gpt_optuna.graph.tensor_types import onnx_module
 from gpt_optuna.graph.weight_quantization import per_channel_weights
@@ -274,7 +274,7 @@ def transform(
             quantize(
                 ready_for_quantization(base_path, base_sha256, setting.precision, cache_dir), tmp, setting, samples
             )
-        onnx.checker.check_model(str(tmp), full_check=True)
+        run_checker(tmp, full_check=True)
 
     return produce(out, make)
 

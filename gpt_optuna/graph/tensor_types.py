@@ -58,7 +58,8 @@ def _formal(types: tuple[str, ...], position: int, variadic: bool) -> str:
 
 @functools.cache
 def _ort_schemas() -> dict[tuple[str, str], list[tuple[int, _Schema]]]:
-    """ONNX Runtime's contrib operator schemas (com.microsoft, ...), by (domain, op)."""
+    """ONNX Runtime's operator schemas by (domain, op): its contrib operators (com.microsoft, ...)
+    and those it registers in ONNX's domain (SimplifiedLayerNormalization)."""
     try:
         from onnxruntime.capi import onnxruntime_pybind11_state as ort_c
     except ImportError:
@@ -66,8 +67,6 @@ def _ort_schemas() -> dict[tuple[str, str], list[tuple[int, _Schema]]]:
     variadic = ort_c.schemadef.OpSchema.FormalParameterOption.Variadic
     table: dict[tuple[str, str], list[tuple[int, _Schema]]] = {}
     for op in ort_c.get_all_operator_schema():
-        if op.domain in ("", "ai.onnx"):
-            continue
         schema = _Schema(
             tuple(p.typeStr for p in op.inputs),
             tuple(p.typeStr for p in op.outputs),
@@ -75,7 +74,7 @@ def _ort_schemas() -> dict[tuple[str, str], list[tuple[int, _Schema]]]:
             bool(op.outputs) and op.outputs[-1].option == variadic,
             {c.type_param_str: frozenset(c.allowed_type_strs) for c in op.type_constraints},
         )
-        table.setdefault((op.domain, op.name), []).append((op.since_version, schema))
+        table.setdefault(("" if op.domain == "ai.onnx" else op.domain, op.name), []).append((op.since_version, schema))
     return table
 
 
@@ -84,18 +83,20 @@ def schema(op_type: str, domain: str, version: int) -> _Schema | None:
     """The schema of ``op_type`` as of opset ``version`` of ``domain``, or None where unknown."""
     onnx = onnx_module()
     if domain in ("", "ai.onnx"):
+        domain = ""
         try:
             found = onnx.defs.get_schema(op_type, version, "")
-        except onnx.defs.SchemaError:
-            return None
-        variadic = onnx.defs.OpSchema.FormalParameterOption.Variadic
-        return _Schema(
-            tuple(p.type_str for p in found.inputs),
-            tuple(p.type_str for p in found.outputs),
-            bool(found.inputs) and found.inputs[-1].option == variadic,
-            bool(found.outputs) and found.outputs[-1].option == variadic,
-            {c.type_param_str: frozenset(c.allowed_type_strs) for c in found.type_constraints},
-        )
+        except onnx.defs.SchemaError:  # perhaps one of ONNX Runtime's own
+            found = None
+        if found is not None:
+            variadic = onnx.defs.OpSchema.FormalParameterOption.Variadic
+            return _Schema(
+                tuple(p.type_str for p in found.inputs),
+                tuple(p.type_str for p in found.outputs),
+                bool(found.inputs) and found.inputs[-1].option == variadic,
+                bool(found.outputs) and found.outputs[-1].option == variadic,
+                {c.type_param_str: frozenset(c.allowed_type_strs) for c in found.type_constraints},
+            )
     versions = [(v, s) for v, s in _ort_schemas().get((domain, op_type), []) if v <= version]
     return max(versions, key=lambda item: item[0])[1] if versions else None
 

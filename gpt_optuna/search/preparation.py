@@ -7,6 +7,7 @@ import hashlib
 import json
 import tempfile
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -107,6 +108,9 @@ def call_metric(
 
 SLOW_STEP_S = 3.0
 """A step of the preparation still going after this long says what it does."""
+PREPARATION_SHARE = 0.25
+"""Of ``--timeout``, what making the graph transforms and checking the space may take together
+(a third of it at most for making the fused models), so that the search gets its trials."""
 
 
 def discover_space(
@@ -122,12 +126,17 @@ def discover_space(
     each graph transform it offers made and loaded once (:func:`check_space`); the space, the
     library versions and the calibration data's hash (empty without int8/fp8). Transformed
     models and the calibration data are kept in ``workdir``; what was dropped goes to ``notes``."""
+    share_s = None if config.timeout_s is None else PREPARATION_SHARE * config.timeout_s
+    deadline = None if share_s is None else time.monotonic() + share_s
     slow = threading.Timer(
         SLOW_STEP_S, say, ["finding the search space (a transformer's fusion takes a while on a large graph) ..."]
     )
     slow.start()
     try:
-        job = SpaceJob(config.backend, working, inputs.shapes, workdir / "models", config.allow_io_change)
+        fusion_budget_s = None if share_s is None else share_s / 3
+        job = SpaceJob(
+            config.backend, working, inputs.shapes, workdir / "models", config.allow_io_change, fusion_budget_s
+        )
         space, versions, left_out = worker.run(job, SPACE_TIMEOUT_S)
     except JobFailure as failure:
         raise UserError(f"backend {config.backend!r} could not describe its search space: {failure}") from None
@@ -155,7 +164,7 @@ def discover_space(
         config.dry_run,
         config.metric,
     )
-    space = remembered_check(space, template, worker, config, versions, calibration_sha256, notes, say)
+    space = remembered_check(space, template, worker, config, versions, calibration_sha256, notes, say, deadline)
     return space, versions, calibration_sha256
 
 
@@ -168,8 +177,9 @@ def remembered_check(
     calibration_sha256: str,
     notes: list[str],
     say: Callable[[str], None],
+    deadline: float | None = None,
 ) -> Space:
-    """:func:`check_space`, remembered in the study folder under a key of what decides it (the
+    """:func:`check_space` (until ``deadline``), remembered in the study folder under a key of what decides it (the
     working model's hash, the backend, the library versions and GPU, the space before the check,
     the shapes, the calibration data, the trial timeout): a resume with the same of each reuses it
     and its notes, and so does ``gpt-optuna space`` beside the study (it writes its own elsewhere)."""
@@ -198,8 +208,10 @@ def remembered_check(
             notes += kept["notes"]
             return checked
     found: list[str] = []
-    checked = check_space(space, template, worker, config.trial_timeout_s, found.append, say)
+    checked, complete = check_space(space, template, worker, config.trial_timeout_s, found.append, say, deadline)
     notes += found
+    if not complete:  # a later run with more time checks what this one had no time for
+        return checked
     path = template.workdir / name
     partial = path.with_name(path.name + ".tmp")
     partial.write_text(json.dumps({"decided_by": decided_by, "space": checked.to_record(), "notes": found}))

@@ -34,23 +34,36 @@ def check_space(
     timeout: float,
     note: Callable[[str], None],
     say: Callable[[str], None] = lambda _: None,
-) -> Space:
+    deadline: float | None = None,
+) -> tuple[Space, bool]:
     """``space`` without the transform values that cannot be made or loaded, and with the knob
     limits the engine reported; each change is told to ``note`` in one line, each check to ``say``
-    as it starts (making a transform can take a while)."""
+    as it starts (making a transform can take a while). Past ``deadline`` (``time.monotonic()``)
+    only the space's default is still checked, and the values not checked are left out; the second
+    value says whether every value was checked.
+
+    The checks go by the sum of each value's place in its knob (the defaults first; at a tie, fused
+    graphs at the default precision first: a fusion not checked there is lost), so that a check cut
+    short keeps some of each knob rather than all of one."""
     default = space.default()
     base_fusion, base_precision = default.get(FUSION_KNOB, "none"), default.get(PRECISION, "fp32")
-    fusions = space.choices(FUSION_KNOB) or (base_fusion,)
-    precisions = space.choices(PRECISION) or (base_precision,)
+    fusions = tuple(sorted(space.choices(FUSION_KNOB) or (base_fusion,), key=lambda f: f != base_fusion))
+    precisions = tuple(sorted(space.choices(PRECISION) or (base_precision,), key=lambda p: p != base_precision))
     loaded: dict[Combo, list[KnobLimit]] = {}
     failed: dict[Combo, str] = {}
     started, count = time.monotonic(), len(fusions) * len(precisions)
-    combos = itertools.product(
-        sorted(fusions, key=lambda f: f != base_fusion), sorted(precisions, key=lambda p: p != base_precision)
+    combos = sorted(
+        itertools.product(fusions, precisions),
+        key=lambda c: (fusions.index(c[0]) + precisions.index(c[1]), precisions.index(c[1])),
     )
+    unchecked: set[Combo] = set()
     for done, (fusion, precision) in enumerate(combos):
-        if (fusion, base_precision) in failed:
-            continue  # the fused graph itself cannot be loaded
+        if (fusion, base_precision) in failed or (fusion, base_precision) in unchecked:
+            continue  # the fused graph itself cannot be loaded, or was not
+        late = deadline is not None and time.monotonic() > deadline
+        if late and (fusion, precision) != (base_fusion, base_precision):
+            unchecked.add((fusion, precision))
+            continue
         fixed = {FUSION_KNOB: fusion, PRECISION: precision}
         say(f"checking the space {done + 1}/{count}: graph_fusion {fusion}, precision {precision} ...")
         job = replace(template, candidate=space.default(fixed))
@@ -67,19 +80,20 @@ def check_space(
             f"the backend cannot load the model as the space's default ({setting}) would: "
             f"{failed[(base_fusion, base_precision)]}"
         )
-    kept_fusions = tuple(f for f in fusions if (f, base_precision) not in failed)
+    late = f"not checked within preparation's share of --timeout ({time.monotonic() - started:.0f} s of checks)"
+    kept_fusions = tuple(f for f in fusions if (f, base_precision) in loaded)
     for fusion in fusions:
         if fusion not in kept_fusions:
-            note(f"graph_fusion {fusion} not searched: {failed[(fusion, base_precision)]}")
+            note(f"graph_fusion {fusion} not searched: {failed.get((fusion, base_precision), late)}")
     if len(kept_fusions) < len(fusions):
         space = space.restricted(FUSION_KNOB, kept_fusions)
     kept_precisions = tuple(p for p in precisions if any((f, p) in loaded for f in kept_fusions))
     for precision in precisions:
         if precision not in kept_precisions:
-            note(f"precision {precision} not searched: {failed[(base_fusion, precision)]}")
+            note(f"precision {precision} not searched: {failed.get((base_fusion, precision), late)}")
     if len(kept_precisions) < len(precisions):
         space = space.restricted(PRECISION, kept_precisions)
-    return _apply_limits(space, loaded, note)
+    return _apply_limits(space, loaded, note), not unchecked
 
 
 def _why(result: TrialResult) -> str:

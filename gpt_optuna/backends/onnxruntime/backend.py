@@ -45,6 +45,7 @@ from gpt_optuna.backends.onnxruntime.settings import (
 from gpt_optuna.core.errors import MissingDependencyError
 from gpt_optuna.core.space import Candidate, Space, Value
 from gpt_optuna.graph.feeds import synthetic_feeds
+from gpt_optuna.graph.fusion import FUSIONS
 from gpt_optuna.graph.model import Feeds, ModelInfo, ShapeRange
 
 OPERATOR_FAILED = "Non-zero status code returned while running"
@@ -191,8 +192,8 @@ class OnnxRuntimeBackend(Backend):
         return ("fp32", "fp16", "int8")
 
     def fusions(self) -> tuple[str, ...]:
-        """The transformer fusions emit ONNX Runtime's own contrib operators."""
-        return ("transformer", "transformer-mha")
+        """Every graph fusion writes ONNX Runtime's own operators."""
+        return FUSIONS[1:]
 
 
 class _HostRunner(Runner):
