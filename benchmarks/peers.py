@@ -4,7 +4,9 @@ channels-last for the CNNs), at batch 8 on the same inputs, every row timed by o
 
 Models: ResNet-50, ViT-B/16 and ConvNeXt-T (torchvision, seeded random weights), MobileNetV2
 (torchvision's ImageNet weights; inputs are photo crops) and the MiniLM-L6 encoder (the registry's
-ONNX file, and the same weights in a PyTorch BERT encoder; 8x128 tokens with padding). Each row is
+ONNX file, and the same weights in a PyTorch BERT encoder; 8x128 tokens with padding); and for the
+family benchmark (:data:`FAMILIES`), architectures from torchvision, timm and transformers with
+seeded weights on N(0, 1) images or padded tokens, exported by torch's default exporter. Each row is
 timed by :mod:`peer_timing` (per call: CUDA events around one synchronized call, as the tuner
 measures, median and p90; throughput: calls back to back), ONNX Runtime's rows through the tuner's
 own runner after its search, each PyTorch peer in a process of its own (a compile that takes

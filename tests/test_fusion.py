@@ -313,3 +313,6 @@ def test_making_fused_models_stops_once_its_share_of_the_time_is_spent(tmp_path:
     assert fusion_knobs(info, FUSIONS[1:], tmp_path / "models", ops, notes.append, budget_s=-1.0) == []
     assert not (tmp_path / "models").exists()
     assert notes and all("no time left for it in preparation's share of --timeout" in note for note in notes)
+    # a value a configuration the search must run uses is made whatever the time
+    (knob,) = fusion_knobs(info, FUSIONS[1:], tmp_path / "models", ops, [].append, -1.0, frozenset({"onnxscript"}))
+    assert knob.choices == ("none", "onnxscript")

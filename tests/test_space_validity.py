@@ -440,6 +440,14 @@ def test_a_space_check_cut_short_keeps_some_of_each_knob_and_offers_only_what_it
     assert worker.checked == [("none", "fp32")] and not complete
     assert checked.choices("graph_fusion") == ("none",) and checked.choices("precision") == ("fp32",)
     assert len(notes) == 4 and all("not checked within preparation's share of --timeout" in n for n in notes)
+    worker = _LoadsEverything()  # what a configuration the search must run needs is checked whatever the time
+    always = {("onnxscript", "fp16")}
+    checked, _ = check_space(space, template, worker, 60.0, [].append, deadline=late, always=always)  # type: ignore[arg-type]
+    assert worker.checked == [("none", "fp32"), ("onnxscript", "fp32"), ("onnxscript", "fp16")]
+    assert checked.choices("graph_fusion") == ("none", "onnxscript") and checked.choices("precision") == (
+        "fp32",
+        "fp16",
+    )
     worker = _LoadsEverything()
     checked, complete = check_space(space, template, worker, 60.0, [].append)  # type: ignore[arg-type]
     assert complete and len(worker.checked) == 9 and checked.choices("precision") == ("fp32", "fp16", "int8")

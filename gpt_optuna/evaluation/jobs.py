@@ -115,7 +115,8 @@ class SpaceJob:
     allow_io_change: bool = False
     """Offer reduced-precision inputs and outputs (``keep_io_fp32``); the interface stays otherwise."""
     fusion_budget_s: float | None = None
-    """Making the fused models stops after this long (see :func:`fusion_knobs`)."""
+    """Making the fused models stops after this long (see :func:`fusion_knobs`), but for ``needed_fusions``."""
+    needed_fusions: frozenset[str] = frozenset()
 
     def __call__(self) -> tuple[Space, dict[str, str], list[str]]:
         """The space, the library versions (and GPU), and a line for each transform left out."""
@@ -126,7 +127,13 @@ class SpaceJob:
         precision = precision_knobs(graph, backend.precisions(), self.allow_io_change)
         notes: list[str] = []
         fusion = fusion_knobs(
-            self.model, backend.fusions(), self.cache_dir, graph_ops(graph), notes.append, self.fusion_budget_s
+            self.model,
+            backend.fusions(),
+            self.cache_dir,
+            graph_ops(graph),
+            notes.append,
+            self.fusion_budget_s,
+            self.needed_fusions,
         )
         knobs = list(backend.space(self.model, self.shapes).knobs)
         if precision:  # weak-typing flags only where the graph itself stays fp32

@@ -106,12 +106,14 @@ def fusion_knobs(
     ops: set[str],
     note: Callable[[str], None],
     budget_s: float | None = None,
+    needed: frozenset[str] = frozenset(),
 ) -> list[Knob]:
     """A ``graph_fusion`` knob where the backend runs fused graphs (``fusions``: the values it runs)
     and a fusion changes this model (whose operator types are ``ops``): each value that fits the
     graph, fuses something in it, and fuses it otherwise than the values kept before it (``-mha``:
     where it makes MultiHeadAttention). What is left out is told to ``note``. Once ``budget_s``
-    seconds have gone into making them, the values not yet made are left out (told too).
+    seconds have gone into making them, the values not yet made are left out (told too), but for
+    those ``needed`` (a configuration the search must run uses them).
 
     The fused models are made here, once, in ``cache_dir``: the candidates that use them find them
     there. A graph a library fails on keeps the value: checking the space drops it and says why.
@@ -130,7 +132,7 @@ def fusion_knobs(
         if importlib.util.find_spec(fusion.library) is None:
             note(f"graph_fusion {fusion.name} not searched: {fusion.library} is not installed")
             continue
-        if budget_s is not None and time.monotonic() - started > budget_s:
+        if budget_s is not None and time.monotonic() - started > budget_s and fusion.name not in needed:
             note(
                 f"graph_fusion {fusion.name} not searched: no time left for it in preparation's share of --timeout"
                 f" ({time.monotonic() - started:.0f} s spent making fused models)"

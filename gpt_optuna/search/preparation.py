@@ -18,11 +18,12 @@ import optuna
 
 from gpt_optuna.backends import load_backend
 from gpt_optuna.core.errors import UserError
-from gpt_optuna.core.space import Space
+from gpt_optuna.core.space import Space, Value
 from gpt_optuna.evaluation.jobs import EvaluateJob, SpaceJob
 from gpt_optuna.evaluation.worker import JobFailure, Worker
 from gpt_optuna.graph import feeds as feeds_io
 from gpt_optuna.graph import model as model_io
+from gpt_optuna.graph.fusion import FUSION_KNOB
 from gpt_optuna.graph.model_cache import with_distinct_dims
 from gpt_optuna.graph.model_profile import ModelProfile, profile_of
 from gpt_optuna.graph.precision import QUANTIZED
@@ -110,7 +111,9 @@ SLOW_STEP_S = 3.0
 """A step of the preparation still going after this long says what it does."""
 PREPARATION_SHARE = 0.25
 """Of ``--timeout``, what making the graph transforms and checking the space may take together
-(a third of it at most for making the fused models), so that the search gets its trials."""
+(a third of it at most for making the fused models), so that the search gets its trials; what the
+configurations the search must run (``--baseline-config``, a check's record) need is made and
+checked whatever the time."""
 
 
 def discover_space(
@@ -126,6 +129,8 @@ def discover_space(
     each graph transform it offers made and loaded once (:func:`check_space`); the space, the
     library versions and the calibration data's hash (empty without int8/fp8). Transformed
     models and the calibration data are kept in ``workdir``; what was dropped goes to ``notes``."""
+    held = [values for values, _ in config.seeds] + [config.baseline_values or {}]
+    always = {(v.get(FUSION_KNOB, "none"), v.get("precision", "fp32")) for v in held if v}
     share_s = None if config.timeout_s is None else PREPARATION_SHARE * config.timeout_s
     deadline = None if share_s is None else time.monotonic() + share_s
     slow = threading.Timer(
@@ -134,8 +139,9 @@ def discover_space(
     slow.start()
     try:
         fusion_budget_s = None if share_s is None else share_s / 3
+        needed = frozenset(str(fusion) for fusion, _ in always)
         job = SpaceJob(
-            config.backend, working, inputs.shapes, workdir / "models", config.allow_io_change, fusion_budget_s
+            config.backend, working, inputs.shapes, workdir / "models", config.allow_io_change, fusion_budget_s, needed
         )
         space, versions, left_out = worker.run(job, SPACE_TIMEOUT_S)
     except JobFailure as failure:
@@ -164,7 +170,9 @@ def discover_space(
         config.dry_run,
         config.metric,
     )
-    space = remembered_check(space, template, worker, config, versions, calibration_sha256, notes, say, deadline)
+    space = remembered_check(
+        space, template, worker, config, versions, calibration_sha256, notes, say, deadline, always
+    )
     return space, versions, calibration_sha256
 
 
@@ -178,11 +186,13 @@ def remembered_check(
     notes: list[str],
     say: Callable[[str], None],
     deadline: float | None = None,
+    always: set[tuple[Value, Value]] | None = None,
 ) -> Space:
-    """:func:`check_space` (until ``deadline``), remembered in the study folder under a key of what decides it (the
-    working model's hash, the backend, the library versions and GPU, the space before the check,
-    the shapes, the calibration data, the trial timeout): a resume with the same of each reuses it
-    and its notes, and so does ``gpt-optuna space`` beside the study (it writes its own elsewhere)."""
+    """:func:`check_space` (until ``deadline``, but for the graphs in ``always``), remembered in the
+    study folder under a key of what decides it (the working model's hash, the backend, the library
+    versions and GPU, the space before the check, the shapes, the calibration data, the trial
+    timeout): a resume with the same of each reuses it and its notes, and so does ``gpt-optuna
+    space`` beside the study (it writes its own elsewhere). A check cut short is not remembered."""
     decided_by = {
         "model": template.model.sha256,
         "backend": config.backend,
@@ -208,7 +218,8 @@ def remembered_check(
             notes += kept["notes"]
             return checked
     found: list[str] = []
-    checked, complete = check_space(space, template, worker, config.trial_timeout_s, found.append, say, deadline)
+    timeout = config.trial_timeout_s
+    checked, complete = check_space(space, template, worker, timeout, found.append, say, deadline, always or set())
     notes += found
     if not complete:  # a later run with more time checks what this one had no time for
         return checked

@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Callable
+from collections.abc import Set as AbstractSet
 from dataclasses import replace
 
 from gpt_optuna.backends import KnobLimit
@@ -35,11 +36,13 @@ def check_space(
     note: Callable[[str], None],
     say: Callable[[str], None] = lambda _: None,
     deadline: float | None = None,
+    always: AbstractSet[Combo] = frozenset(),
 ) -> tuple[Space, bool]:
     """``space`` without the transform values that cannot be made or loaded, and with the knob
     limits the engine reported; each change is told to ``note`` in one line, each check to ``say``
     as it starts (making a transform can take a while). Past ``deadline`` (``time.monotonic()``)
-    only the space's default is still checked, and the values not checked are left out; the second
+    only the space's default and the (fusion, precision) graphs in ``always`` (what the configurations
+    a search must run need) are still checked, and the values not checked are left out; the second
     value says whether every value was checked.
 
     The checks go by the sum of each value's place in its knob (the defaults first; at a tie, fused
@@ -57,11 +60,12 @@ def check_space(
         key=lambda c: (fusions.index(c[0]) + precisions.index(c[1]), precisions.index(c[1])),
     )
     unchecked: set[Combo] = set()
+    needed = {(base_fusion, base_precision), *always, *((f, base_precision) for f, _ in always)}
     for done, (fusion, precision) in enumerate(combos):
         if (fusion, base_precision) in failed or (fusion, base_precision) in unchecked:
             continue  # the fused graph itself cannot be loaded, or was not
         late = deadline is not None and time.monotonic() > deadline
-        if late and (fusion, precision) != (base_fusion, base_precision):
+        if late and (fusion, precision) not in needed:
             unchecked.add((fusion, precision))
             continue
         fixed = {FUSION_KNOB: fusion, PRECISION: precision}
