@@ -40,10 +40,11 @@ def check_space(
 ) -> tuple[Space, bool]:
     """``space`` without the transform values that cannot be made or loaded, and with the knob
     limits the engine reported; each change is told to ``note`` in one line, each check to ``say``
-    as it starts (making a transform can take a while). Past ``deadline`` (``time.monotonic()``)
-    only the space's default and the (fusion, precision) graphs in ``always`` (what the configurations
-    a search must run need) are still checked, and the values not checked are left out; the second
-    value says whether every value was checked.
+    as it starts (making a transform can take a while). A check that would end past ``deadline``
+    (``time.monotonic()``; by what the last check of its precision took) is not started, but for
+    the space's default and the (fusion, precision) graphs in ``always`` (what the configurations a
+    search must run need); the values not checked are left out, and the second value says whether
+    every value was checked.
 
     The checks go by the sum of each value's place in its knob (the defaults first; at a tie, fused
     graphs at the default precision first: a fusion not checked there is lost), so that a check cut
@@ -61,10 +62,13 @@ def check_space(
     )
     unchecked: set[Combo] = set()
     needed = {(base_fusion, base_precision), *always, *((f, base_precision) for f, _ in always)}
+    took: dict[Value, float] = {}  # by precision: what its last check took (int8's calibrate)
+    last_s = 0.0
     for done, (fusion, precision) in enumerate(combos):
         if (fusion, base_precision) in failed or (fusion, base_precision) in unchecked:
             continue  # the fused graph itself cannot be loaded, or was not
-        late = deadline is not None and time.monotonic() > deadline
+        now = time.monotonic()
+        late = deadline is not None and now + took.get(precision, last_s) > deadline
         if late and (fusion, precision) not in needed:
             unchecked.add((fusion, precision))
             continue
@@ -72,6 +76,7 @@ def check_space(
         say(f"checking the space {done + 1}/{count}: graph_fusion {fusion}, precision {precision} ...")
         job = replace(template, candidate=space.default(fixed))
         result = run_evaluation(worker, CheckJob(job, space), timeout)
+        took[precision] = last_s = time.monotonic() - now
         if result.outcome is Outcome.OK:
             loaded[(fusion, precision)] = result.attrs["limits"]
         else:
