@@ -316,3 +316,22 @@ def test_making_fused_models_stops_once_its_share_of_the_time_is_spent(tmp_path:
     # a value a configuration the search must run uses is made whatever the time
     (knob,) = fusion_knobs(info, FUSIONS[1:], tmp_path / "models", ops, [].append, -1.0, frozenset({"onnxscript"}))
     assert knob.choices == ("none", "onnxscript")
+
+
+def test_a_study_whose_preparation_was_cut_short_resumes_with_the_space_it_was_made_with(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A first run with little time leaves fused models and checks out; a resume with more time
+    makes and checks what the study has, not more, so the space it finds is the study's."""
+    monkeypatch.chdir(tmp_path)
+    model = tmp_path / "bert.onnx"
+    model.write_bytes(BERT_EXPORT.read_bytes())
+    argv = ["tune", str(model), "--storage", "b.db", "--study-name", "b", "--quiet"]
+    main([*argv, "--timeout", "2s"])
+    assert "no time left for it in preparation's share of --timeout" in capsys.readouterr().err
+    study = optuna.load_study(study_name="b", storage="sqlite:///b.db")
+    space = study.user_attrs["gpt_optuna"]["space"]
+    assert main([*argv, "--timeout", "60s", "--n-trials", str(len(study.trials) + 2)]) == 0
+    err = capsys.readouterr().err
+    assert "resuming study b" in err and "not searched: no time left" not in err
+    assert optuna.load_study(study_name="b", storage="sqlite:///b.db").user_attrs["gpt_optuna"]["space"] == space

@@ -117,6 +117,8 @@ class SpaceJob:
     fusion_budget_s: float | None = None
     """Making the fused models stops after this long (see :func:`fusion_knobs`), but for ``needed_fusions``."""
     needed_fusions: frozenset[str] = frozenset()
+    fusions: tuple[str, ...] | None = None
+    """The graph fusions to try (None: every one the backend runs)."""
 
     def __call__(self) -> tuple[Space, dict[str, str], list[str]]:
         """The space, the library versions (and GPU), and a line for each transform left out."""
@@ -128,7 +130,7 @@ class SpaceJob:
         notes: list[str] = []
         fusion = fusion_knobs(
             self.model,
-            backend.fusions(),
+            tuple(f for f in backend.fusions() if self.fusions is None or f in self.fusions),
             self.cache_dir,
             graph_ops(graph),
             notes.append,

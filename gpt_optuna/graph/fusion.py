@@ -136,7 +136,7 @@ def fusion_knobs(
         if budget_s is not None and spent + last_s > budget_s and fusion.name not in needed:
             note(
                 f"graph_fusion {fusion.name} not searched: no time left for it in preparation's share of --timeout"
-                f" ({spent:.0f} s spent making fused models)"
+                f" ({spent:.1f} s spent making fused models)"
             )
             continue
         try:

@@ -28,7 +28,7 @@ from gpt_optuna.graph.model_cache import with_distinct_dims
 from gpt_optuna.graph.model_profile import ModelProfile, profile_of
 from gpt_optuna.graph.precision import QUANTIZED
 from gpt_optuna.search.config import TuneConfig
-from gpt_optuna.search.space_check import check_space
+from gpt_optuna.search.space_check import PRECISION, check_space
 from gpt_optuna.search.your_configuration import holding_yours
 from gpt_optuna.study.artifacts import CALIBRATION_FILE, INPUTS_FILE, REFERENCE_FILE
 from gpt_optuna.study.resume import recorded_fingerprint, refuse_if_different
@@ -124,14 +124,18 @@ def discover_space(
     workdir: Path,
     notes: list[str],
     say: Callable[[str], None],
+    recorded: list[dict[str, Any]] | None = None,
 ) -> tuple[Space, dict[str, str], str]:
     """The backend's search space (found in the worker process) with the ``[space]`` overrides,
     each graph transform it offers made and loaded once (:func:`check_space`); the space, the
     library versions and the calibration data's hash (empty without int8/fp8). Transformed
-    models and the calibration data are kept in ``workdir``; what was dropped goes to ``notes``."""
+    models and the calibration data are kept in ``workdir``; what was dropped goes to ``notes``.
+    A resumed study's space (``recorded``) keeps the graph fusions and precisions it was made with,
+    made and checked whatever the time (so that the resume finds the space the study has)."""
     held = [values for values, _ in config.seeds] + [config.baseline_values or {}]
     always = {(v.get(FUSION_KNOB, "none"), v.get("precision", "fp32")) for v in held if v}
-    share_s = None if config.timeout_s is None else PREPARATION_SHARE * config.timeout_s
+    graphs = {k["name"]: tuple(k["choices"]) for k in recorded or () if k["name"] in (FUSION_KNOB, PRECISION)}
+    share_s = None if config.timeout_s is None or recorded else PREPARATION_SHARE * config.timeout_s
     deadline = None if share_s is None else time.monotonic() + share_s
     slow = threading.Timer(
         SLOW_STEP_S, say, ["finding the search space (a transformer's fusion takes a while on a large graph) ..."]
@@ -141,7 +145,14 @@ def discover_space(
         fusion_budget_s = None if share_s is None else share_s / 3
         needed = frozenset(str(fusion) for fusion, _ in always)
         job = SpaceJob(
-            config.backend, working, inputs.shapes, workdir / "models", config.allow_io_change, fusion_budget_s, needed
+            config.backend,
+            working,
+            inputs.shapes,
+            workdir / "models",
+            config.allow_io_change,
+            fusion_budget_s,
+            needed,
+            graphs.get(FUSION_KNOB, ("none",))[1:] if recorded else None,
         )
         space, versions, left_out = worker.run(job, SPACE_TIMEOUT_S)
     except JobFailure as failure:
@@ -159,6 +170,9 @@ def discover_space(
         samples = calibration_samples(config, inputs, notes)
         calibration_sha256 = feeds_io.feeds_sha256(samples)
         feeds_io.cache_npz(workdir / CALIBRATION_FILE, samples, calibration_sha256)
+    for knob, choices in graphs.items():  # after the calibration data, which the study recorded as it was
+        if set(space.choices(knob)) > set(choices):
+            space = space.restricted(knob, choices)
     template = EvaluateJob.in_study(
         workdir,
         config.backend,
@@ -240,30 +254,40 @@ def offered_space(config: TuneConfig, notes: list[str], say: Callable[[str], Non
     return space, versions
 
 
-def check_resumable(storage: optuna.storages.BaseStorage, config: TuneConfig, inputs: Inputs) -> None:
+def check_resumable(
+    storage: optuna.storages.BaseStorage, config: TuneConfig, inputs: Inputs
+) -> list[dict[str, Any]] | None:
     """Refuse, before anything is written, to resume a study made with another model, data, shapes,
-    criterion, backend or objective (the space is compared once it is discovered)."""
+    criterion, backend or objective (the space is compared once it is discovered); the space the
+    study was made with (None for a new study)."""
     assert config.study_name is not None
     recorded = recorded_fingerprint(storage, config.study_name)
     if recorded is None:
-        return
+        return None
     now = run_identity(config, inputs)
     if recorded.get("calibration_sha256"):
         now["calibration_sha256"] = feeds_io.feeds_sha256(calibration_samples(config, inputs, []))
     refuse_if_different(config.study_name, {k: recorded.get(k) for k in now}, now)
+    return list(recorded.get("space") or [])
 
 
 def prepare(
-    config: TuneConfig, worker: Worker, inputs: Inputs, notes: list[str], say: Callable[[str], None]
+    config: TuneConfig,
+    worker: Worker,
+    inputs: Inputs,
+    notes: list[str],
+    say: Callable[[str], None],
+    recorded: list[dict[str, Any]] | None = None,
 ) -> Prepared:
     """Cache the inputs and reference outputs in the study folder (only when missing or stale),
-    make the working copy of the model, and discover and check the space (telling ``say``)."""
+    make the working copy of the model, and discover and check the space (telling ``say``); a
+    resumed study's space (``recorded``) has the graph fusions and precisions it was made with."""
     workdir = config.workdir
     key = f"samples:{inputs.info.sha256}:{inputs.inputs_sha256}"  # stacked on a sample axis
     feeds_io.cache_npz(workdir / INPUTS_FILE, feeds_io.stack(inputs.samples), key)
     feeds_io.cache_npz(workdir / REFERENCE_FILE, feeds_io.stack(inputs.references), key)
     working = with_distinct_dims(inputs.info, workdir / "models")
-    space, versions, calibration_sha256 = discover_space(config, worker, inputs, working, workdir, notes, say)
+    space, versions, calibration_sha256 = discover_space(config, worker, inputs, working, workdir, notes, say, recorded)
     return Prepared(inputs, working, space, versions, profile_of(inputs.info.path), calibration_sha256)
 
 

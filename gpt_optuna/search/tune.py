@@ -119,7 +119,7 @@ def _tune(config: TuneConfig, progress: Progress) -> TuneEnd:
     with contextlib.ExitStack() as stack:
         new = stack.enter_context(removed_if_refused(config, storage_path))
         storage = open_storage(config.storage, make_dirs=storage_path is not None and storage_path.parent == STUDIES)
-        check_resumable(storage, config, inputs)
+        recorded = check_resumable(storage, config, inputs)
         folder = recorded_folder(storage, config.study_name)
         if folder is not None and folder.is_dir():  # a study resumed from another directory keeps its folder
             config = replace(config, folder=folder)
@@ -127,7 +127,7 @@ def _tune(config: TuneConfig, progress: Progress) -> TuneEnd:
         first, others = session.workers[0], session.workers[1:]
         start_s = started_in(first, config.backend)  # what each finalists' process will cost to start
         with warming(others, config.backend) as names:  # the others start while the first finds the space
-            prepared = prepare(config, first, inputs, notes, progress.note)
+            prepared = prepare(config, first, inputs, notes, progress.note, recorded)
         yours = None
         if config.baseline_values is not None:
             assert config.baseline_config is not None
