@@ -112,8 +112,9 @@ def fusion_knobs(
     and a fusion changes this model (whose operator types are ``ops``): each value that fits the
     graph, fuses something in it, and fuses it otherwise than the values kept before it (``-mha``:
     where it makes MultiHeadAttention). What is left out is told to ``note``. A value whose making
-    would not end within ``budget_s`` seconds of the first (by what the last one made took) is left
-    out (told too), but for those ``needed`` (a configuration the search must run uses them).
+    would not end within ``budget_s`` seconds of the first (by what its library's last value took;
+    each library's first is tried while time is left) is left out (told too), but for those
+    ``needed`` (a configuration the search must run uses them).
 
     The fused models are made here, once, in ``cache_dir``: the candidates that use them find them
     there. A graph a library fails on keeps the value: checking the space drops it and says why.
@@ -124,7 +125,8 @@ def fusion_knobs(
     if not ops & FUSABLE_OPS:
         note("graph_fusion not searched: the model has no layer norm, GELU or softmax for the transformer fusions")
         return []
-    started, last_s = time.monotonic(), 0.0
+    started = time.monotonic()
+    took: dict[str, float] = {}  # by library: what making its last value took
     kept: dict[str, dict[str, int] | None] = {}
     for fusion in wanted:
         if not fusion.fits(ops):
@@ -133,7 +135,7 @@ def fusion_knobs(
             note(f"graph_fusion {fusion.name} not searched: {fusion.library} is not installed")
             continue
         spent = time.monotonic() - started
-        if budget_s is not None and spent + last_s > budget_s and fusion.name not in needed:
+        if budget_s is not None and spent + took.get(fusion.library, 0.0) > budget_s and fusion.name not in needed:
             note(
                 f"graph_fusion {fusion.name} not searched: no time left for it in preparation's share of --timeout"
                 f" ({spent:.1f} s spent making fused models)"
@@ -143,7 +145,7 @@ def fusion_knobs(
             counts: dict[str, int] | None = fused_ops(fused_path(model.path, model.sha256, fusion.name, cache_dir))
         except TransformFailed:
             counts = None
-        last_s = time.monotonic() - started - spent
+        took[fusion.library] = time.monotonic() - started - spent
         if counts is not None:
             why = _left_out(fusion.name, counts, kept)
             if why:

@@ -135,7 +135,7 @@ def discover_space(
     held = [values for values, _ in config.seeds] + [config.baseline_values or {}]
     always = {(v.get(FUSION_KNOB, "none"), v.get("precision", "fp32")) for v in held if v}
     graphs = {k["name"]: tuple(k["choices"]) for k in recorded or () if k["name"] in (FUSION_KNOB, PRECISION)}
-    share_s = None if config.timeout_s is None or recorded else PREPARATION_SHARE * config.timeout_s
+    share_s = None if config.timeout_s is None or recorded is not None else PREPARATION_SHARE * config.timeout_s
     deadline = None if share_s is None else time.monotonic() + share_s
     slow = threading.Timer(
         SLOW_STEP_S, say, ["finding the search space (a transformer's fusion takes a while on a large graph) ..."]
@@ -152,7 +152,7 @@ def discover_space(
             config.allow_io_change,
             fusion_budget_s,
             needed,
-            graphs.get(FUSION_KNOB, ("none",))[1:] if recorded else None,
+            _fusions_to_make(recorded, graphs.get(FUSION_KNOB)),
         )
         space, versions, left_out = worker.run(job, SPACE_TIMEOUT_S)
     except JobFailure as failure:
@@ -188,6 +188,18 @@ def discover_space(
         space, template, worker, config, versions, calibration_sha256, notes, say, deadline, always
     )
     return space, versions, calibration_sha256
+
+
+def _fusions_to_make(
+    recorded: list[dict[str, Any]] | None, fusions: tuple[Value, ...] | None
+) -> tuple[str, ...] | None:
+    """The graph fusions to make: every one for a new study (None); for a resumed one those it has,
+    or every one where it has the knob at ``none`` alone (the knob, then cut to that, is its space)."""
+    if recorded is None:
+        return None
+    if fusions is None:
+        return ()
+    return tuple(map(str, fusions[1:])) or None
 
 
 def remembered_check(
@@ -268,7 +280,7 @@ def check_resumable(
     if recorded.get("calibration_sha256"):
         now["calibration_sha256"] = feeds_io.feeds_sha256(calibration_samples(config, inputs, []))
     refuse_if_different(config.study_name, {k: recorded.get(k) for k in now}, now)
-    return list(recorded.get("space") or [])
+    return recorded.get("space")
 
 
 def prepare(
