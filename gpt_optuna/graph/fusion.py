@@ -33,9 +33,10 @@ FUSED_VERSION = "v4"
 """In the fused models' file names: a new version is made anew, not read from the cache."""
 MULTI_HEAD = "MultiHeadAttention"
 
-FUSABLE_OPS = frozenset({"LayerNormalization", "ReduceMean", "Erf", "Gelu", "Tanh", "Softmax"})
-"""Operators one of the transformer patterns starts from (layer norms and RMS norms, GELUs,
-attention's softmax): a graph with none of them has nothing to fuse, and no fusion library (a
+FUSABLE_OPS = frozenset({"LayerNormalization", "Erf", "Gelu", "Tanh", "Softmax"})
+"""Operators one of the transformer patterns starts from (layer norms, GELUs, attention's
+softmax), besides a norm written out (ReduceMean with Sqrt: a layer norm or RMS norm; ReduceMean
+alone is a CNN's pooling): a graph with none of them has nothing to fuse, and no fusion library (a
 minute on a large model) is run on it."""
 
 
@@ -52,7 +53,7 @@ class Fusion:
 
 
 def _transformer_like(ops: set[str]) -> bool:
-    return bool(ops & FUSABLE_OPS)
+    return bool(ops & FUSABLE_OPS) or {"ReduceMean", "Sqrt"} <= ops
 
 
 FUSION_VALUES = (
@@ -122,7 +123,7 @@ def fusion_knobs(
     wanted = [f for f in FUSION_VALUES if f.name in fusions]
     if not wanted:
         return []
-    if not ops & FUSABLE_OPS:
+    if not _transformer_like(ops):
         note("graph_fusion not searched: the model has no layer norm, GELU or softmax for the transformer fusions")
         return []
     started = time.monotonic()
