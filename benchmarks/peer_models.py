@@ -27,11 +27,15 @@ BATCH = 8
 SEQUENCE = 128
 
 
+def _seeded(make: Callable[[], nn.Module]) -> nn.Module:
+    torch.manual_seed(0)
+    return make().eval()
+
+
 def resnet50() -> nn.Module:
     import torchvision
 
-    torch.manual_seed(0)
-    return torchvision.models.resnet50(weights=None).eval()
+    return _seeded(lambda: torchvision.models.resnet50(weights=None))
 
 
 def vit_b_16() -> nn.Module:
@@ -48,8 +52,7 @@ def vit_b_16() -> nn.Module:
 def convnext_tiny() -> nn.Module:
     import torchvision
 
-    torch.manual_seed(0)
-    return torchvision.models.convnext_tiny(weights=None).eval()
+    return _seeded(lambda: torchvision.models.convnext_tiny(weights=None))
 
 
 def mobilenet_v2() -> nn.Module:
@@ -156,11 +159,6 @@ def token_inputs(seed: int = 0) -> dict[str, np.ndarray]:
 
 # The family benchmark: architectures from torchvision, timm and transformers, seeded random
 # weights (latency does not depend on them), each returning one tensor.
-
-
-def _seeded(make: Callable[[], nn.Module]) -> nn.Module:
-    torch.manual_seed(0)
-    return make().eval()
 
 
 def efficientnet_b0() -> nn.Module:

@@ -117,6 +117,7 @@ class SpaceJob:
     fusion_budget_s: float | None = None
     """Making the fused models stops after this long (see :func:`fusion_knobs`), but for ``needed_fusions``."""
     needed_fusions: frozenset[str] = frozenset()
+    """Fusions a configuration the search must run uses: made whatever the time."""
     fusions: tuple[str, ...] | None = None
     """The graph fusions to try (None: every one the backend runs)."""
 

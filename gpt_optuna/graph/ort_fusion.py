@@ -75,7 +75,7 @@ def fold_constants(source: Path, out: Path) -> None:
 def fuse_transformer(source: Path, out: Path, model_type: str = "bert", multi_head: bool = False) -> dict[str, int]:
     """Write the model fused by ONNX Runtime's optimizer as ``model_type`` to ``out``, attention
     fused into MultiHeadAttention where ``multi_head``; return how many of each fused op it gained
-    (the optimizer's statistics also count those the model had already, e.g. LayerNormalization)."""
+    (:func:`gained_ops`: those the model had already, e.g. LayerNormalization, do not count)."""
     if importlib.util.find_spec("sympy") is None:  # the optimizer's shape inference needs it
         raise MissingDependencyError("sympy (ONNX Runtime's transformer optimizer)", "cpu")
     import onnx
@@ -125,7 +125,7 @@ others fusions make are in ONNX Runtime's ``com.microsoft`` domain."""
 def gained_ops(original: Any, fused: Any) -> dict[str, int]:
     """How many of each fused operator the ``fused`` ONNX model has beyond the ``original``'s."""
 
-    def fused_ops(model: Any) -> Counter[str]:
+    def fused_counts(model: Any) -> Counter[str]:
         return Counter(
             node.op_type
             for node in model.graph.node
@@ -133,5 +133,5 @@ def gained_ops(original: Any, fused: Any) -> dict[str, int]:
             or (node.domain in ("", "ai.onnx") and node.op_type in FUSED_DEFAULT_DOMAIN)
         )
 
-    had = fused_ops(original)
-    return {op: n - had[op] for op, n in fused_ops(fused).items() if n > had[op]}
+    had = fused_counts(original)
+    return {op: n - had[op] for op, n in fused_counts(fused).items() if n > had[op]}

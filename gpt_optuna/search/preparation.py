@@ -9,6 +9,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -133,7 +134,7 @@ def discover_space(
     A resumed study's space (``recorded``) keeps the graph fusions and precisions it was made with,
     made and checked whatever the time (so that the resume finds the space the study has)."""
     held = [values for values, _ in config.seeds] + [config.baseline_values or {}]
-    always = {(v.get(FUSION_KNOB, "none"), v.get("precision", "fp32")) for v in held if v}
+    always = {(v.get(FUSION_KNOB, "none"), v.get(PRECISION, "fp32")) for v in held if v}
     graphs = {k["name"]: tuple(k["choices"]) for k in recorded or () if k["name"] in (FUSION_KNOB, PRECISION)}
     share_s = None if config.timeout_s is None or recorded is not None else PREPARATION_SHARE * config.timeout_s
     deadline = None if share_s is None else time.monotonic() + share_s
@@ -212,7 +213,7 @@ def remembered_check(
     notes: list[str],
     say: Callable[[str], None],
     deadline: float | None = None,
-    always: set[tuple[Value, Value]] | None = None,
+    always: AbstractSet[tuple[Value, Value]] = frozenset(),
 ) -> Space:
     """:func:`check_space` (until ``deadline``, but for the graphs in ``always``), remembered in the
     study folder under a key of what decides it (the working model's hash, the backend, the library
@@ -245,9 +246,9 @@ def remembered_check(
             return checked
     found: list[str] = []
     timeout = config.trial_timeout_s
-    checked, complete = check_space(space, template, worker, timeout, found.append, say, deadline, always or set())
+    checked, complete = check_space(space, template, worker, timeout, found.append, say, deadline, always)
     notes += found
-    if not complete:  # a later run with more time checks what this one had no time for
+    if not complete:  # what decides a check cut short includes the time it had: the next run checks anew
         return checked
     path = template.workdir / name
     partial = path.with_name(path.name + ".tmp")
