@@ -4,7 +4,9 @@ process pinned to its GPU, all drawing on one trial budget that other processes 
 A study ends with exactly its target of trials that hold a result, however many workers on
 however many hosts search it: a worker starts a trial only while the study's finished and running
 trials fall short of the target, and waits (rather than leaves) while the last ones run, in case
-one of them is interrupted and its candidate comes back to the queue.
+one of them is interrupted and its candidate comes back to the queue. Two processes can both count
+one slot left before either's trial exists; the storage's start stamps then decide which trial
+keeps it, and the other is given up unevaluated.
 """
 
 from __future__ import annotations
@@ -28,9 +30,9 @@ from gpt_optuna.evaluation.worker import Worker
 from gpt_optuna.search.ledger import StudyLedger
 from gpt_optuna.search.objective import CandidateFailed, Lane, Objective, SearchTimeUp
 from gpt_optuna.search.sampling import FreshSampler
-from gpt_optuna.study.recovery import fail_as_interrupted, has_orphans, recover_interrupted, retry_trial
+from gpt_optuna.study.recovery import fail_as_interrupted, has_orphans, recover_interrupted, requeue, retry_trial
 from gpt_optuna.study.storage import count_by_state
-from gpt_optuna.study.taxonomy import baseline_trial, is_interrupted, retried_numbers
+from gpt_optuna.study.taxonomy import baseline_trial, has_own_result, is_interrupted, retried_numbers
 
 WAIT_S = 1.0
 """How often a worker with nothing to start looks at the study again."""
@@ -212,6 +214,33 @@ class TrialBudget:
             interrupts.check()
             time.sleep(WAIT_S)
 
+    def beyond_target(self, trial: optuna.Trial) -> bool:
+        """Whether a trial this process just started is beyond the target: the study's trials that
+        started before it (by the storage's start stamps, then numbers) and still count, finished
+        with their own result or running, fill it already. A claim counts before its trial exists,
+        so another process may take the last slot in between; every process reads the same stamps,
+        so exactly one of them keeps it. Such a trial is marked interrupted and, where it came from
+        the queue, queued again."""
+        if self.target is None:
+            return False
+        counted = count_by_state(self.study)
+        if counted is not None and sum(counted.get(state, 0) for state in LIVE_STATES) <= self.target:
+            return False
+        trials = self.study.get_trials(deepcopy=False)
+        retried = retried_numbers(trials)
+        mine = next(t for t in trials if t.number == trial.number)
+        earlier = sum(
+            1
+            for t in trials
+            if _start_order(t) < _start_order(mine) and (t.state is TrialState.RUNNING or has_own_result(t, retried))
+        )
+        if earlier < self.target:
+            return False
+        trial.set_user_attr("interrupted", f"not run: other workers took the study's {self.target} trials")
+        if mine.system_attrs.keys() & QUEUED_MARKS:
+            requeue(self.study, mine)
+        return True
+
     def ended(self, trial: FrozenTrial) -> None:
         """A trial of this process ended: the ledger holds it before the next read."""
         self.ledger.add(trial)
@@ -261,6 +290,20 @@ class TrialBudget:
         return finished, counted.get(TrialState.RUNNING, 0), counted.get(TrialState.WAITING, 0)
 
 
+LIVE_STATES = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL, TrialState.RUNNING)
+QUEUED_MARKS = {"fixed_params", "retry_history"}
+"""What marks a trial that was queued (enqueued or a retry) rather than drawn when it started."""
+
+
+class BeyondTarget(Exception):
+    """Raised for a trial started beyond the study's target (see :meth:`TrialBudget.beyond_target`)."""
+
+
+def _start_order(trial: FrozenTrial) -> tuple[float, int]:
+    started = trial.datetime_start
+    return (started.timestamp() if started is not None else float("inf"), trial.number)
+
+
 def run_lanes(
     sampler: optuna.samplers.BaseSampler,
     lanes: Sequence[Lane],
@@ -284,6 +327,8 @@ def run_lanes(
         def evaluate(trial: optuna.Trial) -> Any:
             budget.started()
             began.append(trial.number)
+            if budget.beyond_target(trial):
+                raise BeyondTarget
             return objective(trial, lane)
 
         try:
@@ -291,7 +336,7 @@ def run_lanes(
                 began.clear()
                 try:
                     callbacks = [lambda _, trial: budget.ended(trial), on_trial, stop_on_ctrl_c]
-                    study.optimize(evaluate, n_trials=1, catch=(CandidateFailed,), callbacks=callbacks)
+                    study.optimize(evaluate, n_trials=1, catch=(CandidateFailed, BeyondTarget), callbacks=callbacks)
                 finally:
                     if not began:  # no trial was started after all
                         budget.started()

@@ -49,6 +49,19 @@ def retry_trial(study: optuna.Study, trial: FrozenTrial) -> None:
     )
 
 
+def requeue(study: optuna.Study, trial: FrozenTrial) -> None:
+    """Queue again a trial taken from the queue and given up before it ran, as it was queued."""
+    study.add_trial(
+        optuna.create_trial(
+            state=TrialState.WAITING,
+            params=trial.params,
+            distributions=trial.distributions,
+            user_attrs={k: v for k, v in trial.user_attrs.items() if k != "interrupted"},
+            system_attrs=trial.system_attrs,
+        )
+    )
+
+
 def _process_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
