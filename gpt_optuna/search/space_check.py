@@ -46,9 +46,10 @@ def check_space(
     search must run need); the values not checked are left out, and the second value says whether
     every value was checked.
 
-    The checks go by the sum of each value's place in its knob (the defaults first; at a tie, fused
-    graphs at the default precision first: a fusion not checked there is lost), so that a check cut
-    short keeps some of each knob rather than all of one."""
+    The checks go by the sum of each value's place in its knob (the defaults first; at a tie, the
+    unfused graph at other precisions first: on a GPU a reduced precision gains more than any
+    fusion, and a precision not checked with some fusion is lost), so that a check cut short keeps
+    some of each knob rather than all of one."""
     default = space.default()
     base_fusion, base_precision = default.get(FUSION_KNOB, "none"), default.get(PRECISION, "fp32")
     fusions = tuple(sorted(space.choices(FUSION_KNOB) or (base_fusion,), key=lambda f: f != base_fusion))
@@ -58,7 +59,7 @@ def check_space(
     started, count = time.monotonic(), len(fusions) * len(precisions)
     combos = sorted(
         itertools.product(fusions, precisions),
-        key=lambda c: (fusions.index(c[0]) + precisions.index(c[1]), precisions.index(c[1])),
+        key=lambda c: (fusions.index(c[0]) + precisions.index(c[1]), fusions.index(c[0])),
     )
     unchecked: set[Combo] = set()
     needed = {(base_fusion, base_precision), *always, *((f, base_precision) for f, _ in always)}
