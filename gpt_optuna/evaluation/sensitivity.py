@@ -59,8 +59,8 @@ def ranking_session(model: Any, trial_run: tuple[list[str], Feeds] | None = None
     """A CPU session over ``model``; with a ``trial_run`` (output names, feeds), a GPU session where
     ONNX Runtime's CUDA provider starts here and that run fits in device memory (TF32 off, so that
     fp32 math stays fp32; many times faster on a large model), else the CPU one. The GPU session
-    picks convolution algorithms by heuristics: an exhaustive search per convolution would take
-    longer than the ranking's runs themselves."""
+    picks convolution algorithms by heuristics (an exhaustive search per convolution costs more
+    than it saves over one run per ranked node)."""
     import onnxruntime as ort
 
     from gpt_optuna.backends.onnxruntime.settings import CUDA, usable_providers
@@ -103,8 +103,7 @@ def _fp16_rounding_error(value: np.ndarray) -> float:
 
 
 def _local_errors(model: Any, nodes: list[Any], floats: set[str], feeds: Feeds) -> dict[str, float]:
-    """Per node, the worst fp16 rounding error of its own tensors, from one run exposing them all
-    (on the GPU where they fit there)."""
+    """Per node, the worst fp16 rounding error of its own tensors, from one run exposing them all."""
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
@@ -116,7 +115,7 @@ def _local_errors(model: Any, nodes: list[Any], floats: set[str], feeds: Feeds) 
     probe.graph.output.extend(
         helper.make_tensor_value_info(t, TensorProto.FLOAT, None) for t in wanted if t not in existing
     )
-    values = dict(zip(wanted, ranking_session(probe, (wanted, feeds)).run(wanted, feeds), strict=True)) | initializers
+    values = dict(zip(wanted, ranking_session(probe).run(wanted, feeds), strict=True)) | initializers
     return {
         n.name: max((_fp16_rounding_error(values[t]) for t in [*n.input, *n.output] if t in values), default=0.0)
         for n in nodes
