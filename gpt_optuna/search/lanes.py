@@ -219,8 +219,7 @@ class TrialBudget:
         started before it (by the storage's start stamps, then numbers) and still count, finished
         with their own result or running, fill it already. A claim counts before its trial exists,
         so another process may take the last slot in between; every process reads the same stamps,
-        so exactly one of them keeps it. Such a trial is marked interrupted and, where it came from
-        the queue, queued again."""
+        so exactly one of them keeps it (the other gives its trial up: :meth:`give_up`)."""
         if self.target is None:
             return False
         counted = count_by_state(self.study)
@@ -234,12 +233,15 @@ class TrialBudget:
             for t in trials
             if _start_order(t) < _start_order(mine) and (t.state is TrialState.RUNNING or has_own_result(t, retried))
         )
-        if earlier < self.target:
-            return False
+        return earlier >= self.target
+
+    def give_up(self, trial: optuna.Trial) -> None:
+        """Mark a trial started beyond the target as interrupted before it ran and, where it came
+        from the queue (enqueued or a retry), queue it again as it was."""
         trial.set_user_attr("interrupted", f"not run: other workers took the study's {self.target} trials")
-        if mine.system_attrs.keys() & QUEUED_MARKS:
-            requeue(self.study, mine)
-        return True
+        frozen = self.study._storage.get_trial(trial._trial_id)
+        if frozen.system_attrs.keys() & QUEUED_MARKS:
+            requeue(self.study, frozen)
 
     def ended(self, trial: FrozenTrial) -> None:
         """A trial of this process ended: the ledger holds it before the next read."""
@@ -328,6 +330,7 @@ def run_lanes(
             budget.started()
             began.append(trial.number)
             if budget.beyond_target(trial):
+                budget.give_up(trial)
                 raise BeyondTarget
             return objective(trial, lane)
 

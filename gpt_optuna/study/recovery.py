@@ -9,6 +9,7 @@ import os
 import socket
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
@@ -35,29 +36,28 @@ def retry_trial(study: optuna.Study, trial: FrozenTrial) -> None:
     history = [*trial.system_attrs.get("retry_history", []), trial.number]
     if len(history) > _MAX_RETRY:
         return
-    study.add_trial(
-        optuna.create_trial(
-            state=TrialState.WAITING,
-            params=trial.params,
-            distributions=trial.distributions,
-            user_attrs={k: v for k, v in trial.user_attrs.items() if k in WHY_TRIED},
-            system_attrs={
-                "failed_trial": trial.system_attrs.get("failed_trial", trial.number),
-                "retry_history": history,
-            },
-        )
-    )
+    why = {k: v for k, v in trial.user_attrs.items() if k in WHY_TRIED}
+    failed = trial.system_attrs.get("failed_trial", trial.number)
+    _enqueue_copy(study, trial, why, {"failed_trial": failed, "retry_history": history})
 
 
 def requeue(study: optuna.Study, trial: FrozenTrial) -> None:
     """Queue again a trial taken from the queue and given up before it ran, as it was queued."""
+    why = {k: v for k, v in trial.user_attrs.items() if k != "interrupted"}
+    _enqueue_copy(study, trial, why, trial.system_attrs)
+
+
+def _enqueue_copy(
+    study: optuna.Study, trial: FrozenTrial, user_attrs: dict[str, Any], system_attrs: dict[str, Any]
+) -> None:
+    """Queue the trial's candidate again (its params and distributions) with these attrs."""
     study.add_trial(
         optuna.create_trial(
             state=TrialState.WAITING,
             params=trial.params,
             distributions=trial.distributions,
-            user_attrs={k: v for k, v in trial.user_attrs.items() if k != "interrupted"},
-            system_attrs=trial.system_attrs,
+            user_attrs=user_attrs,
+            system_attrs=system_attrs,
         )
     )
 
