@@ -16,10 +16,10 @@ import pytest
 from conftest import SYNTHETIC, load, save, synthetic_config, tune
 from optuna.trial import TrialState
 
-from gpt_optuna.backends import BuildError
+from gpt_optuna.backends import BuildError, KnobLimit
 from gpt_optuna.backends.tensorrt.backend import TensorRTRTXBackend
 from gpt_optuna.cli import main
-from gpt_optuna.core.space import Knob, Space
+from gpt_optuna.core.space import Condition, Knob, Space
 from gpt_optuna.evaluation.accuracy import parse_criterion
 from gpt_optuna.evaluation.jobs import CheckJob, EvaluateJob
 from gpt_optuna.evaluation.measure import MeasureSettings
@@ -417,6 +417,66 @@ class _LoadsEverything:
     def run(self, job: CheckJob, timeout: float | None, on_progress: object = None) -> TrialResult:
         self.checked.append((job.job.candidate["graph_fusion"], job.job.candidate["precision"]))
         return TrialResult(Outcome.OK, attrs={"limits": []})
+
+
+class _LoadsWithLimits(_LoadsEverything):
+    """Every graph loads; the unfused graphs run no attention operator, and the int8 graph
+    captures CUDA graphs only at the basic level."""
+
+    def run(self, job: CheckJob, timeout: float | None, on_progress: object = None) -> TrialResult:
+        super().run(job, timeout, on_progress)
+        fusion, precision = self.checked[-1]
+        limits = []
+        if fusion == "none":
+            limits.append(KnobLimit("sdpa", None, "no Attention operator runs in this graph", by_operators=True))
+        if precision == "int8":
+            limits.append(KnobLimit("cuda_graph", Condition("level", ("basic",)), "level=all: nodes on the CPU"))
+        return TrialResult(Outcome.OK, attrs={"limits": limits})
+
+
+def test_a_pair_not_checked_is_offered_a_limited_knob_where_its_checked_graphs_allow_it(cnn_path: Path) -> None:
+    """A fused graph at a precision left unchecked (the check was cut) gets the settings that both
+    the fused graph and its precision's checked graph allow; a limit by operator types follows
+    the fused graph alone (converting the precision keeps the operators)."""
+    space = Space(
+        [
+            Knob("graph_fusion", ("none", "transformer"), "none"),
+            Knob("precision", ("fp32", "fp16", "int8"), "fp32"),
+            Knob("level", ("basic", "all"), "all"),
+            Knob("cuda_graph", (False, True), False),
+            Knob("sdpa", (0, 1), 0),
+        ]
+    )
+    info = m.load_model_info(cnn_path)
+    template = EvaluateJob(
+        "onnxruntime",
+        info,
+        {},
+        cnn_path.parent,
+        {},
+        cnn_path,
+        cnn_path,
+        parse_criterion("cosine>=0.99"),
+        MeasureSettings(),
+    )
+    worker, notes = _LoadsWithLimits(), []
+    always = {("none", "fp16"), ("none", "int8"), ("transformer", "fp32")}
+    late = time.monotonic() - 1
+    checked, complete = check_space(space, template, worker, 60.0, notes.append, deadline=late, always=always)  # type: ignore[arg-type]
+    assert (
+        not complete and ("transformer", "fp16") not in worker.checked and ("transformer", "int8") not in worker.checked
+    )
+    knobs = {k.name: k for k in checked.knobs}
+
+    def offered(knob: str, fusion: str, precision: str, level: str) -> bool:
+        return knobs[knob].active({"graph_fusion": fusion, "precision": precision, "level": level})
+
+    assert offered("cuda_graph", "transformer", "fp16", "all") and offered("cuda_graph", "transformer", "int8", "basic")
+    assert not offered("cuda_graph", "transformer", "int8", "all") and not offered("cuda_graph", "none", "int8", "all")
+    assert offered("sdpa", "transformer", "fp16", "all") and offered("sdpa", "transformer", "int8", "basic")
+    assert not offered("sdpa", "none", "fp16", "all")
+    judged = "transformer/fp16, transformer/int8 not checked: judged by the checked graphs"
+    assert sum(judged in n for n in notes) == 2, notes
 
 
 def test_a_space_check_cut_short_keeps_some_of_each_knob_and_offers_only_what_it_checked(cnn_path: Path) -> None:

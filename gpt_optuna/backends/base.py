@@ -110,11 +110,13 @@ class NodeTime:
 @dataclass(frozen=True)
 class KnobLimit:
     """A knob a graph cannot use everywhere: ``allowed`` says where it can (None: nowhere), and
-    ``reason`` why not elsewhere."""
+    ``reason`` why not elsewhere; ``by_operators`` where the graph's operator types decide it (the
+    same graph in another precision keeps them)."""
 
     knob: str
     allowed: Condition | None
     reason: str
+    by_operators: bool = False
 
 
 class Runner(abc.ABC):

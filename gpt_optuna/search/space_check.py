@@ -103,7 +103,12 @@ def check_space(
             note(f"precision {precision} not searched: {failed.get((base_fusion, precision), late)}")
     if len(kept_precisions) < len(precisions):
         space = space.restricted(PRECISION, kept_precisions)
-    return _apply_limits(space, loaded, note), not unchecked
+    judged = {
+        (f, p): ((f, base_precision), next(c for c in ((base_fusion, p), *loaded) if c in loaded and c[1] == p))
+        for f, p in itertools.product(kept_fusions, kept_precisions)
+        if (f, p) in unchecked
+    }
+    return _apply_limits(space, loaded, note, judged), not unchecked
 
 
 def _why(result: TrialResult) -> str:
@@ -111,22 +116,33 @@ def _why(result: TrialResult) -> str:
     return first[:300]
 
 
-def _apply_limits(space: Space, loaded: dict[Combo, list[KnobLimit]], note: Callable[[str], None]) -> Space:
+def _apply_limits(
+    space: Space,
+    loaded: dict[Combo, list[KnobLimit]],
+    note: Callable[[str], None],
+    judged: dict[Combo, tuple[Combo, Combo]],
+) -> Space:
     """Offer each limited knob only with the fusion, precision and settings where it works: one
-    condition on them together, since a setting can suit one precision and not another."""
+    condition on them together, since a setting can suit one precision and not another. A pair not
+    checked (``judged``: by its fused graph at the default precision and a checked graph at its
+    precision) gets the settings both of those allow; a limit by operator types follows the fused
+    graph alone, since converting the precision keeps the operators."""
     limited = {limit.knob for limits in loaded.values() for limit in limits}
     for knob in sorted(limited):
         by_combo = {combo: next((x for x in limits if x.knob == knob), None) for combo, limits in loaded.items()}
         reason = next(x.reason for x in by_combo.values() if x is not None)
         settings = next((x.allowed.parents for x in by_combo.values() if x is not None and x.allowed), ())
-        every_setting = tuple(itertools.product(*(space.choices(p) for p in settings)))
+        every_setting = set(itertools.product(*(space.choices(p) for p in settings)))
         parents = [p for p in (FUSION_KNOB, PRECISION) if len(space.choices(p)) > 1] + list(settings)
+        works = {combo: _works(limit, every_setting) for combo, limit in by_combo.items()}
+        for combo, (fused, converted) in judged.items():
+            by_precision = by_combo[converted]
+            ignored = by_precision is None or by_precision.by_operators
+            works[combo] = works[fused] & (every_setting if ignored else works[converted])
         allowed: set[tuple[Value, ...]] = set()
-        for (fusion, precision), limit in by_combo.items():
-            if limit is not None and limit.allowed is None:
-                continue
+        for (fusion, precision), tails in works.items():
             head = tuple(v for p, v in ((FUSION_KNOB, fusion), (PRECISION, precision)) if p in parents)
-            allowed |= {head + tail for tail in (every_setting if limit is None else limit.allowed.combos())}
+            allowed |= {head + tail for tail in tails}
         if not allowed:
             note(f"{knob} not searched: {reason}")
             space = space.restricted(knob, (next(k.default for k in space.knobs if k.name == knob),))
@@ -138,8 +154,17 @@ def _apply_limits(space: Space, loaded: dict[Combo, list[KnobLimit]], note: Call
             space = space.with_requirement(knob, Condition(parents[0], tuple(c[0] for c in combos)))
         else:
             space = space.with_requirement(knob, Condition(tuple(parents), combos))
-        note(f"{knob} offered only with {_where(parents, combos)}; elsewhere {reason}")
+        guess = [f"{f}/{p}" for f, p in judged if works[(f, p)]]
+        judged_note = f" ({', '.join(guess)} not checked: judged by the checked graphs)" if guess else ""
+        note(f"{knob} offered only with {_where(parents, combos)}{judged_note}; elsewhere {reason}")
     return space
+
+
+def _works(limit: KnobLimit | None, every_setting: set[tuple[Value, ...]]) -> set[tuple[Value, ...]]:
+    """The settings where a graph with ``limit`` can use its knob."""
+    if limit is None:
+        return every_setting
+    return set() if limit.allowed is None else set(limit.allowed.combos())
 
 
 def _where(parents: list[str], combos: tuple[tuple[Value, ...], ...]) -> str:

@@ -140,7 +140,7 @@ def operator_limits(space: Space, ops: frozenset[str]) -> list[KnobLimit]:
     """The CUDA settings of ``space`` that act on operators none of ``ops`` is: not for this graph."""
     names = {k.name for k in space.knobs}
     return [
-        KnobLimit(o.knob, None, f"no {'/'.join(sorted(o.ops))} operator runs in this graph")
+        KnobLimit(o.knob, None, f"no {'/'.join(sorted(o.ops))} operator runs in this graph", by_operators=True)
         for o in CUDA_OPTIONS
         if o.knob in names and o.ops is not None and not o.ops & ops
     ]
