@@ -10,7 +10,7 @@ gives each candidate's top-1 agreement, worst-sample cosine, median latency from
 its ratio to fp32, measured in one run. Where a GPU is usable ONNX Runtime runs on its CUDA
 provider, else on the CPU.
 
-    python benchmarks/accuracy.py [--backend onnxruntime] [--accuracy "top1_agree>=0.75"] [--budget 1.0]
+    python -m benchmarks.accuracy [--backend onnxruntime] [--accuracy "top1_agree>=0.75"] [--budget 1.0]
 """
 
 from __future__ import annotations
@@ -26,9 +26,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
-import onnx
 import optuna
 
+from benchmarks.models import mobilenet_v2_onnx, photos
 from gpt_optuna.cli import main as cli
 from gpt_optuna.evaluation.measure import MeasureSettings
 from gpt_optuna.graph.precision import PRECISIONS, QUANTIZED, is_precision_knob
@@ -36,8 +36,6 @@ from gpt_optuna.search.config import TuneConfig
 from gpt_optuna.search.progress import Progress
 from gpt_optuna.search.tune import tune
 from gpt_optuna.study.taxonomy import trial_status
-from gpt_optuna.testing.mobilenet_v2 import PHOTOS, SKIMAGE, WEIGHTS, crops, load_state_dict, mobilenet_v2
-from gpt_optuna.testing.registry import download, download_one
 
 SHAPE = "input:1x3x224x224"
 
@@ -91,13 +89,12 @@ def main() -> int:
     parser.add_argument("--budget", type=float, default=1.0, help="seconds of timing per candidate")
     args = parser.parse_args()
     optuna.logging.set_verbosity(optuna.logging.ERROR)
-    photos = np.stack(crops(download(SKIMAGE, tuple(f"skimage/data/{name}" for name in PHOTOS))))[:, None]
+    crops = photos()[:, None]
     rng = np.random.default_rng(0)
     with tempfile.TemporaryDirectory() as tmp:
         os.chdir(tmp)
-        model = Path("mobilenet_v2.onnx")
-        onnx.save(mobilenet_v2(load_state_dict(download_one(*WEIGHTS))), str(model))
-        np.savez("photos.npz", input=photos)
+        model = mobilenet_v2_onnx(Path())
+        np.savez("photos.npz", input=crops)
         np.savez("noise.npz", input=rng.standard_normal((16, 1, 3, 224, 224)).astype(np.float32))
         space, trials = precision_space(model, args.backend, Path("photos.npz"))
         studies = {

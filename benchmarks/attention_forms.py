@@ -7,7 +7,7 @@ out. Each opens through the tuner's own runner and is timed by the peer benchmar
 (:mod:`peer_timing`), the three in turn, ``--rounds`` times; the outputs are compared with the
 ``Attention`` form's.
 
-    python benchmarks/attention_forms.py [--rounds 4] [--workdir DIR]
+    python -m benchmarks.attention_forms [--rounds 4] [--workdir DIR]
 """
 
 from __future__ import annotations
@@ -23,12 +23,13 @@ from pathlib import Path
 
 import numpy as np
 import optuna
-import peer_models
 import torch
-from peer_timing import Timing, time_calls
-from peers import cosine
 
 import gpt_optuna.graph.fusion as fusion
+from benchmarks import peer_models
+from benchmarks.models import minilm_onnx
+from benchmarks.peer_timing import Timing, time_calls
+from benchmarks.peers import cosine
 from gpt_optuna.evaluation.jobs import EvaluateJob
 from gpt_optuna.graph.feeds import save_npz
 from gpt_optuna.search.config import TuneConfig
@@ -57,7 +58,7 @@ def mask_kept() -> Iterator[None]:
 
 def template(folder: Path) -> tuple[EvaluateJob, dict]:
     """The tuner's evaluation settings for MiniLM (from a one-trial study in ``folder``) and its baseline."""
-    model = peer_models.minilm_onnx()
+    model = minilm_onnx()
     save_npz(folder / "minilm.inputs.npz", peer_models.token_inputs())
     config = TuneConfig(
         model=model, inputs=folder / "minilm.inputs.npz", accuracy="cosine>=0.999", n_trials=1, study_name="forms"

@@ -6,7 +6,7 @@ alarm from measurement noise), and once of the model with extra work added (the 
 ``--extra`` filters of a 7x7 convolution and one 3x3 layer more; it should fail with exit 1).
 Prints each run's exit code and verdict lines (exit 5: not decided).
 
-    python benchmarks/check_gate.py [--trials 16] [--budget 40s] [--repeat 3] [--tolerance 5%] [--extra 64]
+    python -m benchmarks.check_gate [--trials 16] [--budget 40s] [--repeat 3] [--tolerance 5%] [--extra 64]
 """
 
 from __future__ import annotations
@@ -23,9 +23,8 @@ from pathlib import Path
 
 import onnx
 
+from benchmarks.models import mobilenet_v2_onnx
 from gpt_optuna.cli import main as cli
-from gpt_optuna.testing.mobilenet_v2 import WEIGHTS, load_state_dict, mobilenet_v2
-from gpt_optuna.testing.registry import download_one
 from gpt_optuna.testing.slowed import slowed
 
 
@@ -50,7 +49,7 @@ def main() -> int:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         os.chdir(tmp)
-        onnx.save(mobilenet_v2(load_state_dict(download_one(*WEIGHTS)), batch=8), "mobilenet_v2_b8.onnx")
+        mobilenet_v2_onnx(Path(), 8)
         code, lines, wall = run(
             ["tune", "mobilenet_v2_b8.onnx", "--n-trials", str(args.trials), "--seed", "0", "--quiet"]
         )

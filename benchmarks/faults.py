@@ -8,7 +8,7 @@ study. A last run without a kill finishes the study. Then: no COMPLETE trial los
 no trial left RUNNING, trial numbers contiguous, SQLite's integrity check ok, and every candidate
 whose trial was interrupted holds its own result in a later trial (none copied a failure).
 
-    python benchmarks/faults.py [--kills 20] [--max-delay 3.0] [--seed 0]
+    python -m benchmarks.faults [--kills 20] [--max-delay 3.0] [--seed 0]
 """
 
 from __future__ import annotations

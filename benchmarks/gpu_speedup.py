@@ -7,7 +7,7 @@ under ``cosine>=0.999``. Prints default latency, tuned latency, the confirmed sp
 bootstrap 95 % interval, the winner's accuracy, trials and wall time. Needs torch and torchvision
 for the two CNN exports; models and weights are cached in --cache.
 
-    python benchmarks/gpu_speedup.py [--trials 20] [--models resnet50,mobilenetv2,minilm] [--spaces fp32,precision]
+    python -m benchmarks.gpu_speedup [--trials 20] [--models resnet50,mobilenetv2,minilm] [--spaces fp32,precision]
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ import time
 from pathlib import Path
 
 import optuna
-from precision import minilm, mobilenet_v2
 
+from benchmarks.models import minilm_onnx, mobilenet_v2_onnx
 from gpt_optuna.evaluation.measure import MeasureSettings
 from gpt_optuna.search.config import TuneConfig
 from gpt_optuna.search.progress import Progress
@@ -54,9 +54,9 @@ def main() -> int:
     shape = f"{args.batch}x128"
     models = {
         "resnet50": lambda: (resnet50(args.cache, args.batch), []),
-        "mobilenetv2": lambda: (mobilenet_v2(args.cache, args.batch), []),
+        "mobilenetv2": lambda: (mobilenet_v2_onnx(args.cache, args.batch), []),
         "minilm": lambda: (
-            minilm(args.cache),
+            minilm_onnx(),
             [f"{n}:{shape}" for n in ("input_ids", "attention_mask", "token_type_ids")],
         ),
     }

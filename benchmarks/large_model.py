@@ -8,7 +8,7 @@ work (each trial's build and latency measurement, as the worker timed them), as 
 wall time. The share for a 30-trial search is projected from the measured figures (the first
 run's preparation, plus 30 trials of the mean measured overhead and work). Target: at most 10 %.
 
-    python benchmarks/large_model.py [--trials 30] [--resume-trials 5] [--timeout 3600] [--model M.onnx]
+    python -m benchmarks.large_model [--trials 30] [--resume-trials 5] [--timeout 3600] [--model M.onnx]
         [--backend tensorrt]
 """
 

@@ -11,7 +11,7 @@ model's dtypes, and runs ``check`` against the export's record. It prints one ta
 against the original's (equal unless the study opted in, and then declared), and for the opted-in
 model an export of its best fp16 candidate with reduced-precision I/O, opened by ``open_session``.
 
-    python benchmarks/last_mile.py [--trials 12] [--check-budget 20s] [--workdir DIR] [--no-notebook]
+    python -m benchmarks.last_mile [--trials 12] [--check-budget 20s] [--workdir DIR] [--no-notebook]
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from benchmarks.models import OCR, PPOCR_REC
 from gpt_optuna.graph.feeds import synthetic_feeds
 from gpt_optuna.graph.model import load_model_info, parse_shapes, resolve_shapes
 from gpt_optuna.testing.registry import download_one
@@ -188,7 +189,7 @@ def main() -> None:
     args = parser.parse_args()
     work = Path(args.workdir or tempfile.mkdtemp(prefix="last_mile-")).resolve()
     work.mkdir(parents=True, exist_ok=True)
-    ocr = download_one("rapidocr-onnxruntime==1.4.4", "rapidocr_onnxruntime/models/ch_PP-OCRv4_rec_infer.onnx")
+    ocr = download_one(OCR, PPOCR_REC)
     cases = [
         ("small CNN (shipped)", ROOT / "gpt_optuna/data/small_cnn.onnx", [], ""),
         ("MLP, --allow-io-change", mlp(work / "mlp.onnx"), ["--allow-io-change"], "keep_io_fp32 = [true, false]\n"),

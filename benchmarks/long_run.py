@@ -15,7 +15,7 @@ that reads the study (opening it and its summary in words, in this process); eac
 its candidates came from. Then a search of a 20-candidate space asked for 100 trials, and resumed:
 where each ends.
 
-    python benchmarks/long_run.py [--sizes 10,100,1000,5000] [--window 20] [--rounds 4] [--sampler tpe|random]
+    python -m benchmarks.long_run [--sizes 10,100,1000,5000] [--window 20] [--rounds 4] [--sampler tpe|random]
 """
 
 from __future__ import annotations
@@ -33,9 +33,9 @@ from dataclasses import replace
 from pathlib import Path
 
 import optuna
-from overhead import MODEL, SYNTHETIC, Recorder, Timings, per_trial
 
 import gpt_optuna
+from benchmarks.overhead import MODEL, SYNTHETIC, Recorder, Timings, per_trial
 from gpt_optuna.core.space import Space
 from gpt_optuna.search.config import TuneConfig, read_toml
 from gpt_optuna.search.sampling import base_sampler

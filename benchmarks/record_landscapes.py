@@ -21,7 +21,7 @@ configurations are those of the tuner's own space (where its check finds that a 
 work with some others, say a CUDA graph that cannot be captured, fewer than the grid asked for);
 a rerun resumes the studies kept in ``--workdir``.
 
-    python benchmarks/record_landscapes.py [--models minilm,mobilenetv2,resnet50,mobilenetv2-b1,...]
+    python -m benchmarks.record_landscapes [--models minilm,mobilenetv2,resnet50,mobilenetv2-b1,...]
         [--timeout SECONDS] [--workdir landscape-studies] [--out benchmarks/landscapes]
 """
 
@@ -41,8 +41,8 @@ from typing import Any
 
 import numpy as np
 import optuna
-from precision import mobilenet_v2 as mobilenet_v2_onnx
 
+from benchmarks.models import CRITERION, mobilenet_v2_onnx, photo_batch
 from gpt_optuna.core.space import Space, Value, candidate_key
 from gpt_optuna.graph.feeds import save_npz
 from gpt_optuna.graph.model_profile import ModelProfile, profile_of
@@ -52,12 +52,9 @@ from gpt_optuna.search.progress import Progress
 from gpt_optuna.search.tune import tune
 from gpt_optuna.study.record import FINGERPRINT_ATTR, SPACE_ATTR
 from gpt_optuna.study.taxonomy import has_own_result, retried_numbers
-from gpt_optuna.testing.mobilenet_v2 import PHOTOS, SKIMAGE, crops
-from gpt_optuna.testing.registry import download
 
 HERE = Path(__file__).resolve().parent
 
-CRITERION = "cosine>=0.999"
 
 SEARCHED: dict[str, list[Value]] = {
     "precision": ["fp32", "fp16"],
@@ -107,12 +104,6 @@ class LandscapeSpec:
     criterion: str = CRITERION
 
 
-def photo_batch(batch: int) -> np.ndarray:
-    """``batch`` ImageNet-normalized photo crops (the crops repeated where there are fewer)."""
-    photos = np.stack(crops(download(SKIMAGE, tuple(f"skimage/data/{name}" for name in PHOTOS))))
-    return np.resize(photos, (batch, *photos.shape[1:]))
-
-
 def mobilenet_v2(batch: int) -> Callable[[Path], tuple[Path, dict[str, np.ndarray]]]:
     """MobileNetV2 with its real weights at ``batch``, and photo crops as its input."""
     return lambda cache: (mobilenet_v2_onnx(cache, batch), {"input": photo_batch(batch)})
@@ -122,7 +113,7 @@ def peer_model(name: str) -> Callable[[Path], tuple[Path, dict[str, np.ndarray]]
     """A model of the peer benchmark (PyTorch makes it) with its inputs."""
 
     def make(cache: Path) -> tuple[Path, dict[str, np.ndarray]]:
-        from peers import MODELS
+        from benchmarks.peers import MODELS
 
         return MODELS[name].onnx(cache), MODELS[name].feeds()
 

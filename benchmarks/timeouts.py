@@ -5,7 +5,7 @@ Runs ``gpt-optuna tune`` on the CPU with the synthetic backend, whose candidates
 ``--timeout``, and prints the command's wall time against the bound (the process's start
 included), how many trials the search ran, and whether and how the finalists were re-measured.
 
-    python benchmarks/timeouts.py [--timeouts 30,120,300]
+    python -m benchmarks.timeouts [--timeouts 30,120,300]
 """
 
 from __future__ import annotations

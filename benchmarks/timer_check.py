@@ -5,7 +5,7 @@
 2. In one process, CuPy CUDA-event timing against wall-clock timing of a synchronized loop
    (launch, synchronize, perf_counter), in alternating blocks: within 3 %.
 
-    python benchmarks/timer_check.py [--model resnet50_b8.onnx] [--processes 2] [--shape NAME:DIMS ...]
+    python -m benchmarks.timer_check [--model resnet50_b8.onnx] [--processes 2] [--shape NAME:DIMS ...]
 """
 
 from __future__ import annotations

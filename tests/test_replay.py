@@ -10,11 +10,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
-sys.path.insert(0, str(BENCHMARKS))
-from replay import STRATEGIES, Landscape, misleading, random_order, random_order_share  # noqa: E402
+from benchmarks.replay import STRATEGIES, Landscape, misleading, random_order, random_order_share
+from gpt_optuna.core.space import candidate_key
 
-from gpt_optuna.core.space import candidate_key  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
+BENCHMARKS = ROOT / "benchmarks"
 
 
 def test_random_order_median_matches_every_order_of_a_small_space() -> None:
@@ -53,7 +53,8 @@ def test_a_misleading_study_holds_the_same_configurations_with_other_results() -
 
 def test_a_short_replay_runs_every_strategy_on_every_landscape() -> None:
     done = subprocess.run(
-        [sys.executable, str(BENCHMARKS / "replay.py"), "--seeds", "2", "--samplers"],
+        [sys.executable, "-m", "benchmarks.replay", "--seeds", "2", "--samplers"],
+        cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=600,
