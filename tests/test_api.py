@@ -29,6 +29,7 @@ def as_json(value: object) -> object:
     return json.loads(json.dumps(value))
 
 
+@pytest.mark.slow
 def test_tune_in_process_names_the_winner_and_figures_best_json_prints(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -64,6 +65,7 @@ def test_tune_in_process_names_the_winner_and_figures_best_json_prints(
     assert gpt_optuna.load(f"studies/{study.study_name}.db").winner == winner  # as any reader names it
 
 
+@pytest.mark.slow
 def test_a_study_tuned_from_python_reads_back_with_the_command_line_and_the_notebook(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -154,6 +156,7 @@ print("finished")
 """
 
 
+@pytest.mark.slow
 def test_ctrl_c_in_python_leaves_the_study_resumable_and_gives_back_the_callers_handlers(tmp_path: Path) -> None:
     from test_interrupt import STUDY, slow_config, trials, wait_for_running_after
 
@@ -184,6 +187,7 @@ def test_ctrl_c_in_python_leaves_the_study_resumable_and_gives_back_the_callers_
     assert not [t for t in final if t.state in (TrialState.RUNNING, TrialState.WAITING)]
 
 
+@pytest.mark.slow
 def test_a_search_in_a_notebook_shows_its_progress_as_a_widget(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     nbformat = pytest.importorskip("nbformat")
     nbclient = pytest.importorskip("nbclient")

@@ -192,6 +192,7 @@ def test_an_internal_error_exits_4_apart_from_a_regression(
     assert "Traceback" in err and "internal error (a bug" in err
 
 
+@pytest.mark.slow
 def test_a_record_of_a_study_with_your_configuration_carries_it_into_the_check(
     cnn_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

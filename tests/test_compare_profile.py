@@ -21,6 +21,7 @@ def searched(cnn_path: Path, tmp_path: Path) -> Path:
     return cnn_path
 
 
+@pytest.mark.slow
 def test_compare_times_two_sides_interleaved_and_checks_their_outputs(
     searched: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

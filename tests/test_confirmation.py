@@ -23,6 +23,7 @@ STUDY = "cnn-syntheticbackend"
 CLI = [sys.executable, "-m", "gpt_optuna.cli"]
 
 
+@pytest.mark.slow
 def test_a_confirmation_stopped_by_ctrl_c_keeps_what_it_measured_and_says_so(cnn_path: Path, tmp_path: Path) -> None:
     """Each finalist builds for a second, so the second of five processes is easy to catch: the
     rounds of the first are kept and shown for what they are (one process: indicative)."""
@@ -48,6 +49,7 @@ def test_a_confirmation_stopped_by_ctrl_c_keeps_what_it_measured_and_says_so(cnn
     assert "confirm the finalists: gpt-optuna confirm" in out
 
 
+@pytest.mark.slow
 def test_confirm_takes_rounds_and_timeout_and_a_timeout_is_one_line(
     cnn_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -70,6 +72,7 @@ def test_confirm_takes_rounds_and_timeout_and_a_timeout_is_one_line(
     assert main(["confirm", "--rounds", "2"]) == EXIT_USER_ERROR
 
 
+@pytest.mark.slow
 def test_a_confirmation_that_no_longer_covers_the_searchs_best_is_not_shown_as_current(
     cnn_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

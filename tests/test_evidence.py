@@ -33,6 +33,7 @@ def simulated_study(host: NoisyHost, truth: tuple[float, ...], processes: int, r
     return summarize_rounds(list(range(len(delays))), np.vstack(tables), labels)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("host", HOSTS)
 @pytest.mark.parametrize("truth", TRUTHS)
 def test_the_interval_covers_the_true_speedup_and_equal_candidates_are_not_called_faster(host: str, truth: str) -> None:

@@ -60,6 +60,7 @@ def mounted_tmpfs(path: Path, size: str) -> Iterator[Path]:
         subprocess.run(["umount", "-l", str(path)], capture_output=True)
 
 
+@pytest.mark.slow
 def test_a_refused_resume_writes_nothing(cnn_path: Path, tmp_path: Path) -> None:
     """Another model under the same study name is refused before the study folder or database is
     touched: a tuner running on the study keeps judging against its own reference."""
@@ -134,6 +135,7 @@ def test_a_kill_after_the_result_attrs_re_evaluates_the_candidate(cnn_path: Path
     assert "1 interrupted" in status
 
 
+@pytest.mark.slow
 def test_a_full_disk_stops_with_one_line_and_the_study_resumes(cnn_path: Path, tmp_path: Path) -> None:
     with mounted_tmpfs(tmp_path / "small", "360k") as disk:
         model = Path(disk.parent / "cnn.onnx")
@@ -165,6 +167,7 @@ def test_a_full_disk_stops_with_one_line_and_the_study_resumes(cnn_path: Path, t
         assert integrity(db) == "ok"
 
 
+@pytest.mark.slow
 def test_a_read_only_study_is_read_and_left_as_it_is(cnn_path: Path, tmp_path: Path) -> None:
     with mounted_tmpfs(tmp_path / "ro", "64m") as disk:
         argv = ["tune", str(cnn_path), "--n-trials", "3", "--quiet", "--confirm-top", "0"]
@@ -279,6 +282,7 @@ def nan_model(tmp_path: Path) -> Path:
     return save(model, tmp_path / "nan.onnx")
 
 
+@pytest.mark.slow
 def test_reference_outputs_that_are_nan_are_refused_and_near_constant_ones_warned(tmp_path: Path) -> None:
     one_line_error(gpt_optuna("tune", str(nan_model(tmp_path))), "is NaN or Inf on these inputs")
     graph = helper.make_graph(
@@ -312,6 +316,7 @@ def test_exit_codes_are_documented_and_a_closed_pipe_ends_quietly(cnn_path: Path
     assert piped.returncode == 0 and b"Traceback" not in piped.stderr and b"BrokenPipe" not in piped.stderr
 
 
+@pytest.mark.slow
 def test_ctrl_c_during_the_finalists_prints_the_summary_and_what_next(cnn_path: Path, tmp_path: Path) -> None:
     config = synthetic_config(tmp_path, 'mode = ["ok"]\ndelay_us = [0, 50, 100]\nbuild_ms = [1000]')
     argv = [*CLI, "tune", str(cnn_path), "--backend", SYNTHETIC, "--config", str(config), "--n-trials", "4", "--quiet"]
@@ -338,6 +343,7 @@ def timed(*args: str) -> tuple[subprocess.CompletedProcess[str], float]:
     return result, float(took[1])
 
 
+@pytest.mark.slow
 def test_timeout_bounds_the_whole_run_and_keeps_time_to_confirm_the_finalists(cnn_path: Path, tmp_path: Path) -> None:
     """--timeout bounds everything, the space check and the finalists' re-measurement included, and
     the search leaves the time the re-measurement needs, as measured from the search's own builds."""
@@ -357,6 +363,7 @@ def test_timeout_bounds_the_whole_run_and_keeps_time_to_confirm_the_finalists(cn
     assert ": graph_fusion none, precision int8 ..." in space.stderr
 
 
+@pytest.mark.slow
 def test_a_trial_that_would_overrun_the_timeout_is_stopped_and_queued_again(cnn_path: Path, tmp_path: Path) -> None:
     """Every searched candidate builds for 30 s: the first one started runs into the time --timeout
     keeps for the end, is stopped there, and waits in the study for the next run."""
@@ -386,6 +393,7 @@ def test_help_names_every_backend_and_objective_and_generic_model_names_get_thei
     assert default_study_name(tmp_path / "resnet50.onnx", "tensorrt") == "resnet50-tensorrt"
 
 
+@pytest.mark.slow
 def test_corrupted_cached_data_is_rebuilt_or_repaired_never_failing_trials_one_by_one(
     cnn_path: Path, tmp_path: Path
 ) -> None:
@@ -413,6 +421,7 @@ def test_corrupted_cached_data_is_rebuilt_or_repaired_never_failing_trials_one_b
     assert reference.read_bytes() == good and Path("best.onnx.reference.npz").read_bytes() == good
 
 
+@pytest.mark.slow
 def test_without_a_terminal_each_trial_is_one_line_with_its_outcome(cnn_path: Path, tmp_path: Path) -> None:
     """Where stderr is no terminal (a CI log), the search writes one line per trial, its outcome
     and reason on it, and no redrawn bar; then the re-measurement and the time by phase."""

@@ -63,6 +63,7 @@ def cosine(a: np.ndarray, b: np.ndarray) -> float:
     return float(a.ravel() @ b.ravel() / np.linalg.norm(a) / np.linalg.norm(b))
 
 
+@pytest.mark.slow
 def test_transformer_fusion_rewrites_a_real_encoder_and_keeps_its_outputs(minilm_path: Path, tmp_path: Path) -> None:
     info = m.load_model_info(minilm_path)
     fused = fused_path(minilm_path, info.sha256, "transformer", tmp_path / "models")
@@ -87,6 +88,7 @@ def test_transformer_fusion_rewrites_a_real_encoder_and_keeps_its_outputs(minilm
     assert cosine(run(fp16, feeds), original) > 0.9999
 
 
+@pytest.mark.slow
 def test_fusion_is_offered_only_where_it_changes_the_model_and_the_backend_runs_it(
     minilm_path: Path, cnn_path: Path, tmp_path: Path
 ) -> None:
@@ -141,6 +143,7 @@ def test_fusion_is_offered_only_where_it_changes_the_model_and_the_backend_runs_
     assert "graph_fusion" not in [k.name for k in cnn_space.knobs]
 
 
+@pytest.mark.slow
 def test_a_search_runs_fused_fp16_candidates_with_nodes_ranked_on_the_fused_graph(
     minilm_path: Path, tmp_path: Path
 ) -> None:
@@ -318,6 +321,7 @@ def test_making_fused_models_stops_once_its_share_of_the_time_is_spent(tmp_path:
     assert knob.choices == ("none", "onnxscript")
 
 
+@pytest.mark.slow
 def test_a_study_whose_preparation_was_cut_short_resumes_with_the_space_it_was_made_with(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

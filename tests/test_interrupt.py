@@ -73,6 +73,7 @@ def wait_for_running_after(proc: subprocess.Popen, complete: int, limit_s: float
     raise AssertionError("no trial was caught running")
 
 
+@pytest.mark.slow
 def test_sigkill_loses_nothing_and_the_rerun_retries_the_interrupted_candidate(tmp_path: Path, cnn_path: Path) -> None:
     config = slow_config(tmp_path)
     proc = subprocess.Popen(command(cnn_path, config, 6), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
@@ -101,6 +102,7 @@ def test_sigkill_loses_nothing_and_the_rerun_retries_the_interrupted_candidate(t
     assert sum(t.state is TrialState.COMPLETE for t in after) == 6
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("signum", "code", "said", "reason"),
     [

@@ -63,6 +63,7 @@ def test_space_prints_the_number_of_candidates(cnn_path: Path, tmp_path: Path, c
     assert "4 searched, 144 candidates" in capsys.readouterr().out  # 2 delays x 3 a x 8 b x 3 c
 
 
+@pytest.mark.slow
 def test_a_covered_space_ends_on_the_trial_that_covers_it(
     cnn_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -89,6 +90,7 @@ def test_a_covered_space_ends_on_the_trial_that_covers_it(
     assert (counted["candidates"], counted["left"]) == (4, 0)
 
 
+@pytest.mark.slow
 def test_a_queued_repeat_reuses_the_earlier_result(cnn_path: Path, tmp_path: Path) -> None:
     config = synthetic_config(tmp_path, 'mode = ["ok"]\ndelay_us = [0, 50, 100]\nbuild_ms = [0]\na = [0]')
     args = [str(cnn_path), "--backend", SYNTHETIC, "--config", str(config), "--seed", "0", "--no-seeds"]

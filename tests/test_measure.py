@@ -69,6 +69,7 @@ def test_interleaving_keeps_the_ranking_where_sequential_measurement_gets_it_wro
     assert 1.03 < found.estimate < 1.25
 
 
+@pytest.mark.slow
 def test_finalists_are_confirmed_interleaved_and_best_follows_the_confirmed_ranking(
     tmp_path: Path, cnn_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -46,6 +46,7 @@ def run(command: str, capsys: pytest.CaptureFixture[str], *flags: str) -> str:
     return capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_every_reader_names_the_winner_the_confirmation_chose_over_the_searchs_fastest(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -143,6 +144,7 @@ def test_every_reader_names_the_winner_the_confirmation_chose_over_the_searchs_f
     assert "extend with" not in out and "confirm" not in out.replace("confirmed", "")
 
 
+@pytest.mark.slow
 def test_when_the_baseline_wins_every_reader_says_so_first(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Every searched candidate is slower than the engine's default (200 µs): keep the default."""
     config = synthetic_config(tmp_path, 'mode = "ok"\ndelay_us = [800, 1600]\nbuild_ms = [0]\na = [0, 1]\nb = [0]')

@@ -61,6 +61,7 @@ def overlapping(trials: list[FrozenTrial]) -> int:
     )
 
 
+@pytest.mark.slow
 def test_workers_of_one_tuner_search_at_once_without_duplicates(cnn_path: Path, tmp_path: Path) -> None:
     config = synthetic_config(tmp_path, SLOW)
     args = ["--backend", SYNTHETIC, "--config", str(config), "--n-trials", "9", "--workers", "3", "--confirm-top", "0"]
@@ -180,6 +181,7 @@ def joined_search(cnn_path: Path, tmp_path: Path, url: str, name: str, n_trials:
     assert (elsewhere / "studies" / name / "inputs.npz").is_file()  # fetched from the artifact store
 
 
+@pytest.mark.slow
 def test_a_worker_joins_over_a_journal_file_and_a_killed_one_loses_nothing(cnn_path: Path, tmp_path: Path) -> None:
     joined_search(cnn_path, tmp_path, f"journal:{tmp_path / 'search.journal'}", "joined", 10)
 
@@ -280,6 +282,7 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+@pytest.mark.slow
 def test_workers_share_a_study_through_the_grpc_storage_proxy(cnn_path: Path, tmp_path: Path) -> None:
     pytest.importorskip("grpc")
     port = free_port()
@@ -333,6 +336,7 @@ def test_one_worker_pinned_to_each_listed_gpu(cnn_path: Path, capsys: pytest.Cap
     assert f"no GPU {len(names)} here; this host has 0 {names[0]}" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_ctrl_c_stops_every_worker_and_the_rerun_retries_their_candidates(cnn_path: Path, tmp_path: Path) -> None:
     config = synthetic_config(tmp_path, SLOW)
     url = f"journal:{tmp_path / 'search.journal'}"

@@ -110,6 +110,7 @@ def test_plain_fp16_overflows_and_keeping_the_ranked_nodes_fixes_it(overflow_pat
     assert plain_weights["big"] == TensorProto.FLOAT16
 
 
+@pytest.mark.slow
 def test_the_search_finds_the_sensitive_nodes_by_itself(overflow_path: Path, tmp_path: Path) -> None:
     """Nothing names the overflowing nodes: the study ranks them and the sampler finds the count."""
     feeds = tmp_path / "feeds.npz"
@@ -269,6 +270,7 @@ def test_a_failing_transform_is_a_failed_candidate_not_a_crash(tmp_path: Path) -
     assert result.detail.startswith("int8 transform failed")
 
 
+@pytest.mark.slow
 def test_real_encoder_fp16_and_int8_are_built_validated_and_ranked(minilm_path: Path, tmp_path: Path) -> None:
     config = tmp_path / "tune.toml"
     config.write_text(

@@ -59,6 +59,7 @@ def study_with_everything(made_study: Path) -> optuna.Study:
     return optuna.load_study(study_name="cnn-syntheticbackend", storage="sqlite:///studies/cnn-syntheticbackend.db")
 
 
+@pytest.mark.slow
 def test_rows_carry_latency_error_and_status(study_with_everything: optuna.Study) -> None:
     rows = collect(study_with_everything)
     statuses = {r.status for r in rows}
@@ -180,6 +181,7 @@ def assert_readable(figures: list[dict[str, Any]]) -> None:
     assert history["ytype"] == "log"
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium package (.ci/run installs it)")
 def test_every_figure_draws_its_points_and_marks_in_view_in_a_real_browser(study_with_everything: optuna.Study) -> None:
     latencies = [
@@ -235,6 +237,7 @@ def test_the_study_opens_in_optuna_dashboard(study_with_everything: optuna.Study
     assert attrs["verdict"] == winner.headline
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("papermill", [False, True], ids=["environment", "papermill"])
 def test_the_notebook_runs_as_shipped_from_another_folder_and_names_the_winner(
     study_with_everything: optuna.Study, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, papermill: bool
@@ -261,6 +264,7 @@ def test_the_notebook_runs_as_shipped_from_another_folder_and_names_the_winner(
         assert (ARTIFACTS / "notebook.png").stat().st_size > 20_000
 
 
+@pytest.mark.slow
 def test_multi_objective_search_over_latency_and_error(cnn_path: Path, tmp_path: Path) -> None:
     config = tmp_path / "tune.toml"
     config.write_text('[measure]\nbudget_s = 0.05\n[space]\nprecision = ["fp32", "fp16", "int8"]\n')

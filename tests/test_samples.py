@@ -112,6 +112,7 @@ def test_a_failing_user_metric_is_a_pruned_failure_with_its_traceback(
     assert "--accuracy names 'nope', which is neither a built-in metric nor one the --metric" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_generated_inputs_warn_once_and_bad_samples_are_named(cnn_path: Path, tmp_path: Path) -> None:
     import subprocess
     import sys

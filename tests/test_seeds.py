@@ -59,6 +59,7 @@ def test_no_seeds_leaves_only_the_given_candidates(tmp_path: Path) -> None:
     assert [attrs for _, attrs in seeds] == [{"seeded": "every speed feature on"}]
 
 
+@pytest.mark.slow
 def test_a_warm_start_queues_the_best_distinct_configurations_of_earlier_studies(
     cnn_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import optuna
+import pytest
 
 import gpt_optuna
 
@@ -48,6 +49,7 @@ def shell(command: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.slow
 def test_a_study_is_used_from_any_folder_and_its_printed_commands_run_as_printed(
     cnn_path: Path, tmp_path: Path
 ) -> None:

@@ -48,6 +48,7 @@ def test_search_starts_with_the_baseline_and_reports_the_best(
     assert f"{complete} complete, {pruned} infeasible, 0 failed" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_resume_accumulates_trials_and_redoes_nothing(cnn_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert tune(str(cnn_path), "--n-trials", "4", "--seed", "1") == 0
     first = [(t.number, t.datetime_start, t.value) for t in load("cnn-onnxruntime").get_trials()]
@@ -61,6 +62,7 @@ def test_resume_accumulates_trials_and_redoes_nothing(cnn_path: Path, capsys: py
     assert "already has its trials" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_resume_with_other_model_or_criterion_is_refused(
     cnn_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -77,6 +79,7 @@ def test_resume_with_other_model_or_criterion_is_refused(
     assert len(load("cnn-onnxruntime").get_trials()) == 2
 
 
+@pytest.mark.slow
 def test_dynamic_shapes_and_given_inputs(mlp_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert tune(str(mlp_path), "--n-trials", "2") == 2
     assert "give the sizes you will run it with, --shape x:<batch>x16" in capsys.readouterr().err
@@ -92,6 +95,7 @@ def test_dynamic_shapes_and_given_inputs(mlp_path: Path, tmp_path: Path, capsys:
     assert np.load("studies/mlp5/inputs.npz")["x"].shape == (1, 5, 16)
 
 
+@pytest.mark.slow
 def test_crash_hang_raise_fail_their_trials_build_errors_are_pruned_and_the_study_goes_on(
     tmp_path: Path, cnn_path: Path
 ) -> None:

@@ -34,6 +34,7 @@ def steps_then_hang(count: int) -> None:
     time.sleep(3600)
 
 
+@pytest.mark.slow
 def test_a_job_tells_how_far_it_is_while_it_runs_and_the_deadline_still_holds(tmp_path: Path) -> None:
     told: list[str] = []
     with Worker(tmp_path / "w.log") as worker:
@@ -53,6 +54,7 @@ def steps_apart(count: int, pause_s: float) -> int:
     return count
 
 
+@pytest.mark.slow
 def test_a_job_that_keeps_telling_runs_past_its_quiet_limit_and_one_that_goes_quiet_is_stopped(
     tmp_path: Path,
 ) -> None:

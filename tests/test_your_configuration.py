@@ -119,6 +119,7 @@ def test_a_value_the_space_does_not_offer_is_added_for_the_configuration_alone()
         space.including({"tf32": True}, "--baseline-config f")
 
 
+@pytest.mark.slow
 def test_a_search_measures_your_configuration_and_the_verdict_names_it(
     cnn_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
