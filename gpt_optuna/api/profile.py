@@ -20,6 +20,7 @@ import optuna
 from gpt_optuna.api.compare import side
 from gpt_optuna.backends.base import NodeTime
 from gpt_optuna.core.errors import UserError
+from gpt_optuna.core.files import atomic_write
 from gpt_optuna.evaluation.profile_job import ProfileJob
 from gpt_optuna.evaluation.worker import JobFailure, Worker
 from gpt_optuna.search.finalists import template_from_study
@@ -111,5 +112,5 @@ def profile(
             raise UserError(f"{one.label} could not be profiled: {failure}") from None
     result = Profile(sides[0].label, sides[1].label, found[0], found[1], runs)
     path = study_folder(study) / f"profile-{sides[0].label.removeprefix('trial ')}.json"
-    path.write_text(json.dumps(result.to_dict()))
+    atomic_write(path, json.dumps(result.to_dict()))
     return result

@@ -14,6 +14,7 @@ from typing import Any
 from gpt_optuna.backends import Backend, BuildError, Runner, load_backend
 from gpt_optuna.backends.base import CANNOT_RUN
 from gpt_optuna.core.errors import UserError
+from gpt_optuna.core.files import atomic_write
 from gpt_optuna.core.space import Candidate, Condition, Space
 from gpt_optuna.evaluation.accuracy import Criterion
 from gpt_optuna.evaluation.measure import MeasureSettings, measure
@@ -381,9 +382,7 @@ class EvaluateJob:
                 report_progress(f"fp16 sensitivity: {done}/{total} nodes ranked, {now - started:.1f} s")
 
         nodes = rank_sensitive_nodes(model.path, *first, progress=progress)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps({"model": model.sha256, "nodes": nodes}))
-        tmp.replace(path)
+        atomic_write(path, json.dumps({"model": model.sha256, "nodes": nodes}))
         return nodes
 
     def _save_engine(self, data: bytes | None) -> Path | None:

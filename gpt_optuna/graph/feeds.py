@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from gpt_optuna.core.errors import MissingDependencyError, UserError
+from gpt_optuna.core.files import atomic_path, atomic_write
 from gpt_optuna.graph.model import Feeds, ModelInfo, ShapeRange, check_shape, file_sha256, one_line
 
 
@@ -225,13 +226,8 @@ def save_npz(path: Path, arrays: Feeds) -> None:
     """Write atomically so an interrupted run never leaves a half-written cache file, nor a
     temporary one after a failure (a full disk, say)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        with tmp.open("wb") as f:
-            np.savez(f, **arrays)
-        tmp.replace(path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    with atomic_path(path) as tmp, tmp.open("wb") as f:
+        np.savez(f, **arrays)
 
 
 def cache_npz(path: Path, arrays: Feeds, key: str) -> None:
@@ -243,12 +239,7 @@ def cache_npz(path: Path, arrays: Feeds, key: str) -> None:
         return
     stamp.unlink(missing_ok=True)
     save_npz(path, arrays)
-    partial = stamp.with_name(stamp.name + ".tmp")
-    try:
-        partial.write_text(f"{key}\n{file_sha256(path)}")
-        partial.replace(stamp)
-    finally:
-        partial.unlink(missing_ok=True)
+    atomic_write(stamp, f"{key}\n{file_sha256(path)}")
 
 
 NEAR_CONSTANT = 1e-5

@@ -9,14 +9,13 @@ hash of its content (``NAME.sha256``, written before the model is): one that no 
 
 from __future__ import annotations
 
-import fcntl
 import json
-import os
 import traceback
 from collections.abc import Callable
 from pathlib import Path
 
 from gpt_optuna.core.errors import GptOptunaError, UserError
+from gpt_optuna.core.files import atomic_path, atomic_write, locked
 from gpt_optuna.graph.model import ModelInfo, distinct_dims, file_sha256, load_model_info
 
 
@@ -54,9 +53,7 @@ def _hash_path(out: Path) -> Path:
 
 
 def _write_hash(out: Path, digest: str) -> None:
-    partial = _hash_path(out).with_name(f"{_hash_path(out).name}.{os.getpid()}.tmp")
-    partial.write_text(digest + "\n")
-    partial.replace(_hash_path(out))
+    atomic_write(_hash_path(out), digest + "\n")
 
 
 def _failure_path(out: Path) -> Path:
@@ -74,8 +71,7 @@ def produce(out: Path, make: Callable[[Path], None]) -> Path:
     if out.is_file() and intact(out):
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
-    with out.with_name(out.name + ".lock").open("a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # another worker making the same model: wait for it, not redo it
+    with locked(out):  # another worker making the same model: wait for it, not redo it
         return _produce(out, make)
 
 
@@ -88,21 +84,16 @@ def _produce(out: Path, make: Callable[[Path], None]) -> Path:
     if failed.is_file():
         record = json.loads(failed.read_text())
         raise TransformFailed(record["error"], record["traceback"])
-    tmp = out.with_name(f"{out.stem}.{os.getpid()}.tmp.onnx")
     try:
-        make(tmp)
-        _write_hash(out, file_sha256(tmp))
-        tmp.replace(out)
+        with atomic_path(out, keep_suffix=True) as tmp:
+            make(tmp)
+            _write_hash(out, file_sha256(tmp))
     except (UserError, OSError, MemoryError):
         raise
     except Exception as exc:
         record = {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()}
-        partial = failed.with_name(failed.name + ".tmp")
-        partial.write_text(json.dumps(record))
-        partial.replace(failed)
+        atomic_write(failed, json.dumps(record))
         raise TransformFailed(record["error"], record["traceback"]) from exc
-    finally:
-        tmp.unlink(missing_ok=True)
     return out
 
 

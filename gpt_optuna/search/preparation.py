@@ -19,6 +19,7 @@ import optuna
 
 from gpt_optuna.backends import load_backend
 from gpt_optuna.core.errors import UserError
+from gpt_optuna.core.files import atomic_write
 from gpt_optuna.core.space import Space, Value
 from gpt_optuna.evaluation.jobs import EvaluateJob, SpaceJob
 from gpt_optuna.evaluation.worker import JobFailure, Worker
@@ -251,9 +252,7 @@ def remembered_check(
     if not complete:  # what decides a check cut short includes the time it had: the next run checks anew
         return checked
     path = template.workdir / name
-    partial = path.with_name(path.name + ".tmp")
-    partial.write_text(json.dumps({"decided_by": decided_by, "space": checked.to_record(), "notes": found}))
-    partial.replace(path)
+    atomic_write(path, json.dumps({"decided_by": decided_by, "space": checked.to_record(), "notes": found}))
     return checked
 
 

@@ -6,13 +6,13 @@ the store rather than from the first host's disk."""
 from __future__ import annotations
 
 import hashlib
-import os
 from pathlib import Path
 
 import optuna
 from optuna.artifacts import FileSystemArtifactStore, download_artifact, upload_artifact
 
 from gpt_optuna.core.errors import UserError
+from gpt_optuna.core.files import atomic_path
 from gpt_optuna.study.record import ARTIFACTS_ATTR, DATA_ATTR, study_folder
 
 INPUTS_FILE, REFERENCE_FILE, CALIBRATION_FILE = "inputs.npz", "reference.npz", "calibration.npz"
@@ -69,20 +69,16 @@ def fetch(study: optuna.Study, store: Path, workdir: Path) -> None:
         )
     workdir.mkdir(parents=True, exist_ok=True)
     for name, entry in stale.items():
-        path = workdir / name
-        incoming = path.with_name(f".{name}.{os.getpid()}")
-        try:
-            download_artifact(
-                artifact_store=FileSystemArtifactStore(store), artifact_id=entry["artifact"], file_path=str(incoming)
-            )
-        except Exception as exc:
-            raise UserError(f"cannot read {name} of study {study.study_name!r} from {store}: {exc}") from exc
-        if _sha256(incoming) != entry["sha256"]:
-            incoming.unlink()
-            raise UserError(
-                f"{name} in the artifact store {store} does not match what study {study.study_name!r} recorded"
-            )
-        os.replace(incoming, path)
+        with atomic_path(workdir / name) as incoming:
+            try:
+                artifacts = FileSystemArtifactStore(store)
+                download_artifact(artifact_store=artifacts, artifact_id=entry["artifact"], file_path=str(incoming))
+            except Exception as exc:
+                raise UserError(f"cannot read {name} of study {study.study_name!r} from {store}: {exc}") from exc
+            if _sha256(incoming) != entry["sha256"]:
+                raise UserError(
+                    f"{name} in the artifact store {store} does not match what study {study.study_name!r} recorded"
+                )
 
 
 def verified(study: optuna.Study, workdir: Path) -> Path:

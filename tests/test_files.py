@@ -1,0 +1,71 @@
+"""Files other processes read: written whole or not at all, and one writer at a time under a lock."""
+
+from __future__ import annotations
+
+import multiprocessing
+import threading
+from pathlib import Path
+
+import pytest
+
+from gpt_optuna.core.files import atomic_path, atomic_write, locked
+
+
+def test_a_write_that_fails_keeps_the_old_file_and_leaves_no_temporary(tmp_path: Path) -> None:
+    target = tmp_path / "cache" / "timing.cache"
+    atomic_write(target, b"old")
+    with pytest.raises(OSError, match="disk full"), atomic_path(target) as tmp:
+        tmp.write_bytes(b"half of the new")
+        raise OSError("disk full")
+    assert target.read_bytes() == b"old"
+    assert sorted(p.name for p in target.parent.iterdir()) == ["timing.cache"]
+    with atomic_path(tmp_path / "model.onnx", keep_suffix=True) as tmp:
+        assert tmp.suffix == ".onnx" and ".tmp" in tmp.name and tmp.parent == tmp_path
+        tmp.write_text("graph")
+    assert (tmp_path / "model.onnx").read_text() == "graph"
+    assert [p.name for p in tmp_path.iterdir() if ".tmp" in p.name] == []
+
+
+def test_a_reader_sees_one_writers_whole_file_while_many_write_at_once(tmp_path: Path) -> None:
+    """Threads of one process share its number: each temporary name is still their own."""
+    target = tmp_path / "sensitivity.json"
+    payloads = [bytes([i]) * 200_000 for i in range(8)]
+    atomic_write(target, payloads[0])
+    seen: set[bytes] = set()
+    done = threading.Event()
+
+    def read() -> None:
+        while not done.is_set():
+            seen.add(target.read_bytes())
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    writers = [threading.Thread(target=lambda d=d: [atomic_write(target, d) for _ in range(10)]) for d in payloads]
+    for writer in writers:
+        writer.start()
+    for writer in writers:
+        writer.join()
+    done.set()
+    reader.join()
+    assert seen <= set(payloads)
+    assert target.read_bytes() in payloads
+    assert [p.name for p in tmp_path.iterdir()] == ["sensitivity.json"]
+
+
+def _count(path: Path, times: int) -> None:
+    for _ in range(times):
+        with locked(path):
+            atomic_write(path, str(int(path.read_text()) + 1))
+
+
+def test_processes_that_read_and_write_under_the_lock_lose_no_update(tmp_path: Path) -> None:
+    counter = tmp_path / "counter"
+    atomic_write(counter, "0")
+    spawn = multiprocessing.get_context("spawn")
+    processes = [spawn.Process(target=_count, args=(counter, 25)) for _ in range(3)]
+    for process in processes:
+        process.start()
+    for process in processes:
+        process.join(120)
+        assert process.exitcode == 0
+    assert counter.read_text() == "75"
