@@ -1,4 +1,5 @@
-"""Files other processes read: written whole or not at all, and one writer at a time under a lock."""
+"""Files other processes read: written whole or not at all, one writer at a time under a lock, and
+the locks that tell tuning runs on one host of each other."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from gpt_optuna.core.files import atomic_path, atomic_write, locked
+from gpt_optuna.study.recovery import no_tuner_runs_here, tuner_presence
 
 
 def test_a_write_that_fails_keeps_the_old_file_and_leaves_no_temporary(tmp_path: Path) -> None:
@@ -69,3 +71,27 @@ def test_processes_that_read_and_write_under_the_lock_lose_no_update(tmp_path: P
         process.join(120)
         assert process.exitcode == 0
     assert counter.read_text() == "75"
+
+
+def _hold_presence(folder: Path, told: multiprocessing.Queue, stop: threading.Event) -> None:
+    with tuner_presence(folder) as alone:
+        told.put(alone)
+        stop.wait(120)
+
+
+def test_a_tuner_sees_another_on_its_host_and_not_one_that_was_killed(tmp_path: Path) -> None:
+    spawn = multiprocessing.get_context("spawn")
+    told, stop = spawn.Queue(), spawn.Event()
+    other = spawn.Process(target=_hold_presence, args=(tmp_path, told, stop))
+    other.start()
+    assert told.get(timeout=60) is True
+    assert not no_tuner_runs_here(tmp_path)
+    with tuner_presence(tmp_path) as alone:
+        assert alone is False
+    other.kill()
+    other.join(60)
+    assert no_tuner_runs_here(tmp_path)
+    with tuner_presence(tmp_path) as alone:
+        assert alone is True
+        assert not no_tuner_runs_here(tmp_path)  # this process's own run counts
+    assert no_tuner_runs_here(tmp_path)

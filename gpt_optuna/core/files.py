@@ -15,7 +15,7 @@ import secrets
 from collections.abc import Iterator
 from pathlib import Path
 
-from filelock import FileLock
+from filelock import FileLock, Timeout
 
 
 @contextlib.contextmanager
@@ -46,6 +46,17 @@ def locked(path: Path) -> FileLock:
     """The lock that guards ``path`` (``NAME.lock`` beside it): ``with locked(path):`` waits for
     any other process holding it."""
     return FileLock(path.with_name(path.name + ".lock"))
+
+
+def is_held(path: Path) -> bool:
+    """Whether a lock guards ``path`` now, this process's own included (tried and let go at once)."""
+    lock = locked(path)
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        return True
+    lock.release()
+    return False
 
 
 def _flush(path: Path) -> None:

@@ -6,6 +6,7 @@ import contextlib
 import datetime
 import json
 import os
+import secrets
 import socket
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
@@ -14,6 +15,7 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from gpt_optuna.core.files import is_held, locked
 from gpt_optuna.study.record import WHY_TRIED, study_folder
 from gpt_optuna.study.taxonomy import (
     is_interrupted,
@@ -80,40 +82,33 @@ created it (the tuner names itself at once)."""
 RETRY_GRACE_S = 30.0
 """An interrupted trial's retry is the failing process's to queue for this long."""
 
+PRESENCE = "tuners"
+"""The study folder's folder of tuning runs on this host: each holds a lock there while it runs."""
+
 
 @contextlib.contextmanager
 def tuner_presence(workdir: Path) -> Iterator[bool]:
-    """Hold a shared lock on the study folder's ``tuners.lock`` for a tuning run; yield whether no
-    other tuner on this host holds one (then every RUNNING trial of the study is an orphan)."""
-    import fcntl
-
-    workdir.mkdir(parents=True, exist_ok=True)
-    with (workdir / "tuners.lock").open("a+") as lock:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            alone = True
-        except BlockingIOError:
-            alone = False
-        fcntl.flock(lock, fcntl.LOCK_SH)
-        yield alone
+    """Hold a lock of this run's own in the study folder's ``tuners/`` for a tuning run; yield whether
+    no other tuner on this host holds one (then every RUNNING trial of the study is an orphan)."""
+    folder = workdir / PRESENCE
+    folder.mkdir(parents=True, exist_ok=True)
+    mine = folder / f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}"
+    try:
+        with locked(mine):
+            yield not any(is_held(other) for other in _present(folder) if other != mine)
+    finally:
+        mine.with_name(mine.name + ".lock").unlink(missing_ok=True)
 
 
 def no_tuner_runs_here(workdir: Path) -> bool:
-    """Whether no tuner on this host holds the study folder's ``tuners.lock`` (it only reads: the
-    lock is tried and let go at once, and nothing is created)."""
-    import fcntl
+    """Whether no tuner on this host holds a lock in the study folder's ``tuners/`` (it only reads:
+    each lock is tried and let go at once)."""
+    return not any(is_held(other) for other in _present(workdir / PRESENCE))
 
-    try:
-        descriptor = os.open(workdir / "tuners.lock", os.O_RDONLY)
-    except OSError:
-        return True
-    try:
-        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        return True
-    except BlockingIOError:
-        return False
-    finally:
-        os.close(descriptor)
+
+def _present(folder: Path) -> list[Path]:
+    """What the locks in ``folder`` guard: one per tuning run that holds or held one."""
+    return [lock.with_suffix("") for lock in folder.glob("*.lock")] if folder.is_dir() else []
 
 
 def _owner_is_dead(trial: FrozenTrial, alone: bool) -> bool:
