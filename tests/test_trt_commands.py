@@ -88,14 +88,14 @@ def test_a_real_study_trial_gets_its_lines_and_the_onnx_that_was_parsed(cnn_path
     from gpt_optuna.backends.tensorrt.commands import build_commands
     from gpt_optuna.cli import main
     from gpt_optuna.results.export import trial_model
-    from gpt_optuna.study.record import study_folder
+    from gpt_optuna.study.folder import StudyFolder
 
     flags = ["--backend", "tensorrt-rtx", "--dry-run", "--quiet", "--n-trials", "4", "--seed", "1"]
     assert main(["tune", str(cnn_path), *flags]) == 0
     study = optuna.load_study(study_name="cnn-tensorrt-rtx", storage="sqlite:///studies/cnn-tensorrt-rtx.db")
     defaults = {k["name"]: k["default"] for k in study.user_attrs["gpt_optuna"]["space"]}
     for trial in study.get_trials():
-        engine, models = Path(f"t{trial.number}.plan"), study_folder(study) / "models"
+        engine, models = Path(f"t{trial.number}.plan"), StudyFolder.of(study).models
         shapes = study.user_attrs["gpt_optuna"].get("shapes", {})
         commands = build_commands(
             ExportedTrial(trial_model(study, trial), engine, trial.params, defaults, shapes, models)

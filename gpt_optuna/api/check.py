@@ -44,6 +44,7 @@ from gpt_optuna.results.export import export_trial
 from gpt_optuna.search.config import TuneConfig, default_storage, study_flags
 from gpt_optuna.search.finalists import interleave, process_seconds, quiet_seconds
 from gpt_optuna.study.evidence import speedups
+from gpt_optuna.study.folder import StudyFolder
 from gpt_optuna.study.summary import finished_count
 from gpt_optuna.study.taxonomy import search_ranking
 
@@ -256,7 +257,7 @@ def judge_latency(
                 confirm(
                     study,
                     template,
-                    config.workdir / "confirm.log",
+                    StudyFolder(config.workdir).log("confirm"),
                     config.confirm_top,
                     config.confirm_processes,
                     deadline=deadline,
@@ -282,7 +283,7 @@ def judge_latency(
     try:
         measured = interleave(
             evaluations,
-            config.workdir / "compare.log",
+            StudyFolder(config.workdir).log("compare"),
             config.confirm_processes,
             print,
             process_seconds([seeded, *trials], template.settings),

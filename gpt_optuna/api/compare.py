@@ -28,7 +28,7 @@ from gpt_optuna.graph import model as model_io
 from gpt_optuna.graph.transforms import is_transform_knob
 from gpt_optuna.search.finalists import QUIET_S, WORKER_START_S, ConfirmationFailed, interleave, template_from_study
 from gpt_optuna.study.evidence import Speedup, judge, speedups
-from gpt_optuna.study.record import study_folder
+from gpt_optuna.study.folder import StudyFolder
 from gpt_optuna.study.taxonomy import baseline_trial, your_trial
 
 EVALUATE_TIMEOUT_S = 600.0
@@ -166,7 +166,7 @@ def compare(
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     template = template_from_study(study)
     sides = side(study, template, a), side(study, template, b)
-    log = study_folder(study) / "compare.log"
+    log = StudyFolder.of(study).log("compare")
     results = []
     for name, one in zip("AB", sides, strict=True):
         say(f"{name}: {one.label}: building and checking its outputs ...")

@@ -24,7 +24,7 @@ from gpt_optuna.core.files import atomic_write
 from gpt_optuna.evaluation.profile_job import ProfileJob
 from gpt_optuna.evaluation.worker import JobFailure, Worker
 from gpt_optuna.search.finalists import template_from_study
-from gpt_optuna.study.record import study_folder
+from gpt_optuna.study.folder import StudyFolder
 from gpt_optuna.study.summary_record import study_summary
 
 PROFILE_TIMEOUT_S = 600.0
@@ -106,11 +106,11 @@ def profile(
             continue
         say(f"profiling {one.label} over {runs} runs ...")
         try:
-            with Worker(study_folder(study) / "profile.log") as worker:
+            with Worker(StudyFolder.of(study).log("profile")) as worker:
                 found.append(worker.run(ProfileJob(one.job, runs), PROFILE_TIMEOUT_S))
         except JobFailure as failure:
             raise UserError(f"{one.label} could not be profiled: {failure}") from None
     result = Profile(sides[0].label, sides[1].label, found[0], found[1], runs)
-    path = study_folder(study) / f"profile-{sides[0].label.removeprefix('trial ')}.json"
+    path = StudyFolder.of(study).profile(sides[0].label.removeprefix("trial "))
     atomic_write(path, json.dumps(result.to_dict()))
     return result

@@ -343,7 +343,7 @@ class TunedStudy:
         the summary and raises KeyboardInterrupt."""
         from gpt_optuna.results.winner import record_winner
         from gpt_optuna.search.finalists import confirm, template_from_study
-        from gpt_optuna.study.record import study_folder
+        from gpt_optuna.study.folder import StudyFolder
 
         if top < 1 or processes < 1 or rounds < 3:
             raise UserError("--top and --processes must be at least 1, --rounds at least 3")
@@ -355,7 +355,7 @@ class TunedStudy:
         try:
             with interrupts.handled():
                 found = confirm(
-                    study, template_from_study(study), study_folder(study) / "confirm.log", top, processes, say,
+                    study, template_from_study(study), StudyFolder.of(study).log("confirm"), top, processes, say,
                     deadline=deadline, rounds=rounds,
                 )  # fmt: skip
         except KeyboardInterrupt:
@@ -405,9 +405,9 @@ class TunedStudy:
         check`` does against an export's record: :attr:`deploy` is exported with its record into
         ``checks/`` in the study's folder, and :func:`gpt_optuna.check` runs with the options."""
         from gpt_optuna.api.check import check
-        from gpt_optuna.study.record import study_folder
+        from gpt_optuna.study.folder import StudyFolder
 
-        folder = study_folder(self.study) / "checks" / time.strftime("%Y%m%d-%H%M%S")
+        folder = StudyFolder.of(self.study).check_run(time.strftime("%Y%m%d-%H%M%S"))
         folder.mkdir(parents=True, exist_ok=True)
         exported = self.export(folder / "record", force=True)
         options = {"budget": budget, "tolerance": tolerance, "config": config, "progress": progress}

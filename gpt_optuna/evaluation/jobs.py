@@ -28,6 +28,7 @@ from gpt_optuna.graph.model import Feeds, ModelInfo, ShapeRange, load_model_info
 from gpt_optuna.graph.model_cache import TransformFailed
 from gpt_optuna.graph.precision import QUANTIZED, PrecisionSetting, precision_knobs, transform
 from gpt_optuna.study.artifacts import CALIBRATION_FILE, INPUTS_FILE, REFERENCE_FILE
+from gpt_optuna.study.folder import StudyFolder
 from gpt_optuna.study.record import IO_CHANGE_ATTR
 
 PROGRESS_EVERY_S = 5.0
@@ -330,7 +331,7 @@ class EvaluateJob:
 
     def transformed_model(self) -> ModelInfo:
         """The model the candidate runs: the original, or a cached copy fused and/or in another precision."""
-        cache = self.workdir / "models"
+        cache = StudyFolder(self.workdir).models
         fused = fused_path(self.model.path, self.model.sha256, fusion_of(self.candidate), cache)
         base = self.model if fused == self.model.path else _model_info(fused)
         check_interface(self.model, base, dtypes_may_change=False)
@@ -361,7 +362,7 @@ class EvaluateJob:
         the graph once per ranked node."""
         if not PrecisionSetting.from_candidate(self.candidate).keep_nodes:
             return None
-        return self.workdir / f"sensitivity-{fusion_of(self.candidate)}-{self.model.sha256[:16]}.json"
+        return StudyFolder(self.workdir).sensitivity(fusion_of(self.candidate), self.model.sha256)
 
     def _ranking(self, model: ModelInfo, path: Path) -> list[str]:
         """The nodes of ``model`` (the candidate's graph before its precision) by fp16 sensitivity,
@@ -388,7 +389,7 @@ class EvaluateJob:
     def _save_engine(self, data: bytes | None) -> Path | None:
         if data is None:
             return None
-        folder = self.workdir / "engines"
+        folder = StudyFolder(self.workdir).engines
         folder.mkdir(parents=True, exist_ok=True)
         path = folder / f"{uuid.uuid4().hex}.engine"
         try:

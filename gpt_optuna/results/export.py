@@ -21,7 +21,8 @@ from gpt_optuna.graph.model_cache import intact
 from gpt_optuna.graph.model_copy import copy_model, external_data_file
 from gpt_optuna.results.summary_text import headline
 from gpt_optuna.study.artifacts import artifact_folder, verified
-from gpt_optuna.study.record import IO_CHANGE_ATTR, YOURS_ATTR, StudyRecord, study_folder
+from gpt_optuna.study.folder import StudyFolder
+from gpt_optuna.study.record import IO_CHANGE_ATTR, YOURS_ATTR, StudyRecord
 from gpt_optuna.study.summary import StudySummary, first_value
 from gpt_optuna.study.summary_record import study_summary, trial_by_number
 
@@ -30,7 +31,7 @@ def trial_model(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> Path:
     """The ONNX model a trial ran: its transformed copy in the study folder, else the study's model."""
     transformed = trial.user_attrs.get("transformed_model")
     if transformed:
-        path = study_folder(study) / "models" / transformed
+        path = StudyFolder.of(study).models / transformed
         if path.is_file() and not intact(path):
             raise UserError(
                 f"the model trial {trial.number} ran is damaged: {path} is not the file made for it (its content"
@@ -156,7 +157,7 @@ def export_trial(
         out = out.with_name(out.name + export_suffix(trial))
     files = written_files(out, artifact is not None, record.backend, samples_dir)
     refuse_overwrite(files, force)
-    workdir = verified(study, study_folder(study))
+    workdir = verified(study, StudyFolder.of(study).root)
     source = trial_model(study, trial)
     if not source.is_file():
         raise UserError(f"the model of trial {trial.number} is gone: {source} (the study folder was moved or removed)")
@@ -222,7 +223,7 @@ def _write_export(study: optuna.Study, summary: StudySummary, trial: FrozenTrial
     }
     deployment = DEPLOYMENTS.get(record.backend or "")
     if deployment is not None:
-        models = study_folder(study) / "models"
+        models = StudyFolder.of(study).models
         side |= deployment.side_file(
             ExportedTrial(source, out, trial.params, record.defaults, record.shapes or {}, models)
         )

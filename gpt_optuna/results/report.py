@@ -21,7 +21,8 @@ from gpt_optuna.results.figures import (
     profile_figure,
 )
 from gpt_optuna.results.rows import TrialRow, collect, criterion_of, error_axis, marks
-from gpt_optuna.study.record import StudyRecord, study_folder
+from gpt_optuna.study.folder import StudyFolder
+from gpt_optuna.study.record import StudyRecord
 from gpt_optuna.study.summary import StudySummary, summarize_study
 
 
@@ -132,7 +133,7 @@ def render(study: optuna.Study, where: str = "", error: str | None = None) -> st
 def saved_profiles(study: optuna.Study) -> list[dict[str, Any]]:
     """The profiles ``gpt-optuna profile`` kept in the study folder (a damaged one is left out)."""
     found = []
-    for path in sorted(study_folder(study).glob("profile-*.json")):
+    for path in StudyFolder.of(study).profiles():
         try:
             profile = json.loads(path.read_text())
         except (OSError, ValueError):

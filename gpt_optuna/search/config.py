@@ -17,6 +17,7 @@ from gpt_optuna.evaluation.accuracy import DEFAULT_CRITERION, Criterion, parse_c
 from gpt_optuna.evaluation.measure import MeasureSettings
 from gpt_optuna.graph.feeds import absolute_spec
 from gpt_optuna.search.options import FLAG, INT, OPTIONS, SAMPLERS
+from gpt_optuna.study.folder import StudyFolder
 from gpt_optuna.study.record import STUDIES
 
 OBJECTIVES = ("latency", "error", "memory", "build_s")
@@ -199,7 +200,7 @@ class TuneConfig:
     def workdir(self) -> Path:
         """The study folder: cached inputs, reference outputs, transformed models, worker log."""
         assert self.study_name is not None
-        return self.folder or STUDIES / self.study_name
+        return self.folder or StudyFolder.named(self.study_name).root
 
 
 _TOML_OPTIONS = {key: option for option in OPTIONS for key in option.toml_keys}

@@ -317,7 +317,8 @@ def template_from_study(study: optuna.Study, model: Path | None = None, workdir:
     from gpt_optuna.graph.model import ShapeRange, load_model_info
     from gpt_optuna.graph.model_cache import with_distinct_dims
     from gpt_optuna.study.artifacts import verified
-    from gpt_optuna.study.record import MEASURE_ATTR, study_folder
+    from gpt_optuna.study.folder import StudyFolder
+    from gpt_optuna.study.record import MEASURE_ATTR
 
     record = StudyRecord.of(study)
     if record is None:
@@ -327,8 +328,8 @@ def template_from_study(study: optuna.Study, model: Path | None = None, workdir:
     info = load_model_info(model or record.model)
     if info.sha256 != record.model_sha256:
         raise UserError(f"{info.path} has changed since the study was made")
-    workdir = verified(study, (workdir or study_folder(study)).resolve())
-    info = with_distinct_dims(info, workdir / "models")
+    workdir = verified(study, (workdir or StudyFolder.of(study).root).resolve())
+    info = with_distinct_dims(info, StudyFolder(workdir).models)
     for name in (INPUTS_FILE, REFERENCE_FILE):
         if not (workdir / name).is_file():
             raise UserError(f"the study folder {workdir} lacks {name}: it was moved or removed")

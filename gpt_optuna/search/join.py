@@ -36,7 +36,8 @@ from gpt_optuna.search.progress import Progress
 from gpt_optuna.search.sampling import make_sampler
 from gpt_optuna.search.session import SearchSession
 from gpt_optuna.study.artifacts import artifact_folder, fetch
-from gpt_optuna.study.record import SEARCH_ATTR, SPACE_ATTR, STUDIES, StudyRecord
+from gpt_optuna.study.folder import StudyFolder
+from gpt_optuna.study.record import SEARCH_ATTR, SPACE_ATTR, StudyRecord
 from gpt_optuna.study.storage import load_study, open_storage
 from gpt_optuna.study.summary import finished_count, summarize_study
 
@@ -85,7 +86,7 @@ def join(config: JoinConfig, progress: Progress) -> int:
     if record.dry_run:
         raise UserError(f"study {config.study_name!r} is a dry run: workers join searches that measure latency")
     model = checked_model(record, config.model)
-    workdir = STUDIES / config.study_name
+    workdir = StudyFolder.named(config.study_name).root
     store = artifact_folder(study, config.artifacts)
     fetch(study, store, workdir)
     job = template_from_study(study, model, workdir)

@@ -30,6 +30,7 @@ from gpt_optuna.evaluation.worker import Worker
 from gpt_optuna.search.ledger import StudyLedger
 from gpt_optuna.search.objective import CandidateFailed, Lane, Objective, SearchTimeUp
 from gpt_optuna.search.sampling import FreshSampler
+from gpt_optuna.study.folder import StudyFolder
 from gpt_optuna.study.recovery import fail_as_interrupted, has_orphans, recover_interrupted, requeue, retry_trial
 from gpt_optuna.study.storage import count_by_state
 from gpt_optuna.study.taxonomy import baseline_trial, has_own_result, is_interrupted, retried_numbers
@@ -84,7 +85,7 @@ def open_workers(stack: contextlib.ExitStack, gpus: Sequence[str | None], log_di
     """One worker process per entry of ``gpus``, pinned to it, logging to ``log_dir/<log_name>.log``
     (the first) and ``<log_name>-<index>.log``."""
     return [
-        stack.enter_context(Worker(log_dir / (f"{log_name}-{index}.log" if index else f"{log_name}.log"), pinned(gpu)))
+        stack.enter_context(Worker(StudyFolder(log_dir).log(f"{log_name}-{index}" if index else log_name), pinned(gpu)))
         for index, gpu in enumerate(gpus)
     ]
 

@@ -33,6 +33,7 @@ from gpt_optuna.search.config import TuneConfig
 from gpt_optuna.search.space_check import PRECISION, check_space
 from gpt_optuna.search.your_configuration import holding_yours
 from gpt_optuna.study.artifacts import CALIBRATION_FILE, INPUTS_FILE, REFERENCE_FILE
+from gpt_optuna.study.folder import StudyFolder
 from gpt_optuna.study.resume import recorded_fingerprint, refuse_if_different
 
 SPACE_TIMEOUT_S = 300.0
@@ -150,7 +151,7 @@ def discover_space(
             config.backend,
             working,
             inputs.shapes,
-            workdir / "models",
+            StudyFolder(workdir).models,
             config.allow_io_change,
             fusion_budget_s,
             needed,
@@ -231,10 +232,10 @@ def remembered_check(
         "trial_timeout_s": config.trial_timeout_s,
     }
     key = hashlib.sha256(json.dumps(decided_by, sort_keys=True, default=str).encode()).hexdigest()[:24]
-    name = f"space-check-{key}.json"
-    path = template.workdir / name
-    if not path.is_file() and (config.workdir / name).is_file():  # `space` beside a study made before
-        path = config.workdir / name
+    path = StudyFolder(template.workdir).space_check(key)
+    beside = StudyFolder(config.workdir).space_check(key)
+    if not path.is_file() and beside.is_file():  # `space` beside a study made before
+        path = beside
     if path.is_file():
         try:
             kept = json.loads(path.read_text())
@@ -251,7 +252,7 @@ def remembered_check(
     notes += found
     if not complete:  # what decides a check cut short includes the time it had: the next run checks anew
         return checked
-    path = template.workdir / name
+    path = StudyFolder(template.workdir).space_check(key)
     atomic_write(path, json.dumps({"decided_by": decided_by, "space": checked.to_record(), "notes": found}))
     return checked
 
@@ -260,8 +261,8 @@ def offered_space(config: TuneConfig, notes: list[str], say: Callable[[str], Non
     """The space a search of ``config`` would have, with the library versions: found and checked
     as :func:`tune` does, in a scratch folder removed afterwards."""
     inputs = load_inputs(config, notes)
-    with tempfile.TemporaryDirectory() as tmp, Worker(Path(tmp) / "worker.log") as worker:
-        working = with_distinct_dims(inputs.info, Path(tmp) / "models")
+    with tempfile.TemporaryDirectory() as tmp, Worker(StudyFolder(Path(tmp)).log("worker")) as worker:
+        working = with_distinct_dims(inputs.info, StudyFolder(Path(tmp)).models)
         space, versions, _ = discover_space(config, worker, inputs, working, Path(tmp), notes, say)
     return space, versions
 
@@ -298,7 +299,7 @@ def prepare(
     key = f"samples:{inputs.info.sha256}:{inputs.inputs_sha256}"  # stacked on a sample axis
     feeds_io.cache_npz(workdir / INPUTS_FILE, feeds_io.stack(inputs.samples), key)
     feeds_io.cache_npz(workdir / REFERENCE_FILE, feeds_io.stack(inputs.references), key)
-    working = with_distinct_dims(inputs.info, workdir / "models")
+    working = with_distinct_dims(inputs.info, StudyFolder(workdir).models)
     space, versions, calibration_sha256 = discover_space(config, worker, inputs, working, workdir, notes, say, recorded)
     return Prepared(inputs, working, space, versions, profile_of(inputs.info.path), calibration_sha256)
 

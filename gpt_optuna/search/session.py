@@ -17,6 +17,7 @@ from gpt_optuna.evaluation.worker import Worker
 from gpt_optuna.search.lanes import TrialBudget, check_devices, lane_gpus, make_lanes, open_workers, run_lanes
 from gpt_optuna.search.objective import Lane, Objective
 from gpt_optuna.search.progress import Progress
+from gpt_optuna.study.folder import StudyFolder
 from gpt_optuna.study.recovery import tuner_presence
 
 
@@ -29,7 +30,7 @@ class SearchSession:
     ) -> None:
         self.stack = stack
         self.folder = folder
-        self.gpus = lane_gpus(workers, gpus, folder / f"{log}.log")
+        self.gpus = lane_gpus(workers, gpus, StudyFolder(folder).log(log))
         self.workers: list[Worker] = open_workers(stack, self.gpus, folder, log)
         self.lanes: list[Lane] = []
 

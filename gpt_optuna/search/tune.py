@@ -51,6 +51,7 @@ from gpt_optuna.search.time_budget import (
 from gpt_optuna.search.transfer import TransferQueue
 from gpt_optuna.search.your_configuration import your_candidate
 from gpt_optuna.study.artifacts import artifact_folder, publish
+from gpt_optuna.study.folder import StudyFolder
 from gpt_optuna.study.record import FOLDER_ATTR, HOST_ATTR, MEASURE_ATTR, SEARCH_ATTR, SPACE_ATTR, STUDIES, YOURS_ATTR
 from gpt_optuna.study.recovery import recover_interrupted
 from gpt_optuna.study.resume import open_study, recorded_fingerprint, recorded_folder
@@ -367,9 +368,8 @@ def confirm_finalists(
         f" process{'es' if plan.processes > 1 else ''} (about {plan.total_s:.0f} s) ..."
     )
     try:
-        result = confirm(
-            study, job, config.workdir / "confirm.log", plan.top, plan.processes, progress.note, env, end, start_s
-        )
+        log = StudyFolder(config.workdir).log("confirm")
+        result = confirm(study, job, log, plan.top, plan.processes, progress.note, env, end, start_s)
     except ConfirmationFailed as failure:
         return str(failure)
     done = plan.processes if result is None else result["processes"]

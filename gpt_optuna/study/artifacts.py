@@ -13,7 +13,8 @@ from optuna.artifacts import FileSystemArtifactStore, download_artifact, upload_
 
 from gpt_optuna.core.errors import UserError
 from gpt_optuna.core.files import atomic_path
-from gpt_optuna.study.record import ARTIFACTS_ATTR, DATA_ATTR, study_folder
+from gpt_optuna.study.folder import StudyFolder
+from gpt_optuna.study.record import ARTIFACTS_ATTR, DATA_ATTR
 
 INPUTS_FILE, REFERENCE_FILE, CALIBRATION_FILE = "inputs.npz", "reference.npz", "calibration.npz"
 """What a study folder caches: the inputs, the fp32 reference outputs, the calibration samples."""
@@ -26,7 +27,7 @@ def artifact_folder(study: optuna.Study, given: Path | None = None) -> Path:
     if given is not None:
         return given.resolve()
     recorded = study.user_attrs.get(ARTIFACTS_ATTR)
-    return Path(recorded) if recorded else study_folder(study) / "artifacts"
+    return Path(recorded) if recorded else StudyFolder.of(study).artifacts
 
 
 def _sha256(path: Path) -> str:

@@ -1,5 +1,5 @@
-"""What a study records about itself: the names of its user attrs, the folder studies live in and its
-own folder, and :class:`StudyRecord`, its fingerprint read by every reader."""
+"""What a study records about itself: the names of its user attrs, the folder studies live in, and
+:class:`StudyRecord`, its fingerprint read by every reader."""
 
 from __future__ import annotations
 
@@ -51,13 +51,6 @@ nearest untried candidate, a random one, or a repeat in a covered space)."""
 IO_CHANGE_ATTR = "io_dtypes"
 """Trial user attr: the dtypes the trial's model changed at its inputs and outputs, where it changed
 any (only in a study that allowed it)."""
-
-
-def study_folder(study: optuna.Study) -> Path:
-    """The folder of the study's cached data and transformed models: the one it recorded, else
-    ``studies/<name>`` here (studies made before it was recorded)."""
-    recorded = study.user_attrs.get(FOLDER_ATTR)
-    return Path(recorded) if recorded else (STUDIES / study.study_name).resolve()
 
 
 def source_study(source: str) -> str:

@@ -16,7 +16,8 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from gpt_optuna.core.files import is_held, locked
-from gpt_optuna.study.record import WHY_TRIED, study_folder
+from gpt_optuna.study.folder import StudyFolder
+from gpt_optuna.study.record import WHY_TRIED
 from gpt_optuna.study.taxonomy import (
     is_interrupted,
     own_results,
@@ -82,15 +83,12 @@ created it (the tuner names itself at once)."""
 RETRY_GRACE_S = 30.0
 """An interrupted trial's retry is the failing process's to queue for this long."""
 
-PRESENCE = "tuners"
-"""The study folder's folder of tuning runs on this host: each holds a lock there while it runs."""
-
 
 @contextlib.contextmanager
 def tuner_presence(workdir: Path) -> Iterator[bool]:
     """Hold a lock of this run's own in the study folder's ``tuners/`` for a tuning run; yield whether
     no other tuner on this host holds one (then every RUNNING trial of the study is an orphan)."""
-    folder = workdir / PRESENCE
+    folder = StudyFolder(workdir).tuners
     folder.mkdir(parents=True, exist_ok=True)
     mine = folder / f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}"
     try:
@@ -103,7 +101,7 @@ def tuner_presence(workdir: Path) -> Iterator[bool]:
 def no_tuner_runs_here(workdir: Path) -> bool:
     """Whether no tuner on this host holds a lock in the study folder's ``tuners/`` (it only reads:
     each lock is tried and let go at once)."""
-    return not any(is_held(other) for other in _present(workdir / PRESENCE))
+    return not any(is_held(other) for other in _present(StudyFolder(workdir).tuners))
 
 
 def _present(folder: Path) -> list[Path]:
@@ -219,5 +217,5 @@ def orphans(study: optuna.Study, trials: Sequence[FrozenTrial]) -> tuple[int, ..
     running = [t for t in trials if t.state is TrialState.RUNNING]
     if not running:
         return ()
-    alone = no_tuner_runs_here(study_folder(study))
+    alone = no_tuner_runs_here(StudyFolder.of(study).root)
     return tuple(t.number for t in running if _owner_is_dead(t, alone))

@@ -30,6 +30,7 @@ from gpt_optuna.core.files import atomic_write, locked
 from gpt_optuna.core.space import Candidate, Space, Value
 from gpt_optuna.graph.constant_folding import folded
 from gpt_optuna.graph.model import Feeds, ModelInfo, ShapeRange
+from gpt_optuna.study.folder import StudyFolder
 
 _LOGGED = ("INTERNAL_ERROR", "ERROR", "WARNING")
 
@@ -148,7 +149,7 @@ class TensorRTBackend(Backend):
         """Builder, network, parser and logger with the model parsed (its constant subgraphs folded
         first, a copy kept in ``workdir/models``); BuildError naming the nodes TensorRT refused."""
         trt = self.trt
-        model = folded(model, workdir / "models")
+        model = folded(model, StudyFolder(workdir).models)
         logger = _capturing_logger(trt)
         builder = trt.Builder(logger)
         network = builder.create_network(0)
@@ -179,7 +180,7 @@ class TensorRTBackend(Backend):
         profile = optimization_profile(builder, model, shapes)
         if profile is not None and config.add_optimization_profile(profile) < 0:
             raise BuildError("TensorRT refused the optimization profile", "\n".join(logger.messages))
-        cache_path = workdir / "timing.cache"
+        cache_path = StudyFolder(workdir).timing_cache
         cache = self._load_timing_cache(config, cache_path, logger) if self.timing_cache else None
         start = time.perf_counter()
         plan = builder.build_serialized_network(network, config)

@@ -1,0 +1,81 @@
+"""A study's folder and every path in it: its cached data, transformed models, engines and caches,
+the logs of its worker processes, and what its readers write there."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from gpt_optuna.study.record import FOLDER_ATTR, STUDIES
+
+if TYPE_CHECKING:
+    import optuna
+
+
+@dataclass(frozen=True)
+class StudyFolder:
+    """The folder at ``root`` and the names of what a study keeps in it."""
+
+    root: Path
+
+    @classmethod
+    def of(cls, study: optuna.Study) -> StudyFolder:
+        """The folder the study recorded, else ``studies/<name>`` here (studies made before it was
+        recorded)."""
+        recorded = study.user_attrs.get(FOLDER_ATTR)
+        return cls(Path(recorded) if recorded else (STUDIES / study.study_name).resolve())
+
+    @classmethod
+    def named(cls, name: str) -> StudyFolder:
+        """The folder a new study named ``name`` gets: ``studies/<name>`` here."""
+        return cls(STUDIES / name)
+
+    @property
+    def models(self) -> Path:
+        """Transformed models, each made once (``graph.model_cache``)."""
+        return self.root / "models"
+
+    @property
+    def engines(self) -> Path:
+        """Serialized engines a worker hands to the tuner."""
+        return self.root / "engines"
+
+    @property
+    def timing_cache(self) -> Path:
+        """TensorRT's timing cache, shared by the study's builds."""
+        return self.root / "timing.cache"
+
+    @property
+    def artifacts(self) -> Path:
+        """The artifact store of a study that recorded none elsewhere."""
+        return self.root / "artifacts"
+
+    @property
+    def tuners(self) -> Path:
+        """Where each tuning run on this host holds a lock while it runs."""
+        return self.root / "tuners"
+
+    def sensitivity(self, fusion: str, model_sha256: str) -> Path:
+        """The fp16 sensitivity ranking of one graph (the model and its fusion)."""
+        return self.root / f"sensitivity-{fusion}-{model_sha256[:16]}.json"
+
+    def space_check(self, key: str) -> Path:
+        """A space check remembered for what decided it (``key``)."""
+        return self.root / f"space-check-{key}.json"
+
+    def log(self, name: str) -> Path:
+        """The log of a worker process (``worker``, ``confirm``, ``compare``, ``profile``...)."""
+        return self.root / f"{name}.log"
+
+    def profile(self, label: str) -> Path:
+        """A profile comparison of a trial against the baseline."""
+        return self.root / f"profile-{label}.json"
+
+    def profiles(self) -> list[Path]:
+        """Every profile comparison kept, by name."""
+        return sorted(self.root.glob("profile-*.json"))
+
+    def check_run(self, stamp: str) -> Path:
+        """The folder of one ``check`` run's record (``stamp``: when it ran)."""
+        return self.root / "checks" / stamp
