@@ -28,7 +28,6 @@ from pathlib import Path
 import numpy as np
 import optuna
 
-from benchmarks.models import mobilenet_v2_onnx, photos
 from gpt_optuna.cli import main as cli
 from gpt_optuna.evaluation.measure import MeasureSettings
 from gpt_optuna.graph.precision import PRECISIONS, QUANTIZED, is_precision_knob
@@ -83,6 +82,8 @@ def search(model: Path, args: argparse.Namespace, name: str, space: dict, trials
 
 
 def main() -> int:
+    from benchmarks.models import mobilenet_v2_onnx, photos  # here: the metric above is loaded by path, alone
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--backend", default="onnxruntime")
     parser.add_argument("--accuracy", default="top1_agree>=0.75")

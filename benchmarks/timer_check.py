@@ -19,6 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks import child_env
+
 
 def open_runner(model: Path, shape_args: list[str]):  # noqa: ANN201
     from gpt_optuna.backends.onnxruntime.backend import OnnxRuntimeBackend
@@ -69,7 +71,8 @@ def main() -> int:
     for i in range(1, args.processes + 1):
         shapes = [f"--shape={s}" for s in args.shape]
         out = subprocess.run(
-            [sys.executable, __file__, "--child", "--model", str(args.model), *shapes],
+            [sys.executable, "-m", "benchmarks.timer_check", "--child", "--model", str(args.model), *shapes],
+            env=child_env(),
             capture_output=True,
             text=True,
             check=True,

@@ -39,6 +39,7 @@ import numpy as np
 import onnx
 import optuna
 
+from benchmarks import child_env
 from benchmarks.models import MINILM, OCR, PPOCR_CLS, PPOCR_REC, mobilenet_v2_onnx
 from gpt_optuna.study.evidence import t_quantile
 from gpt_optuna.study.summary import summarize_study
@@ -54,7 +55,6 @@ MODELS: dict[str, tuple[str, list[str]]] = {
 """Model name -> (file in its registry package, --shape flags)."""
 PACKAGES = {"ppocr_rec": OCR, "ppocr_cls": OCR, "minilm": MINILM[0]}
 CLI = [sys.executable, "-m", "gpt_optuna.cli"]
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def model_file(name: str, folder: Path) -> Path:
@@ -175,7 +175,7 @@ def ab_test(baseline: Path, candidate: Path, processes: int, rounds: int) -> tup
     for _ in range(processes):
         done = subprocess.run(
             [sys.executable, "-m", "benchmarks.verdicts", "--ab-worker", str(baseline), str(candidate), str(rounds)],
-            env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (str(ROOT), os.environ.get("PYTHONPATH"))))},
+            env=child_env(),
             capture_output=True,
             text=True,
             check=True,

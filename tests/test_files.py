@@ -80,6 +80,7 @@ def _hold_presence(folder: Path, told: multiprocessing.Queue, stop: threading.Ev
 
 
 def test_a_tuner_sees_another_on_its_host_and_not_one_that_was_killed(tmp_path: Path) -> None:
+    assert no_tuner_runs_here(tmp_path) and list(tmp_path.iterdir()) == []  # a reader creates nothing
     spawn = multiprocessing.get_context("spawn")
     told, stop = spawn.Queue(), spawn.Event()
     other = spawn.Process(target=_hold_presence, args=(tmp_path, told, stop))

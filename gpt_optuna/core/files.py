@@ -49,19 +49,26 @@ def locked(path: Path) -> FileLock:
 
 
 def is_held(path: Path) -> bool:
-    """Whether a lock guards ``path`` now, this process's own included (tried and let go at once)."""
+    """Whether a lock guards ``path`` now, this process's own included (tried and let go at once;
+    no lock file, none). Where it cannot be tried (a read-only folder, another user's file), it
+    is taken as held."""
     lock = locked(path)
+    if not Path(lock.lock_file).is_file():
+        return False
     try:
         lock.acquire(timeout=0)
-    except Timeout:
+    except (Timeout, OSError):
         return True
     lock.release()
     return False
 
 
 def _flush(path: Path) -> None:
-    with path.open("rb") as file:
-        os.fsync(file.fileno())
+    fd = os.open(path, os.O_RDWR)  # Windows flushes only a handle open for writing
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _flush_folder(folder: Path) -> None:
