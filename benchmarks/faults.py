@@ -51,6 +51,9 @@ def read(folder: Path) -> list[optuna.trial.FrozenTrial]:
     db = folder / "studies" / f"{STUDY}.db"
     if not db.is_file():
         return []
+    with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as connection:
+        if not connection.execute("SELECT 1 FROM sqlite_master WHERE name = 'studies'").fetchone():
+            return []  # killed before the database had its tables
     storage = f"sqlite:///file:{db}?mode=ro&uri=true"
     try:
         return optuna.load_study(study_name=STUDY, storage=storage).get_trials()
