@@ -77,7 +77,7 @@ def test_status_and_best_without_a_study() -> None:
 
 def test_help_works_without_heavy_imports() -> None:
     code = (
-        "import sys; from gpt_optuna.cli.parser import build_parser; build_parser(); "
+        "import sys; from gpt_optuna.cli.commands import build_parser; build_parser(); "
         "print(sorted(m for m in ('onnxruntime', 'optuna', 'cupy') if m in sys.modules))"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from gpt_optuna.cli.parser import build_parser, tune_config
+from gpt_optuna.cli.commands import build_parser
+from gpt_optuna.cli.parser import tune_config
 from gpt_optuna.search.config import TuneConfig
 from gpt_optuna.search.options import OPTIONS
 

@@ -43,6 +43,7 @@ from gpt_optuna.graph.transforms import is_transform_knob
 from gpt_optuna.results.export import export_trial
 from gpt_optuna.search.config import TuneConfig, default_storage, study_flags
 from gpt_optuna.search.finalists import interleave, process_seconds, quiet_seconds
+from gpt_optuna.search.options import DEFAULT_CHECK_BUDGET, DEFAULT_TOLERANCE
 from gpt_optuna.study.evidence import speedups
 from gpt_optuna.study.folder import StudyFolder
 from gpt_optuna.study.summary import finished_count
@@ -61,8 +62,8 @@ def check(
     model: str | Path,
     record: str | Path,
     *,
-    budget: str | float = "10m",
-    tolerance: str | float = "5%",
+    budget: str | float = DEFAULT_CHECK_BUDGET,
+    tolerance: str | float = DEFAULT_TOLERANCE,
     config: str | Path | None = None,
     junit: str | Path | None = None,
     update: bool = False,

@@ -27,6 +27,7 @@ from gpt_optuna.evaluation.worker import JobFailure, Worker
 from gpt_optuna.graph import model as model_io
 from gpt_optuna.graph.transforms import is_transform_knob
 from gpt_optuna.search.finalists import QUIET_S, WORKER_START_S, ConfirmationFailed, interleave, template_from_study
+from gpt_optuna.search.options import DEFAULT_PROCESSES
 from gpt_optuna.study.evidence import Speedup, judge, speedups
 from gpt_optuna.study.folder import StudyFolder
 from gpt_optuna.study.taxonomy import baseline_trial, your_trial
@@ -155,7 +156,7 @@ def compare(
     study: optuna.Study,
     a: str,
     b: str,
-    processes: int = 5,
+    processes: int = DEFAULT_PROCESSES,
     rounds: int = ROUNDS,
     timeout_s: float | None = None,
     say: Callable[[str], None] = print,

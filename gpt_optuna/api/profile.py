@@ -24,6 +24,7 @@ from gpt_optuna.core.files import atomic_write
 from gpt_optuna.evaluation.profile_job import ProfileJob
 from gpt_optuna.evaluation.worker import JobFailure, Worker
 from gpt_optuna.search.finalists import template_from_study
+from gpt_optuna.search.options import DEFAULT_PROFILE_RUNS
 from gpt_optuna.study.folder import StudyFolder
 from gpt_optuna.study.summary_record import study_summary
 
@@ -85,7 +86,7 @@ class Profile:
 
 
 def profile(
-    study: optuna.Study, trial: str | None = None, runs: int = 50, say: Callable[[str], None] = print
+    study: optuna.Study, trial: str | None = None, runs: int = DEFAULT_PROFILE_RUNS, say: Callable[[str], None] = print
 ) -> Profile:
     """Profile ``trial`` (default: the study's decided one) and the baseline."""
     if runs < 1:

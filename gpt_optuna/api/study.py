@@ -26,7 +26,14 @@ from gpt_optuna.results.rows import ErrorAxis, TrialRow, collect, criterion_of, 
 from gpt_optuna.results.summary_text import format_summary, headline
 from gpt_optuna.search.config import storage_url as config_storage_url
 from gpt_optuna.search.config import study_flags
-from gpt_optuna.search.options import parse_duration
+from gpt_optuna.search.options import (
+    DEFAULT_CHECK_BUDGET,
+    DEFAULT_PROCESSES,
+    DEFAULT_PROFILE_RUNS,
+    DEFAULT_TOLERANCE,
+    DEFAULT_TOP,
+    parse_duration,
+)
 from gpt_optuna.study.storage import load_study, open_storage, storage_file
 from gpt_optuna.study.summary import StudySummary
 from gpt_optuna.study.summary_record import study_summary
@@ -335,7 +342,12 @@ class TunedStudy:
         return export(self.study, Path(path), trial, format, force, model_name)
 
     def confirm(
-        self, *, top: int = 5, processes: int = 5, rounds: int = ROUNDS, timeout: str | float | None = None
+        self,
+        *,
+        top: int = DEFAULT_TOP,
+        processes: int = DEFAULT_PROCESSES,
+        rounds: int = ROUNDS,
+        timeout: str | float | None = None,
     ) -> TunedStudy:
         """Re-measure the ``top`` best candidates and the baseline interleaved in ``processes``
         fresh processes (``gpt-optuna confirm``), printing its progress and the summary; returns
@@ -371,7 +383,7 @@ class TunedStudy:
         a: str | int,
         b: str | int,
         *,
-        processes: int = 5,
+        processes: int = DEFAULT_PROCESSES,
         rounds: int = ROUNDS,
         timeout: str | float | None = None,
         progress: bool = True,
@@ -385,7 +397,9 @@ class TunedStudy:
         with interrupts.handled():
             return compare(self.study, str(a), str(b), processes, rounds, timeout_s, _teller(progress))
 
-    def profile(self, trial: str | int | None = None, *, runs: int = 50, progress: bool = True) -> Profile:
+    def profile(
+        self, trial: str | int | None = None, *, runs: int = DEFAULT_PROFILE_RUNS, progress: bool = True
+    ) -> Profile:
         """Where ``trial``'s time goes (default: :attr:`deploy`'s), operator by operator, beside the
         baseline's, by the engine's own profiler (``gpt-optuna profile``)."""
         from gpt_optuna.api.profile import profile
@@ -396,8 +410,8 @@ class TunedStudy:
         self,
         model: str | Path,
         *,
-        budget: str | float = "10m",
-        tolerance: str | float = "5%",
+        budget: str | float = DEFAULT_CHECK_BUDGET,
+        tolerance: str | float = DEFAULT_TOLERANCE,
         config: str | Path | None = None,
         progress: bool = True,
     ) -> CheckResult:

@@ -1,4 +1,5 @@
-"""One handler per ``gpt-optuna`` command, found in a table by the command's name."""
+"""The ``gpt-optuna`` commands: one table of them, each with its flags beside its handler, and the
+parser made from it."""
 
 from __future__ import annotations
 
@@ -6,14 +7,28 @@ import argparse
 import json
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpt_optuna.cli.parser import build_parser, tune_config
+from gpt_optuna import __version__
+from gpt_optuna.cli.parser import EXIT_CODES, add_options, json_flag, study_flags, timing_flags, tune_config
 from gpt_optuna.core.errors import UserError
 from gpt_optuna.search.config import TuneConfig, default_storage, storage_url
-from gpt_optuna.search.options import parse_duration
+from gpt_optuna.search.options import (
+    DEFAULT_CHECK_BUDGET,
+    DEFAULT_PROFILE_RUNS,
+    DEFAULT_TOLERANCE,
+    DEFAULT_TOP,
+    OPTIONS,
+    parse_duration,
+)
 from gpt_optuna.study.record import STUDIES
+
+DEFAULT_PORT = 13000
+"""The port ``storage-proxy`` serves on."""
+DEFAULT_REPORT = "report.html"
+"""The page ``report`` writes."""
 
 
 def _resolve_storage(args: argparse.Namespace) -> tuple[str, str | None]:
@@ -75,12 +90,8 @@ def _left_in_study(config: TuneConfig, space: Any) -> tuple[str, int] | None:
     return config.study_name, candidates_left(space, study.get_trials(deepcopy=False))
 
 
-def run(argv: list[str]) -> int:
-    """Parse ``argv`` and run its command; the exit code."""
-    args = build_parser().parse_args(argv)
-    if args.command in STUDY_COMMANDS:
-        return STUDY_COMMANDS[args.command](args, _open_existing(args))
-    return COMMANDS[args.command](args, argv)
+def _tune_flags(parser: argparse.ArgumentParser) -> None:
+    add_options(parser, *(option.dest for option in OPTIONS))
 
 
 def _tune(args: argparse.Namespace, argv: list[str]) -> int:
@@ -93,6 +104,23 @@ def _tune(args: argparse.Namespace, argv: list[str]) -> int:
     return end.code
 
 
+def _check_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("model", help="ONNX model file (the model the record was made for, possibly changed)")
+    parser.add_argument("--baseline", required=True, help="the record: FILE.json written by gpt-optuna export")
+    parser.add_argument(
+        "--budget", default=DEFAULT_CHECK_BUDGET, help="the whole check's time, e.g. 10m (default %(default)s)"
+    )
+    parser.add_argument(
+        "--tolerance",
+        default=DEFAULT_TOLERANCE,
+        help="allowed latency change, e.g. 5%% (default " + DEFAULT_TOLERANCE.replace("%", "%%") + ")",
+    )
+    parser.add_argument("--junit", help="write a JUnit XML report here")
+    parser.add_argument("--update", action="store_true", help="rewrite the record when the check finds it faster")
+    add_options(parser, "config", help="tune.toml: its [measure] and [space] tables, trial_timeout, confirm_processes")
+    add_options(parser, "quiet")
+
+
 def _check(args: argparse.Namespace, _: list[str]) -> int:
     from gpt_optuna.api.check import gate
 
@@ -100,8 +128,32 @@ def _check(args: argparse.Namespace, _: list[str]) -> int:
     return gate(args.model, args.baseline, args.budget, args.tolerance, *options).code
 
 
+def _space_flags(parser: argparse.ArgumentParser) -> None:
+    add_options(parser, "model")
+    add_options(parser, "backend", help="onnxruntime (default), tensorrt, tensorrt-rtx, or module:Class")
+    add_options(parser, "shape", help=None)
+    add_options(parser, "inputs", help="input data: .npz keyed by input name")
+    add_options(parser, "config", help="tune.toml; its [space] table is applied")
+    json_flag(parser, "the knobs")
+    add_options(parser, "allow_io_change")
+    add_options(
+        parser, "storage", help="the study's storage, whose candidates not evaluated yet are counted (default: tune's)"
+    )
+    add_options(parser, "study_name", help="the study whose candidates not evaluated yet are counted (default: tune's)")
+
+
 def _space(args: argparse.Namespace, _: list[str]) -> int:
     return print_space(tune_config(args), as_json=args.json)
+
+
+def _worker_flags(parser: argparse.ArgumentParser) -> None:
+    add_options(parser, "storage", required=True, help="the study's storage URL (PostgreSQL, grpc://, journal:)")
+    add_options(parser, "study_name", required=True, help="the study to join")
+    parser.add_argument("--model", help="the model file here (default: the path the study recorded)")
+    add_options(parser, "n_trials", help="the study's trial target (default: the one its search set)")
+    add_options(parser, "timeout")
+    add_options(parser, "artifacts", help="the study's artifact store as mounted here (default: its recorded path)")
+    add_options(parser, "workers", "gpus", "allow_mixed_gpus", "quiet")
 
 
 def _worker(args: argparse.Namespace, _: list[str]) -> int:
@@ -122,10 +174,20 @@ def _worker(args: argparse.Namespace, _: list[str]) -> int:
     return join(config, Progress(enabled=not args.quiet))
 
 
+def _doctor_flags(parser: argparse.ArgumentParser) -> None:
+    json_flag(parser, "what it found")
+
+
 def _doctor(args: argparse.Namespace, _: list[str]) -> int:
     from gpt_optuna.api.doctor import doctor
 
     return doctor(as_json=args.json)
+
+
+def _storage_proxy_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--storage", required=True, help="the storage to serve, e.g. postgresql://... or sqlite:///...")
+    parser.add_argument("--host", default="localhost", help="address to listen on (default localhost; 0.0.0.0: all)")
+    parser.add_argument("--port", type=int, default=DEFAULT_PORT, help="port (default %(default)s)")
 
 
 def _storage_proxy(args: argparse.Namespace, _: list[str]) -> int:
@@ -134,9 +196,40 @@ def _storage_proxy(args: argparse.Namespace, _: list[str]) -> int:
     return serve_storage(args.storage, args.host, args.port)
 
 
+def _report_flags(parser: argparse.ArgumentParser) -> None:
+    study_flags(parser)
+    parser.add_argument("-o", "--output", default=DEFAULT_REPORT, help="HTML file to write (default %(default)s)")
+    parser.add_argument(
+        "--error",
+        metavar="METRIC",
+        help="the accuracy metric the Pareto front is drawn against: one of the criterion's clauses (a metric of"
+        " your --metric among them) or max_abs, mean_abs, rel_l2, cosine (default: the criterion's clause whose"
+        " values differ between the feasible trials)",
+    )
+
+
 def _report(args: argparse.Namespace, study: Any) -> int:
     print(f"wrote {study.report(args.output, error=args.error)}")
     return 0
+
+
+def _export_flags(parser: argparse.ArgumentParser) -> None:
+    study_flags(parser)
+    parser.add_argument("--trial", type=int, help="trial number (default: the best)")
+    parser.add_argument(
+        "-o",
+        "--output",
+        required=True,
+        help="file to write (its .json side file goes beside it), or with --format triton the model repository folder",
+    )
+    parser.add_argument(
+        "--format",
+        choices=("file", "triton"),
+        default="file",
+        help="file (default): the engine or model; triton: REPO/<model>/config.pbtxt and REPO/<model>/1/model.*",
+    )
+    parser.add_argument("--model-name", help="the model's name in the Triton repository (default: the model file's)")
+    parser.add_argument("--force", action="store_true", help="overwrite files (or a Triton model folder) that exist")
 
 
 def _export(args: argparse.Namespace, study: Any) -> int:
@@ -146,9 +239,30 @@ def _export(args: argparse.Namespace, study: Any) -> int:
     return 0
 
 
+def _confirm_flags(parser: argparse.ArgumentParser) -> None:
+    study_flags(parser)
+    parser.add_argument(
+        "--top", type=int, default=DEFAULT_TOP, help="how many of the best feasible candidates (default %(default)s)"
+    )
+    timing_flags(
+        parser,
+        "measure",
+        "bound the whole re-measurement, e.g. 20m; processes that would not fit are left out, and what was"
+        " measured is kept (default: none; a process that says nothing for long is stopped as hung)",
+    )
+
+
 def _confirm(args: argparse.Namespace, study: Any) -> int:
     study.confirm(top=args.top, processes=args.processes, rounds=args.rounds, timeout=args.timeout)
     return 0
+
+
+def _compare_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("a", help="A: a trial number, baseline, yours (tune --baseline-config), or an ONNX model")
+    parser.add_argument("b", help="B: the same kinds; the verdict is B's speedup over A")
+    study_flags(parser)
+    timing_flags(parser, "time", "bound the timing, e.g. 10m; what was measured is kept")
+    json_flag(parser, "the comparison")
 
 
 def _compare(args: argparse.Namespace, study: Any) -> int:
@@ -156,6 +270,15 @@ def _compare(args: argparse.Namespace, study: Any) -> int:
     found = study.compare(args.a, args.b, **options, progress=not args.json)
     print(json.dumps(found.to_dict()) if args.json else "\n".join(found.lines()))
     return 0
+
+
+def _profile_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("trial", nargs="?", help="a trial number, baseline or yours (default: the study's decided one)")
+    study_flags(parser)
+    parser.add_argument(
+        "--runs", type=int, default=DEFAULT_PROFILE_RUNS, help="runs profiled for each (default %(default)s)"
+    )
+    json_flag(parser, "the profile")
 
 
 def _profile(args: argparse.Namespace, study: Any) -> int:
@@ -170,6 +293,11 @@ def _status(_: argparse.Namespace, study: Any) -> int:
     if files:
         print(f"artifact store: {size / 2**20:,.1f} MiB in {files} files ({folder})")
     return 0
+
+
+def _best_flags(parser: argparse.ArgumentParser) -> None:
+    study_flags(parser)
+    json_flag(parser, "the best trial")
 
 
 def _best(args: argparse.Namespace, study: Any) -> int:
@@ -187,22 +315,98 @@ def _best(args: argparse.Namespace, study: Any) -> int:
     return 0
 
 
-COMMANDS: dict[str, Callable[[argparse.Namespace, list[str]], int]] = {
-    "tune": _tune,
-    "check": _check,
-    "space": _space,
-    "worker": _worker,
-    "storage-proxy": _storage_proxy,
-    "doctor": _doctor,
-}
-"""The commands that open no study first, each with the command line's arguments."""
-STUDY_COMMANDS: dict[str, Callable[[argparse.Namespace, Any], int]] = {
-    "report": _report,
-    "export": _export,
-    "confirm": _confirm,
-    "compare": _compare,
-    "profile": _profile,
-    "status": _status,
-    "best": _best,
-}
-"""The commands that read (``confirm``: and write) an existing study, opened as :class:`TunedStudy`."""
+@dataclass(frozen=True)
+class Command:
+    """One command: its name and help line, what adds its flags, and its handler, which gets the
+    parsed flags and the command line, or, where it ``opens_study``, the study they name, opened as
+    :class:`TunedStudy` (only ``confirm`` writes to it)."""
+
+    name: str
+    help: str
+    flags: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace, Any], int]
+    opens_study: bool = False
+
+
+COMMANDS = (
+    Command("tune", "run or resume a search", _tune_flags, _tune),
+    Command("space", "print the search space for a model, building nothing", _space_flags, _space),
+    Command(
+        "worker",
+        "join a study's search from this host (its storage must be reachable from here)",
+        _worker_flags,
+        _worker,
+    ),
+    Command(
+        "storage-proxy",
+        "serve a storage to many workers over gRPC (they use --storage grpc://HOST:PORT)",
+        _storage_proxy_flags,
+        _storage_proxy,
+    ),
+    Command("status", "trial counts, baseline and best of a study", study_flags, _status, opens_study=True),
+    Command(
+        "confirm",
+        "re-measure the best candidates and the baseline, interleaved",
+        _confirm_flags,
+        _confirm,
+        opens_study=True,
+    ),
+    Command(
+        "compare",
+        "two trials, models or exports of a study on its inputs, timed interleaved: one verdict",
+        _compare_flags,
+        _compare,
+        opens_study=True,
+    ),
+    Command(
+        "profile",
+        "a trial's time per operator type, node or layer beside the baseline's (the engine's profiler)",
+        _profile_flags,
+        _profile,
+        opens_study=True,
+    ),
+    Command(
+        "check",
+        "CI gate: the model against a record written by export (exit 0 pass, 1 regression, 5 not decided)",
+        _check_flags,
+        _check,
+    ),
+    Command("report", "write the study as one self-contained HTML page", _report_flags, _report, opens_study=True),
+    Command(
+        "export",
+        "write a trial's engine (default: the best) with a JSON side file",
+        _export_flags,
+        _export,
+        opens_study=True,
+    ),
+    Command("best", "the best feasible trial", _best_flags, _best, opens_study=True),
+    Command(
+        "doctor",
+        "the engines, execution providers, GPUs and knobs here, and a self-test of each engine",
+        _doctor_flags,
+        _doctor,
+    ),
+)
+"""Every command, in the order ``--help`` lists them."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The parser of every command in :data:`COMMANDS`."""
+    parser = argparse.ArgumentParser(
+        prog="gpt-optuna",
+        description="Search engine configurations for the fastest one that meets an accuracy criterion.",
+        epilog=EXIT_CODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"gpt-optuna {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True)
+    for command in COMMANDS:
+        command.flags(commands.add_parser(command.name, help=command.help))
+    return parser
+
+
+def run(argv: list[str]) -> int:
+    """Parse ``argv`` and run its command; the exit code."""
+    args = build_parser().parse_args(argv)
+    command = next(c for c in COMMANDS if c.name == args.command)
+    return command.run(args, _open_existing(args) if command.opens_study else argv)

@@ -15,7 +15,7 @@ class ProfileJob:
     """Profile ``evaluation``'s candidate over ``runs`` runs on the study's first sample."""
 
     evaluation: EvaluateJob
-    runs: int = 50
+    runs: int
 
     def __call__(self) -> list[NodeTime]:
         job = self.evaluation

@@ -16,7 +16,7 @@ from gpt_optuna.core.space import Value
 from gpt_optuna.evaluation.accuracy import DEFAULT_CRITERION, Criterion, parse_criterion
 from gpt_optuna.evaluation.measure import MeasureSettings
 from gpt_optuna.graph.feeds import absolute_spec
-from gpt_optuna.search.options import FLAG, INT, OPTIONS, SAMPLERS
+from gpt_optuna.search.options import DEFAULT_PROCESSES, DEFAULT_TOP, FLAG, INT, OPTIONS, SAMPLERS
 from gpt_optuna.study.folder import StudyFolder
 from gpt_optuna.study.record import STUDIES
 
@@ -115,8 +115,8 @@ class TuneConfig:
     sampler: str = "tpe"
     seed: int | None = None
     dry_run: bool = False
-    confirm_top: int = 5
-    confirm_processes: int = 5
+    confirm_top: int = DEFAULT_TOP
+    confirm_processes: int = DEFAULT_PROCESSES
     objectives: tuple[str, ...] = ("latency",)
     measure: MeasureSettings = field(default_factory=MeasureSettings)
     space: dict[str, Value | list[Value]] = field(default_factory=dict)

@@ -33,6 +33,7 @@ from gpt_optuna.evaluation.confirm_job import ConfirmJob, RoundTimed
 from gpt_optuna.evaluation.jobs import EvaluateJob
 from gpt_optuna.evaluation.measure import BLOCK, MIN_ROUNDS, ROUNDS, ROUNDS_BUDGET_S, MeasureSettings
 from gpt_optuna.evaluation.worker import FailureKind, JobFailure, Worker
+from gpt_optuna.search.options import DEFAULT_PROCESSES, DEFAULT_TOP
 from gpt_optuna.study.artifacts import INPUTS_FILE, REFERENCE_FILE
 from gpt_optuna.study.evidence import LEVEL, Speedup, judge, speedups
 from gpt_optuna.study.record import CONFIRMED_ATTR, StudyRecord
@@ -271,8 +272,8 @@ def confirm(
     study: optuna.Study,
     template: EvaluateJob,
     worker_log: Any,
-    top: int = 5,
-    processes: int = 5,
+    top: int = DEFAULT_TOP,
+    processes: int = DEFAULT_PROCESSES,
     say: Callable[[str], None] = lambda _: None,
     env: dict[str, str] | None = None,
     deadline: float | None = None,

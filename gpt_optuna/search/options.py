@@ -15,6 +15,16 @@ from typing import Any
 from gpt_optuna.core.errors import UserError
 
 SAMPLERS = ("tpe", "gp", "random", "nsga2")
+DEFAULT_TOP = 5
+"""How many of the best feasible candidates a re-measurement takes (tune's finalists, ``confirm``)."""
+DEFAULT_PROCESSES = 5
+"""Fresh processes a re-measurement or a comparison times in."""
+DEFAULT_PROFILE_RUNS = 50
+"""Runs a profile times each side over."""
+DEFAULT_CHECK_BUDGET = "10m"
+"""A ``check``'s whole time."""
+DEFAULT_TOLERANCE = "5%"
+"""The latency change a ``check`` allows."""
 _DURATION_RE = re.compile(r"^(?:(?P<h>\d+(?:\.\d+)?)h)?(?:(?P<m>\d+(?:\.\d+)?)m)?(?:(?P<s>\d+(?:\.\d+)?)s?)?$")
 
 
@@ -192,10 +202,13 @@ OPTIONS: tuple[Option, ...] = (
         "--confirm-top",
         "confirm_top",
         INT,
-        "finalists re-measured with the baseline after the search (default 5, 0: off)",
+        f"finalists re-measured with the baseline after the search (default {DEFAULT_TOP}, 0: off)",
     ),
     Option(
-        "--confirm-processes", "confirm_processes", INT, "fresh processes the finalists are re-measured in (default 5)"
+        "--confirm-processes",
+        "confirm_processes",
+        INT,
+        f"fresh processes the finalists are re-measured in (default {DEFAULT_PROCESSES})",
     ),
     Option(
         "--objectives",
