@@ -22,7 +22,9 @@ from gpt_optuna.cli import main
 from gpt_optuna.core.errors import EXIT_INCONCLUSIVE, EXIT_USER_ERROR
 from gpt_optuna.evaluation.accuracy import parse_criterion
 
-CONFIG = "confirm_processes = 2\n[measure]\nbudget_s = 0.05\nmin_samples = 5\n"
+CONFIG = 'confirm_processes = 2\n[measure]\nbudget_s = 0.05\nmin_samples = 5\n[space]\nprecision = "fp32"\n'
+"""Every candidate in fp32, so that each meets every criterion and ``confirm`` has finalists whatever the
+sampler draws (a reduced precision may fail the stricter criteria, and three trials may hold no other candidate)."""
 METRIC = '''import numpy as np
 
 
