@@ -117,7 +117,12 @@ def _check_flags(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--junit", help="write a JUnit XML report here")
     parser.add_argument("--update", action="store_true", help="rewrite the record when the check finds it faster")
-    add_options(parser, "config", help="tune.toml: its [measure] and [space] tables, trial_timeout, confirm_processes")
+    add_options(
+        parser,
+        "config",
+        help="tune.toml: its [measure] and [space] tables, trial_timeout, confirm_processes, confirm_top, sampler,"
+        " seed",
+    )
     add_options(parser, "quiet")
 
 

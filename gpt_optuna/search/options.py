@@ -179,7 +179,12 @@ OPTIONS: tuple[Option, ...] = (
         TEXT,
         "Optuna storage URL or an SQLite file's path (default sqlite:///studies/<study-name>.db)",
     ),
-    Option("--study-name", "study_name", TEXT, "study name (default: the only study in the storage)"),
+    Option(
+        "--study-name",
+        "study_name",
+        TEXT,
+        "study name (default: the model file's name and the backend, e.g. resnet50-onnxruntime)",
+    ),
     Option(
         "--sampler",
         "sampler",
