@@ -29,9 +29,10 @@ from pathlib import Path
 import optuna
 from optuna.trial import TrialState
 
+from gpt_optuna.evaluation.self_test import TINY_MODEL
 from gpt_optuna.study.taxonomy import has_own_result, is_interrupted, retried_numbers
 
-MODEL = Path(__file__).resolve().parent.parent / "gpt_optuna" / "data" / "small_cnn.onnx"
+MODEL = TINY_MODEL
 SYNTHETIC = "gpt_optuna.testing.synthetic:SyntheticBackend"
 STUDY = "faults"
 

@@ -25,7 +25,6 @@ from pathlib import Path
 import optuna
 from optuna.trial import FrozenTrial
 
-REPO = Path(__file__).resolve().parents[1]
 BATCH = 8
 PROJECTED_TRIALS = 30
 

@@ -29,12 +29,13 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from benchmarks import ROOT, child_env
 from benchmarks.models import OCR, PPOCR_REC
+from gpt_optuna.evaluation.self_test import TINY_MODEL
 from gpt_optuna.graph.feeds import synthetic_feeds
 from gpt_optuna.graph.model import load_model_info, parse_shapes, resolve_shapes
 from gpt_optuna.testing.registry import download_one
 
-ROOT = Path(__file__).resolve().parents[1]
 MEASURE = "[measure]\nbudget_s = 0.1\nmin_samples = 10\n"
 
 
@@ -70,8 +71,7 @@ def mlp(path: Path) -> Path:
 
 def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     command = [sys.executable, "-m", "gpt_optuna.cli", *args]
-    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    done = subprocess.run(command, cwd=cwd, capture_output=True, text=True, env=env, timeout=3600)
+    done = subprocess.run(command, cwd=cwd, capture_output=True, text=True, env=child_env(), timeout=3600)
     if done.returncode not in (0, 1, 3):
         raise SystemExit(f"gpt-optuna {' '.join(args)} exited {done.returncode}:\n{done.stderr[-2000:]}")
     return done
@@ -191,7 +191,7 @@ def main() -> None:
     work.mkdir(parents=True, exist_ok=True)
     ocr = download_one(OCR, PPOCR_REC)
     cases = [
-        ("small CNN (shipped)", ROOT / "gpt_optuna/data/small_cnn.onnx", [], ""),
+        ("small CNN (shipped)", TINY_MODEL, [], ""),
         ("MLP, --allow-io-change", mlp(work / "mlp.onnx"), ["--allow-io-change"], "keep_io_fp32 = [true, false]\n"),
         ("PP-OCRv4 recognizer (dynamic)", ocr, ["--shape", "x:1x3x48x320"], ""),
     ]

@@ -27,13 +27,14 @@ import optuna
 
 from gpt_optuna.core.space import Candidate, Space
 from gpt_optuna.evaluation.outcome import TrialResult
+from gpt_optuna.evaluation.self_test import TINY_MODEL
 from gpt_optuna.search.config import TuneConfig, read_toml
 from gpt_optuna.search.progress import Progress
 from gpt_optuna.search.sampling import make_sampler
 from gpt_optuna.search.tune import tune
 from gpt_optuna.study.record import SPACE_ATTR
 
-MODEL = Path(__file__).resolve().parent.parent / "gpt_optuna" / "data" / "small_cnn.onnx"
+MODEL = TINY_MODEL
 SYNTHETIC = "gpt_optuna.testing.synthetic:SyntheticBackend"
 
 

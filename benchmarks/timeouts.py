@@ -11,7 +11,6 @@ included), how many trials the search ran, and whether and how the finalists wer
 from __future__ import annotations
 
 import argparse
-import os
 import re
 import subprocess
 import sys
@@ -19,7 +18,9 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from benchmarks import child_env
+from gpt_optuna.evaluation.self_test import TINY_MODEL
+
 SPACE = '[measure]\nbudget_s = 0.5\n[space]\nmode = ["ok"]\ndelay_us = [0, 50, 100]\nbuild_ms = [1000, 3000]\n'
 
 
@@ -27,12 +28,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--timeouts", default="30,120,300", help="seconds, comma-separated")
     args = parser.parse_args()
-    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    env = child_env()
     print(f"{'--timeout':>10}{'wall s':>9}{'bound+5%':>10}{'within':>8}{'trials':>8}  finalists re-measured")
     for timeout in (float(t) for t in args.timeouts.split(",")):
         with tempfile.TemporaryDirectory() as folder:
             (Path(folder) / "tune.toml").write_text(SPACE)
-            command = [sys.executable, "-m", "gpt_optuna.cli", "tune", str(ROOT / "gpt_optuna/data/small_cnn.onnx")]
+            command = [sys.executable, "-m", "gpt_optuna.cli", "tune", str(TINY_MODEL)]
             command += ["--backend", "gpt_optuna.testing.synthetic:SyntheticBackend", "--config", "tune.toml"]
             command += ["--timeout", f"{timeout:g}", "--quiet", "--n-trials", "100000"]
             start = time.monotonic()

@@ -111,9 +111,7 @@ def _check_flags(parser: argparse.ArgumentParser) -> None:
         "--budget", default=DEFAULT_CHECK_BUDGET, help="the whole check's time, e.g. 10m (default %(default)s)"
     )
     parser.add_argument(
-        "--tolerance",
-        default=DEFAULT_TOLERANCE,
-        help="allowed latency change, e.g. 5%% (default " + DEFAULT_TOLERANCE.replace("%", "%%") + ")",
+        "--tolerance", default=DEFAULT_TOLERANCE, help="allowed latency change, e.g. 5%% (default %(default)s)"
     )
     parser.add_argument("--junit", help="write a JUnit XML report here")
     parser.add_argument("--update", action="store_true", help="rewrite the record when the check finds it faster")

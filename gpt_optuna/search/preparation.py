@@ -232,10 +232,9 @@ def remembered_check(
         "trial_timeout_s": config.trial_timeout_s,
     }
     key = hashlib.sha256(json.dumps(decided_by, sort_keys=True, default=str).encode()).hexdigest()[:24]
-    path = StudyFolder(template.workdir).space_check(key)
+    own = StudyFolder(template.workdir).space_check(key)
     beside = StudyFolder(config.workdir).space_check(key)
-    if not path.is_file() and beside.is_file():  # `space` beside a study made before
-        path = beside
+    path = beside if not own.is_file() and beside.is_file() else own  # `space` beside a study made before
     if path.is_file():
         try:
             kept = json.loads(path.read_text())
@@ -252,8 +251,7 @@ def remembered_check(
     notes += found
     if not complete:  # what decides a check cut short includes the time it had: the next run checks anew
         return checked
-    path = StudyFolder(template.workdir).space_check(key)
-    atomic_write(path, json.dumps({"decided_by": decided_by, "space": checked.to_record(), "notes": found}))
+    atomic_write(own, json.dumps({"decided_by": decided_by, "space": checked.to_record(), "notes": found}))
     return checked
 
 

@@ -24,7 +24,7 @@ class StudyFolder:
         """The folder the study recorded, else ``studies/<name>`` here (studies made before it was
         recorded)."""
         recorded = study.user_attrs.get(FOLDER_ATTR)
-        return cls(Path(recorded) if recorded else (STUDIES / study.study_name).resolve())
+        return cls(Path(recorded)) if recorded else cls(cls.named(study.study_name).root.resolve())
 
     @classmethod
     def named(cls, name: str) -> StudyFolder:
