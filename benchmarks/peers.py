@@ -53,7 +53,7 @@ from gpt_optuna.search.finalists import confirm, template_from_study
 from gpt_optuna.search.progress import Progress
 from gpt_optuna.search.tune import tune
 from gpt_optuna.study.summary import finished_count, summarize_study
-from gpt_optuna.study.taxonomy import measured_latency_ms
+from gpt_optuna.study.trial_record import TrialRecord
 
 PEERS = ("onnxruntime", "eager32", "eager16", "reduce-overhead", "max-autotune", "olive")
 """``onnxruntime``: the defaults and the tuned winner (the search first); left out, a run measures
@@ -272,7 +272,7 @@ def onnxruntime_rows(
         lines = kernel_profile(runner.launch).lines(label) if profile and trial is summary.best else []
         rows.append(Row(label, timing, outputs, params, lines))
         own = summary.figures(trial)
-        search = measured_latency_ms(trial)
+        search = TrialRecord(trial).latency_ms
         figures.append(
             f"{label} is trial {trial.number}: the tuner measured {search:.4f} ms in the search"
             + (f", {own.latency_ms:.4f} ms confirmed" if own.measurement == "confirmed" else "")

@@ -121,10 +121,10 @@ def tune_and_judge(name: str, model: Path, host: str, args: argparse.Namespace, 
         return row
     summary = summarize_study(study_of(folder))
     row.verdict = summary.verdict
-    top = summary.top_finalist
-    number = top["number"] if top else (summary.best.number if summary.best is not None else None)
-    if top:
-        row.claim = f"{top['speedup']:.3f}x [{top['ci_low']:.3f}, {top['ci_high']:.3f}]"
+    top = summary.confirmation.top if summary.confirmation is not None else None
+    number = top.number if top else (summary.best.number if summary.best is not None else None)
+    if top and top.ci is not None:
+        row.claim = f"{top.speedup:.3f}x [{top.ci[0]:.3f}, {top.ci[1]:.3f}]"
     if number is None or summary.baseline is None or number == summary.baseline.number:
         row.truth = "n/a (the baseline was the best)"
         return row

@@ -107,3 +107,31 @@ def test_the_layering_check_catches_an_upward_import(tmp_path: Path) -> None:
     upward = tmp_path / "upward.py"
     upward.write_text("def f():\n    from gpt_optuna.search.tune import tune\n")
     assert "gpt_optuna.search.tune" in imports(upward)
+
+
+TRIAL_RECORD = "gpt_optuna.study.trial_record"
+TRIAL_ATTRS = ("user_attrs", "system_attrs")
+
+
+def trial_attr_reads(path: Path) -> list[int]:
+    """The lines where ``path`` reads a trial's attrs: ``X.user_attrs`` or ``X.system_attrs`` of
+    anything but a study (a name or attribute ``study``)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Attribute) and node.attr in TRIAL_ATTRS:
+            owner = node.value
+            name = owner.id if isinstance(owner, ast.Name) else owner.attr if isinstance(owner, ast.Attribute) else ""
+            if name != "study":
+                found.append(node.lineno)
+    return found
+
+
+@pytest.mark.parametrize("module", sorted(m for m in MODULES if m != TRIAL_RECORD))
+def test_a_trials_attrs_are_read_only_through_its_record(module: str) -> None:
+    assert trial_attr_reads(MODULES[module]) == [], f"{module} reads a trial's attrs: use {TRIAL_RECORD}"
+
+
+def test_the_trial_record_check_catches_a_read(tmp_path: Path) -> None:
+    reader = tmp_path / "reader.py"
+    reader.write_text("def f(study, t):\n    return study.user_attrs, t.user_attrs['latency'], t.system_attrs\n")
+    assert trial_attr_reads(reader) == [2, 2]

@@ -131,7 +131,7 @@ def run_warm_start(
     """A new study of ``storage`` with a 10 ms baseline, its warm start's candidates run through
     the queue as they come, measuring ``latencies`` in turn: the sources tried, and the notes."""
     from gpt_optuna.search.transfer import TransferQueue
-    from gpt_optuna.study.record import WARM_START_ATTR
+    from gpt_optuna.study.trial_record import WARM_START_ATTR
 
     study = optuna.create_study(storage=storage, study_name="new")
     distributions = {k.name: optuna.distributions.CategoricalDistribution(k.choices) for k in small_space().knobs}

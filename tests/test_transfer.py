@@ -11,7 +11,7 @@ from optuna.trial import TrialState
 
 from gpt_optuna.search.lanes import TrialBudget
 from gpt_optuna.search.transfer import TransferQueue
-from gpt_optuna.study.record import WARM_START_ATTR
+from gpt_optuna.study.trial_record import WARM_START_ATTR
 
 DISTRIBUTIONS = {"a": CategoricalDistribution(tuple(range(8)))}
 

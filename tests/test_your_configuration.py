@@ -18,7 +18,7 @@ from gpt_optuna.cli import main
 from gpt_optuna.core.errors import UserError
 from gpt_optuna.core.space import Condition, Knob, Space
 from gpt_optuna.search.your_configuration import holding_yours, your_candidate
-from gpt_optuna.study.record import YOURS_ATTR
+from gpt_optuna.study.trial_record import YOURS_ATTR
 
 ORT = OnnxRuntimeBackend()
 SILERO = """providers = ["CPUExecutionProvider"]

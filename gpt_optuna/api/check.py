@@ -48,6 +48,7 @@ from gpt_optuna.study.evidence import speedups
 from gpt_optuna.study.folder import StudyFolder
 from gpt_optuna.study.summary import finished_count
 from gpt_optuna.study.taxonomy import search_ranking
+from gpt_optuna.study.trial_record import TrialRecord
 
 COMPARISON_SHARE = 0.5
 """Of ``--budget``, the share kept for timing the record's model beside the changed one (with
@@ -140,7 +141,7 @@ def still_to_measure(study: Any) -> int:
     from optuna.trial import TrialState
 
     waiting = study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
-    needed = [t.number for t in waiting if t.user_attrs.get("baseline") or t.user_attrs.get("seeded")]
+    needed = [t.number for t in waiting if TrialRecord(t).baseline or TrialRecord(t).seeded]
     return sum(1 for t in waiting if t.number <= max(needed)) if needed else 0
 
 
@@ -240,7 +241,8 @@ def judge_latency(
 
     seeded = seeded_trial(study)
     if seeded is not None and seeded.state.name == "PRUNED":
-        reason = seeded.user_attrs.get("infeasible") or seeded.user_attrs.get("failure", "")
+        record = TrialRecord(seeded)
+        reason = record.infeasible or record.failure or ""
         return Outcome("accuracy", False, f"accuracy regression: the recorded configuration fails: {reason}"), None
     summary = summarize_study(study)
     if seeded is None or seeded.state.name != "COMPLETE":
@@ -309,7 +311,7 @@ def seeded_trial(study: Any) -> Any:
     from gpt_optuna.study.taxonomy import baseline_trial
 
     trials = study.get_trials(deepcopy=False)
-    queued = [t for t in trials if t.user_attrs.get("seeded")]
+    queued = [t for t in trials if TrialRecord(t).seeded]
     if not queued:
         return baseline_trial(trials)
     tried = [t for t in queued if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]

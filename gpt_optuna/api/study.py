@@ -37,6 +37,7 @@ from gpt_optuna.search.options import (
 from gpt_optuna.study.storage import load_study, open_storage, storage_file
 from gpt_optuna.study.summary import StudySummary
 from gpt_optuna.study.summary_record import study_summary
+from gpt_optuna.study.trial_record import TrialRecord
 
 if TYPE_CHECKING:
     import pandas
@@ -65,10 +66,10 @@ def best_record(summary: StudySummary) -> dict[str, Any]:
         "params": best.params,
         "baseline_wins": summary.baseline_wins,
         **figures,
-        "build_s": best.user_attrs.get("build_s"),
+        "build_s": TrialRecord(best).build_s,
         "dry_run": summary.dry_run,
         "confirmed": summary.confirmed,
-        "accuracy": best.user_attrs.get("accuracy", {}),
+        "accuracy": TrialRecord(best).accuracy or {},
         "allow_io_change": summary.allow_io_change,
         "io_changes": summary.io_changes,
         "unstable_measurements": None if stability is None else [stability.unstable, stability.measured],

@@ -29,7 +29,7 @@ from gpt_optuna.graph.model_cache import TransformFailed
 from gpt_optuna.graph.precision import QUANTIZED, PrecisionSetting, precision_knobs, transform
 from gpt_optuna.study.artifacts import CALIBRATION_FILE, INPUTS_FILE, REFERENCE_FILE
 from gpt_optuna.study.folder import StudyFolder
-from gpt_optuna.study.record import IO_CHANGE_ATTR
+from gpt_optuna.study.trial_record import IO_CHANGE_ATTR, TRANSFORMED_MODEL
 
 PROGRESS_EVERY_S = 5.0
 """How often a long step inside a job (the fp16 sensitivity ranking) tells the tuner how far it is."""
@@ -229,7 +229,7 @@ class EvaluateJob:
         except BuildError as exc:
             return build_failure(exc)
         if model is not self.model:
-            built.attrs["transformed_model"] = model.path.name
+            built.attrs[TRANSFORMED_MODEL] = model.path.name
             changes = dtype_changes(self.model, model)
             if changes:
                 built.attrs[IO_CHANGE_ATTR] = changes

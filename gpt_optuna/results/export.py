@@ -22,14 +22,15 @@ from gpt_optuna.graph.model_copy import copy_model, external_data_file
 from gpt_optuna.results.summary_text import headline
 from gpt_optuna.study.artifacts import artifact_folder, verified
 from gpt_optuna.study.folder import StudyFolder
-from gpt_optuna.study.record import IO_CHANGE_ATTR, YOURS_ATTR, StudyRecord
+from gpt_optuna.study.record import StudyRecord
 from gpt_optuna.study.summary import StudySummary, first_value
 from gpt_optuna.study.summary_record import study_summary, trial_by_number
+from gpt_optuna.study.trial_record import TrialRecord
 
 
 def trial_model(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> Path:
     """The ONNX model a trial ran: its transformed copy in the study folder, else the study's model."""
-    transformed = trial.user_attrs.get("transformed_model")
+    transformed = TrialRecord(trial).transformed_model
     if transformed:
         path = StudyFolder.of(study).models / transformed
         if path.is_file() and not intact(path):
@@ -57,7 +58,7 @@ def _samples(out: Path, samples_dir: Path | None) -> dict[str, Path]:
 
 def export_suffix(trial: optuna.trial.FrozenTrial) -> str:
     """The file extension of what a trial exports: ``.plan`` for an engine, ``.onnx`` for a model."""
-    return ".plan" if trial.user_attrs.get("engine_artifact") is not None else ".onnx"
+    return ".plan" if TrialRecord(trial).engine_artifact is not None else ".onnx"
 
 
 def written_files(out: Path, engine: bool, backend: str | None, samples_dir: Path | None = None) -> list[Path]:
@@ -129,7 +130,7 @@ def versus_yours_record(summary: StudySummary, trial: FrozenTrial) -> dict[str, 
     own_ms, measurement = summary.your_latency()
     return {
         "trial": yours.number,
-        "file": yours.user_attrs.get(YOURS_ATTR),
+        "file": TrialRecord(yours).your_configuration,
         "params": dict(yours.params),
         "is_this_trial": trial.number == yours.number,
         "measurement": figures.measurement if figures is not None else measurement,
@@ -149,7 +150,7 @@ def export_trial(
     summary = study_summary(study)
     trial = chosen_trial(study, summary, number)
     record = StudyRecord.read(study)
-    artifact = trial.user_attrs.get("engine_artifact")
+    artifact = TrialRecord(trial).engine_artifact
     if out.suffix in (".json", ".npz"):
         kind = "engine" if artifact else "model"
         raise UserError(f"-o names the {kind} file to write; its record FILE.json is written beside it")
@@ -161,8 +162,9 @@ def export_trial(
     source = trial_model(study, trial)
     if not source.is_file():
         raise UserError(f"the model of trial {trial.number} is gone: {source} (the study folder was moved or removed)")
-    if artifact is None and "engine_dropped" in trial.user_attrs:
-        raise UserError(not_kept(trial, str(trial.user_attrs["engine_dropped"])))
+    dropped = TrialRecord(trial).engine_dropped
+    if artifact is None and dropped is not None:
+        raise UserError(not_kept(trial, dropped))
     try:
         return _write_export(study, summary, trial, Written(record, source, out, workdir, samples_dir))
     except BaseException:  # interrupted, or the disk is full: none of its files is left half-written
@@ -185,7 +187,7 @@ class Written:
 
 def _write_export(study: optuna.Study, summary: StudySummary, trial: FrozenTrial, where: Written) -> tuple[Path, Path]:
     """The files of :func:`export_trial`, the side file last."""
-    artifact = trial.user_attrs.get("engine_artifact")
+    artifact = TrialRecord(trial).engine_artifact
     record, source, out, workdir = where.record, where.source, where.out, where.workdir
     if artifact is not None:
         from optuna.artifacts import FileSystemArtifactStore, download_artifact
@@ -201,22 +203,23 @@ def _write_export(study: optuna.Study, summary: StudySummary, trial: FrozenTrial
     else:  # ONNX Runtime builds no engine file: the model it ran, with the options in the side file
         copy_model(source, out)
     samples = _samples(out, where.samples_dir)
-    confirmed = next((r for r in (summary.confirmed or {}).get("ranking", []) if r["number"] == trial.number), None)
+    confirmation = summary.confirmation
+    confirmed = next((r for r in confirmation.ranking if r.number == trial.number), None) if confirmation else None
     side: dict[str, Any] = {
         "study": study.study_name,
         "trial": trial.number,
         "backend": record.backend,
         "params": trial.params,
         **figures_record(summary, trial),
-        "latency": trial.user_attrs.get("latency"),
-        "accuracy": trial.user_attrs.get("accuracy"),
+        "latency": TrialRecord(trial).latency,
+        "accuracy": TrialRecord(trial).accuracy,
         "accuracy_criterion": record.accuracy,
         "metric": record.metric,
         "shapes": record.shapes,
         "interface": model_interface(study, trial, source),
         "samples": {kind: os.path.relpath(path, out.parent) for kind, path in samples.items()},
-        "confirmed": confirmed,
-        "confirmed_baseline": (summary.confirmed or {}).get("baseline") if confirmed else None,
+        "confirmed": confirmed.stored if confirmed is not None else None,
+        "confirmed_baseline": confirmation.baseline.stored if confirmed and confirmation.baseline else None,
         "versions": record.versions,
         "file": "engine" if artifact is not None else "onnx model",
         "model_sha256": hashlib.sha256(out.read_bytes()).hexdigest(),
@@ -253,8 +256,9 @@ def model_interface(study: optuna.Study, trial: FrozenTrial, model: Path) -> dic
     if original is not None and original.is_file():
         changes = dtype_changes(load_model_info(original), made)
     else:  # the model file moved: the changes the evaluation recorded
-        changes = trial.user_attrs.get(IO_CHANGE_ATTR, {})
+        changes = TrialRecord(trial).io_changes
     interface = io_record(made, changes, record.allow_io_change)
-    if "engine_io" in trial.user_attrs:  # the dtypes the engine itself was built to take and return
-        interface["engine"] = trial.user_attrs["engine_io"]
+    engine_io = TrialRecord(trial).engine_io
+    if engine_io is not None:  # the dtypes the engine itself was built to take and return
+        interface["engine"] = engine_io
     return interface

@@ -19,7 +19,8 @@ from gpt_optuna.core.errors import UserError
 from gpt_optuna.evaluation.accuracy import STANDARD_METRICS, Criterion, parse_criterion
 from gpt_optuna.study.record import StudyRecord
 from gpt_optuna.study.summary import StudySummary
-from gpt_optuna.study.taxonomy import failure_cause, measured_latency_ms, retried_numbers, trial_status
+from gpt_optuna.study.taxonomy import failure_cause, retried_numbers, trial_status
+from gpt_optuna.study.trial_record import TrialRecord
 
 
 @dataclass(frozen=True)
@@ -71,24 +72,23 @@ def collect(study: optuna.Study) -> list[TrialRow]:
     trials = study.get_trials(deepcopy=False)
     retried = retried_numbers(trials)
     for trial in trials:
-        attrs, status = trial.user_attrs, trial_status(trial, retried)
-        latency = measured_latency_ms(trial)
-        accuracy = attrs.get("accuracy")
+        record, status = TrialRecord(trial), trial_status(trial, retried)
+        accuracy = record.accuracy
         error = criterion.error(accuracy) if criterion is not None and accuracy else None
-        reason = attrs.get("infeasible") or attrs.get("failure") or attrs.get("interrupted") or ""
+        reason = record.infeasible or record.failure or record.interrupted or ""
         rows.append(
             TrialRow(
                 number=trial.number,
                 status=status,
-                latency_ms=latency,
+                latency_ms=record.latency_ms,
                 error=float(error) if error is not None else None,
-                build_s=attrs.get("build_s"),
+                build_s=record.build_s,
                 params=dict(trial.params),
-                baseline=bool(attrs.get("baseline")),
+                baseline=record.baseline,
                 reason=str(reason),
-                reused_from=attrs.get("reused_from"),
+                reused_from=record.reused_from,
                 accuracy=dict(accuracy or {}),
-                measured_on=f"{attrs['host']} {attrs.get('gpu', '')}".strip() if "host" in attrs else "",
+                measured_on=f"{record.host} {record.gpu or ''}".strip() if record.host is not None else "",
                 cause=_cause(trial, status),
             )
         )
@@ -99,7 +99,7 @@ def _cause(trial: optuna.trial.FrozenTrial, status: str) -> str:
     if status == "failed":
         return failure_cause(trial)
     if status == "infeasible":
-        reason = str(trial.user_attrs.get("infeasible", ""))
+        reason = TrialRecord(trial).infeasible or ""
         clauses = re.findall(r"fails (\S+)", reason)
         return f"fails {', '.join(clauses)}" if clauses else (reason.splitlines() or [""])[0][:80]
     return ""

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 from collections import Counter
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from optuna.trial import TrialState
 
 from gpt_optuna.graph.interface import describe_changes
+from gpt_optuna.study.confirmation import Confirmation, ConfirmedRow
 from gpt_optuna.study.evidence import WORTHWHILE
-from gpt_optuna.study.record import YOURS_ATTR, source_study
 from gpt_optuna.study.summary import first_value
+from gpt_optuna.study.trial_record import TrialRecord, source_study
 
 if TYPE_CHECKING:
     from gpt_optuna.study.summary import Figures, StudySummary
@@ -44,7 +45,7 @@ def format_summary(summary: StudySummary) -> str:
         lines += [f"  {count} x {cause}" for count, cause in summary.failures]
     lines += format_verdict(summary)
     lines += host_lines(summary)
-    if summary.confirmed:
+    if summary.confirmation is not None:
         lines.extend(format_confirmed(summary))
     warning = stability_warning(summary)
     if warning:
@@ -68,11 +69,11 @@ def versus_yours(summary: StudySummary) -> str:
     yours, winner = summary.yours, summary.best
     if yours is None or winner is None:
         return ""
-    named = f"your configuration ({yours.user_attrs.get(YOURS_ATTR)}, trial {yours.number})"
+    named = f"your configuration ({TrialRecord(yours).your_configuration}, trial {yours.number})"
     if summary.baseline is not None and yours.number == summary.baseline.number:
         return f"; {named} is the engine's defaults: the baseline"
     if yours.state is not TrialState.COMPLETE:
-        return f"; {named} did not meet the accuracy criterion: {yours.user_attrs.get('infeasible', 'it failed')}"
+        return f"; {named} did not meet the accuracy criterion: {TrialRecord(yours).infeasible or 'it failed'}"
     if winner.number == yours.number:
         return f"; the winner is {named}: nothing the search found beat it"
     figures = summary.versus_yours(winner)
@@ -100,7 +101,8 @@ def _against_defaults(summary: StudySummary) -> str:
             f"verdict: trial {winner.number} is the fastest feasible candidate ({winner.latency_ms:.4g} ms);"
             " the baseline has no latency to compare it with"
         )
-    processes = int((summary.confirmed or {}).get("processes", 1))
+    confirmation = summary.confirmation
+    processes = confirmation.processes if confirmation is not None else 1
     where = f"confirmed in {processes} processes"
     if verdict == "baseline":
         why = (
@@ -123,7 +125,8 @@ def _against_defaults(summary: StudySummary) -> str:
             " default configuration"
         )
     if verdict == "inconclusive":
-        each = (summary.top_finalist or {}).get("process_speedups") or []
+        top = confirmation.top if confirmation is not None else None
+        each = top.process_speedups if top is not None else ()
         spread = max(each) / min(each) - 1 if each else 0.0
         why = (
             f"its speedup differed between the {processes} processes ({min(each):.2f}x to {max(each):.2f}x): the"
@@ -142,11 +145,11 @@ def _against_defaults(summary: StudySummary) -> str:
             " confirmed: re-measure it in several processes (confirm)"
         )
     if verdict == "unconfirmed":
-        stale = summary.stale_confirmation
+        stale = Confirmation.of(summary.stale_confirmation)
         earlier = (
-            f"; an earlier confirmation, of trial{'s' if len(_finalists(stale)) > 1 else ''}"
-            f" {', '.join(map(str, _finalists(stale)))}, no longer covers the search's best"
-            if stale
+            f"; an earlier confirmation, of trial{'s' if len(stale.finalists) > 1 else ''}"
+            f" {', '.join(map(str, stale.finalists))}, no longer covers the search's best"
+            if stale is not None
             else ""
         )
         return (
@@ -157,10 +160,6 @@ def _against_defaults(summary: StudySummary) -> str:
         f"verdict: faster: trial {winner.number} is {winner.speedup:.3f}x the baseline{_interval(winner)}"
         f" ({figures}, {where})"
     )
-
-
-def _finalists(confirmed: dict[str, Any]) -> list[int]:
-    return list(confirmed.get("finalists") or [row["number"] for row in confirmed.get("ranking", [])])
 
 
 UNSTEADY = 0.05
@@ -257,33 +256,28 @@ def _yours_line(summary: StudySummary) -> list[str]:
     shown = (
         f"{latency:.4g} {summary.unit} ({which})" if latency is not None else f"no value ({yours.state.name.lower()})"
     )
-    return [f"your configuration (trial {yours.number}, {yours.user_attrs.get(YOURS_ATTR)}): {shown}"]
+    return [f"your configuration (trial {yours.number}, {TrialRecord(yours).your_configuration}): {shown}"]
 
 
 def format_confirmed(summary: StudySummary) -> list[str]:
     """The finalists' interleaved re-measurement, and what it says of the winner."""
-    confirmed = summary.confirmed or {}
-    base = confirmed["baseline"]
-    processes = confirmed.get("processes", 1)  # studies confirmed before there were several
-    together = f", intervals for the {len(confirmed['ranking'])} finalists together" if "level" in confirmed else ""
+    confirmation = summary.confirmation
+    assert confirmation is not None and confirmation.baseline is not None
+    base, processes = confirmation.baseline, confirmation.processes
+    together = f", intervals for the {len(confirmation.ranking)} finalists together" if confirmation.joint else ""
     lines = [
-        f"confirmed in {confirmed['rounds']} interleaved rounds in {processes} fresh process"
-        f"{'es' if processes > 1 else ''}{together} (baseline trial {base['number']}: {_ms(base)}):"
+        f"confirmed in {confirmation.rounds} interleaved rounds in {processes} fresh process"
+        f"{'es' if processes > 1 else ''}{together} (baseline trial {base.number}: {_ms(base)}):"
     ]
-    for row in sorted(confirmed["ranking"], key=lambda r: -r["speedup"]):
-        lines.append(
-            f"  trial {row['number']}: {_ms(row)}, speedup {row['speedup']:.3f}x "
-            f"[95% CI {row['ci_low']:.3f}-{row['ci_high']:.3f}]"
-        )
-    yours = confirmed.get("yours")
-    if yours:
-        against = ", ".join(
-            f"trial {r['number']} {r['speedup']:.3f}x [{r['ci_low']:.3f}-{r['ci_high']:.3f}]" for r in yours["versus"]
-        )
-        lines.append(f"  against your configuration (trial {yours['number']}, {yours['median_ms']:.4g} ms): {against}")
-    if confirmed.get("stopped"):
-        lines.append(f"  the re-measurement ended early ({confirmed['stopped']}): these figures are what it measured")
-    spread = max(max(_per_process(r)) / min(_per_process(r)) for r in [base, *confirmed["ranking"]])
+    for row in confirmation.ranking:
+        lines.append(f"  trial {row.number}: {_ms(row)}, speedup {row.speedup:.3f}x [95% CI {_ci(row)}]")
+    yours = confirmation.yours
+    if yours is not None:
+        against = ", ".join(f"trial {r.number} {r.speedup:.3f}x [{_ci(r)}]" for r in yours.versus)
+        lines.append(f"  against your configuration (trial {yours.number}, {yours.median_ms:.4g} ms): {against}")
+    if confirmation.stopped:
+        lines.append(f"  the re-measurement ended early ({confirmation.stopped}): these figures are what it measured")
+    spread = max(max(_per_process(r)) / min(_per_process(r)) for r in [base, *confirmation.ranking])
     if spread > 1.05:
         on_gpu = summary.stability is not None and summary.stability.on_gpu
         why = (
@@ -311,11 +305,16 @@ _CONFIRMED_ENDINGS = {
 """The last line of the confirmation's figures, per verdict (a faster one needs none)."""
 
 
-def _per_process(row: dict[str, Any]) -> list[float]:
-    return row.get("process_ms", [row["median_ms"]])
+def _per_process(row: ConfirmedRow) -> tuple[float, ...]:
+    return row.process_ms or (row.median_ms,)  # confirmations before there were several processes
 
 
-def _ms(row: dict[str, Any]) -> str:
+def _ci(row: ConfirmedRow) -> str:
+    assert row.ci is not None
+    return f"{row.ci[0]:.3f}-{row.ci[1]:.3f}"
+
+
+def _ms(row: ConfirmedRow) -> str:
     """A median, with the per-process medians where there are several."""
     each = _per_process(row)
-    return f"{row['median_ms']:.4g} ms" + (f" ({' / '.join(f'{v:.4g}' for v in each)})" if len(each) > 1 else "")
+    return f"{row.median_ms:.4g} ms" + (f" ({' / '.join(f'{v:.4g}' for v in each)})" if len(each) > 1 else "")

@@ -14,7 +14,7 @@ so the trial's mark is the dashboard's note.
 from __future__ import annotations
 
 import warnings
-from types import SimpleNamespace
+from dataclasses import dataclass
 from typing import Any
 
 import optuna
@@ -66,6 +66,16 @@ def record_winner(study: optuna.Study) -> StudySummary:
     if study.user_attrs.get(SUMMARY_ATTR) != recorded:
         study.set_user_attr(SUMMARY_ATTR, recorded)
     return summary
+
+
+@dataclass(frozen=True)
+class NoteTarget:
+    """A finished trial as optuna-dashboard's ``save_note`` reads one: its storage, study and id
+    (an ``optuna.Trial`` of a finished trial would call the sampler's hooks)."""
+
+    storage: optuna.storages.BaseStorage
+    study: optuna.Study
+    _trial_id: int
 
 
 DASHBOARD_FIGURE = "gpt-optuna-winner"
@@ -122,9 +132,7 @@ def _dashboard_notes(study: optuna.Study, summary: StudySummary, former: int | N
         save_plotly_graph_object(study, winner_figure(summary), graph_object_id=DASHBOARD_FIGURE)
 
     def note(number: int, body: str) -> None:
-        # the note API reads only these three of a trial (optuna.Trial would call the sampler's hooks)
-        trial = SimpleNamespace(storage=study._storage, study=study, _trial_id=summary.trials[number]._trial_id)
-        save_note(trial, body)
+        save_note(NoteTarget(study._storage, study, summary.trials[number]._trial_id), body)
 
     if former is not None and former != summary.best.number and former < len(summary.trials):
         note(former, "")

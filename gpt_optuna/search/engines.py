@@ -15,6 +15,8 @@ from optuna.artifacts import FileSystemArtifactStore, upload_artifact
 from optuna.artifacts.exceptions import ArtifactNotFound
 from optuna.trial import FrozenTrial, TrialState
 
+from gpt_optuna.study.trial_record import ENGINE_ARTIFACT, ENGINE_DROPPED, TrialRecord
+
 KEPT_ENGINES = 10
 """The fastest feasible candidates whose engines are kept (besides the baseline's), by default."""
 DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
@@ -39,31 +41,31 @@ class EngineKeeper:
         """Take in the engines the study kept before (a resumed search), dropping those beyond ``top``."""
         with self._lock:
             self._kept = sorted(
-                (t.values[0], t.number, str(t.user_attrs["engine_artifact"]))
-                for t in trials
+                (t.values[0], t.number, artifact)
+                for t, record in ((t, TrialRecord(t)) for t in trials)
                 if t.state is TrialState.COMPLETE
                 and t.values
-                and "engine_artifact" in t.user_attrs
-                and not t.user_attrs.get("baseline")
-                and "reused_from" not in t.user_attrs
+                and (artifact := record.engine_artifact) is not None
+                and not record.baseline
+                and not record.reused
             )
             self._drop_beyond_top()
 
     def keep(self, trial: optuna.Trial, engine: Path, value: float) -> None:
         """Keep ``engine`` as an artifact of ``trial`` (its search value ``value``) where it earns a
         place; say on the trial that it was not kept where it does not, or the disk is full."""
-        baseline = bool(trial.user_attrs.get("baseline"))
+        baseline = TrialRecord(trial).baseline
         with self._lock:
             full = self.top is not None and len(self._kept) >= self.top
             if not baseline and full and value >= self._kept[self.top - 1][0]:  # type: ignore[operator]
-                trial.set_user_attr("engine_dropped", f"not among the {self.top} fastest when it ran")
+                trial.set_user_attr(ENGINE_DROPPED, f"not among the {self.top} fastest when it ran")
                 return
         try:
             artifact = upload_artifact(artifact_store=self.store, file_path=str(engine), study_or_trial=trial)
         except OSError as exc:
             if exc.errno not in DISK_FULL:
                 raise
-            trial.set_user_attr("engine_dropped", "the disk was full")
+            trial.set_user_attr(ENGINE_DROPPED, "the disk was full")
             if not self._disk_full_said:
                 self._disk_full_said = True
                 self.note(
@@ -71,7 +73,7 @@ class EngineKeeper:
                     " are kept again once there is room"
                 )
             return
-        trial.set_user_attr("engine_artifact", artifact)
+        trial.set_user_attr(ENGINE_ARTIFACT, artifact)
         if not baseline:
             with self._lock:
                 self._kept = sorted([*self._kept, (value, trial.number, artifact)])

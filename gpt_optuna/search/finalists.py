@@ -35,9 +35,10 @@ from gpt_optuna.evaluation.measure import BLOCK, MIN_ROUNDS, ROUNDS, ROUNDS_BUDG
 from gpt_optuna.evaluation.worker import FailureKind, JobFailure, Worker
 from gpt_optuna.search.options import DEFAULT_PROCESSES, DEFAULT_TOP
 from gpt_optuna.study.artifacts import INPUTS_FILE, REFERENCE_FILE
-from gpt_optuna.study.evidence import LEVEL, Speedup, judge, speedups
+from gpt_optuna.study.evidence import LEVEL, Speedup, significant, speedups
 from gpt_optuna.study.record import CONFIRMED_ATTR, StudyRecord
-from gpt_optuna.study.taxonomy import baseline_trial, measured_latency_ms, search_ranking, your_trial
+from gpt_optuna.study.taxonomy import baseline_trial, search_ranking, your_trial
+from gpt_optuna.study.trial_record import TrialRecord
 
 WORKER_START_S = 5.0
 """A fresh worker process's start and library load, in the estimate of a process's time where it
@@ -65,22 +66,22 @@ def process_seconds(candidates: list[FrozenTrial], settings: MeasureSettings, st
     each, and the interleaved rounds (each one's search latency ``ROUNDS x BLOCK`` times, twice
     over for the timer's own work, at most the rounds' budget; on the CPU the pause before each
     block)."""
-    builds = sum(float(t.user_attrs.get("build_s") or 0.0) for t in candidates)
+    builds = sum(TrialRecord(t).build_s or 0.0 for t in candidates)
     warm = len(candidates) * min(1.0, settings.budget_s)
-    on_cpu = all(t.user_attrs.get("gpu") == "cpu" for t in candidates)
+    on_cpu = all(TrialRecord(t).gpu == "cpu" for t in candidates)
     settling = ROUNDS * len(candidates) * CPU_SETTLE_S if on_cpu else 0.0
     return start_s + builds + warm + settling + min(ROUNDS_BUDGET_S, ROUNDS * _round_seconds(candidates))
 
 
 def _round_seconds(candidates: list[FrozenTrial]) -> float:
     """One round's estimated seconds: each one's search latency ``BLOCK`` times, twice over."""
-    return 2 * BLOCK * sum(measured_latency_ms(t) or 0.0 for t in candidates) / 1000
+    return 2 * BLOCK * sum(TrialRecord(t).latency_ms or 0.0 for t in candidates) / 1000
 
 
 def quiet_seconds(candidates: list[FrozenTrial], settings: MeasureSettings) -> float:
     """How long a confirmation process may go without a word before it counts as hung: its
     longest step (a build, a warm-up, a round) thrice over, and :data:`QUIET_S` besides."""
-    builds = [float(t.user_attrs.get("build_s") or 0.0) for t in candidates]
+    builds = [TrialRecord(t).build_s or 0.0 for t in candidates]
     step = max([*builds, min(1.0, settings.budget_s), _round_seconds(candidates)])
     return QUIET_S + 3 * step
 
@@ -89,7 +90,7 @@ def finalists(study: optuna.Study, top: int) -> tuple[FrozenTrial | None, list[F
     """The baseline trial and the ``top`` best distinct feasible candidates (reused trials skipped)."""
     trials = study.get_trials(deepcopy=False)
     baseline = baseline_trial(trials)
-    if baseline is not None and "latency" not in baseline.user_attrs:
+    if baseline is not None and TrialRecord(baseline).latency is None:
         baseline = None  # nothing measured to compare with
     best = [t for t in search_ranking(trials) if baseline is None or t.number != baseline.number][:top]
     return baseline, best
@@ -98,7 +99,7 @@ def finalists(study: optuna.Study, top: int) -> tuple[FrozenTrial | None, list[F
 def with_yours(trials: list[FrozenTrial], yours: FrozenTrial | None) -> list[FrozenTrial]:
     """``trials`` (the baseline and finalists) and the user's own configuration (``yours``) after
     them, where it measured a latency and is not among them."""
-    measured = yours is not None and "latency" in yours.user_attrs
+    measured = yours is not None and TrialRecord(yours).latency is not None
     return [*trials, yours] if measured and yours.number not in {t.number for t in trials} else trials
 
 
@@ -112,7 +113,7 @@ def _rows(numbers: list[int], found: list[Speedup]) -> list[dict[str, Any]]:
             "ci_low": s.low,
             "ci_high": s.high,
             "process_speedups": list(s.process_ratios),
-            "significant": judge(s.low, s.high, s.processes) == "faster",
+            "significant": significant(s.low, s.high, s.processes),
         }
         for number, s in zip(numbers, found, strict=True)
     ]

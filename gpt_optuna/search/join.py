@@ -40,6 +40,7 @@ from gpt_optuna.study.folder import StudyFolder
 from gpt_optuna.study.record import SEARCH_ATTR, SPACE_ATTR, StudyRecord
 from gpt_optuna.study.storage import load_study, open_storage
 from gpt_optuna.study.summary import finished_count, summarize_study
+from gpt_optuna.study.trial_record import TrialRecord
 
 
 @dataclass(frozen=True)
@@ -133,7 +134,7 @@ def join(config: JoinConfig, progress: Progress) -> int:
             print(format_summary(summarize_study(study)))
             return interrupts.exit_code()
     progress.end()
-    mine = sum(1 for t in study.get_trials(deepcopy=False) if t.user_attrs.get("owner") == OWNER)
+    mine = sum(1 for t in study.get_trials(deepcopy=False) if TrialRecord(t).owner == OWNER)
     print(format_summary(summarize_study(study)))
     print(f"this host's workers evaluated {mine} trials in {time.monotonic() - started:.1f} s")
     return 0

@@ -34,6 +34,7 @@ from gpt_optuna.study.folder import StudyFolder
 from gpt_optuna.study.recovery import fail_as_interrupted, has_orphans, recover_interrupted, requeue, retry_trial
 from gpt_optuna.study.storage import count_by_state
 from gpt_optuna.study.taxonomy import baseline_trial, has_own_result, is_interrupted, retried_numbers
+from gpt_optuna.study.trial_record import INTERRUPTED, TrialRecord
 
 WAIT_S = 1.0
 """How often a worker with nothing to start looks at the study again."""
@@ -145,7 +146,7 @@ def check_devices(lanes: Sequence[Lane], study_device: str | None, allow_mixed: 
 def study_device(study: optuna.Study) -> str | None:
     """The device the study's baseline was measured on (None before it ran)."""
     baseline = baseline_trial(study.get_trials(deepcopy=False))
-    return None if baseline is None else baseline.user_attrs.get("gpu")
+    return None if baseline is None else TrialRecord(baseline).gpu
 
 
 class TrialBudget:
@@ -239,9 +240,9 @@ class TrialBudget:
     def give_up(self, trial: optuna.Trial) -> None:
         """Mark a trial started beyond the target as interrupted before it ran and, where it came
         from the queue (enqueued or a retry), queue it again as it was."""
-        trial.set_user_attr("interrupted", f"not run: other workers took the study's {self.target} trials")
+        trial.set_user_attr(INTERRUPTED, f"not run: other workers took the study's {self.target} trials")
         frozen = self.study._storage.get_trial(trial._trial_id)
-        if frozen.system_attrs.keys() & QUEUED_MARKS:
+        if TrialRecord(frozen).queued:
             requeue(self.study, frozen)
 
     def ended(self, trial: FrozenTrial) -> None:
@@ -294,7 +295,6 @@ class TrialBudget:
 
 
 LIVE_STATES = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL, TrialState.RUNNING)
-QUEUED_MARKS = {"fixed_params", "retry_history"}
 """What marks a trial that was queued (enqueued or a retry) rather than drawn when it started."""
 
 

@@ -17,6 +17,7 @@ from typing import Any
 from optuna.trial import FrozenTrial, TrialState
 
 from gpt_optuna.study.taxonomy import is_interrupted, trial_status
+from gpt_optuna.study.trial_record import TrialRecord
 
 Key = frozenset[tuple[str, Any]]
 """A candidate as a hashable, order-independent value."""
@@ -30,7 +31,7 @@ def key_of(candidate: Mapping[str, Any]) -> Key:
 
 def trial_key(trial: FrozenTrial) -> Key:
     """The trial's candidate: its parameters, or a queued trial's fixed ones."""
-    return key_of(trial.params or trial.system_attrs.get("fixed_params", {}))
+    return key_of(TrialRecord(trial).candidate)
 
 
 def refusal_causes(refused: Mapping[str, list[Key]], ran: list[Key]) -> list[Key]:
@@ -85,7 +86,7 @@ class StudyLedger:
         with self._lock:
             self._open = {}
             for trial in trials[self._prefix :]:
-                for number in trial.system_attrs.get("retry_history", ()):
+                for number in TrialRecord(trial).retry_history:
                     self._retry(number)
                 if not trial.state.is_finished():
                     self._open[trial.number] = trial
@@ -115,13 +116,13 @@ class StudyLedger:
         first = self._first.get(key)
         if first is None or first.number > trial.number:
             self._first[key] = trial
-        attrs = trial.user_attrs
-        outcome = attrs.get("outcome")
+        record = TrialRecord(trial)
+        outcome = record.outcome
         if outcome == "transform_error":
             self.transform_failures.append(key)
             self.rules += 1
         elif outcome == "build_error":
-            self.refused[str(attrs.get("failure", ""))].append(key)
+            self.refused[record.failure or ""].append(key)
             self._causes, self.rules = None, self.rules + 1
         elif trial_status(trial, self._retried) in ("feasible", "infeasible"):
             self.ran.append(key)
@@ -129,7 +130,7 @@ class StudyLedger:
                 self._causes = [cause for cause in self._causes if not cause <= key]
                 self.rules += 1
         start, end = trial.datetime_start, trial.datetime_complete
-        if start is not None and end is not None and "reused_from" not in attrs and "interrupted" not in attrs:
+        if start is not None and end is not None and not record.reused and not record.marked_interrupted:
             self._spans.append((end - start).total_seconds())
 
     def _retry(self, number: int) -> None:

@@ -29,10 +29,23 @@ from gpt_optuna.evaluation.worker import Worker
 from gpt_optuna.search.engines import KEPT_ENGINES, EngineKeeper
 from gpt_optuna.search.ledger import StudyLedger, key_of
 from gpt_optuna.search.sampling import FreshSampler
-from gpt_optuna.study.record import IO_CHANGE_ATTR, PROPOSED_ATTR
+from gpt_optuna.study import trial_record
 from gpt_optuna.study.recovery import PROCESS
 from gpt_optuna.study.storage import one_transaction, set_trial_attrs
 from gpt_optuna.study.taxonomy import own_results
+from gpt_optuna.study.trial_record import (
+    ACCURACY,
+    BUILD_S,
+    FAILURE,
+    INFEASIBLE,
+    INTERRUPTED,
+    LATENCY,
+    LOG,
+    OUTCOME,
+    PROPOSED_ATTR,
+    REUSED_FROM,
+    TrialRecord,
+)
 
 HOST = socket.gethostname()
 OWNER = PROCESS
@@ -54,19 +67,6 @@ class Lane:
         return f"{OWNER}/{self.index}"
 
 
-_COPIED_ATTRS = (
-    "outcome",
-    "failure",
-    "infeasible",
-    "accuracy",
-    "build_s",
-    "latency",
-    "engine_artifact",
-    "transformed_model",
-    IO_CHANGE_ATTR,
-    "engine_io",
-    "log",
-)
 _MAX_CONSECUTIVE_REUSE = 30
 _LOG_CHARS = 20000
 FAILURE_VIOLATION = 1e9
@@ -84,19 +84,19 @@ class SearchTimeUp(Exception):
 
 
 def result_attrs(result: TrialResult) -> dict[str, Any]:
-    attrs: dict[str, Any] = {"outcome": result.outcome.value, **result.attrs}
+    attrs: dict[str, Any] = {OUTCOME: result.outcome.value, **result.attrs}
     if result.build_s is not None:
-        attrs["build_s"] = result.build_s
+        attrs[BUILD_S] = result.build_s
     if result.latency is not None:
-        attrs["latency"] = asdict(result.latency)
+        attrs[LATENCY] = asdict(result.latency)
     if result.verdict is not None:
-        attrs["accuracy"] = result.verdict.metrics
+        attrs[ACCURACY] = result.verdict.metrics
     if result.outcome is Outcome.INFEASIBLE:
-        attrs["infeasible"] = result.detail
+        attrs[INFEASIBLE] = result.detail
     elif result.outcome.is_failure:
-        attrs["failure"] = result.detail
+        attrs[FAILURE] = result.detail
         if result.log:
-            attrs["log"] = result.log[-_LOG_CHARS:]
+            attrs[LOG] = result.log[-_LOG_CHARS:]
     return attrs
 
 
@@ -141,14 +141,19 @@ class Objective:
             candidate = self.space.suggest(trial)
             source = self.sampler.sources.get(trial.number) if self.sampler is not None else None
             # who measured it, on what
-            attrs |= {"owner": OWNER, "host": HOST, "worker": lane.worker_id, "gpu": lane.device}
+            attrs |= {
+                trial_record.OWNER: OWNER,
+                trial_record.HOST: HOST,
+                trial_record.WORKER: lane.worker_id,
+                trial_record.GPU: lane.device,
+            }
             attrs |= {PROPOSED_ATTR: source} if source else {}
         self.ledger.update(trial.study._get_trials(deepcopy=False, use_cache=True))  # the sampler's read of this trial
         earlier = self.ledger.evaluated(key_of(candidate)) or self._await_twin(trial, candidate)
         if earlier is not None:
             return self._reuse(trial, earlier)
         self.consecutive_reuse = 0
-        baseline = bool(trial.user_attrs.get("baseline"))
+        baseline = TrialRecord(trial).baseline
         job = replace(self.job, candidate=candidate, measure_infeasible=baseline)
         ranking = job.ranking_path()
         if ranking is not None and not ranking.is_file():
@@ -180,12 +185,12 @@ class Objective:
                 return result.build_s
             return self._values(result)
         if result.outcome is Outcome.INFEASIBLE or result.outcome.is_deterministic:
-            raise optuna.TrialPruned(reason(trial.user_attrs))
+            raise optuna.TrialPruned(TrialRecord(trial).pruned_because)
         raise CandidateFailed(f"{result.outcome.value}: {result.detail}")
 
     def _stop(self, trial: optuna.Trial, reason: str) -> None:
         """Mark a trial whose candidate was not evaluated, so that the tuner queues it again."""
-        trial.set_user_attr("interrupted", reason)
+        trial.set_user_attr(INTERRUPTED, reason)
         self.interrupted.append(trial.number)
 
     def _await_twin(self, trial: optuna.Trial, candidate: Candidate) -> FrozenTrial | None:
@@ -237,15 +242,15 @@ class Objective:
         self.consecutive_reuse += 1
         if self.consecutive_reuse >= _MAX_CONSECUTIVE_REUSE:
             trial.study.stop()  # the sampler keeps proposing what was tried: the space is covered
-        trial.set_user_attr("reused_from", earlier.number)
-        copied = {k: v for k, v in earlier.user_attrs.items() if k in _COPIED_ATTRS}
-        record(trial, copied, earlier.constraints)
+        trial.set_user_attr(REUSED_FROM, earlier.number)
+        done = TrialRecord(earlier)
+        record(trial, done.result, earlier.constraints)
         self.on_result(trial.number, dict(trial.params), None)
         if earlier.state is TrialState.COMPLETE:
             return earlier.values[0] if len(earlier.values) == 1 else tuple(earlier.values)
         if earlier.state is TrialState.PRUNED:
-            raise optuna.TrialPruned(reason(earlier.user_attrs))
-        raise CandidateFailed(f"same candidate failed in trial {earlier.number}: {earlier.user_attrs.get('failure')}")
+            raise optuna.TrialPruned(done.pruned_because)
+        raise CandidateFailed(f"same candidate failed in trial {earlier.number}: {done.failure}")
 
     @property
     def space_exhausted(self) -> bool:
@@ -258,13 +263,6 @@ def constraints(result: TrialResult) -> dict[str, float]:
     if result.outcome.is_deterministic:
         return {"failure": FAILURE_VIOLATION}
     return {"accuracy": result.verdict.constraint} if result.verdict is not None else {}
-
-
-def reason(attrs: dict[str, Any]) -> str:
-    """Why a trial was pruned: its accuracy verdict, or its failure with the outcome."""
-    if "failure" in attrs:
-        return f"{attrs.get('outcome', 'failed')}: {attrs['failure']}"
-    return str(attrs.get("infeasible", "infeasible"))
 
 
 def record(trial: optuna.Trial, attrs: dict[str, Any], limits: dict[str, float]) -> None:

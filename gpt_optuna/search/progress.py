@@ -12,6 +12,7 @@ from tqdm import tqdm
 
 from gpt_optuna.evaluation.outcome import Outcome, TrialResult
 from gpt_optuna.results.summary_text import format_summary
+from gpt_optuna.study.trial_record import TrialRecord
 
 if TYPE_CHECKING:
     import optuna
@@ -23,14 +24,14 @@ if TYPE_CHECKING:
 
 def _ended(trial: optuna.trial.FrozenTrial) -> str:
     """How a trial without a value ended, with its reason: infeasible, failed or interrupted."""
-    attrs = trial.user_attrs
-    if "interrupted" in attrs:
-        return f"interrupted: {attrs['interrupted']}"
-    if "infeasible" in attrs:
-        return f"infeasible: {str(attrs['infeasible'])[:160]}"
-    if "failure" in attrs:
-        detail = (str(attrs["failure"]).splitlines() or [""])[0][:160]
-        return f"failed ({attrs.get('outcome', 'error')}): {detail}"
+    record = TrialRecord(trial)
+    if record.marked_interrupted:
+        return f"interrupted: {record.interrupted}"
+    if record.infeasible is not None:
+        return f"infeasible: {record.infeasible[:160]}"
+    if record.failed:
+        detail = (str(record.failure).splitlines() or [""])[0][:160]
+        return f"failed ({record.outcome or 'error'}): {detail}"
     return trial.state.name.lower()
 
 
@@ -154,8 +155,9 @@ class Progress:
             done, total = self._lines[0] + 1, self._lines[1]
             self._lines = (done, total)
             value = f"{trial.values[0]:.4g} ms" if trial.values else _ended(trial)
-            if "reused_from" in trial.user_attrs:
-                value = f"trial {trial.user_attrs['reused_from']}'s candidate again, its result reused: {value}"
+            reused_from = TrialRecord(trial).reused_from
+            if reused_from is not None:
+                value = f"trial {reused_from}'s candidate again, its result reused: {value}"
             counted = f"{done}/{total}" if total is not None else str(done)
             print(f"trial {trial.number} ({counted}): {value}; {self._status()}", file=self.stream, flush=True)
 

@@ -40,6 +40,7 @@ from gpt_optuna.core.space import Candidate, Space
 from gpt_optuna.graph.transforms import is_transform_knob
 from gpt_optuna.search.coverage import Coverage
 from gpt_optuna.search.ledger import Key, StudyLedger, key_of
+from gpt_optuna.study.trial_record import TrialRecord
 
 RANDOM_TRIES = 200
 """Random candidates tried, in a space too large to list, before accepting a repeat."""
@@ -88,7 +89,7 @@ class FreshSampler(BaseSampler):
     def sample_relative(
         self, study: optuna.Study, trial: FrozenTrial, search_space: dict[str, BaseDistribution]
     ) -> dict[str, Any]:
-        if "fixed_params" in trial.system_attrs:  # an enqueued candidate: it is what it is
+        if TrialRecord(trial).enqueued:  # an enqueued candidate: it is what it is
             return {}
         with self._lock:
             self.read(study._get_trials(deepcopy=False, use_cache=True))  # the read the wrapped sampler shares

@@ -19,7 +19,8 @@ from gpt_optuna.graph.model import file_sha256
 from gpt_optuna.graph.model_profile import ModelProfile, profile_of, similarity
 from gpt_optuna.graph.transforms import SPEED_VALUES
 from gpt_optuna.study.record import StudyRecord
-from gpt_optuna.study.taxonomy import baseline_trial, measured_latency_ms
+from gpt_optuna.study.taxonomy import baseline_trial
+from gpt_optuna.study.trial_record import TrialRecord
 
 WARM_PER_STUDY = 3
 """The best distinct feasible configurations a warm start takes from an earlier study of a model
@@ -193,7 +194,7 @@ def _best_of(study: optuna.Study, space: Space, skip: CandidateKey, count: int) 
     (1 where the baseline measured no latency)."""
     trials = study.get_trials(deepcopy=False)
     baseline = baseline_trial(trials)
-    base = None if baseline is None else measured_latency_ms(baseline)
+    base = None if baseline is None else TrialRecord(baseline).latency_ms
     complete = sorted((t for t in trials if t.state is TrialState.COMPLETE and t.values), key=lambda t: t.values[0])
     best: dict[CandidateKey, tuple[float, Candidate, str]] = {}
     for trial in complete:
@@ -209,4 +210,4 @@ def _same_kind(storage: optuna.storages.BaseStorage, name: str, backend: str, de
     study = optuna.load_study(study_name=name, storage=storage)
     baseline = baseline_trial(study.get_trials(deepcopy=False))
     same_backend = StudyRecord.read(study).backend == backend
-    return same_backend and baseline is not None and baseline.user_attrs.get("gpu") == device
+    return same_backend and baseline is not None and TrialRecord(baseline).gpu == device

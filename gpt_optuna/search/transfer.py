@@ -24,8 +24,8 @@ from optuna.trial import FrozenTrial, TrialState
 
 from gpt_optuna.core.space import Candidate, CandidateKey, candidate_key
 from gpt_optuna.search.seeds import WARM_LIMIT, WarmStart
-from gpt_optuna.study.record import WARM_START_ATTR, source_study
-from gpt_optuna.study.taxonomy import baseline_trial, is_interrupted, measured_latency_ms, retried_numbers
+from gpt_optuna.study.taxonomy import baseline_trial, is_interrupted, retried_numbers
+from gpt_optuna.study.trial_record import WARM_START_ATTR, TrialRecord, source_study
 
 
 class TransferQueue:
@@ -78,9 +78,9 @@ class TransferQueue:
             self._drop_tried(trials)
             retried = retried_numbers(trials)
             baseline = baseline_trial(trials)
-            base = None if baseline is None else measured_latency_ms(baseline)
-            warm = [t for t in trials if WARM_START_ATTR in t.user_attrs]
-            room = WARM_LIMIT - len({t.user_attrs[WARM_START_ATTR] for t in warm})  # a retry is the same one
+            base = None if baseline is None else TrialRecord(baseline).latency_ms
+            warm = [t for t in trials if TrialRecord(t).warm_start_from is not None]
+            room = WARM_LIMIT - len({TrialRecord(t).warm_start_from for t in warm})  # a retry is the same one
             for trial in warm:
                 self._judge(trial, base, retried, room)
             if room > 0 and not any(t.state in (TrialState.WAITING, TrialState.RUNNING) for t in warm):
@@ -92,11 +92,11 @@ class TransferQueue:
         back come next (``room``: how many more the limit leaves)."""
         if trial.state in (TrialState.WAITING, TrialState.RUNNING) or is_interrupted(trial, retried):
             return  # no result yet: a retry will have one
-        ms = measured_latency_ms(trial) if trial.state is TrialState.COMPLETE else None
+        ms = TrialRecord(trial).latency_ms if trial.state is TrialState.COMPLETE else None
         lost = trial.state is not TrialState.COMPLETE or (base is not None and ms is not None and ms >= base)
         if not lost and (base is None or ms is None):
             return  # judged once the baseline is measured
-        source = str(trial.user_attrs[WARM_START_ATTR])
+        source = str(TrialRecord(trial).warm_start_from)
         gain, expected = (base / ms if base and ms else 0.0), self.expected.get(source, 1.0)
         if lost:
             why = "lost to the baseline here"
@@ -125,8 +125,8 @@ class TransferQueue:
 
     def _drop_tried(self, trials: list[FrozenTrial]) -> None:
         """Forget the candidates the study holds already (tried, or the same configuration)."""
-        there = {candidate_key(t.params or t.system_attrs.get("fixed_params", {})) for t in trials}
-        tried = {t.user_attrs[WARM_START_ATTR] for t in trials if WARM_START_ATTR in t.user_attrs}
+        there = {candidate_key(TrialRecord(t).candidate) for t in trials}
+        tried = {source for t in trials if (source := TrialRecord(t).warm_start_from) is not None}
 
         def left(candidates: list[tuple[Candidate, str]]) -> list[tuple[Candidate, str]]:
             return [(c, s) for c, s in candidates if s not in tried and candidate_key(c) not in there]

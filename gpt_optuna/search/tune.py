@@ -52,11 +52,12 @@ from gpt_optuna.search.transfer import TransferQueue
 from gpt_optuna.search.your_configuration import your_candidate
 from gpt_optuna.study.artifacts import artifact_folder, publish
 from gpt_optuna.study.folder import StudyFolder
-from gpt_optuna.study.record import FOLDER_ATTR, HOST_ATTR, MEASURE_ATTR, SEARCH_ATTR, SPACE_ATTR, STUDIES, YOURS_ATTR
+from gpt_optuna.study.record import FOLDER_ATTR, HOST_ATTR, MEASURE_ATTR, SEARCH_ATTR, SPACE_ATTR, STUDIES
 from gpt_optuna.study.recovery import recover_interrupted
 from gpt_optuna.study.resume import open_study, recorded_fingerprint, recorded_folder
 from gpt_optuna.study.storage import open_storage, storage_file
 from gpt_optuna.study.summary import StudySummary, finished_count
+from gpt_optuna.study.trial_record import SEEDED, YOURS_ATTR
 
 
 @dataclass(frozen=True)
@@ -307,11 +308,11 @@ def first_candidates(
     seeds: list[tuple[Candidate, dict[str, str]]] = []
     if yours is not None:
         assert config.baseline_config is not None
-        seeds.append((yours, {"seeded": "your configuration", YOURS_ATTR: config.baseline_config.name}))
-    seeds += [(space.fitted(values), {"seeded": why}) for values, why in config.seeds]
+        seeds.append((yours, {SEEDED: "your configuration", YOURS_ATTR: config.baseline_config.name}))
+    seeds += [(space.fitted(values), {SEEDED: why}) for values, why in config.seeds]
     speed = None if config.no_seeds else speed_seed(space, backend)
     if speed is not None:
-        seeds.append((speed, {"seeded": "every speed feature on"}))
+        seeds.append((speed, {SEEDED: "every speed feature on"}))
     seeds = [(c, why) for i, (c, why) in enumerate(seeds) if all(c != earlier for earlier, _ in seeds[:i])]
     if not config.warm_start:
         return seeds, WarmStart([], {}, {}, {})
@@ -402,7 +403,7 @@ def advise(summary: StudySummary, covered: bool = False, reconfirm: bool = False
     confirm = summary.verdict in ("unconfirmed", "indicative") or reconfirm
     remeasure = None
     if not confirm and summary.verdict == "inconclusive":
-        remeasure = 2 * int((summary.confirmed or {}).get("processes", 1))
+        remeasure = 2 * (summary.confirmation.processes if summary.confirmation is not None else 1)
     export = summary.verdict == "faster" and summary.best is not None
     return Advice(stopped, not stopped and not covered, confirm, remeasure, export)
 

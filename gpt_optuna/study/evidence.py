@@ -147,3 +147,8 @@ def judge(low: float, high: float, processes: int) -> str:
     if low > 1.0:
         return "faster"
     return "inconclusive" if high > WORTHWHILE else "not_significant"
+
+
+def significant(low: float, high: float, processes: int) -> bool:
+    """Whether an interval of a speedup shows a real one: the one definition every reader uses."""
+    return judge(low, high, processes) == "faster"

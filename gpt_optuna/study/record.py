@@ -1,5 +1,5 @@
 """What a study records about itself: the names of its user attrs, the folder studies live in, and
-:class:`StudyRecord`, its fingerprint read by every reader."""
+:class:`StudyRecord`, its fingerprint read by every reader (a trial's own: :mod:`.trial_record`)."""
 
 from __future__ import annotations
 
@@ -38,24 +38,6 @@ ARTIFACTS_ATTR = "artifact_store"
 """The artifact store's folder, as the study's creator gave it (absolute)."""
 DATA_ATTR = "shared_data"
 """file name -> {"artifact": id, "sha256": hash} of each data file in the store."""
-
-WARM_START_ATTR = "warm_start_from"
-"""Trial user attr: the earlier trial (``STUDY:TRIAL``) a warm-start candidate came from."""
-YOURS_ATTR = "your_configuration"
-"""On the trial of the user's own configuration (``--baseline-config``): the file it was read from."""
-WHY_TRIED = ("baseline", "seeded", WARM_START_ATTR, YOURS_ATTR)
-"""The trial user attrs that say why a candidate was tried: a retry keeps them."""
-PROPOSED_ATTR = "proposed_by"
-"""Trial user attr: where the sampler's candidate came from (its wrapped sampler, a neighbour, the
-nearest untried candidate, a random one, or a repeat in a covered space)."""
-IO_CHANGE_ATTR = "io_dtypes"
-"""Trial user attr: the dtypes the trial's model changed at its inputs and outputs, where it changed
-any (only in a study that allowed it)."""
-
-
-def source_study(source: str) -> str:
-    """The earlier study of a warm-start source (``STUDY:TRIAL``)."""
-    return source.rpartition(":")[0]
 
 
 @dataclass(frozen=True)

@@ -17,12 +17,12 @@ from optuna.trial import FrozenTrial, TrialState
 
 from gpt_optuna.core.files import is_held, locked
 from gpt_optuna.study.folder import StudyFolder
-from gpt_optuna.study.record import WHY_TRIED
 from gpt_optuna.study.taxonomy import (
     is_interrupted,
     own_results,
     retried_numbers,
 )
+from gpt_optuna.study.trial_record import FAILED_TRIAL, INTERRUPTED, INTERRUPTED_BY, RETRY_HISTORY, TrialRecord
 
 _MAX_RETRY = 3
 
@@ -36,18 +36,17 @@ def retry_trial(study: optuna.Study, trial: FrozenTrial) -> None:
     The retry records ``failed_trial`` and ``retry_history`` as Optuna's own retry callback
     does; a candidate interrupted more than three times is not retried again.
     """
-    history = [*trial.system_attrs.get("retry_history", []), trial.number]
+    record = TrialRecord(trial)
+    history = [*record.retry_history, trial.number]
     if len(history) > _MAX_RETRY:
         return
-    why = {k: v for k, v in trial.user_attrs.items() if k in WHY_TRIED}
-    failed = trial.system_attrs.get("failed_trial", trial.number)
-    _enqueue_copy(study, trial, why, {"failed_trial": failed, "retry_history": history})
+    _enqueue_copy(study, trial, record.why_tried, {FAILED_TRIAL: record.failed_trial, RETRY_HISTORY: history})
 
 
 def requeue(study: optuna.Study, trial: FrozenTrial) -> None:
     """Queue again a trial taken from the queue and given up before it ran, as it was queued."""
-    why = {k: v for k, v in trial.user_attrs.items() if k != "interrupted"}
-    _enqueue_copy(study, trial, why, trial.system_attrs)
+    record = TrialRecord(trial)
+    _enqueue_copy(study, trial, record.as_queued, record.queue_attrs)
 
 
 def _enqueue_copy(
@@ -112,7 +111,7 @@ def _present(folder: Path) -> list[Path]:
 def _owner_is_dead(trial: FrozenTrial, alone: bool) -> bool:
     """Whether the process that runs a RUNNING trial is gone (:func:`_is_gone`), or none is named
     long after the trial started."""
-    owner = trial.user_attrs.get("owner")
+    owner = TrialRecord(trial).owner
     if not owner:
         started = trial.datetime_start
         return alone or started is not None and (datetime.datetime.now() - started).total_seconds() > ORPHAN_AFTER_S
@@ -135,8 +134,8 @@ def _failer_is_gone(trial: FrozenTrial, alone: bool) -> bool:
     """Whether the process that failed an interrupted trial, and would queue its retry, is gone: a
     kill between the two left the retry unqueued. A trial failed by the storage's heartbeat names
     no such process: its retry is overdue only (:func:`_retry_overdue`)."""
-    attrs = trial.user_attrs
-    failer = attrs.get("interrupted_by") or ("interrupted" in attrs and attrs.get("owner"))
+    record = TrialRecord(trial)
+    failer = record.interrupted_by or (record.marked_interrupted and record.owner)
     return bool(failer) and _is_gone(failer, alone)
 
 
@@ -192,8 +191,8 @@ def fail_as_interrupted(study: optuna.Study, trial: FrozenTrial, reason: str) ->
     """Fail a RUNNING trial whose candidate was not evaluated as interrupted (``reason``), so that
     its candidate is retried; false where another process ended the trial first."""
     try:
-        study._storage.set_trial_user_attr(trial._trial_id, "interrupted_by", PROCESS)
-        study._storage.set_trial_user_attr(trial._trial_id, "interrupted", reason)
+        study._storage.set_trial_user_attr(trial._trial_id, INTERRUPTED_BY, PROCESS)
+        study._storage.set_trial_user_attr(trial._trial_id, INTERRUPTED, reason)
         study._storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)
     except optuna.exceptions.UpdateFinishedTrialError:
         return False
@@ -209,7 +208,7 @@ def _retry_overdue(trial: FrozenTrial) -> bool:
 
 
 def _params_key(trial: FrozenTrial) -> str:
-    return json.dumps(trial.params or trial.system_attrs.get("fixed_params", {}), sort_keys=True, default=str)
+    return json.dumps(TrialRecord(trial).candidate, sort_keys=True, default=str)
 
 
 def orphans(study: optuna.Study, trials: Sequence[FrozenTrial]) -> tuple[int, ...]:

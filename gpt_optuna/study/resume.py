@@ -9,7 +9,8 @@ from typing import Any
 import optuna
 
 from gpt_optuna.core.errors import UserError
-from gpt_optuna.study.record import FINGERPRINT_ATTR, FOLDER_ATTR, YOURS_ATTR
+from gpt_optuna.study.record import FINGERPRINT_ATTR, FOLDER_ATTR
+from gpt_optuna.study.trial_record import BASELINE, YOURS_ATTR
 
 
 def fingerprint_differences(stored: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
@@ -78,7 +79,7 @@ def open_study(
             raise UserError(f"study {name!r} exists but was not made by gpt-optuna; choose another --study-name")
         study.set_user_attr(FINGERPRINT_ATTR, fingerprint)
         yours = {k: v for seed, attrs in seeds if seed == baseline for k, v in attrs.items() if k == YOURS_ATTR}
-        study.enqueue_trial(baseline, user_attrs={"baseline": True} | yours)
+        study.enqueue_trial(baseline, user_attrs={BASELINE: True} | yours)
         for seed, attrs in seeds:
             if seed != baseline:
                 study.enqueue_trial(seed, user_attrs=attrs)

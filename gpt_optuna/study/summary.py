@@ -5,34 +5,28 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from gpt_optuna.study.evidence import MIN_PROCESSES, judge
-from gpt_optuna.study.record import (
-    CONFIRMED_ATTR,
-    HOST_ATTR,
-    IO_CHANGE_ATTR,
-    MEASURE_ATTR,
-    SPACE_ATTR,
-    WARM_START_ATTR,
-    StudyRecord,
-)
+from gpt_optuna.study.confirmation import Confirmation
+from gpt_optuna.study.evidence import significant
+from gpt_optuna.study.record import CONFIRMED_ATTR, HOST_ATTR, MEASURE_ATTR, SPACE_ATTR, StudyRecord
 from gpt_optuna.study.recovery import orphans
 from gpt_optuna.study.taxonomy import (
     STATUSES,
     baseline_trial,
     failure_causes,
     is_interrupted,
-    measured_latency_ms,
     own_results,
     retried_numbers,
     search_ranking,
     trial_status,
     your_trial,
 )
+from gpt_optuna.study.trial_record import TrialRecord
 
 
 def finished_count(study: optuna.Study) -> int:
@@ -59,6 +53,8 @@ class Figures:
     """The bootstrap 95 % interval of the speedup (confirmed finalists only)."""
     process_ms: tuple[float, ...] = ()
     """The trial's median in each confirmation process."""
+    processes: int = 0
+    """The confirmation processes the figures come from (0: the search's)."""
 
     @property
     def speedup(self) -> float | None:
@@ -68,7 +64,7 @@ class Figures:
     @property
     def significant(self) -> bool:
         """Confirmed, and the interval lies above 1.0: a real improvement over the baseline."""
-        return self.measurement == "confirmed" and self.ci is not None and self.ci[0] > 1.0
+        return self.ci is not None and significant(self.ci[0], self.ci[1], self.processes)
 
 
 @dataclass(frozen=True)
@@ -104,6 +100,7 @@ class StudySummary:
     best: FrozenTrial | None
     dry_run: bool = False
     confirmed: dict[str, Any] | None = None
+    """The confirmation as the study keeps it (:attr:`confirmation` reads it)."""
     failures: tuple[tuple[int, str], ...] = ()
     """(count, cause) of the failed candidates."""
     warm_started: tuple[str, ...] = ()
@@ -138,20 +135,23 @@ class StudySummary:
             return None
         if self.dry_run:
             return first_value(self.baseline)
-        return measured_latency_ms(self.baseline)
+        return TrialRecord(self.baseline).latency_ms
+
+    @cached_property
+    def confirmation(self) -> Confirmation | None:
+        """The finalists' re-measurement that speaks for the study (None without one)."""
+        return Confirmation.of(self.confirmed)
 
     def figures(self, trial: FrozenTrial) -> Figures:
         """The trial's figures beside the baseline's: confirmed where it was a finalist (or is the
         confirmed baseline), else the search's."""
-        confirmed = self.confirmed or {}
-        rows = [confirmed["baseline"], *confirmed.get("ranking", [])] if confirmed.get("baseline") else []
-        row = next((r for r in rows if r["number"] == trial.number), None)
-        if row is None:
+        confirmation = self.confirmation
+        row = confirmation.row(trial.number) if confirmation is not None else None
+        if confirmation is None or row is None or confirmation.baseline is None:
             return Figures(trial.number, "search", first_value(trial), self.baseline_search_value)
-        base = float(confirmed["baseline"]["median_ms"])
-        ci = (float(row["ci_low"]), float(row["ci_high"])) if "ci_low" in row else None
-        each = tuple(float(v) for v in row.get("process_ms", []))
-        return Figures(trial.number, self.confirmed_measurement, float(row["median_ms"]), base, ci, each)
+        base = confirmation.baseline.median_ms
+        which = confirmation.measurement
+        return Figures(trial.number, which, row.median_ms, base, row.ci, row.process_ms, confirmation.processes)
 
     def versus_yours(self, trial: FrozenTrial) -> Figures | None:
         """The trial's figures beside the user's own configuration's (``baseline_ms`` is theirs),
@@ -161,13 +161,12 @@ class StudySummary:
             return None
         if self.baseline is not None and self.yours.number == self.baseline.number:
             return self.figures(trial)
-        record = (self.confirmed or {}).get("yours") or {}
-        row = next((r for r in record.get("versus", []) if r["number"] == trial.number), None)
-        if row is not None:
-            ci = (float(row["ci_low"]), float(row["ci_high"]))
-            each = tuple(float(v) for v in row.get("process_ms", []))
-            return Figures(trial.number, self.confirmed_measurement, row["median_ms"], record["median_ms"], ci, each)
-        latency, theirs = measured_latency_ms(trial), measured_latency_ms(self.yours)
+        confirmation = self.confirmation
+        row = confirmation.versus_yours(trial.number) if confirmation is not None else None
+        if confirmation is not None and confirmation.yours is not None and row is not None:
+            theirs_ms, which, processes = confirmation.yours.median_ms, confirmation.measurement, confirmation.processes
+            return Figures(trial.number, which, row.median_ms, theirs_ms, row.ci, row.process_ms, processes)
+        latency, theirs = TrialRecord(trial).latency_ms, TrialRecord(self.yours).latency_ms
         if latency is None or theirs is None:
             return None
         return Figures(trial.number, "search", latency, theirs)
@@ -175,10 +174,10 @@ class StudySummary:
     def your_latency(self) -> tuple[float | None, str]:
         """The user's own configuration's latency (ms) and the measurement it comes from: the
         confirmation where it re-measured it, else the search's (None without one)."""
-        record = (self.confirmed or {}).get("yours")
-        if record:
-            return float(record["median_ms"]), self.confirmed_measurement
-        return (None if self.yours is None else measured_latency_ms(self.yours)), "search"
+        confirmation = self.confirmation
+        if confirmation is not None and confirmation.yours is not None:
+            return confirmation.yours.median_ms, confirmation.measurement
+        return (None if self.yours is None else TrialRecord(self.yours).latency_ms), "search"
 
     def beats_yours(self, trial: FrozenTrial) -> bool:
         """Whether ``trial`` is faster than the user's own configuration by the study's evidence:
@@ -188,19 +187,7 @@ class StudySummary:
             return False
         if figures.ci is None:
             return figures.measurement == "search" and figures.speedup > 1.0
-        return judge(figures.ci[0], figures.ci[1], int((self.confirmed or {}).get("processes", 1))) == "faster"
-
-    @property
-    def confirmed_measurement(self) -> str:
-        """What the confirmation is as evidence: ``confirmed`` from two processes or more, else ``indicative``."""
-        processes = int((self.confirmed or {}).get("processes", 1))
-        return "confirmed" if processes >= MIN_PROCESSES else "indicative"
-
-    @property
-    def top_finalist(self) -> dict[str, Any] | None:
-        """The confirmation's fastest finalist (its row), None without a confirmation."""
-        ranking = (self.confirmed or {}).get("ranking") or []
-        return max(ranking, key=lambda row: row["speedup"]) if ranking else None
+        return figures.significant
 
     @property
     def winner(self) -> Figures | None:
@@ -242,12 +229,13 @@ class StudySummary:
         ``unconfirmed`` (search figures only), ``none`` (no feasible candidate yet) or ``dry_run``."""
         if self.dry_run:
             return "dry_run"
-        winner, top = self.winner, self.top_finalist
+        winner, confirmation = self.winner, self.confirmation
         if winner is None:
             return "none"
-        if winner.measurement == "search" or top is None:
+        top = confirmation.top if confirmation is not None else None
+        if winner.measurement == "search" or confirmation is None or top is None:
             return "baseline" if self.baseline_wins else "unconfirmed"
-        return judge(float(top["ci_low"]), float(top["ci_high"]), int(self.confirmed.get("processes", 1)))
+        return confirmation.verdict(top)
 
     @property
     def keeps_default(self) -> bool:
@@ -268,26 +256,27 @@ class StudySummary:
     @property
     def io_changes(self) -> dict[str, dict[str, list[str]]]:
         """The winner's input and output dtypes that differ from the model's (``--allow-io-change``)."""
-        return dict(self.best.user_attrs.get(IO_CHANGE_ATTR, {})) if self.best is not None else {}
+        return TrialRecord(self.best).io_changes if self.best is not None else {}
 
 
 def stability(trials: Sequence[FrozenTrial], target: float, winner: FrozenTrial | None) -> Stability | None:
     """The search's measurements that missed the precision target (None where none was measured)."""
-    measured = [t for t in trials if "latency" in t.user_attrs and "reused_from" not in t.user_attrs]
+    records = [TrialRecord(t) for t in trials]
+    measured = [r for r in records if r.latency is not None and not r.reused]
     if not measured:
         return None
-    unstable = [t for t in measured if not t.user_attrs["latency"].get("stable", True)]
-    worst = max((float(t.user_attrs["latency"].get("rel_ci", 0.0)) for t in unstable), default=0.0)
-    flagged = winner is not None and any(t.number == winner.number for t in unstable)
-    on_gpu = any(t.user_attrs.get("gpu", "cpu") != "cpu" for t in measured)
+    unstable = [r for r in measured if not r.latency_stable]
+    worst = max((r.latency_rel_ci for r in unstable), default=0.0)
+    flagged = winner is not None and any(r.number == winner.number for r in unstable)
+    on_gpu = any((r.gpu or "cpu") != "cpu" for r in measured)
     return Stability(len(unstable), len(measured), target, worst, flagged, on_gpu)
 
 
-def covers(confirmed: dict[str, Any], trials: Sequence[FrozenTrial], baseline: FrozenTrial | None) -> bool:
+def covers(confirmation: Confirmation, trials: Sequence[FrozenTrial], baseline: FrozenTrial | None) -> bool:
     """Whether a recorded confirmation still speaks for the study: it re-measured the study's
     baseline and what are still the search's best candidates (as many as it re-measured)."""
-    finalists = confirmed.get("finalists") or [row["number"] for row in confirmed.get("ranking", [])]
-    if baseline is None or confirmed.get("baseline", {}).get("number") != baseline.number:
+    finalists = confirmation.finalists
+    if baseline is None or confirmation.baseline is None or confirmation.baseline.number != baseline.number:
         return False
     ranked = [t.number for t in search_ranking(list(trials)) if t.number != baseline.number]
     return set(ranked[: len(finalists)]) == set(finalists)
@@ -318,26 +307,28 @@ def summarize_study(study: optuna.Study) -> StudySummary:
     best = min(complete, key=lambda t: (t.values[0], t.number)) if complete else None
     baseline = baseline_trial(trials)
     confirmed, stale = study.user_attrs.get(CONFIRMED_ATTR), None
-    if confirmed and not covers(confirmed, trials, baseline):
-        confirmed, stale = None, confirmed
-    if confirmed and confirmed.get("ranking"):  # the interleaved re-measurement decides the winner
-        top = max(confirmed["ranking"], key=lambda row: row["speedup"])
-        best = trials[confirmed["baseline"]["number"] if top["ci_high"] < 1.0 else top["number"]]
+    confirmation = Confirmation.of(confirmed)
+    if confirmation is not None and not covers(confirmation, trials, baseline):
+        confirmed, stale, confirmation = None, confirmed, None
+    if confirmation is not None and confirmation.top is not None:  # the interleaved re-measurement decides the winner
+        assert confirmation.baseline is not None
+        best = trials[confirmation.baseline.number if confirmation.baseline_wins else confirmation.top.number]
     record = StudyRecord.read(study)
     target = float(study.user_attrs.get(MEASURE_ATTR, {}).get("target_rel_ci", 0.01))
     return StudySummary(
         name=study.study_name,
         counts=counts,
-        reused=sum(1 for t in trials if "reused_from" in t.user_attrs),
+        reused=sum(1 for t in trials if TrialRecord(t).reused),
         baseline=baseline,
         best=best,
         dry_run=record.dry_run,
         confirmed=confirmed,
         failures=tuple(failure_causes(trials)),
         warm_started=tuple(
-            str(t.user_attrs[WARM_START_ATTR])
+            source
             for t in trials
-            if WARM_START_ATTR in t.user_attrs and not is_interrupted(t, retried)  # a retry counts once
+            if (source := TrialRecord(t).warm_start_from) is not None
+            and not is_interrupted(t, retried)  # a retry counts once
         ),
         allow_io_change=record.allow_io_change,
         stability=stability(trials, target, best),

@@ -7,21 +7,22 @@ from collections import Counter
 
 from optuna.trial import FrozenTrial, TrialState
 
-from gpt_optuna.study.record import YOURS_ATTR
+from gpt_optuna.study.trial_record import TrialRecord
 
 
 def retried_numbers(trials: list[FrozenTrial]) -> set[int]:
     """Trials whose candidate was queued again because they were interrupted (by Ctrl-C, a killed
     tuner or a lost heartbeat): their retries name them in ``retry_history``."""
-    return {number for t in trials for number in t.system_attrs.get("retry_history", [])}
+    return {number for t in trials for number in TrialRecord(t).retry_history}
 
 
 def is_interrupted(trial: FrozenTrial, retried: set[int]) -> bool:
     """A failed trial that holds no result of its candidate: stopped before its end. A kill can
     land after the result attrs are written and before the trial completes, so ``outcome`` alone
     does not tell; the ``interrupted`` mark or a queued retry does."""
+    record = TrialRecord(trial)
     return trial.state is TrialState.FAIL and (
-        "outcome" not in trial.user_attrs or "interrupted" in trial.user_attrs or trial.number in retried
+        record.outcome is None or record.marked_interrupted or trial.number in retried
     )
 
 
@@ -41,8 +42,8 @@ def own_results(trials: list[FrozenTrial]) -> list[FrozenTrial]:
 def baseline_trial(trials: list[FrozenTrial]) -> FrozenTrial | None:
     """The baseline: the trial of the default configuration (user attr ``baseline``) that holds its
     own result, the one that measured a latency (even an infeasible one) where there are several."""
-    own = [t for t in own_results(trials) if t.user_attrs.get("baseline")]
-    measured = (t for t in own if t.state is TrialState.COMPLETE or "latency" in t.user_attrs)
+    own = [t for t in own_results(trials) if TrialRecord(t).baseline]
+    measured = (t for t in own if t.state is TrialState.COMPLETE or TrialRecord(t).latency is not None)
     return next(measured, own[0] if own else None)
 
 
@@ -50,20 +51,14 @@ def your_trial(trials: list[FrozenTrial]) -> FrozenTrial | None:
     """The trial of the user's own configuration (``--baseline-config``) that holds its own result
     (the baseline, where that configuration is the engine's defaults); None without one."""
     retried = retried_numbers(trials)
-    return next((t for t in trials if YOURS_ATTR in t.user_attrs and has_own_result(t, retried)), None)
+    return next((t for t in trials if TrialRecord(t).is_yours and has_own_result(t, retried)), None)
 
 
 def search_ranking(trials: list[FrozenTrial]) -> list[FrozenTrial]:
     """The feasible trials that measured their own candidate (reused results left out), fastest
     first by the search's figures: where the finalists come from."""
-    complete = [t for t in trials if t.state is TrialState.COMPLETE and t.values and "reused_from" not in t.user_attrs]
+    complete = [t for t in trials if t.state is TrialState.COMPLETE and t.values and not TrialRecord(t).reused]
     return sorted(complete, key=lambda t: (t.values[0], t.number))
-
-
-def measured_latency_ms(trial: FrozenTrial) -> float | None:
-    """The trial's measured median latency in ms (measured even where it was infeasible), if any."""
-    latency = trial.user_attrs.get("latency")
-    return float(latency["median_ms"]) if latency else None
 
 
 STATUSES = ("feasible", "infeasible", "failed", "interrupted", "running", "waiting")
@@ -76,7 +71,7 @@ def trial_status(trial: FrozenTrial, retried: set[int] | None = None) -> str:
     if trial.state is TrialState.COMPLETE:
         return "feasible"
     if trial.state is TrialState.PRUNED:
-        return "failed" if "failure" in trial.user_attrs else "infeasible"
+        return "failed" if TrialRecord(trial).failed else "infeasible"
     if trial.state is TrialState.FAIL:
         return "interrupted" if is_interrupted(trial, retried or set()) else "failed"
     return trial.state.name.lower()
@@ -84,7 +79,8 @@ def trial_status(trial: FrozenTrial, retried: set[int] | None = None) -> str:
 
 def failure_cause(trial: FrozenTrial) -> str:
     """A failed trial's cause as the readers group it: its outcome and first line, paths elided."""
-    return f"{trial.user_attrs.get('outcome', 'failed')}: {_first_line(str(trial.user_attrs.get('failure', '')))}"
+    record = TrialRecord(trial)
+    return f"{record.outcome or 'failed'}: {_first_line(record.failure or '')}"
 
 
 def failure_causes(trials: list[FrozenTrial]) -> list[tuple[int, str]]:
@@ -92,7 +88,7 @@ def failure_causes(trials: list[FrozenTrial]) -> list[tuple[int, str]]:
     reused an earlier failure is not counted again."""
     retried = retried_numbers(trials)
     causes = Counter(
-        failure_cause(t) for t in trials if trial_status(t, retried) == "failed" and "reused_from" not in t.user_attrs
+        failure_cause(t) for t in trials if trial_status(t, retried) == "failed" and not TrialRecord(t).reused
     )
     return [(count, cause) for cause, count in causes.most_common()]
 

@@ -31,6 +31,7 @@ from gpt_optuna.core.space import Candidate, Space, Value
 from gpt_optuna.graph.constant_folding import folded
 from gpt_optuna.graph.model import Feeds, ModelInfo, ShapeRange
 from gpt_optuna.study.folder import StudyFolder
+from gpt_optuna.study.trial_record import ENGINE_IO
 
 _LOGGED = ("INTERNAL_ERROR", "ERROR", "WARNING")
 
@@ -193,7 +194,7 @@ class TensorRTBackend(Backend):
             self._merge_timing_cache(config, cache, cache_path)
         data = bytes(plan)
         attrs: dict[str, Any] = {"engine_bytes": len(data), "engine_sha256": hashlib.sha256(data).hexdigest()}
-        attrs["engine_io"] = network_io(trt, network)
+        attrs[ENGINE_IO] = network_io(trt, network)
         if routes:
             attrs["build_route"] = route_string(candidate, routes)
         if logger.messages:

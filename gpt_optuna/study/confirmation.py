@@ -1,0 +1,126 @@
+"""The finalists' re-measurement as the study keeps it (:data:`~.record.CONFIRMED_ATTR`), typed:
+its rows, what it is as evidence, and whether the baseline won it."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpt_optuna.study.evidence import MIN_PROCESSES, judge, significant
+
+
+@dataclass(frozen=True)
+class ConfirmedRow:
+    """One re-measured trial: its median over the processes, and (beside the baseline, or the
+    user's own configuration) its speedup with the interval."""
+
+    number: int
+    median_ms: float
+    speedup: float | None
+    ci: tuple[float, float] | None
+    process_ms: tuple[float, ...]
+    process_speedups: tuple[float, ...]
+    stored: Mapping[str, Any] = field(repr=False, compare=False)
+    """The row as the study keeps it (what ``export`` writes)."""
+
+    @classmethod
+    def of(cls, row: Mapping[str, Any]) -> ConfirmedRow:
+        return cls(
+            number=int(row["number"]),
+            median_ms=float(row["median_ms"]),
+            speedup=float(row["speedup"]) if "speedup" in row else None,
+            ci=(float(row["ci_low"]), float(row["ci_high"])) if "ci_low" in row else None,
+            process_ms=tuple(float(v) for v in row.get("process_ms") or ()),
+            process_speedups=tuple(float(v) for v in row.get("process_speedups") or ()),
+            stored=row,
+        )
+
+
+@dataclass(frozen=True)
+class YoursConfirmed:
+    """The user's own configuration as the confirmation re-measured it, and every other one beside it."""
+
+    number: int
+    median_ms: float
+    versus: tuple[ConfirmedRow, ...]
+
+
+@dataclass(frozen=True)
+class Confirmation:
+    """The baseline and the finalists timed in interleaved rounds in fresh processes."""
+
+    baseline: ConfirmedRow | None
+    ranking: tuple[ConfirmedRow, ...]
+    """The finalists, fastest first."""
+    finalists: tuple[int, ...]
+    """The trials it re-measured as the search's best (the user's own configuration is not one)."""
+    rounds: int
+    processes: int
+    joint: bool
+    """Its intervals hold for the finalists together (confirmations before that held each alone)."""
+    yours: YoursConfirmed | None
+    stopped: str | None
+    """Why it ended early, where it did: its figures are what it measured until then."""
+
+    @classmethod
+    def of(cls, stored: Mapping[str, Any] | None) -> Confirmation | None:
+        """The confirmation a study keeps (None without one)."""
+        if not stored:
+            return None
+        ranking = tuple(sorted((ConfirmedRow.of(r) for r in stored.get("ranking") or ()), key=_fastest_first))
+        yours = stored.get("yours")
+        return cls(
+            baseline=ConfirmedRow.of(stored["baseline"]) if stored.get("baseline") else None,
+            ranking=ranking,
+            finalists=tuple(int(n) for n in stored.get("finalists") or (r.number for r in ranking)),
+            rounds=int(stored.get("rounds", 0)),
+            processes=int(stored.get("processes", 1)),  # confirmations before there were several: one
+            joint="level" in stored,
+            yours=None
+            if not yours
+            else YoursConfirmed(
+                int(yours["number"]), float(yours["median_ms"]), tuple(ConfirmedRow.of(r) for r in yours["versus"])
+            ),
+            stopped=stored.get("stopped") or None,
+        )
+
+    @property
+    def measurement(self) -> str:
+        """What it is as evidence: ``confirmed`` from two processes or more, else ``indicative``."""
+        return "confirmed" if self.processes >= MIN_PROCESSES else "indicative"
+
+    @property
+    def top(self) -> ConfirmedRow | None:
+        """The fastest finalist (None where it ranked none)."""
+        return self.ranking[0] if self.ranking else None
+
+    @property
+    def baseline_wins(self) -> bool:
+        """The baseline measured faster than every finalist beyond their intervals (in any number
+        of processes: from one, only indicative)."""
+        top = self.top
+        return top is not None and top.ci is not None and top.ci[1] < 1.0
+
+    def verdict(self, row: ConfirmedRow) -> str:
+        """What the row's interval supports (:func:`~.evidence.judge`)."""
+        assert row.ci is not None
+        return judge(row.ci[0], row.ci[1], self.processes)
+
+    def significant(self, row: ConfirmedRow) -> bool:
+        """The row's speedup is real: its interval lies above 1.0, from enough processes."""
+        return row.ci is not None and significant(row.ci[0], row.ci[1], self.processes)
+
+    def row(self, number: int) -> ConfirmedRow | None:
+        """Trial ``number``'s row: the baseline or a finalist (None where it re-measured neither)."""
+        rows = [self.baseline, *self.ranking] if self.baseline is not None else []
+        return next((r for r in rows if r.number == number), None)
+
+    def versus_yours(self, number: int) -> ConfirmedRow | None:
+        """Trial ``number`` beside the user's own configuration, where it re-measured both."""
+        rows = self.yours.versus if self.yours is not None else ()
+        return next((r for r in rows if r.number == number), None)
+
+
+def _fastest_first(row: ConfirmedRow) -> float:
+    return -(row.speedup or 0.0)

@@ -1,0 +1,302 @@
+"""What a trial records about itself: the names of its attrs, and :class:`TrialRecord`, the one
+place that reads them (the tuner writes them by these names; Optuna's own queue marks included)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+BASELINE = "baseline"
+"""The engine's default configuration: queued first in every study."""
+SEEDED = "seeded"
+"""Why a candidate was queued before the sampler's (your configuration, every speed feature on, ...)."""
+WARM_START_ATTR = "warm_start_from"
+"""The earlier trial (``STUDY:TRIAL``) a warm-start candidate came from."""
+YOURS_ATTR = "your_configuration"
+"""On the trial of the user's own configuration (``--baseline-config``): the file it was read from."""
+PROPOSED_ATTR = "proposed_by"
+"""Where the sampler's candidate came from (its wrapped sampler, a neighbour, the nearest untried
+candidate, a random one, or a repeat in a covered space)."""
+WHY_TRIED = (BASELINE, SEEDED, WARM_START_ATTR, YOURS_ATTR)
+"""The attrs that say why a candidate was tried: a retry keeps them."""
+
+OWNER = "owner"
+"""The tuner process (``host:pid``) that runs the trial."""
+HOST = "host"
+WORKER = "worker"
+GPU = "gpu"
+"""The name of the device the trial was measured on (``cpu`` on the CPU)."""
+
+OUTCOME = "outcome"
+"""The evaluation's outcome (:class:`gpt_optuna.evaluation.outcome.Outcome`'s value)."""
+LATENCY = "latency"
+"""The latency protocol's figures (median, interval, stability), measured even where infeasible."""
+ACCURACY = "accuracy"
+"""The accuracy metrics against the reference outputs."""
+BUILD_S = "build_s"
+INFEASIBLE = "infeasible"
+"""Why the candidate missed the accuracy criterion."""
+FAILURE = "failure"
+"""Why the candidate could not be made, built or run."""
+LOG = "log"
+"""The end of a failed evaluation's log."""
+IO_CHANGE_ATTR = "io_dtypes"
+"""The dtypes the trial's model changed at its inputs and outputs, where it changed any (only in a
+study that allowed it)."""
+TRANSFORMED_MODEL = "transformed_model"
+"""The file name of the candidate's transformed model in the study folder's model cache."""
+ENGINE_IO = "engine_io"
+"""The dtypes the engine itself was built to take and return."""
+ENGINE_ARTIFACT = "engine_artifact"
+"""The artifact id of the kept engine."""
+ENGINE_DROPPED = "engine_dropped"
+"""Why the trial's engine was not kept."""
+
+REUSED_FROM = "reused_from"
+"""The earlier trial of the same candidate whose result this one copies."""
+INTERRUPTED = "interrupted"
+"""Why the trial was stopped before its candidate's result: it is queued again."""
+INTERRUPTED_BY = "interrupted_by"
+"""The process that failed an interrupted trial (and queues its retry)."""
+
+REUSED_ATTRS = (
+    OUTCOME,
+    FAILURE,
+    INFEASIBLE,
+    ACCURACY,
+    BUILD_S,
+    LATENCY,
+    ENGINE_ARTIFACT,
+    TRANSFORMED_MODEL,
+    IO_CHANGE_ATTR,
+    ENGINE_IO,
+    LOG,
+)
+"""The result a trial of an already evaluated candidate copies from the earlier one."""
+
+FIXED_PARAMS = "fixed_params"
+"""Optuna's system attr of an enqueued trial: its candidate."""
+RETRY_HISTORY = "retry_history"
+"""Optuna's system attr of a retry: the trials it retries, oldest first."""
+FAILED_TRIAL = "failed_trial"
+"""Optuna's system attr of a retry: the first trial of its candidate that was interrupted."""
+QUEUED_MARKS = frozenset({FIXED_PARAMS, RETRY_HISTORY})
+"""The system attrs of a trial that came from the queue (enqueued, or a retry)."""
+
+
+class _Trial(Protocol):
+    number: int
+
+    @property
+    def user_attrs(self) -> dict[str, Any]: ...
+
+
+def source_study(source: str) -> str:
+    """The earlier study of a warm-start source (``STUDY:TRIAL``)."""
+    return source.rpartition(":")[0]
+
+
+class TrialRecord:
+    """What one trial recorded (an Optuna ``Trial`` or ``FrozenTrial``): each attr by its meaning,
+    and what an absent one means. A view, made per read: it holds the attrs as they were read."""
+
+    __slots__ = ("_attrs", "_trial", "number")
+
+    def __init__(self, trial: _Trial) -> None:
+        self._trial = trial
+        self._attrs: Mapping[str, Any] = trial.user_attrs
+        self.number = trial.number
+
+    def _text(self, name: str) -> str | None:
+        value = self._attrs.get(name)
+        return None if value is None else str(value)
+
+    @property
+    def baseline(self) -> bool:
+        return bool(self._attrs.get(BASELINE))
+
+    @property
+    def seeded(self) -> str | None:
+        """Why it was queued before the sampler's candidates; None where it was not."""
+        return self._text(SEEDED) if self._attrs.get(SEEDED) else None
+
+    @property
+    def warm_start_from(self) -> str | None:
+        return self._text(WARM_START_ATTR)
+
+    @property
+    def your_configuration(self) -> str | None:
+        """The file of the user's own configuration, on its trial; None elsewhere."""
+        return self._text(YOURS_ATTR)
+
+    @property
+    def is_yours(self) -> bool:
+        return YOURS_ATTR in self._attrs
+
+    @property
+    def owner(self) -> str | None:
+        return self._text(OWNER)
+
+    @property
+    def host(self) -> str | None:
+        return self._text(HOST)
+
+    @property
+    def gpu(self) -> str | None:
+        """The device it was measured on (``cpu``); None before it ran."""
+        return self._text(GPU)
+
+    @property
+    def outcome(self) -> str | None:
+        """Its evaluation's outcome; None before one was recorded (an interrupted trial)."""
+        return self._text(OUTCOME)
+
+    @property
+    def latency(self) -> dict[str, Any] | None:
+        """The latency protocol's figures; None where none was measured."""
+        return self._attrs.get(LATENCY) or None
+
+    @property
+    def latency_ms(self) -> float | None:
+        """The measured median latency (measured even where it was infeasible)."""
+        latency = self.latency
+        return float(latency["median_ms"]) if latency else None
+
+    @property
+    def latency_stable(self) -> bool:
+        """The latency met its precision target (true where none was measured)."""
+        return bool((self.latency or {}).get("stable", True))
+
+    @property
+    def latency_rel_ci(self) -> float:
+        """The latency median's 95 % half-width as a fraction of it."""
+        return float((self.latency or {}).get("rel_ci", 0.0))
+
+    @property
+    def accuracy(self) -> dict[str, float] | None:
+        return self._attrs.get(ACCURACY)
+
+    @property
+    def build_s(self) -> float | None:
+        value = self._attrs.get(BUILD_S)
+        return None if value is None else float(value)
+
+    @property
+    def infeasible(self) -> str | None:
+        return self._text(INFEASIBLE)
+
+    @property
+    def failure(self) -> str | None:
+        return self._text(FAILURE)
+
+    @property
+    def failed(self) -> bool:
+        """It recorded a failure: the candidate could not be made, built or run."""
+        return FAILURE in self._attrs
+
+    @property
+    def interrupted(self) -> str | None:
+        return self._text(INTERRUPTED)
+
+    @property
+    def marked_interrupted(self) -> bool:
+        """It carries the mark of an interruption (a kill can land before it is written)."""
+        return INTERRUPTED in self._attrs
+
+    @property
+    def interrupted_by(self) -> str | None:
+        return self._text(INTERRUPTED_BY)
+
+    @property
+    def reused_from(self) -> int | None:
+        value = self._attrs.get(REUSED_FROM)
+        return None if value is None else int(value)
+
+    @property
+    def reused(self) -> bool:
+        return REUSED_FROM in self._attrs
+
+    @property
+    def proposed_by(self) -> str | None:
+        return self._text(PROPOSED_ATTR)
+
+    @property
+    def io_changes(self) -> dict[str, dict[str, list[str]]]:
+        return dict(self._attrs.get(IO_CHANGE_ATTR) or {})
+
+    @property
+    def changes_io(self) -> bool:
+        return IO_CHANGE_ATTR in self._attrs
+
+    @property
+    def engine_io(self) -> dict[str, Any] | None:
+        return self._attrs.get(ENGINE_IO)
+
+    @property
+    def transformed_model(self) -> str | None:
+        return self._text(TRANSFORMED_MODEL)
+
+    @property
+    def engine_artifact(self) -> str | None:
+        return self._text(ENGINE_ARTIFACT)
+
+    @property
+    def engine_dropped(self) -> str | None:
+        return self._text(ENGINE_DROPPED)
+
+    @property
+    def why_tried(self) -> dict[str, Any]:
+        """The attrs that say why it was tried (:data:`WHY_TRIED`): what a retry keeps."""
+        return {k: v for k, v in self._attrs.items() if k in WHY_TRIED}
+
+    @property
+    def as_queued(self) -> dict[str, Any]:
+        """Every attr but the mark of its interruption: a queued trial given up before it ran, as it was queued."""
+        return {k: v for k, v in self._attrs.items() if k != INTERRUPTED}
+
+    @property
+    def result(self) -> dict[str, Any]:
+        """Its candidate's result (:data:`REUSED_ATTRS`): what a later trial of the same candidate copies."""
+        return {k: v for k, v in self._attrs.items() if k in REUSED_ATTRS}
+
+    @property
+    def pruned_because(self) -> str:
+        """Why it was pruned: its failure with the outcome, or its accuracy verdict."""
+        if self.failed:
+            return f"{self.outcome or 'failed'}: {self.failure}"
+        return self.infeasible or "infeasible"
+
+    @property
+    def queue_attrs(self) -> dict[str, Any]:
+        """Optuna's system attrs of the trial (its queue marks), read where asked for."""
+        return dict(self._trial.system_attrs)  # type: ignore[attr-defined]
+
+    @property
+    def fixed_params(self) -> dict[str, Any]:
+        """The candidate it was queued with (empty for a sampled trial)."""
+        return dict(self.queue_attrs.get(FIXED_PARAMS) or {})
+
+    @property
+    def candidate(self) -> dict[str, Any]:
+        """Its candidate: its params, or (queued and not yet run) the ones it was queued with."""
+        return dict(self._trial.params) or self.fixed_params  # type: ignore[attr-defined]
+
+    @property
+    def retry_history(self) -> list[int]:
+        """The trials this one retries, oldest first (empty for a first try)."""
+        return [int(n) for n in self.queue_attrs.get(RETRY_HISTORY) or ()]
+
+    @property
+    def failed_trial(self) -> int:
+        """The first interrupted trial of its candidate (its own number for a first try)."""
+        return int(self.queue_attrs.get(FAILED_TRIAL, self.number))
+
+    @property
+    def enqueued(self) -> bool:
+        """It was queued with its candidate (its params are fixed, not sampled)."""
+        return FIXED_PARAMS in self.queue_attrs
+
+    @property
+    def queued(self) -> bool:
+        """It came from the queue: enqueued, or a retry."""
+        return bool(self.queue_attrs.keys() & QUEUED_MARKS)
