@@ -15,6 +15,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from gpt_optuna.cli import main
+from gpt_optuna.core.log import VERBOSITY_ENV
 from gpt_optuna.testing.registry import RegistryUnavailable, download
 from gpt_optuna.testing.small_cnn import small_cnn
 
@@ -71,8 +72,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture(autouse=True)
 def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """Each test runs in its own folder, so studies/ is fresh."""
+    """Each test runs in its own folder, so studies/ is fresh, and at the default verbosity (a
+    command's -v or -q leaves it set for the workers it starts)."""
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv(VERBOSITY_ENV, "0")
     return tmp_path
 
 

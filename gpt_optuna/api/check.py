@@ -36,6 +36,7 @@ from gpt_optuna.api.check_outcome import (
 )
 from gpt_optuna.api.check_record import exported_model, load_record, read_samples, recorded_latency, shape_flags
 from gpt_optuna.core import interrupts
+from gpt_optuna.core.log import RESULT, tell
 from gpt_optuna.evaluation.accuracy import parse_criterion
 from gpt_optuna.graph import feeds as feeds_io
 from gpt_optuna.graph import model as model_io
@@ -192,7 +193,7 @@ def run_check(
         more = still_to_measure(study)
         left = deadline - kept - time.monotonic()
         if more and code <= 128 and left > 1.0:
-            print("the budget ended before the baseline and the recorded configuration were measured: measuring them")
+            tell("the budget ended before the baseline and the recorded configuration were measured: measuring them")
             extra = replace(config, timeout_s=left, n_trials=finished_count(study) + more)
             code = tune(extra, progress).code
             study = load_study(open_storage(config.storage, create=False), name)
@@ -208,17 +209,17 @@ def run_check(
         if summary is not None:
             against = versus_yours(summary).removeprefix("; ")
             if against:
-                print(f"against your configuration: {against}")
+                tell(f"against your configuration: {against}", RESULT)
             for line in (*(f"warning: {w}" for w in summary.host_warnings), stability_warning(summary)):
                 if line:
-                    print(line)
+                    tell(line, RESULT)
     if junit is not None:
         write_junit(junit, outcomes, time.monotonic() - started)
     for outcome in outcomes:
-        print(f"{outcome.word}: {outcome.message}")
+        tell(f"{outcome.word}: {outcome.message}", RESULT)
     if study_name is not None:
         where = shlex.join(study_flags(default_storage(study_name), study_name))
-        print(f"the check's own study, for a closer look: gpt-optuna report {where} -o {study_name}.html")
+        tell(f"the check's own study, for a closer look: gpt-optuna report {where} -o {study_name}.html", RESULT)
     return CheckResult(exit_code(outcomes), tuple(outcomes), study_name)
 
 
@@ -255,7 +256,7 @@ def judge_latency(
     template = template_from_study(study)
     if exported is None:
         if summary.confirmed is None and deadline - time.monotonic() > 1.0:
-            print(f"re-measuring the finalists and the baseline in {config.confirm_processes} processes ...")
+            tell(f"re-measuring the finalists and the baseline in {config.confirm_processes} processes ...")
             try:
                 confirm(
                     study,
@@ -266,9 +267,9 @@ def judge_latency(
                     deadline=deadline,
                 )
             except ConfirmationFailed as failure:
-                print(f"note: {failure}")
+                tell(f"note: {failure}")
             summary = record_winner(study)
-        print(f"note: {why_not}: the latency is judged against the recorded figure")
+        tell(f"note: {why_not}: the latency is judged against the recorded figure")
         return compare_absolute(recorded_latency(record), summary, tolerance), summary
     best = search_ranking(list(study.get_trials(deepcopy=False)))[0]  # the search's fastest, timed beside them
     winner = best if best.number != seeded.number and best.values[0] < (seeded.values or [float("inf")])[0] else None
@@ -279,7 +280,7 @@ def judge_latency(
         candidate={k: v for k, v in record["params"].items() if not is_transform_knob(k)},
     )
     evaluations = [exported_job, *(replace(template, candidate=dict(t.params)) for t in trials)]
-    print(
+    tell(
         f"timing the record's model {exported.name} beside the changed model, interleaved, in"
         f" {config.confirm_processes} fresh processes ..."
     )

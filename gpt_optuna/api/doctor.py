@@ -57,17 +57,17 @@ def _check(name: str) -> EngineCheck:
     return EngineCheck(name, **found)
 
 
-def doctor(as_json: bool) -> int:
-    """Print what ``gpt-optuna doctor`` finds; 0 where at least one engine runs the tiny model."""
+def doctor(as_json: bool) -> tuple[str, int]:
+    """What ``gpt-optuna doctor`` finds (as lines, or as JSON), and its exit code: 0 where at least
+    one engine runs the tiny model."""
     from gpt_optuna import __version__
 
     checks = check_engines()
     facts = {"gpt_optuna": __version__, "python": sys.version.split()[0], "platform": platform.platform()}
-    if as_json:
-        print(json.dumps({**facts, "engines": [asdict(c) for c in checks]}))
-    else:
-        print("\n".join(_lines(facts, checks)))
-    return 0 if any(c.missing is None and c.latency_ms is not None for c in checks) else 1
+    text = (
+        json.dumps({**facts, "engines": [asdict(c) for c in checks]}) if as_json else "\n".join(_lines(facts, checks))
+    )
+    return text, 0 if any(c.missing is None and c.latency_ms is not None for c in checks) else 1
 
 
 def _lines(facts: dict[str, str], checks: list[EngineCheck]) -> list[str]:

@@ -20,6 +20,7 @@ import optuna
 from gpt_optuna.api.exporting import Exported, export, writable_file
 from gpt_optuna.core import interrupts
 from gpt_optuna.core.errors import UserError
+from gpt_optuna.core.log import RESULT, tell
 from gpt_optuna.evaluation.measure import ROUNDS
 from gpt_optuna.results.export import figures_record
 from gpt_optuna.results.rows import ErrorAxis, TrialRow, collect, criterion_of, error_axis, marks
@@ -48,8 +49,8 @@ if TYPE_CHECKING:
 
 
 def _teller(progress: bool) -> Callable[[str], None]:
-    """What a long command says as it goes: printed at once, or nothing."""
-    return (lambda text: print(text, flush=True)) if progress else (lambda _: None)
+    """What a long command says as it goes: on stdout at once, or nothing."""
+    return tell if progress else (lambda _: None)
 
 
 def best_record(summary: StudySummary) -> dict[str, Any]:
@@ -363,7 +364,7 @@ class TunedStudy:
         deadline = time.monotonic() + parse_duration(timeout) if timeout else None
         study = open_existing_study(self.storage, self.study_name, writable=True)
         plural = "es" if processes > 1 else ""
-        print(f"re-measuring the {top} best candidates and the baseline in {processes} process{plural} ...")
+        tell(f"re-measuring the {top} best candidates and the baseline in {processes} process{plural} ...")
         say = _teller(True)
         try:
             with interrupts.handled():
@@ -372,11 +373,11 @@ class TunedStudy:
                     deadline=deadline, rounds=rounds,
                 )  # fmt: skip
         except KeyboardInterrupt:
-            print(format_summary(record_winner(study)))
+            tell(format_summary(record_winner(study)), RESULT)
             interrupts.stop_caller("the re-measurement", "what it measured is kept")
         if found is None:
             raise UserError(f"study {self.study_name} has no measured baseline and feasible candidate to confirm")
-        print(format_summary(record_winner(study)))
+        tell(format_summary(record_winner(study)), RESULT)
         return self.refresh()
 
     def compare(

@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from gpt_optuna import __version__
-from gpt_optuna.cli.parser import EXIT_CODES, add_options, json_flag, study_flags, timing_flags, tune_config
+from gpt_optuna.cli.parser import EXIT_CODES, add_options, json_flag, log_flags, study_flags, timing_flags, tune_config
+from gpt_optuna.core import log
 from gpt_optuna.core.errors import UserError
 from gpt_optuna.search.config import TuneConfig, default_storage, storage_url
 from gpt_optuna.search.options import (
@@ -121,7 +122,6 @@ def _check_flags(parser: argparse.ArgumentParser) -> None:
         help="tune.toml: its [measure] and [space] tables, trial_timeout, confirm_processes, confirm_top, sampler,"
         " seed",
     )
-    add_options(parser, "quiet")
 
 
 def _check(args: argparse.Namespace, _: list[str]) -> int:
@@ -156,7 +156,7 @@ def _worker_flags(parser: argparse.ArgumentParser) -> None:
     add_options(parser, "n_trials", help="the study's trial target (default: the one its search set)")
     add_options(parser, "timeout")
     add_options(parser, "artifacts", help="the study's artifact store as mounted here (default: its recorded path)")
-    add_options(parser, "workers", "gpus", "allow_mixed_gpus", "quiet")
+    add_options(parser, "workers", "gpus", "allow_mixed_gpus")
 
 
 def _worker(args: argparse.Namespace, _: list[str]) -> int:
@@ -184,7 +184,9 @@ def _doctor_flags(parser: argparse.ArgumentParser) -> None:
 def _doctor(args: argparse.Namespace, _: list[str]) -> int:
     from gpt_optuna.api.doctor import doctor
 
-    return doctor(as_json=args.json)
+    text, code = doctor(as_json=args.json)
+    print(text)
+    return code
 
 
 def _storage_proxy_flags(parser: argparse.ArgumentParser) -> None:
@@ -404,12 +406,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"gpt-optuna {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
     for command in COMMANDS:
-        command.flags(commands.add_parser(command.name, help=command.help))
+        sub = commands.add_parser(command.name, help=command.help)
+        command.flags(sub)
+        log_flags(sub)
     return parser
 
 
 def run(argv: list[str]) -> int:
     """Parse ``argv`` and run its command; the exit code."""
     args = build_parser().parse_args(argv)
+    log.configure(args.verbose - args.quiet, args.log_file)
     command = next(c for c in COMMANDS if c.name == args.command)
     return command.run(args, _open_existing(args) if command.opens_study else argv)

@@ -40,6 +40,28 @@ def timing_flags(parser: argparse.ArgumentParser, timed: str, timeout_help: str)
     parser.add_argument("--timeout", help=timeout_help)
 
 
+def log_flags(parser: argparse.ArgumentParser) -> None:
+    """How much a command says, on every command: ``-v``, ``-q``, ``--log-file``."""
+    group = parser.add_argument_group("what it says")
+    group.add_argument(
+        "-v",
+        "--verbose",
+        action="count",
+        default=0,
+        help="say more: debug detail, and ONNX Runtime's own warnings (-vv: all its logs)",
+    )
+    group.add_argument(
+        "-q",
+        "--quiet",
+        action="count",
+        default=0,
+        help="say less: -q no progress bar; -qq only warnings, errors and results",
+    )
+    group.add_argument(
+        "--log-file", type=Path, help="append everything said, debug detail included, with times, to this file"
+    )
+
+
 def json_flag(parser: argparse.ArgumentParser, what: str) -> None:
     """``--json``: print ``what`` as JSON instead of lines."""
     parser.add_argument("--json", action="store_true", help=f"print {what} as JSON")

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import enum
-import sys
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from gpt_optuna.backends import BuildError
+from gpt_optuna.core.log import logger
 from gpt_optuna.evaluation.accuracy import Verdict
 from gpt_optuna.evaluation.measure import LatencyStats
 
@@ -66,5 +66,5 @@ def build_failure(exc: BuildError) -> TrialResult:
 
 def failure(outcome: Outcome, detail: str, log: str) -> TrialResult:
     """A failed candidate's result; its whole log goes to the worker log too."""
-    print(f"{outcome.value}: {detail}\n{log}", file=sys.stderr, flush=True)
+    logger(__name__).error(f"{outcome.value}: {detail}\n{log}")
     return TrialResult(outcome, detail, log=log)

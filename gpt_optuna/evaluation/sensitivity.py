@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from gpt_optuna.core.log import onnxruntime_options
 from gpt_optuna.graph.model import Feeds
 from gpt_optuna.graph.precision import candidate_nodes, float_tensors, named
 
@@ -65,8 +66,7 @@ def ranking_session(model: Any, trial_run: tuple[list[str], Feeds] | None = None
 
     from gpt_optuna.backends.onnxruntime.settings import CUDA, usable_providers
 
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
+    options = onnxruntime_options(ort)
     data = model.SerializeToString()
     if trial_run is not None and CUDA in usable_providers():
         try:

@@ -30,6 +30,7 @@ from typing import Any, TypeVar
 
 from gpt_optuna.core import interrupts
 from gpt_optuna.core.errors import UserError
+from gpt_optuna.core.log import to_worker_stderr
 
 T = TypeVar("T")
 
@@ -106,6 +107,7 @@ def _child_main(conn: Connection, log_path: str, env: dict[str, str]) -> None:
     log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     os.dup2(log_fd, 1)
     os.dup2(log_fd, 2)
+    to_worker_stderr()
     faulthandler.enable()
     while True:
         try:

@@ -10,6 +10,7 @@ import numpy as np
 
 from gpt_optuna.core.errors import MissingDependencyError, UserError
 from gpt_optuna.core.files import atomic_path, atomic_write
+from gpt_optuna.core.log import onnxruntime_options
 from gpt_optuna.graph.model import Feeds, ModelInfo, ShapeRange, check_shape, file_sha256, one_line
 
 
@@ -203,8 +204,7 @@ def reference_outputs(info: ModelInfo, feeds: Feeds) -> Feeds:
         import onnxruntime as ort
     except ImportError as exc:
         raise MissingDependencyError("ONNX Runtime", "cpu") from exc
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
+    options = onnxruntime_options(ort)
     try:
         session = ort.InferenceSession(str(info.path), options, providers=["CPUExecutionProvider"])
         values = session.run(None, feeds)

@@ -12,6 +12,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from gpt_optuna.core.log import onnxruntime_options
+
 Dim = int | str | None
 SHAPE_ONLY = ("Shape", "Size")
 """Operators whose output depends on their input's shape alone, not its values."""
@@ -165,8 +167,7 @@ def evaluate(graph: GraphIndex, target: str, feeds: dict[str, np.ndarray]) -> np
     sub = helper.make_graph(nodes, "subgraph", inputs, [output], [graph.initializers[i] for i in initializers])
     model = helper.make_model(sub, opset_imports=graph.model.opset_import, ir_version=graph.model.ir_version)
     model.functions.extend(graph.model.functions)
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
+    options = onnxruntime_options(ort)
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     try:
         session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])

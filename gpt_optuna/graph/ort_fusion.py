@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from gpt_optuna.core.errors import MissingDependencyError
+from gpt_optuna.core.log import onnxruntime_options
 from gpt_optuna.graph import opset
 from gpt_optuna.graph.attention_rewrite import rewrite_attention
 from gpt_optuna.graph.layer_scale import fold_layer_scales
@@ -63,8 +64,7 @@ def fold_constants(source: Path, out: Path) -> None:
     norm with bias) read them so, not as the Gemm the basic level would make of them."""
     import onnxruntime as ort
 
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
+    options = onnxruntime_options(ort)
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
     options.optimized_model_filepath = str(out)
     ort.InferenceSession(

@@ -295,7 +295,6 @@ class TrialBudget:
 
 
 LIVE_STATES = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL, TrialState.RUNNING)
-"""What marks a trial that was queued (enqueued or a retry) rather than drawn when it started."""
 
 
 class BeyondTarget(Exception):

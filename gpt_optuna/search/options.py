@@ -109,7 +109,7 @@ TEXT_LIST = Kind(
 @dataclass(frozen=True)
 class Option:
     """One tune option. With a ``field`` it is settable in TOML by its name (``n_trials``) and ``toml_aliases``;
-    without, the command reads it itself (``--config``, ``--quiet``)."""
+    without, the command reads it itself (``--config``)."""
 
     flag: str
     field: str | None
@@ -264,6 +264,5 @@ OPTIONS: tuple[Option, ...] = (
         "let fp16/bf16 candidates take and return fp16/bf16 tensors (TOML: allow_io_change = true); "
         "by default every candidate keeps the model's input and output names, dtypes and ranks",
     ),
-    Option("--quiet", None, FLAG, "no progress bar", {"default": False}),
 )
 """In ``gpt-optuna tune --help`` order."""

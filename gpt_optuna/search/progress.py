@@ -5,11 +5,12 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from typing import TYPE_CHECKING, TextIO
+from typing import TYPE_CHECKING
 
 from optuna.trial import TrialState
 from tqdm import tqdm
 
+from gpt_optuna.core.log import RESULT, logger
 from gpt_optuna.evaluation.outcome import Outcome, TrialResult
 from gpt_optuna.results.summary_text import format_summary
 from gpt_optuna.study.trial_record import TrialRecord
@@ -47,12 +48,12 @@ def in_notebook() -> bool:
 
 
 class Progress:
-    """A tqdm bar on stderr with the best latency so far; notes and the summary around it. Where
-    stderr is no terminal (a CI log, a file), one line per trial instead of a redrawn bar; with
-    ``widgets`` (a notebook), tqdm's notebook bar."""
+    """A tqdm bar on stderr with the best latency so far; notes (logged: the terminal's handler
+    writes them above the bar) and the summary around it. Where stderr is no terminal (a CI log, a
+    file), one line per trial instead of a redrawn bar; with ``widgets`` (a notebook), tqdm's
+    notebook bar."""
 
-    def __init__(self, stream: TextIO | None = None, enabled: bool = True, widgets: bool = False) -> None:
-        self._stream = stream
+    def __init__(self, enabled: bool = True, widgets: bool = False) -> None:
         self.enabled = enabled
         self.widgets = widgets
         self._bar: tqdm | None = None
@@ -62,10 +63,6 @@ class Progress:
         self._deadline: float | None = None
         self._workers = 1
         self._lock = threading.RLock()  # several workers report at once
-
-    @property
-    def stream(self) -> TextIO:
-        return self._stream or sys.stderr
 
     def start(
         self,
@@ -103,8 +100,8 @@ class Progress:
 
             self._bar = notebook_bar(total=remaining, unit="trial")
             self._show()
-        elif self.stream.isatty():
-            self._bar = tqdm(total=remaining, file=self.stream, unit="trial", dynamic_ncols=True)
+        elif sys.stderr.isatty():
+            self._bar = tqdm(total=remaining, file=sys.stderr, unit="trial", dynamic_ncols=True)
             self._show()
         else:
             self._lines = (0, remaining)
@@ -119,10 +116,7 @@ class Progress:
 
     def note(self, text: str) -> None:
         with self._lock:
-            if self._bar is not None:
-                self._bar.write(text, file=self.stream)
-            else:
-                print(text, file=self.stream)
+            logger(__name__).info(text)
 
     def result(self, number: int, candidate: Candidate, result: TrialResult | None) -> None:
         """A note for a candidate that failed or was infeasible (None: an earlier result reused);
@@ -159,7 +153,7 @@ class Progress:
             if reused_from is not None:
                 value = f"trial {reused_from}'s candidate again, its result reused: {value}"
             counted = f"{done}/{total}" if total is not None else str(done)
-            print(f"trial {trial.number} ({counted}): {value}; {self._status()}", file=self.stream, flush=True)
+            logger(__name__).info(f"trial {trial.number} ({counted}): {value}; {self._status()}")
 
     def _status(self) -> str:
         """The best so far, the workers, and the time left before --timeout."""
@@ -180,10 +174,11 @@ class Progress:
         """The summary, the run's time by phase (``took``), and the commands worth running next
         (extend, report, export)."""
         self.end()
+        say = logger(__name__)
         if note:
-            print(note, file=self.stream)
-        print(format_summary(summary), file=sys.stdout)
+            say.info(note)
+        say.info(format_summary(summary), extra=RESULT)
         if took:
-            print(took, file=sys.stdout)
+            say.info(took, extra=RESULT)
         for step in steps:
-            print(step, file=sys.stdout)
+            say.info(step, extra=RESULT)

@@ -46,7 +46,7 @@ def retry_trial(study: optuna.Study, trial: FrozenTrial) -> None:
 def requeue(study: optuna.Study, trial: FrozenTrial) -> None:
     """Queue again a trial taken from the queue and given up before it ran, as it was queued."""
     record = TrialRecord(trial)
-    _enqueue_copy(study, trial, record.as_queued, record.queue_attrs)
+    _enqueue_copy(study, trial, record.as_queued, dict(record.queue_attrs))
 
 
 def _enqueue_copy(

@@ -85,10 +85,15 @@ QUEUED_MARKS = frozenset({FIXED_PARAMS, RETRY_HISTORY})
 
 
 class _Trial(Protocol):
+    """An Optuna ``Trial`` or ``FrozenTrial``: what every trial has."""
+
     number: int
 
     @property
     def user_attrs(self) -> dict[str, Any]: ...
+
+    @property
+    def params(self) -> dict[str, Any]: ...
 
 
 def source_study(source: str) -> str:
@@ -98,7 +103,8 @@ def source_study(source: str) -> str:
 
 class TrialRecord:
     """What one trial recorded (an Optuna ``Trial`` or ``FrozenTrial``): each attr by its meaning,
-    and what an absent one means. A view, made per read: it holds the attrs as they were read."""
+    and what an absent one means. A view, made per read: it holds the attrs as they were read.
+    Optuna's queue marks (:attr:`queue_attrs` and what reads them) are a ``FrozenTrial``'s only."""
 
     __slots__ = ("_attrs", "_trial", "number")
 
@@ -267,9 +273,9 @@ class TrialRecord:
         return self.infeasible or "infeasible"
 
     @property
-    def queue_attrs(self) -> dict[str, Any]:
-        """Optuna's system attrs of the trial (its queue marks), read where asked for."""
-        return dict(self._trial.system_attrs)  # type: ignore[attr-defined]
+    def queue_attrs(self) -> Mapping[str, Any]:
+        """Optuna's system attrs of a ``FrozenTrial`` (its queue marks), read where asked for."""
+        return self._trial.system_attrs  # type: ignore[attr-defined]
 
     @property
     def fixed_params(self) -> dict[str, Any]:
@@ -279,7 +285,7 @@ class TrialRecord:
     @property
     def candidate(self) -> dict[str, Any]:
         """Its candidate: its params, or (queued and not yet run) the ones it was queued with."""
-        return dict(self._trial.params) or self.fixed_params  # type: ignore[attr-defined]
+        return dict(self._trial.params) or self.fixed_params
 
     @property
     def retry_history(self) -> list[int]:

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from gpt_optuna.backends.base import Backend, BuildError, Built, Runner
+from gpt_optuna.core.log import onnxruntime_options
 from gpt_optuna.core.space import Candidate, Knob, Space
 from gpt_optuna.graph.model import Feeds, ModelInfo, ShapeRange
 
@@ -89,8 +90,7 @@ class SyntheticBackend(Backend):
 def _session(path: Path) -> Any:
     import onnxruntime as ort
 
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
+    options = onnxruntime_options(ort)
     return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 

@@ -10,6 +10,7 @@ from typing import Any
 
 from gpt_optuna.backends.base import ExportedTrial
 from gpt_optuna.core.errors import MissingDependencyError
+from gpt_optuna.core.log import onnxruntime_severity
 from gpt_optuna.core.space import Candidate, Value
 
 CPU = "CPUExecutionProvider"
@@ -110,6 +111,7 @@ def ort_module() -> Any:
         import onnxruntime
     except ImportError as exc:
         raise MissingDependencyError("ONNX Runtime", "cpu") from exc
+    onnxruntime.set_default_logger_severity(onnxruntime_severity())
     return onnxruntime
 
 
@@ -223,7 +225,7 @@ def options_from_settings(settings: dict[str, Any]) -> Any:
 def session_options(candidate: Candidate) -> Any:
     """Map a candidate's session-level knobs onto ``onnxruntime.SessionOptions``."""
     options = options_from_settings(session_settings(candidate))
-    options.log_severity_level = 3
+    options.log_severity_level = onnxruntime_severity()
     return options
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import importlib
 import importlib.util
+import logging
 import re
 import statistics
 import time
@@ -34,6 +35,7 @@ from gpt_optuna.study.folder import StudyFolder
 from gpt_optuna.study.trial_record import ENGINE_IO
 
 _LOGGED = ("INTERNAL_ERROR", "ERROR", "WARNING")
+_TENSORRT_LOG = logging.getLogger(__name__)
 
 
 def optimization_profile(builder: Any, model: ModelInfo, shapes: dict[str, ShapeRange]) -> Any | None:
@@ -50,13 +52,15 @@ def optimization_profile(builder: Any, model: ModelInfo, shapes: dict[str, Shape
 
 def _capturing_logger(trt: ModuleType) -> Any:
     class CapturingLogger(trt.ILogger):  # type: ignore[name-defined, misc]
-        """Keeps TensorRT's warnings and errors, for the trial's log."""
+        """Keeps TensorRT's warnings and errors, for the trial's log; passes every message on as
+        debug detail (``-v``: the worker log has it)."""
 
         def __init__(self) -> None:
             trt.ILogger.__init__(self)
             self.messages: list[str] = []
 
         def log(self, severity: Any, msg: str) -> None:
+            _TENSORRT_LOG.debug("[%s] %s", getattr(severity, "name", severity), msg)
             if getattr(severity, "name", "") in _LOGGED:
                 self.messages.append(f"[{severity.name}] {msg}")
 

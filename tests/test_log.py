@@ -1,0 +1,82 @@
+"""What a command says and where: notes on stderr, results on stdout, -v, -qq and --log-file, and a
+note written above a progress bar, never into it."""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import SYNTHETIC
+from tqdm import tqdm
+
+from gpt_optuna.cli import main
+from gpt_optuna.core import log
+from gpt_optuna.core.errors import UserError
+
+
+def test_notes_go_to_stderr_and_results_to_stdout(capsys: pytest.CaptureFixture[str]) -> None:
+    log.configure(0)
+    say = log.logger("gpt_optuna.search.progress")
+    say.info("a note")
+    say.info("the summary", extra=log.RESULT)
+    say.debug("a detail")
+    log.tell("a reading command's progress")
+    found = capsys.readouterr()
+    assert found.err == "a note\n"
+    assert found.out == "the summary\na reading command's progress\n"
+
+
+def test_qq_keeps_only_warnings_errors_and_results_and_v_adds_debug_detail(capsys: pytest.CaptureFixture[str]) -> None:
+    log.configure(-2)
+    say = log.logger("gpt_optuna.x")
+    say.info("a note")
+    log.tell("progress")
+    say.warning("warning: a warning")
+    say.info("the summary", extra=log.RESULT)
+    found = capsys.readouterr()
+    assert (found.out, found.err) == ("the summary\n", "warning: a warning\n")
+    log.configure(1)
+    say.debug("a detail")
+    assert capsys.readouterr().err == "a detail\n"
+    assert log.onnxruntime_severity() == 2  # -v: ONNX Runtime's warnings too; by default errors only
+    log.configure(0)
+    assert log.onnxruntime_severity() == 3
+
+
+def test_a_log_file_keeps_every_record_with_its_time_and_a_bad_one_is_one_line(tmp_path: Path) -> None:
+    log.configure(0, tmp_path / "run.log")
+    log.logger("gpt_optuna.x").debug("a detail")
+    log.logger("gpt_optuna.x").info("a note")
+    log.configure(0)  # closes the file
+    lines = (tmp_path / "run.log").read_text().splitlines()
+    assert [line.split(": ", 1)[1] for line in lines] == ["a detail", "a note"]
+    assert re.match(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ \d+ DEBUG gpt_optuna\.x$", lines[0].split(": ")[0])
+    with pytest.raises(UserError, match="--log-file"):
+        log.configure(0, tmp_path / "no such folder" / "run.log")
+
+
+def test_a_note_is_written_above_the_progress_bar(capsys: pytest.CaptureFixture[str]) -> None:
+    log.configure(0)
+    bar = tqdm(total=3, file=sys.stderr, bar_format="{n}/{total} BAR")
+    bar.update(1)
+    log.logger("gpt_optuna.x").info("a note")
+    bar.update(1)
+    bar.close()
+    err = capsys.readouterr().err
+    before, after = err.split("a note\n")
+    assert before.startswith("\r0/3 BAR") and before.endswith("\r")  # the bar cleared, the note on its own line
+    assert after.startswith("\r1/3 BAR")  # then the bar drawn again below it
+
+
+def test_tune_says_its_notes_at_every_verbosity_but_qq(cnn_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    argv = ["tune", str(cnn_path), "--backend", SYNTHETIC, "--n-trials", "2", "--confirm-top", "0"]
+    assert main([*argv, "--study-name", "a", "-q", "--log-file", "a.log"]) == 0
+    said = capfd.readouterr()
+    assert "new study a" in said.err and "verdict: " in said.out
+    kept = Path("a.log").read_text()
+    assert "INFO gpt_optuna.search.progress: new study a" in kept
+    assert main([*argv, "--study-name", "b", "-qq"]) == 0
+    said = capfd.readouterr()
+    assert "new study" not in said.err and "verdict: " in said.out
