@@ -30,12 +30,13 @@ from benchmarks import peer_models
 from benchmarks.models import minilm_onnx
 from benchmarks.peer_timing import Timing, time_calls
 from benchmarks.peers import cosine
-from gpt_optuna.evaluation.jobs import EvaluateJob
 from gpt_optuna.graph.feeds import save_npz
+from gpt_optuna.protocol.jobs import EvaluateJob
 from gpt_optuna.search.config import TuneConfig
 from gpt_optuna.search.finalists import template_from_study
 from gpt_optuna.search.progress import Progress
 from gpt_optuna.search.tune import tune
+from gpt_optuna.worker.evaluate import open_candidate
 
 FORMS = {
     "Attention": ("transformer", True),
@@ -88,7 +89,7 @@ def main() -> None:
         for form, (value, bias) in FORMS.items():
             with contextlib.nullcontext() if bias else mask_kept():
                 runners[form] = stack.enter_context(
-                    replace(job, candidate={**base, "graph_fusion": value}).open_candidate()
+                    open_candidate(replace(job, candidate={**base, "graph_fusion": value}))
                 )
         outputs = {form: next(iter(runner.infer().values())) for form, runner in runners.items()}
         times: dict[str, list[Timing]] = {form: [] for form in FORMS}

@@ -29,8 +29,8 @@ from pathlib import Path
 import optuna
 from optuna.trial import TrialState
 
-from gpt_optuna.evaluation.self_test import TINY_MODEL
 from gpt_optuna.study.taxonomy import has_own_result, is_interrupted, retried_numbers
+from gpt_optuna.worker.self_test import TINY_MODEL
 
 MODEL = TINY_MODEL
 SYNTHETIC = "gpt_optuna.testing.synthetic:SyntheticBackend"

@@ -31,10 +31,10 @@ from onnx import TensorProto, helper, numpy_helper
 
 from benchmarks import ROOT, child_env
 from benchmarks.models import OCR, PPOCR_REC
-from gpt_optuna.evaluation.self_test import TINY_MODEL
 from gpt_optuna.graph.feeds import synthetic_feeds
 from gpt_optuna.graph.model import load_model_info, parse_shapes, resolve_shapes
 from gpt_optuna.testing.registry import download_one
+from gpt_optuna.worker.self_test import TINY_MODEL
 
 MEASURE = "[measure]\nbudget_s = 0.1\nmin_samples = 10\n"
 

@@ -54,6 +54,7 @@ from gpt_optuna.search.progress import Progress
 from gpt_optuna.search.tune import tune
 from gpt_optuna.study.summary import finished_count, summarize_study
 from gpt_optuna.study.trial_record import TrialRecord
+from gpt_optuna.worker.evaluate import open_candidate
 
 PEERS = ("onnxruntime", "eager32", "eager16", "reduce-overhead", "max-autotune", "olive")
 """``onnxruntime``: the defaults and the tuned winner (the search first); left out, a run measures
@@ -265,7 +266,7 @@ def onnxruntime_rows(
     rows, figures = [], []
     for label, trial in (("onnxruntime defaults", summary.baseline), ("onnxruntime tuned", summary.best)):
         assert trial is not None
-        runner = stack.enter_context(replace(template, candidate=dict(trial.params)).open_candidate())
+        runner = stack.enter_context(open_candidate(replace(template, candidate=dict(trial.params))))
         outputs = next(iter(runner.infer().values()))
         timing = time_calls(runner.launch, torch.cuda.ExternalStream(runner.stream.ptr))
         params = ", ".join(f"{k}={v}" for k, v in trial.params.items() if k != "provider")

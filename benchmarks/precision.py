@@ -21,12 +21,14 @@ import numpy as np
 
 from benchmarks.models import minilm_onnx, mobilenet_v2_onnx
 from gpt_optuna.backends.onnxruntime.backend import OnnxRuntimeBackend
-from gpt_optuna.evaluation.accuracy import parse_criterion
-from gpt_optuna.evaluation.measure import MeasureSettings, measure
-from gpt_optuna.evaluation.sensitivity import rank_sensitive_nodes
 from gpt_optuna.graph import feeds as mf
 from gpt_optuna.graph import model as m
 from gpt_optuna.graph.precision import PrecisionSetting, transform
+from gpt_optuna.protocol.accuracy import parse_criterion
+from gpt_optuna.protocol.timing import MeasureSettings
+from gpt_optuna.worker.measure import measure
+from gpt_optuna.worker.reference import fp32_outputs
+from gpt_optuna.worker.sensitivity import rank_sensitive_nodes
 
 SETTINGS = {
     "fp32": PrecisionSetting("fp32"),
@@ -44,7 +46,7 @@ def bench(name: str, path: Path, shapes: list[str], workdir: Path) -> None:
     feeds = mf.synthetic_feeds(info, ranges)
     if name == "mobilenetv2":  # images, ImageNet-normalized: a smooth pattern, not noise
         feeds = {"input": np.asarray(feeds["input"] * 0.5, np.float32)}
-    reference = mf.reference_outputs(info, feeds)
+    reference = fp32_outputs(info, [feeds])[0]
     samples = [mf.synthetic_feeds(info, ranges, seed=i) for i in range(1, 9)]
     ranking = rank_sensitive_nodes(path, feeds, reference)
     backend = OnnxRuntimeBackend()

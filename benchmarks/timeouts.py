@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from benchmarks import child_env
-from gpt_optuna.evaluation.self_test import TINY_MODEL
+from gpt_optuna.worker.self_test import TINY_MODEL
 
 SPACE = '[measure]\nbudget_s = 0.5\n[space]\nmode = ["ok"]\ndelay_us = [0, 50, 100]\nbuild_ms = [1000, 3000]\n'
 

@@ -26,20 +26,22 @@ def open_runner(model: Path, shape_args: list[str]):  # noqa: ANN201
     from gpt_optuna.backends.onnxruntime.backend import OnnxRuntimeBackend
     from gpt_optuna.graph import feeds as mf
     from gpt_optuna.graph import model as m
+    from gpt_optuna.worker.reference import fp32_outputs
 
     info = m.load_model_info(model)
     shapes = m.resolve_shapes(info, m.parse_shapes(shape_args))
     feeds = mf.synthetic_feeds(info, shapes)
     backend = OnnxRuntimeBackend()
     candidate = backend.space(info, shapes).default()
-    outputs = mf.reference_outputs(info, feeds)
+    outputs = fp32_outputs(info, [feeds])[0]
     return backend.open(backend.build(info, candidate, Path("."), shapes), feeds, outputs)
 
 
 def one_process(model: Path, shape_args: list[str]) -> dict[str, float]:
     """The protocol's median, then event- and wall-clock-timed launches in alternating blocks (so
     that a drift of the engine itself does not pass for a disagreement of the two clocks)."""
-    from gpt_optuna.evaluation.measure import MeasureSettings, interleaved_rounds, launch_timer, measure
+    from gpt_optuna.protocol.timing import MeasureSettings
+    from gpt_optuna.worker.measure import interleaved_rounds, launch_timer, measure
 
     with open_runner(model, shape_args) as runner:
         stats = measure(runner, MeasureSettings(budget_s=5.0, target_rel_ci=0.002))

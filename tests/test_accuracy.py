@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 from gpt_optuna.core.errors import UserError
-from gpt_optuna.evaluation.accuracy import parse_criterion
+from gpt_optuna.protocol.accuracy import parse_criterion
 
 
 def ref() -> dict[str, np.ndarray]:

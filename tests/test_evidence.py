@@ -8,10 +8,11 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from gpt_optuna.evaluation.measure import BLOCK, ROUNDS, interleaved_rounds
+from gpt_optuna.protocol.timing import BLOCK, ROUNDS
 from gpt_optuna.search.finalists import summarize_rounds
 from gpt_optuna.study.evidence import WORTHWHILE, judge, speedups, t_quantile
 from gpt_optuna.testing.synthetic import NoisyHost
+from gpt_optuna.worker.measure import interleaved_rounds
 
 HOSTS = {
     "quiet": NoisyHost(process_sd=0.02, ratio_sd=0.005, launch_sd=0.01, stall_p=0.0),

@@ -16,10 +16,6 @@ from optuna.trial import TrialState
 
 from gpt_optuna.cli import main
 from gpt_optuna.core.space import Knob
-from gpt_optuna.evaluation.accuracy import parse_criterion
-from gpt_optuna.evaluation.jobs import EvaluateJob, SpaceJob
-from gpt_optuna.evaluation.measure import MeasureSettings
-from gpt_optuna.evaluation.outcome import Outcome
 from gpt_optuna.graph import feeds as mf
 from gpt_optuna.graph import model as m
 from gpt_optuna.graph.fusion import (
@@ -33,6 +29,11 @@ from gpt_optuna.graph.fusion import (
 )
 from gpt_optuna.graph.model_cache import TransformFailed
 from gpt_optuna.graph.precision import PrecisionSetting, transform
+from gpt_optuna.protocol.accuracy import parse_criterion
+from gpt_optuna.protocol.jobs import EvaluateJob, SpaceJob
+from gpt_optuna.protocol.outcome import Outcome
+from gpt_optuna.protocol.timing import MeasureSettings
+from gpt_optuna.worker.reference import fp32_outputs
 
 SHAPES = {name: m.ShapeRange((1, 32), (1, 32), (1, 32)) for name in ("input_ids", "attention_mask", "token_type_ids")}
 
@@ -172,7 +173,7 @@ def test_a_search_runs_fused_fp16_candidates_with_nodes_ranked_on_the_fused_grap
 def test_fused_fp16_encoder_runs_on_the_cuda_provider_through_a_cuda_graph(minilm_path: Path, tmp_path: Path) -> None:
     info = m.load_model_info(minilm_path)
     mf.save_npz(tmp_path / "inputs.npz", mf.stack([encoder_feeds()]))  # the study's layout: a sample axis
-    mf.save_npz(tmp_path / "reference.npz", mf.stack([mf.reference_outputs(info, encoder_feeds())]))
+    mf.save_npz(tmp_path / "reference.npz", mf.stack([fp32_outputs(info, [encoder_feeds()])[0]]))
     space, _, _ = SpaceJob("onnxruntime", info, SHAPES, tmp_path / "models")()
     base = space.default()
     assert base["provider"] == "CUDAExecutionProvider"

@@ -135,3 +135,47 @@ def test_the_trial_record_check_catches_a_read(tmp_path: Path) -> None:
     reader = tmp_path / "reader.py"
     reader.write_text("def f(study, t):\n    return study.user_attrs, t.user_attrs['latency'], t.system_attrs\n")
     assert trial_attr_reads(reader) == [2, 2]
+
+
+WORKER = "gpt_optuna.worker"
+TUNER_LAYERS = ("results", "search", "api", "cli")
+"""The layers only the tuner runs (the page's table says where each runs)."""
+
+
+def test_the_page_says_where_each_layer_runs() -> None:
+    runs_in = dict(re.findall(r"^\| (\w+) \| \[`gpt_optuna/\w+/`\]\([^)]*\) \| ([^|]+?) \|", section("layers"), re.M))
+    assert {layer for layer, where in runs_in.items() if where == "tuner"} == set(TUNER_LAYERS)
+    assert runs_in["worker"] == "worker only"
+
+
+@pytest.mark.parametrize("module", sorted(m for m in MODULES if layer_of(m) in (*TUNER_LAYERS, "protocol")))
+def test_the_tuner_reaches_the_worker_only_through_the_job_protocol(module: str) -> None:
+    reached = sorted(t for t in imports(MODULES[module]) if t == WORKER or t.startswith(WORKER + "."))
+    assert reached == [], f"{module} imports the worker's {reached}: send a job (gpt_optuna.protocol.jobs)"
+    tree = ast.parse(MODULES[module].read_text())
+    named = {id(node.value) for node in ast.walk(tree) if isinstance(node, ast.Assign) and _assigns(node, "RUNS")}
+    strings = [n for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)]
+    loaded = [n.value for n in strings if n.value.startswith(WORKER + ".") and id(n) not in named]
+    assert loaded == [], f"{module} names the worker's code outside a job's RUNS: {loaded}"
+
+
+def _assigns(node: ast.Assign, name: str) -> bool:
+    return any(isinstance(target, ast.Name) and target.id == name for target in node.targets)
+
+
+def test_every_job_names_a_function_of_the_worker() -> None:
+    import importlib
+
+    from gpt_optuna.protocol import jobs
+
+    named = [cls for cls in vars(jobs).values() if isinstance(cls, type) and issubclass(cls, jobs.Job) and cls.RUNS]
+    assert len(named) >= 8
+    for job in named:
+        module, _, function = job.RUNS.partition(":")
+        assert module.startswith(WORKER + ".") and callable(getattr(importlib.import_module(module), function)), job
+
+
+def test_the_boundary_check_catches_a_worker_import(tmp_path: Path) -> None:
+    tuner = tmp_path / "tuner.py"
+    tuner.write_text("def f():\n    from gpt_optuna.worker.evaluate import evaluate\n")
+    assert "gpt_optuna.worker.evaluate" in imports(tuner)

@@ -12,11 +12,12 @@ import pytest
 from conftest import SYNTHETIC
 
 from gpt_optuna.cli import main
-from gpt_optuna.evaluation.measure import MeasureSettings, interleaved_rounds, measure_with, median_rel_ci
+from gpt_optuna.protocol.timing import MeasureSettings
 from gpt_optuna.results.summary_text import format_confirmed
 from gpt_optuna.search.finalists import confirm, template_from_study
 from gpt_optuna.study.evidence import speedups
 from gpt_optuna.study.summary import StudySummary
+from gpt_optuna.worker.measure import interleaved_rounds, measure_with, median_rel_ci
 
 
 def busy(ms: float) -> float:

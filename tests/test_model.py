@@ -10,6 +10,7 @@ from gpt_optuna.core.errors import UserError
 from gpt_optuna.graph import feeds as mf
 from gpt_optuna.graph import model as m
 from gpt_optuna.graph.model_cache import with_distinct_dims
+from gpt_optuna.worker.reference import fp32_outputs
 
 
 def test_load_reports_inputs_outputs_and_hash(mlp_path: Path) -> None:
@@ -89,7 +90,7 @@ def test_synthetic_feeds_are_deterministic_and_valid_for_index_inputs(tmp_path: 
     feeds = mf.synthetic_feeds(info, shapes)
     assert feeds["ids"].dtype == np.int64 and set(np.unique(feeds["ids"])) <= {0, 1}
     np.testing.assert_array_equal(feeds["ids"], mf.synthetic_feeds(info, shapes)["ids"])
-    out = mf.reference_outputs(info, feeds)
+    out = fp32_outputs(info, [feeds])[0]
     assert out["out"].shape == (1, 5, 6)
 
 

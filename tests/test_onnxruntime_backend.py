@@ -29,12 +29,14 @@ from gpt_optuna.backends.onnxruntime.settings import (
     usable_providers,
 )
 from gpt_optuna.core.space import Space
-from gpt_optuna.evaluation.accuracy import parse_criterion
-from gpt_optuna.evaluation.jobs import EvaluateJob
-from gpt_optuna.evaluation.measure import MeasureSettings, measure
-from gpt_optuna.evaluation.outcome import Outcome
 from gpt_optuna.graph import feeds as mf
 from gpt_optuna.graph import model as m
+from gpt_optuna.protocol.accuracy import parse_criterion
+from gpt_optuna.protocol.jobs import EvaluateJob
+from gpt_optuna.protocol.outcome import Outcome
+from gpt_optuna.protocol.timing import MeasureSettings
+from gpt_optuna.worker.measure import measure
+from gpt_optuna.worker.reference import fp32_outputs
 
 LEVELS = ["ORT_DISABLE_ALL", "ORT_ENABLE_BASIC", "ORT_ENABLE_EXTENDED", "ORT_ENABLE_ALL"]
 
@@ -235,7 +237,7 @@ def _prepare(path: Path, flags: list[str]):
     info = m.load_model_info(path)
     shapes = m.resolve_shapes(info, m.parse_shapes(flags))
     feeds = mf.synthetic_feeds(info, shapes)
-    return info, shapes, feeds, mf.reference_outputs(info, feeds)
+    return info, shapes, feeds, fp32_outputs(info, [feeds])[0]
 
 
 def test_every_sampled_cpu_candidate_builds_runs_and_matches_the_reference(cnn_path: Path, tmp_path: Path) -> None:
@@ -385,7 +387,7 @@ def test_the_installed_version_has_the_extra_cuda_options_and_each_value_runs(cn
 def test_cuda_graph_replays_each_new_sample_not_the_first(cnn_path: Path, tmp_path: Path) -> None:
     info, shapes, _, _ = _prepare(cnn_path, [])
     samples = [mf.synthetic_feeds(info, shapes, seed=seed) for seed in range(3)]
-    references = [mf.reference_outputs(info, feeds) for feeds in samples]
+    references = fp32_outputs(info, samples)
     backend = OnnxRuntimeBackend()
     base = backend.space(info, {}).default()
     criterion = parse_criterion("cosine>=0.999 and max_abs<=1e-2")

@@ -22,8 +22,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from gpt_optuna.cli import main
 from gpt_optuna.core.errors import EXIT_NO_FEASIBLE, UserError
-from gpt_optuna.evaluation.jobs import gpu_names
-from gpt_optuna.evaluation.worker import Worker
+from gpt_optuna.protocol.process import Worker, gpu_names
 from gpt_optuna.search.lanes import check_devices
 from gpt_optuna.search.objective import Lane
 from gpt_optuna.study.record import SPACE_ATTR
@@ -318,7 +317,7 @@ def test_workers_share_a_study_through_the_grpc_storage_proxy(cnn_path: Path, tm
 
 @pytest.mark.gpu
 def test_one_worker_pinned_to_each_listed_gpu(cnn_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from gpt_optuna.evaluation.jobs import gpu_names
+    from gpt_optuna.protocol.process import gpu_names
     from gpt_optuna.search.lanes import pinned
 
     names = gpu_names()

@@ -17,15 +17,16 @@ from optuna.trial import TrialState
 
 from gpt_optuna.cli import main
 from gpt_optuna.core.errors import EXIT_USER_ERROR
-from gpt_optuna.evaluation.accuracy import parse_criterion
-from gpt_optuna.evaluation.jobs import EvaluateJob
-from gpt_optuna.evaluation.measure import MeasureSettings
-from gpt_optuna.evaluation.outcome import Outcome
-from gpt_optuna.evaluation.sensitivity import rank_sensitive_nodes, ranking_session
 from gpt_optuna.graph import feeds as mf
 from gpt_optuna.graph import model as m
 from gpt_optuna.graph.precision import PrecisionSetting, precision_knobs, transform
+from gpt_optuna.protocol.accuracy import parse_criterion
+from gpt_optuna.protocol.jobs import EvaluateJob
+from gpt_optuna.protocol.outcome import Outcome
+from gpt_optuna.protocol.timing import MeasureSettings
 from gpt_optuna.testing.small_cnn import small_cnn
+from gpt_optuna.worker.reference import fp32_outputs
+from gpt_optuna.worker.sensitivity import rank_sensitive_nodes, ranking_session
 
 
 def overflow_model() -> onnx.ModelProto:
@@ -70,7 +71,7 @@ def inputs(path: Path) -> tuple[m.ModelInfo, m.Feeds, m.Feeds]:
     feeds = mf.synthetic_feeds(info, m.resolve_shapes(info, {}))
     x = np.abs(feeds["x"]) + 1.0  # positive inputs: the first MatMul really reaches ~1e5
     feeds = {"x": x.astype(np.float32)}
-    return info, feeds, mf.reference_outputs(info, feeds)
+    return info, feeds, fp32_outputs(info, [feeds])[0]
 
 
 def run(path: Path, feeds: m.Feeds) -> np.ndarray:
@@ -223,7 +224,7 @@ def test_int8_places_symmetric_qdq_with_per_channel_weights(tmp_path: Path) -> N
     assert not [
         n for n in model.graph.node if n.op_type == "Gemm" and producers[n.input[0]].op_type == "DequantizeLinear"
     ]
-    reference = mf.reference_outputs(info, samples[0])
+    reference = fp32_outputs(info, [samples[0]])[0]
     assert parse_criterion("cosine>=0.99").evaluate({"logits": run(out, samples[0])}, reference).feasible
 
 
@@ -245,7 +246,7 @@ def test_a_failing_transform_is_a_failed_candidate_not_a_crash(tmp_path: Path) -
     info = m.load_model_info(path)
     feeds = mf.synthetic_feeds(info, m.resolve_shapes(info, {}))
     mf.save_npz(tmp_path / "inputs.npz", mf.stack([feeds]))  # the study's layout: a sample axis
-    mf.save_npz(tmp_path / "reference.npz", mf.stack([mf.reference_outputs(info, feeds)]))
+    mf.save_npz(tmp_path / "reference.npz", mf.stack([fp32_outputs(info, [feeds])[0]]))
     mf.save_npz(tmp_path / "calibration.npz", {"not_an_input": np.zeros((2, 3), np.float32)})
     job = EvaluateJob(
         backend="onnxruntime",

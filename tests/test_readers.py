@@ -20,7 +20,7 @@ from onnx import TensorProto, helper, numpy_helper
 import gpt_optuna
 from gpt_optuna.cli import main
 from gpt_optuna.core.errors import EXIT_INCONCLUSIVE, EXIT_USER_ERROR
-from gpt_optuna.evaluation.accuracy import parse_criterion
+from gpt_optuna.protocol.accuracy import parse_criterion
 
 CONFIG = 'confirm_processes = 2\n[measure]\nbudget_s = 0.05\nmin_samples = 5\n[space]\nprecision = "fp32"\n'
 """Every candidate in fp32, so that each meets every criterion and ``confirm`` has finalists whatever the

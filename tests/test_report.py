@@ -299,7 +299,7 @@ def test_multi_objective_search_over_latency_and_error(cnn_path: Path, tmp_path:
 
 
 def test_the_error_axis_is_the_clause_that_tells_the_feasible_trials_apart() -> None:
-    from gpt_optuna.evaluation.accuracy import parse_criterion
+    from gpt_optuna.protocol.accuracy import parse_criterion
     from gpt_optuna.results.figures import latency_axis
     from gpt_optuna.results.rows import error_axis
 

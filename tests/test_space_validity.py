@@ -20,21 +20,22 @@ from gpt_optuna.backends import BuildError, KnobLimit
 from gpt_optuna.backends.tensorrt.backend import TensorRTRTXBackend
 from gpt_optuna.cli import main
 from gpt_optuna.core.space import Condition, Knob, Space
-from gpt_optuna.evaluation.accuracy import parse_criterion
-from gpt_optuna.evaluation.jobs import CheckJob, EvaluateJob
-from gpt_optuna.evaluation.measure import MeasureSettings
-from gpt_optuna.evaluation.outcome import Outcome, TrialResult
-from gpt_optuna.evaluation.sensitivity import rank_sensitive_nodes
 from gpt_optuna.graph import feeds as mf
 from gpt_optuna.graph import model as m
 from gpt_optuna.graph.model_cache import with_distinct_dims
 from gpt_optuna.graph.precision import KEEP_GROUPS, KEEP_NODE_COUNTS, PrecisionSetting, precision_knobs, transform
 from gpt_optuna.graph.transforms import is_transform_knob
+from gpt_optuna.protocol.accuracy import parse_criterion
+from gpt_optuna.protocol.jobs import CheckJob, EvaluateJob
+from gpt_optuna.protocol.outcome import Outcome, TrialResult
+from gpt_optuna.protocol.timing import MeasureSettings
 from gpt_optuna.search.ledger import refusal_causes
 from gpt_optuna.search.sampling import FreshSampler
 from gpt_optuna.search.space_check import check_space
 from gpt_optuna.testing.pattern_graphs import PATTERNS
 from gpt_optuna.testing.small_cnn import small_cnn
+from gpt_optuna.worker.reference import fp32_outputs
+from gpt_optuna.worker.sensitivity import rank_sensitive_nodes
 
 ALL = ("fp32", "fp16", "bf16", "int8", "fp8")
 
@@ -43,7 +44,7 @@ def prepared(name: str, tmp_path: Path) -> tuple[m.ModelInfo, m.Feeds, m.Feeds]:
     builder, flags = PATTERNS[name]
     info = with_distinct_dims(m.load_model_info(save(builder(), tmp_path / f"{name}.onnx")), tmp_path / "dims")
     feeds = mf.synthetic_feeds(info, m.resolve_shapes(info, m.parse_shapes(flags)))
-    return info, feeds, mf.reference_outputs(info, feeds)
+    return info, feeds, fp32_outputs(info, [feeds])[0]
 
 
 def settings(model: onnx.ModelProto, ranking: list[str]) -> list[PrecisionSetting]:
@@ -363,7 +364,7 @@ def test_transforms_of_models_other_projects_exported_pass_the_checker_and_load(
     package, member, flags = REAL_MODELS[name]
     info = with_distinct_dims(m.load_model_info(registry_model(package, member)), tmp_path / "dims")
     feeds = mf.synthetic_feeds(info, m.resolve_shapes(info, m.parse_shapes(flags)))
-    reference = mf.reference_outputs(info, feeds)
+    reference = fp32_outputs(info, [feeds])[0]
     ranking = rank_sensitive_nodes(info.path, feeds, reference, limit=8)
     graph = onnx.load(str(info.path))
     most = max(c for c in KEEP_NODE_COUNTS if c <= len(ranking))

@@ -244,7 +244,7 @@ class TensorRT10Backend(TensorRTBackend):
 
 
 def test_weak_typing_flags_only_apply_while_the_graph_stays_fp32(cnn_path: Path, tmp_path: Path) -> None:
-    from gpt_optuna.evaluation.jobs import SpaceJob
+    from gpt_optuna.protocol.jobs import SpaceJob
 
     info = m.load_model_info(cnn_path)
     space, _, _ = SpaceJob("test_tensorrt_api:TensorRT10Backend", info, m.resolve_shapes(info, {}), tmp_path)()

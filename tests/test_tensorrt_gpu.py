@@ -13,9 +13,11 @@ import numpy as np
 import pytest
 
 from gpt_optuna.backends.tensorrt.backend import TensorRTBackend, TensorRTRTXBackend
-from gpt_optuna.evaluation.measure import MeasureSettings, measure
 from gpt_optuna.graph import feeds as mf
 from gpt_optuna.graph import model as m
+from gpt_optuna.protocol.timing import MeasureSettings
+from gpt_optuna.worker.measure import measure
+from gpt_optuna.worker.reference import fp32_outputs
 
 pytestmark = pytest.mark.gpu
 
@@ -32,7 +34,7 @@ def test_engine_runs_on_cupy_buffers_with_and_without_cuda_graphs(name: str, cnn
     info = m.load_model_info(cnn_path)
     shapes = m.resolve_shapes(info, {})
     feeds = mf.synthetic_feeds(info, shapes)
-    reference = mf.reference_outputs(info, feeds)
+    reference = fp32_outputs(info, [feeds])[0]
     space = backend.space(info, shapes)
     graph = [k for k in space.knobs if k.name in ("runtime.cuda_graph", "runtime.cuda_graph_strategy")][0]
     for value in graph.choices:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gpt_optuna.evaluation.worker import FailureKind, JobFailure, Worker, report_progress
+from gpt_optuna.protocol.process import FailureKind, JobFailure, Worker, report_progress
 
 
 def segfault() -> None:

@@ -37,10 +37,11 @@ from gpt_optuna.api.check_outcome import (
 from gpt_optuna.api.check_record import exported_model, load_record, read_samples, recorded_latency, shape_flags
 from gpt_optuna.core import interrupts
 from gpt_optuna.core.log import RESULT, tell
-from gpt_optuna.evaluation.accuracy import parse_criterion
 from gpt_optuna.graph import feeds as feeds_io
 from gpt_optuna.graph import model as model_io
 from gpt_optuna.graph.transforms import is_transform_knob
+from gpt_optuna.protocol.accuracy import parse_criterion
+from gpt_optuna.protocol.jobs import reference_outputs
 from gpt_optuna.results.export import export_trial
 from gpt_optuna.search.config import TuneConfig, default_storage, study_flags
 from gpt_optuna.search.finalists import interleave, process_seconds, quiet_seconds
@@ -113,7 +114,7 @@ def outputs_unchanged(model: Path, record: dict[str, Any]) -> Outcome:
     inputs, references = read_samples(record, info)
     metric_spec = record.get("metric")
     criterion = parse_criterion(record["accuracy_criterion"], user_metrics=metric_spec is not None)
-    outputs = [feeds_io.reference_outputs(info, feeds) for feeds in inputs]
+    outputs = reference_outputs(info, inputs)
     user = None
     if metric_spec:
         from gpt_optuna.search.preparation import call_metric

@@ -10,9 +10,9 @@ from typing import Any
 
 from gpt_optuna.backends.base import read_record
 from gpt_optuna.core.errors import UserError
-from gpt_optuna.evaluation.accuracy import parse_criterion
 from gpt_optuna.graph import feeds as feeds_io
 from gpt_optuna.graph import model as model_io
+from gpt_optuna.protocol.accuracy import parse_criterion
 
 
 def _malformed(path: Path, what: str) -> UserError:

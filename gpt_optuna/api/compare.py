@@ -20,12 +20,12 @@ from typing import Any
 import optuna
 
 from gpt_optuna.core.errors import UserError
-from gpt_optuna.evaluation.jobs import EvaluateJob
-from gpt_optuna.evaluation.measure import BLOCK, ROUNDS
-from gpt_optuna.evaluation.outcome import Outcome, TrialResult
-from gpt_optuna.evaluation.worker import JobFailure, Worker
 from gpt_optuna.graph import model as model_io
 from gpt_optuna.graph.transforms import is_transform_knob
+from gpt_optuna.protocol.jobs import EvaluateJob
+from gpt_optuna.protocol.outcome import Outcome, TrialResult
+from gpt_optuna.protocol.process import JobFailure, Worker
+from gpt_optuna.protocol.timing import BLOCK, ROUNDS
 from gpt_optuna.search.finalists import QUIET_S, WORKER_START_S, ConfirmationFailed, interleave, template_from_study
 from gpt_optuna.search.options import DEFAULT_PROCESSES
 from gpt_optuna.study.evidence import Speedup, judge, speedups

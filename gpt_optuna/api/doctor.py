@@ -40,8 +40,8 @@ def check_engines() -> list[EngineCheck]:
 
 
 def _check(name: str) -> EngineCheck:
-    from gpt_optuna.evaluation.self_test import SelfTestJob
-    from gpt_optuna.evaluation.worker import JobFailure, Worker
+    from gpt_optuna.protocol.jobs import SelfTestJob
+    from gpt_optuna.protocol.process import JobFailure, Worker
 
     missing = load_backend(name).missing_library()
     if missing is not None:

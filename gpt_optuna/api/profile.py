@@ -21,8 +21,8 @@ from gpt_optuna.api.compare import side
 from gpt_optuna.backends.base import NodeTime
 from gpt_optuna.core.errors import UserError
 from gpt_optuna.core.files import atomic_write
-from gpt_optuna.evaluation.profile_job import ProfileJob
-from gpt_optuna.evaluation.worker import JobFailure, Worker
+from gpt_optuna.protocol.jobs import ProfileJob
+from gpt_optuna.protocol.process import JobFailure, Worker
 from gpt_optuna.search.finalists import template_from_study
 from gpt_optuna.search.options import DEFAULT_PROFILE_RUNS
 from gpt_optuna.study.folder import StudyFolder

@@ -21,7 +21,7 @@ from gpt_optuna.api.exporting import Exported, export, writable_file
 from gpt_optuna.core import interrupts
 from gpt_optuna.core.errors import UserError
 from gpt_optuna.core.log import RESULT, tell
-from gpt_optuna.evaluation.measure import ROUNDS
+from gpt_optuna.protocol.timing import ROUNDS
 from gpt_optuna.results.export import figures_record
 from gpt_optuna.results.rows import ErrorAxis, TrialRow, collect, criterion_of, error_axis, marks
 from gpt_optuna.results.summary_text import format_summary, headline

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from gpt_optuna.core.errors import UserError
-from gpt_optuna.evaluation.measure import ROUNDS
+from gpt_optuna.protocol.timing import ROUNDS
 from gpt_optuna.search.config import TuneConfig, read_toml
 from gpt_optuna.search.options import DEFAULT_PROCESSES, OPTIONS
 

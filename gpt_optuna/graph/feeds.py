@@ -8,9 +8,8 @@ from typing import Any
 
 import numpy as np
 
-from gpt_optuna.core.errors import MissingDependencyError, UserError
+from gpt_optuna.core.errors import UserError
 from gpt_optuna.core.files import atomic_path, atomic_write
-from gpt_optuna.core.log import onnxruntime_options
 from gpt_optuna.graph.model import Feeds, ModelInfo, ShapeRange, check_shape, file_sha256, one_line
 
 
@@ -196,21 +195,6 @@ def synthetic_feeds(info: ModelInfo, shapes: dict[str, ShapeRange], seed: int = 
                 f"cannot generate data for input {spec.describe()}; give real inputs with --inputs FEEDS.npz"
             )
     return feeds
-
-
-def reference_outputs(info: ModelInfo, feeds: Feeds) -> Feeds:
-    """Run the unmodified model with ONNX Runtime on CPU in fp32: the accuracy reference (of one sample)."""
-    try:
-        import onnxruntime as ort
-    except ImportError as exc:
-        raise MissingDependencyError("ONNX Runtime", "cpu") from exc
-    options = onnxruntime_options(ort)
-    try:
-        session = ort.InferenceSession(str(info.path), options, providers=["CPUExecutionProvider"])
-        values = session.run(None, feeds)
-    except Exception as exc:
-        raise UserError(f"ONNX Runtime cannot run {info.path} on CPU for the reference: {one_line(exc)}") from exc
-    return {spec.name: np.asarray(v) for spec, v in zip(info.outputs, values, strict=True)}
 
 
 def feeds_sha256(feeds: Feeds) -> str:

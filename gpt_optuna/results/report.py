@@ -11,7 +11,7 @@ from typing import Any
 
 import optuna
 
-from gpt_optuna.evaluation.accuracy import Criterion
+from gpt_optuna.protocol.accuracy import Criterion
 from gpt_optuna.results.figures import (
     build_figure,
     history_figure,

@@ -16,7 +16,7 @@ from typing import Any
 import optuna
 
 from gpt_optuna.core.errors import UserError
-from gpt_optuna.evaluation.accuracy import STANDARD_METRICS, Criterion, parse_criterion
+from gpt_optuna.protocol.accuracy import STANDARD_METRICS, Criterion, parse_criterion
 from gpt_optuna.study.record import StudyRecord
 from gpt_optuna.study.summary import StudySummary
 from gpt_optuna.study.taxonomy import failure_cause, retried_numbers, trial_status

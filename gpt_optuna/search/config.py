@@ -13,9 +13,9 @@ from typing import Any
 from gpt_optuna.backends import BACKENDS
 from gpt_optuna.core.errors import UserError
 from gpt_optuna.core.space import Value
-from gpt_optuna.evaluation.accuracy import DEFAULT_CRITERION, Criterion, parse_criterion
-from gpt_optuna.evaluation.measure import MeasureSettings
 from gpt_optuna.graph.feeds import absolute_spec
+from gpt_optuna.protocol.accuracy import DEFAULT_CRITERION, Criterion, parse_criterion
+from gpt_optuna.protocol.timing import MeasureSettings
 from gpt_optuna.search.options import DEFAULT_PROCESSES, DEFAULT_TOP, FLAG, INT, OPTIONS, SAMPLERS
 from gpt_optuna.study.folder import StudyFolder
 from gpt_optuna.study.record import STUDIES

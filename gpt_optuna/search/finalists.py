@@ -29,10 +29,9 @@ from optuna.trial import FrozenTrial
 
 from gpt_optuna.core import interrupts
 from gpt_optuna.core.errors import UserError
-from gpt_optuna.evaluation.confirm_job import ConfirmJob, RoundTimed
-from gpt_optuna.evaluation.jobs import EvaluateJob
-from gpt_optuna.evaluation.measure import BLOCK, MIN_ROUNDS, ROUNDS, ROUNDS_BUDGET_S, MeasureSettings
-from gpt_optuna.evaluation.worker import FailureKind, JobFailure, Worker
+from gpt_optuna.protocol.jobs import ConfirmJob, EvaluateJob, RoundTimed
+from gpt_optuna.protocol.process import FailureKind, JobFailure, Worker
+from gpt_optuna.protocol.timing import BLOCK, MIN_ROUNDS, ROUNDS, ROUNDS_BUDGET_S, MeasureSettings
 from gpt_optuna.search.options import DEFAULT_PROCESSES, DEFAULT_TOP
 from gpt_optuna.study.artifacts import INPUTS_FILE, REFERENCE_FILE
 from gpt_optuna.study.evidence import LEVEL, Speedup, significant, speedups
@@ -314,10 +313,10 @@ def template_from_study(study: optuna.Study, model: Path | None = None, workdir:
     """Rebuild the evaluation settings of a study from what it recorded (for ``gpt-optuna confirm``
     and joining workers): the recorded model file, or ``model`` (same content), with the data in
     the study folder (or ``workdir``)."""
-    from gpt_optuna.evaluation.accuracy import parse_criterion
-    from gpt_optuna.evaluation.measure import MeasureSettings
     from gpt_optuna.graph.model import ShapeRange, load_model_info
     from gpt_optuna.graph.model_cache import with_distinct_dims
+    from gpt_optuna.protocol.accuracy import parse_criterion
+    from gpt_optuna.protocol.timing import MeasureSettings
     from gpt_optuna.study.artifacts import verified
     from gpt_optuna.study.folder import StudyFolder
     from gpt_optuna.study.record import MEASURE_ATTR

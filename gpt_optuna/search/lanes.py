@@ -25,8 +25,8 @@ from optuna.trial import FrozenTrial, TrialState
 
 from gpt_optuna.core import interrupts
 from gpt_optuna.core.errors import UserError, environment_fault
-from gpt_optuna.evaluation.jobs import WarmUpJob, gpu_names
-from gpt_optuna.evaluation.worker import Worker
+from gpt_optuna.protocol.jobs import WarmUpJob
+from gpt_optuna.protocol.process import Worker, gpu_names
 from gpt_optuna.search.ledger import StudyLedger
 from gpt_optuna.search.objective import CandidateFailed, Lane, Objective, SearchTimeUp
 from gpt_optuna.search.sampling import FreshSampler

@@ -23,9 +23,9 @@ from optuna.trial import FrozenTrial, TrialState
 from gpt_optuna.core import interrupts
 from gpt_optuna.core.errors import UserError
 from gpt_optuna.core.space import Candidate, Space
-from gpt_optuna.evaluation.jobs import EvaluateJob, run_evaluation
-from gpt_optuna.evaluation.outcome import Outcome, TrialResult
-from gpt_optuna.evaluation.worker import Worker
+from gpt_optuna.protocol.jobs import EvaluateJob, run_evaluation
+from gpt_optuna.protocol.outcome import Outcome, TrialResult
+from gpt_optuna.protocol.process import Worker
 from gpt_optuna.search.engines import KEPT_ENGINES, EngineKeeper
 from gpt_optuna.search.ledger import StudyLedger, key_of
 from gpt_optuna.search.sampling import FreshSampler

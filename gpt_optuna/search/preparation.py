@@ -21,14 +21,14 @@ from gpt_optuna.backends import load_backend
 from gpt_optuna.core.errors import UserError
 from gpt_optuna.core.files import atomic_write
 from gpt_optuna.core.space import Space, Value
-from gpt_optuna.evaluation.jobs import EvaluateJob, SpaceJob
-from gpt_optuna.evaluation.worker import JobFailure, Worker
 from gpt_optuna.graph import feeds as feeds_io
 from gpt_optuna.graph import model as model_io
 from gpt_optuna.graph.fusion import FUSION_KNOB
 from gpt_optuna.graph.model_cache import with_distinct_dims
 from gpt_optuna.graph.model_profile import ModelProfile, profile_of
 from gpt_optuna.graph.precision import QUANTIZED
+from gpt_optuna.protocol.jobs import EvaluateJob, SpaceJob, reference_outputs
+from gpt_optuna.protocol.process import JobFailure, Worker
 from gpt_optuna.search.config import TuneConfig
 from gpt_optuna.search.space_check import PRECISION, check_space
 from gpt_optuna.search.your_configuration import holding_yours
@@ -88,7 +88,7 @@ def load_inputs(config: TuneConfig, notes: list[str]) -> Inputs:
             "warning: no --inputs: accuracy is judged on one batch of generated N(0, 1) data, which says little"
             " about real inputs; give real samples with --inputs (an .npz, a folder of them, or module:function)"
         )
-    references = [feeds_io.reference_outputs(info, feeds) for feeds in samples]
+    references = reference_outputs(info, samples)
     feeds_io.check_reference(references, generated=config.inputs is None, notes=notes)
     config.criterion.check_applicable(references[0])
     if config.metric is not None:

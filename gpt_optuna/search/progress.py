@@ -11,7 +11,7 @@ from optuna.trial import TrialState
 from tqdm import tqdm
 
 from gpt_optuna.core.log import RESULT, logger
-from gpt_optuna.evaluation.outcome import Outcome, TrialResult
+from gpt_optuna.protocol.outcome import Outcome, TrialResult
 from gpt_optuna.results.summary_text import format_summary
 from gpt_optuna.study.trial_record import TrialRecord
 

@@ -13,7 +13,7 @@ import optuna
 from optuna.trial import FrozenTrial
 
 from gpt_optuna.core import interrupts
-from gpt_optuna.evaluation.worker import Worker
+from gpt_optuna.protocol.process import Worker
 from gpt_optuna.search.lanes import TrialBudget, check_devices, lane_gpus, make_lanes, open_workers, run_lanes
 from gpt_optuna.search.objective import Lane, Objective
 from gpt_optuna.search.progress import Progress

@@ -18,10 +18,10 @@ from dataclasses import replace
 from gpt_optuna.backends import KnobLimit
 from gpt_optuna.core.errors import UserError
 from gpt_optuna.core.space import Condition, Space, Value
-from gpt_optuna.evaluation.jobs import CheckJob, EvaluateJob, run_evaluation
-from gpt_optuna.evaluation.outcome import Outcome, TrialResult
-from gpt_optuna.evaluation.worker import Worker
 from gpt_optuna.graph.fusion import FUSION_KNOB
+from gpt_optuna.protocol.jobs import CheckJob, EvaluateJob, run_evaluation
+from gpt_optuna.protocol.outcome import Outcome, TrialResult
+from gpt_optuna.protocol.process import Worker
 
 PRECISION = "precision"
 Combo = tuple[Value, Value]

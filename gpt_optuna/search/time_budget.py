@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import optuna
 
-from gpt_optuna.evaluation.measure import MeasureSettings
+from gpt_optuna.protocol.timing import MeasureSettings
 from gpt_optuna.search.finalists import WORKER_START_S, finalists, process_seconds, with_yours
 from gpt_optuna.study.taxonomy import your_trial
 

@@ -19,8 +19,8 @@ from gpt_optuna.backends import Backend, load_backend
 from gpt_optuna.core import interrupts
 from gpt_optuna.core.errors import EXIT_NO_FEASIBLE, UserError
 from gpt_optuna.core.space import Candidate, Space
-from gpt_optuna.evaluation.jobs import EvaluateJob
 from gpt_optuna.graph.model_profile import ModelProfile
+from gpt_optuna.protocol.jobs import EvaluateJob
 from gpt_optuna.results.export import export_suffix
 from gpt_optuna.results.winner import name_objectives, record_winner
 from gpt_optuna.search.config import TuneConfig, study_flags

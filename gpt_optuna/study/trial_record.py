@@ -28,7 +28,7 @@ GPU = "gpu"
 """The name of the device the trial was measured on (``cpu`` on the CPU)."""
 
 OUTCOME = "outcome"
-"""The evaluation's outcome (:class:`gpt_optuna.evaluation.outcome.Outcome`'s value)."""
+"""The evaluation's outcome (:class:`gpt_optuna.protocol.outcome.Outcome`'s value)."""
 LATENCY = "latency"
 """The latency protocol's figures (median, interval, stability), measured even where infeasible."""
 ACCURACY = "accuracy"

@@ -10,41 +10,11 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 import numpy as np
 
 from gpt_optuna.backends.base import Runner
-
-
-@dataclass(frozen=True)
-class MeasureSettings:
-    """How hard to work for one latency figure."""
-
-    target_rel_ci: float = 0.01
-    budget_s: float = 2.0
-    min_samples: int = 10
-    max_samples: int = 5000
-    block: int = 10
-    warmup_min: int = 3
-    warmup_tolerance: float = 0.05
-    flush_l2: bool = False
-    """GPU only: overwrite a buffer larger than the L2 cache before each launch (cold-cache latency)."""
-
-
-@dataclass(frozen=True)
-class LatencyStats:
-    """Robust statistics of per-launch latency, in milliseconds."""
-
-    median_ms: float
-    p10_ms: float
-    p90_ms: float
-    iqr_ms: float
-    cv: float
-    rel_ci: float
-    samples: int
-    warmup: int
-    stable: bool
+from gpt_optuna.protocol.timing import MIN_ROUNDS, LatencyStats, MeasureSettings
 
 
 def median_rel_ci(samples: np.ndarray) -> float:
@@ -143,12 +113,6 @@ def measure_with(timed_launch: Callable[[], float], settings: MeasureSettings) -
     return summarize(np.asarray(samples), warmup, settings.target_rel_ci)
 
 
-ROUNDS, BLOCK = 10, 10
-"""Interleaved rounds, and launches per candidate in each."""
-ROUNDS_BUDGET_S = 60.0
-"""The rounds of one process stop (after three at least) once this long has passed."""
-MIN_ROUNDS = 3
-"""Rounds a process times at least, whatever its deadline."""
 SETTLE_POLL_S = 0.005
 SETTLE_MAX_S = 1.0
 

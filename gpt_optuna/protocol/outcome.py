@@ -10,8 +10,8 @@ from typing import Any
 
 from gpt_optuna.backends import BuildError
 from gpt_optuna.core.log import logger
-from gpt_optuna.evaluation.accuracy import Verdict
-from gpt_optuna.evaluation.measure import LatencyStats
+from gpt_optuna.protocol.accuracy import Verdict
+from gpt_optuna.protocol.timing import LatencyStats
 
 
 class Outcome(enum.StrEnum):

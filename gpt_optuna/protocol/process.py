@@ -254,3 +254,14 @@ class Worker:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def gpu_names() -> list[str]:
+    """The names of the GPUs this process sees, in CUDA's order; none without CuPy, a driver or a device."""
+    try:
+        import cupy
+
+        names = [cupy.cuda.runtime.getDeviceProperties(i)["name"] for i in range(cupy.cuda.runtime.getDeviceCount())]
+    except Exception:
+        return []
+    return [name.decode() if isinstance(name, bytes) else str(name) for name in names]

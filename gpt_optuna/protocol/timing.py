@@ -1,0 +1,44 @@
+"""The latency protocol's settings and figures, which the tuner sets and reads and its workers
+follow and report (the protocol itself: :mod:`gpt_optuna.worker.measure`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class MeasureSettings:
+    """How hard to work for one latency figure."""
+
+    target_rel_ci: float = 0.01
+    budget_s: float = 2.0
+    min_samples: int = 10
+    max_samples: int = 5000
+    block: int = 10
+    warmup_min: int = 3
+    warmup_tolerance: float = 0.05
+    flush_l2: bool = False
+    """GPU only: overwrite a buffer larger than the L2 cache before each launch (cold-cache latency)."""
+
+
+@dataclass(frozen=True)
+class LatencyStats:
+    """Robust statistics of per-launch latency, in milliseconds."""
+
+    median_ms: float
+    p10_ms: float
+    p90_ms: float
+    iqr_ms: float
+    cv: float
+    rel_ci: float
+    samples: int
+    warmup: int
+    stable: bool
+
+
+ROUNDS, BLOCK = 10, 10
+"""Interleaved rounds, and launches per candidate in each."""
+ROUNDS_BUDGET_S = 60.0
+"""The rounds of one process stop (after three at least) once this long has passed."""
+MIN_ROUNDS = 3
+"""Rounds a process times at least, whatever its deadline."""

@@ -1,0 +1,20 @@
+"""Where a candidate's time goes, operator by operator or layer by layer, in a worker: the
+candidate built as a trial builds it and run under the engine's own profiler
+(:meth:`Backend.layer_times`)."""
+
+from __future__ import annotations
+
+from gpt_optuna.backends.base import NodeTime
+from gpt_optuna.protocol.jobs import ProfileJob
+from gpt_optuna.worker.evaluate import backend_of, samples_of, templates_of, transformed_model
+
+
+def profile(job: ProfileJob) -> list[NodeTime]:
+    """Profile the job's candidate over its runs on the study's first sample."""
+    evaluation = job.evaluation
+    model = transformed_model(evaluation)
+    backend = backend_of(evaluation.backend)
+    feeds, outputs = samples_of(evaluation, model)[0], templates_of(evaluation, model)
+    return backend.layer_times(
+        model, evaluation.engine_candidate, evaluation.workdir, evaluation.shapes, feeds, outputs, job.runs
+    )

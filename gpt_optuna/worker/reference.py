@@ -1,0 +1,31 @@
+"""The accuracy reference, in a worker: the unmodified model run with ONNX Runtime on the CPU in fp32."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from gpt_optuna.core.errors import MissingDependencyError, UserError
+from gpt_optuna.core.log import onnxruntime_options
+from gpt_optuna.graph.model import Feeds, ModelInfo, one_line
+from gpt_optuna.protocol.jobs import ReferenceJob
+
+
+def reference_outputs(job: ReferenceJob) -> list[Feeds]:
+    """The model's outputs on each of the job's samples."""
+    return fp32_outputs(job.model, job.samples)
+
+
+def fp32_outputs(info: ModelInfo, samples: Sequence[Feeds]) -> list[Feeds]:
+    """The unmodified model's outputs on each sample, run in this process."""
+    try:
+        import onnxruntime as ort
+    except ImportError as exc:
+        raise MissingDependencyError("ONNX Runtime", "cpu") from exc
+    try:
+        session = ort.InferenceSession(str(info.path), onnxruntime_options(ort), providers=["CPUExecutionProvider"])
+        found = [session.run(None, feeds) for feeds in samples]
+    except Exception as exc:
+        raise UserError(f"ONNX Runtime cannot run {info.path} on CPU for the reference: {one_line(exc)}") from exc
+    return [{spec.name: np.asarray(v) for spec, v in zip(info.outputs, values, strict=True)} for values in found]
