@@ -111,3 +111,37 @@ def test_readme_is_short() -> None:
 
 def test_readme_keeps_the_test_command() -> None:
     assert TEST_COMMAND in [line.strip() for line in README.read_text(encoding="utf-8").splitlines()]
+
+
+SHARED_FLAGS = {"--help", "--verbose", "--quiet", "--log-file"}
+"""Every command's flags, which the page states once below its synopsis."""
+
+
+def synopsis() -> dict[str, str]:
+    """docs/cli.md's synopsis of each command: its line and the lines continuing it."""
+    text = (ROOT / "docs" / "cli.md").read_text()
+    found: dict[str, str] = {}
+    command = None
+    for line in text[text.index("## Commands") : text.index("`--storage` takes")].splitlines():
+        start = re.match(r" {4}gpt-optuna (\S+)", line)
+        if start:
+            command = start.group(1)
+            found[command] = line
+        elif command is not None and line.startswith(" " * 6):
+            found[command] += line
+    return found
+
+
+def test_the_cli_pages_synopsis_names_every_command_and_flag_and_no_other() -> None:
+    import argparse
+
+    from gpt_optuna.cli.commands import COMMANDS, build_parser
+
+    parsers = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)).choices
+    written = synopsis()
+    assert sorted(written) == sorted(c.name for c in COMMANDS)
+    for command in COMMANDS:
+        flags = {s for a in parsers[command.name]._actions for s in a.option_strings if s.startswith("--")}
+        assert set(re.findall(r"--[a-z0-9-]+", written[command.name])) == flags - SHARED_FLAGS, command.name
+    page = (ROOT / "docs" / "cli.md").read_text()
+    assert all(flag in page for flag in ("`-v`", "`-q`", "`--log-file FILE`"))

@@ -6,8 +6,10 @@ import time
 from functools import partial
 from pathlib import Path
 
+import numpy as np
 import pytest
 
+from gpt_optuna.protocol.jobs import ReferenceJob
 from gpt_optuna.protocol.process import FailureKind, JobFailure, Worker, report_progress
 
 
@@ -140,3 +142,28 @@ def test_a_user_error_in_the_child_is_raised_as_such_in_the_parent(tmp_path: Pat
         with pytest.raises(UserError, match=r"pip install 'gpt-optuna\[someextra\]'"):
             worker.run(missing_library, timeout=60)
         assert worker.run(os.getpid, timeout=60) == pid  # bad input does not cost the warm child
+
+
+def segfault_on(job: object) -> None:
+    """A job's work that crashes its process (as a model can crash ONNX Runtime)."""
+    segfault()
+
+
+class CrashingReference(ReferenceJob):
+    RUNS = "test_worker:segfault_on"
+
+
+def test_a_model_that_crashes_the_reference_run_ends_the_step_with_one_line_not_the_tuner(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from gpt_optuna.core.errors import UserError
+    from gpt_optuna.graph.model import load_model_info
+    from gpt_optuna.protocol import jobs
+    from gpt_optuna.worker.self_test import TINY_MODEL
+
+    info = load_model_info(TINY_MODEL)
+    feeds = {spec.name: np.zeros(spec.shape, spec.dtype) for spec in info.inputs}
+    assert set(jobs.reference_outputs(info, [feeds])[0]) == {spec.name for spec in info.outputs}  # in a worker
+    monkeypatch.setattr(jobs, "ReferenceJob", CrashingReference)
+    with pytest.raises(UserError, match=r"ONNX Runtime cannot run .*small_cnn.onnx on CPU for the reference: crash"):
+        jobs.reference_outputs(info, [feeds])

@@ -9,12 +9,10 @@ store. Only the model file is the host's own, and it must have the recorded hash
 from __future__ import annotations
 
 import contextlib
-import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import optuna
 from optuna.artifacts import FileSystemArtifactStore
 
 from gpt_optuna.backends import load_backend
@@ -35,7 +33,7 @@ from gpt_optuna.search.lanes import (
 from gpt_optuna.search.objective import OWNER, Objective
 from gpt_optuna.search.progress import Progress
 from gpt_optuna.search.sampling import make_sampler
-from gpt_optuna.search.session import SearchSession
+from gpt_optuna.search.session import SearchSession, begin_search
 from gpt_optuna.study.artifacts import artifact_folder, fetch
 from gpt_optuna.study.folder import StudyFolder
 from gpt_optuna.study.record import SEARCH_ATTR, SPACE_ATTR, StudyRecord
@@ -74,9 +72,7 @@ def checked_model(record: StudyRecord, given: Path | None) -> Path:
 
 def join(config: JoinConfig, progress: Progress) -> int:
     """Search with this host's workers until the study holds its target of trials."""
-    optuna.logging.set_verbosity(optuna.logging.ERROR)
-    logging.getLogger("optuna").setLevel(logging.ERROR)
-    interrupts.install()
+    begin_search()
     if config.n_trials is not None and config.n_trials < 1:
         raise UserError(f"--n-trials must be at least 1, got {config.n_trials}")
     started = time.monotonic()

@@ -8,6 +8,7 @@ import contextlib
 import math
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import optuna
 from optuna.trial import TrialState
@@ -55,6 +56,27 @@ def speed_seed(space: Space, backend: Backend) -> Candidate | None:
             turned_on.add(knob.name)
     seed = space.fitted(values)
     return seed if any(seed.get(name) == values[name] for name in turned_on) else None
+
+
+class Best(NamedTuple):
+    """One of an earlier study's best configurations, mapped onto this space."""
+
+    speedup: float
+    """Over that study's baseline (1 where its baseline measured no latency)."""
+    candidate: Candidate
+    source: str
+    """``STUDY:TRIAL``."""
+
+
+class Offer(NamedTuple):
+    """A configuration an earlier study (``study``: the first of its model's) offers first."""
+
+    weight: float
+    """How alike its model is to this one (:data:`UNKNOWN_SIMILARITY` where unknown)."""
+    speedup: float
+    candidate: Candidate
+    source: str
+    study: str
 
 
 @dataclass(frozen=True)
@@ -124,7 +146,7 @@ def warm_start(
         if unknown:
             raise UserError(f"--warm-start: no study {unknown[0]!r} in this storage; studies there: {', '.join(names)}")
     baseline = candidate_key(space.default())
-    offers: dict[CandidateKey, list[tuple[float, float, Candidate, str, str]]] = {}
+    offers: dict[CandidateKey, list[Offer]] = {}
     later: dict[str, list[tuple[Candidate, str]]] = {}
     alike: dict[str, float | None] = {}
     models: dict[str, list[optuna.Study]] = {}
@@ -140,16 +162,19 @@ def warm_start(
         weight = UNKNOWN_SIMILARITY if alike[name] is None else alike[name]
         best = _best_of_model(studies, space, baseline)
         first = max(1, math.ceil(WARM_PER_STUDY * weight - 1e-9))
-        for speedup, candidate, source in best[:first]:
-            offers.setdefault(candidate_key(candidate), []).append((weight, speedup, candidate, source, name))
-        later[name] = [(candidate, source) for _, candidate, source in best[first:]]
-        expected.update({source: 1 + REPLICATION * weight * max(0.0, gain - 1) for gain, _, source in best})
-        trust.update({source: weight for _, _, source in best[first:]})
-    ranked = sorted(offers.values(), key=lambda found: (-sum(o[0] for o in found), -max(o[1] for o in found)))
-    gaining_most = [(max(found, key=lambda o: o[1]), sum(o[0] for o in found)) for found in ranked[:WARM_LIMIT]]
-    candidates = [(offer[2], offer[3]) for offer, _ in gaining_most]
-    trust.update({offer[3]: weight for offer, weight in gaining_most})
-    offered_by = {key: tuple(o[4] for o in offers[key]) for key in map(candidate_key, (c for c, _ in candidates))}
+        for b in best[:first]:
+            offer = Offer(weight, b.speedup, b.candidate, b.source, name)
+            offers.setdefault(candidate_key(b.candidate), []).append(offer)
+        later[name] = [(b.candidate, b.source) for b in best[first:]]
+        expected.update({b.source: 1 + REPLICATION * weight * max(0.0, b.speedup - 1) for b in best})
+        trust.update({b.source: weight for b in best[first:]})
+    ranked = sorted(offers.values(), key=lambda found: (-sum(o.weight for o in found), -max(o.speedup for o in found)))
+    gaining_most = [
+        (max(found, key=lambda o: o.speedup), sum(o.weight for o in found)) for found in ranked[:WARM_LIMIT]
+    ]
+    candidates = [(offer.candidate, offer.source) for offer, _ in gaining_most]
+    trust.update({offer.source: weight for offer, weight in gaining_most})
+    offered_by = {key: tuple(o.study for o in offers[key]) for key in map(candidate_key, (c for c, _ in candidates))}
     reserve = {name: [(c, s) for c, s in rest if candidate_key(c) not in offered_by] for name, rest in later.items()}
     for name, rest in reserve.items():  # held back by the first study of its model, maybe found by another
         offered_by.update({candidate_key(c): (name,) for c, _ in rest})
@@ -177,18 +202,18 @@ def study_similarity(study: optuna.Study, profile: ModelProfile) -> float | None
     return None if theirs is None else similarity(profile, theirs)
 
 
-def _best_of_model(studies: list[optuna.Study], space: Space, skip: CandidateKey) -> list[tuple[float, Candidate, str]]:
+def _best_of_model(studies: list[optuna.Study], space: Space, skip: CandidateKey) -> list[Best]:
     """The best :data:`WARM_PER_STUDY` of studies of one model (see :func:`_best_of`): first those
     most of them found among their best, then by speedup; each from where it gained most."""
-    found: dict[CandidateKey, list[tuple[float, Candidate, str]]] = {}
+    found: dict[CandidateKey, list[Best]] = {}
     for study in studies:
-        for offer in _best_of(study, space, skip, WARM_PER_STUDY):
-            found.setdefault(candidate_key(offer[1]), []).append(offer)
-    ranked = sorted(found.values(), key=lambda offers: (-len(offers), -max(o[0] for o in offers)))
-    return [max(offers, key=lambda o: o[0]) for offers in ranked[:WARM_PER_STUDY]]
+        for best in _best_of(study, space, skip, WARM_PER_STUDY):
+            found.setdefault(candidate_key(best.candidate), []).append(best)
+    ranked = sorted(found.values(), key=lambda offers: (-len(offers), -max(o.speedup for o in offers)))
+    return [max(offers, key=lambda o: o.speedup) for offers in ranked[:WARM_PER_STUDY]]
 
 
-def _best_of(study: optuna.Study, space: Space, skip: CandidateKey, count: int) -> list[tuple[float, Candidate, str]]:
+def _best_of(study: optuna.Study, space: Space, skip: CandidateKey, count: int) -> list[Best]:
     """A study's best ``count`` distinct feasible configurations mapped onto ``space``
     (other than ``skip``, this space's baseline), each with its speedup over that study's baseline
     (1 where the baseline measured no latency)."""
@@ -196,12 +221,12 @@ def _best_of(study: optuna.Study, space: Space, skip: CandidateKey, count: int) 
     baseline = baseline_trial(trials)
     base = None if baseline is None else TrialRecord(baseline).latency_ms
     complete = sorted((t for t in trials if t.state is TrialState.COMPLETE and t.values), key=lambda t: t.values[0])
-    best: dict[CandidateKey, tuple[float, Candidate, str]] = {}
+    best: dict[CandidateKey, Best] = {}
     for trial in complete:
         candidate = space.fitted(trial.params)
         if len(best) < count and candidate_key(candidate) not in best and candidate_key(candidate) != skip:
             speedup = base / trial.values[0] if base else 1.0
-            best[candidate_key(candidate)] = (speedup, candidate, f"{study.study_name}:{trial.number}")
+            best[candidate_key(candidate)] = Best(speedup, candidate, f"{study.study_name}:{trial.number}")
     return list(best.values())
 
 

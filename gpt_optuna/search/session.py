@@ -6,6 +6,7 @@ until the trial budget is spent."""
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -13,12 +14,21 @@ import optuna
 from optuna.trial import FrozenTrial
 
 from gpt_optuna.core import interrupts
+from gpt_optuna.core.log import verbosity
 from gpt_optuna.protocol.process import Worker
 from gpt_optuna.search.lanes import TrialBudget, check_devices, lane_gpus, make_lanes, open_workers, run_lanes
 from gpt_optuna.search.objective import Lane, Objective
 from gpt_optuna.search.progress import Progress
 from gpt_optuna.study.folder import StudyFolder
 from gpt_optuna.study.recovery import tuner_presence
+
+
+def begin_search() -> None:
+    """What every run that searches does first (``tune``, and ``check`` through it; a joining
+    ``worker``): signals handled, and Optuna's own logs held to errors, its warnings too from
+    ``-v`` (its progress is ours)."""
+    interrupts.install()
+    logging.getLogger("optuna").setLevel(logging.WARNING if verbosity() > 0 else logging.ERROR)
 
 
 class SearchSession:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import logging
 import shlex
 import shutil
 import sqlite3
@@ -11,6 +10,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import optuna
 from optuna.artifacts import FileSystemArtifactStore
@@ -40,7 +40,7 @@ from gpt_optuna.search.preparation import Prepared, check_resumable, fingerprint
 from gpt_optuna.search.progress import Progress
 from gpt_optuna.search.sampling import FreshSampler, check_sampler, make_sampler
 from gpt_optuna.search.seeds import WarmStart, speed_seed, warm_start
-from gpt_optuna.search.session import SearchSession
+from gpt_optuna.search.session import SearchSession, begin_search
 from gpt_optuna.search.time_budget import (
     FINISH_S,
     Refreshed,
@@ -105,9 +105,7 @@ def tune(config: TuneConfig, progress: Progress | None = None) -> TuneEnd:
 
 
 def _tune(config: TuneConfig, progress: Progress) -> TuneEnd:
-    optuna.logging.set_verbosity(optuna.logging.ERROR)
-    interrupts.install()
-    logging.getLogger("optuna").setLevel(logging.ERROR)
+    begin_search()
     assert config.storage is not None and config.study_name is not None
     phases = Phases()
     notes: list[str] = []
@@ -165,10 +163,9 @@ def _tune(config: TuneConfig, progress: Progress) -> TuneEnd:
         for note in notes:
             progress.note(note)
         if remaining == 0:
-            return TuneEnd(config, record_winner(study), done, 0, note="the study already has its trials")
+            return ended(config, study, 0, "the study already has its trials")
         if sampler.ledger.counts()[2] == 0 and sampler.covered():
-            note = f"{covered_note(sampler, True)}: nothing is left to search"
-            return TuneEnd(config, record_winner(study), done, 0, note=note, covered=True)
+            return ended(config, study, 0, f"{covered_note(sampler, True)}: nothing is left to search", covered=True)
         record_search(study, config, prepared, deadline)
         job = EvaluateJob.in_study(
             config.workdir,
@@ -204,9 +201,8 @@ def _tune(config: TuneConfig, progress: Progress) -> TuneEnd:
         phases.begin("searching")
         stopped_by = session.search(sampler, objective, budget, progress, transfer.update)
         if stopped_by is not None:
-            summary = record_winner(study)
             code, took = interrupts.exit_code(), phases.line()
-            return TuneEnd(config, summary, finished_count(study), code, f"stopped by {stopped_by}", took, stopped_by)
+            return ended(config, study, code, f"stopped by {stopped_by}", took, stopped_by=stopped_by)
         if deadline is not None:  # the search is over: workers that joined it stop, and leave the GPU to the finalists
             study.set_user_attr(SEARCH_ATTR, study.user_attrs[SEARCH_ATTR] | {"ends_at": time.time()})
         covered = budget.covered or objective.space_exhausted
@@ -220,15 +216,20 @@ def _tune(config: TuneConfig, progress: Progress) -> TuneEnd:
                 interrupts.check()
             except KeyboardInterrupt:
                 note = f"the finalists' re-measurement was stopped by {interrupts.cause()}"
-                summary, code = record_winner(study), interrupts.exit_code()
-                done = finished_count(study)
-                return TuneEnd(config, summary, done, code, note, phases.line(), interrupts.cause(), reconfirm=True)
-        summary = record_winner(study)
-        if summary.best is None:
+                code, took = interrupts.exit_code(), phases.line()
+                return ended(config, study, code, note, took, stopped_by=interrupts.cause(), reconfirm=True)
+        end = ended(config, study, 0, note, phases.line(), covered=covered)
+        if end.summary.best is None:
             note = "no candidate met the accuracy criterion" if not config.dry_run else "no candidate built"
-        code = EXIT_NO_FEASIBLE if summary.best is None else 0
-        done = finished_count(study)
-        return TuneEnd(config, summary, done, code, note, phases.line(), covered=covered)
+            end = replace(end, code=EXIT_NO_FEASIBLE, note=note)
+        return end
+
+
+def ended(config: TuneConfig, study: optuna.Study, code: int, note: str = "", took: str = "", **how: Any) -> TuneEnd:
+    """How the run ended (``how``: :class:`TuneEnd`'s flags), with the study's summary, its winner
+    recorded in the study, and the trials that count so far. The runs that end before the search
+    (the study already has its trials, or its space is covered) took no phase worth telling."""
+    return TuneEnd(config, record_winner(study), finished_count(study), code, note, took, **how)
 
 
 def covered_note(sampler: FreshSampler, every: bool) -> str:
