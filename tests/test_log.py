@@ -3,6 +3,7 @@ note written above a progress bar, never into it."""
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 from pathlib import Path
@@ -80,3 +81,24 @@ def test_tune_says_its_notes_at_every_verbosity_but_qq(cnn_path: Path, capfd: py
     assert main([*argv, "--study-name", "b", "-qq"]) == 0
     said = capfd.readouterr()
     assert "new study" not in said.err and "verdict: " in said.out
+    assert "warning: no --inputs" in said.err  # a warning is said at every verbosity
+
+
+def test_the_users_own_handler_takes_the_records_and_a_worker_is_told_the_verbosity(tmp_path: Path) -> None:
+    import logging
+
+    from gpt_optuna.protocol.process import Worker
+
+    kept: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: kept.append(record.getMessage())  # type: ignore[method-assign]
+    log.LOGGER.handlers.clear()
+    log.LOGGER.setLevel(logging.NOTSET)
+    log.LOGGER.addHandler(handler)
+    log.logger("gpt_optuna.x").info("a note")
+    assert kept == ["a note"]  # no terminal handler added, and the level lets progress through
+    log.configure(1)
+    with Worker(tmp_path / "w.log") as worker:
+        assert worker.run(log.verbosity, timeout=60) == 1
+    assert os.environ[log.VERBOSITY_ENV] == "0"  # this process's environment is left as it was
+    log.configure(0)

@@ -2,6 +2,7 @@
 
 import ctypes
 import os
+import shutil
 import time
 from functools import partial
 from pathlib import Path
@@ -165,5 +166,10 @@ def test_a_model_that_crashes_the_reference_run_ends_the_step_with_one_line_not_
     feeds = {spec.name: np.zeros(spec.shape, spec.dtype) for spec in info.inputs}
     assert set(jobs.reference_outputs(info, [feeds])[0]) == {spec.name for spec in info.outputs}  # in a worker
     monkeypatch.setattr(jobs, "ReferenceJob", CrashingReference)
-    with pytest.raises(UserError, match=r"ONNX Runtime cannot run .*small_cnn.onnx on CPU for the reference: crash"):
+    with pytest.raises(
+        UserError, match=r"cannot run .*small_cnn.onnx on CPU for the reference: crash.*its log: "
+    ) as err:
         jobs.reference_outputs(info, [feeds])
+    log = Path(str(err.value).rpartition("its log: ")[2])
+    assert "about to crash" in log.read_text()  # the worker's own output, kept for the user
+    shutil.rmtree(log.parent)

@@ -290,7 +290,7 @@ def judge_latency(
             evaluations,
             StudyFolder(config.workdir).log("compare"),
             config.confirm_processes,
-            print,
+            tell,
             process_seconds([seeded, *trials], template.settings),
             quiet_seconds([seeded, *trials], template.settings),
             deadline=deadline,

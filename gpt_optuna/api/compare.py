@@ -20,6 +20,7 @@ from typing import Any
 import optuna
 
 from gpt_optuna.core.errors import UserError
+from gpt_optuna.core.log import tell
 from gpt_optuna.graph import model as model_io
 from gpt_optuna.graph.transforms import is_transform_knob
 from gpt_optuna.protocol.jobs import EvaluateJob
@@ -159,7 +160,7 @@ def compare(
     processes: int = DEFAULT_PROCESSES,
     rounds: int = ROUNDS,
     timeout_s: float | None = None,
-    say: Callable[[str], None] = print,
+    say: Callable[[str], None] = tell,
 ) -> Comparison:
     """Evaluate ``a`` and ``b`` (see :func:`side`) once each, then time them interleaved."""
     if processes < 1 or rounds < 3:

@@ -21,6 +21,7 @@ from gpt_optuna.api.compare import side
 from gpt_optuna.backends.base import NodeTime
 from gpt_optuna.core.errors import UserError
 from gpt_optuna.core.files import atomic_write
+from gpt_optuna.core.log import tell
 from gpt_optuna.protocol.jobs import ProfileJob
 from gpt_optuna.protocol.process import JobFailure, Worker
 from gpt_optuna.search.finalists import template_from_study
@@ -86,7 +87,7 @@ class Profile:
 
 
 def profile(
-    study: optuna.Study, trial: str | None = None, runs: int = DEFAULT_PROFILE_RUNS, say: Callable[[str], None] = print
+    study: optuna.Study, trial: str | None = None, runs: int = DEFAULT_PROFILE_RUNS, say: Callable[[str], None] = tell
 ) -> Profile:
     """Profile ``trial`` (default: the study's decided one) and the baseline."""
     if runs < 1:

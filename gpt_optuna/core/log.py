@@ -1,6 +1,11 @@
 """The package's logging: one logger (``gpt_optuna``), one handler for the terminal that writes
 beside a progress bar, the verbosity the command line sets (``-v``, ``-q``, ``--log-file``), and the
-level the engines' own logs follow (in the tuner and in its workers, which inherit it)."""
+level the engines' own logs follow (in the tuner and in the workers it starts, which are told it).
+
+Like Optuna's, the logger has a handler of its own and does not propagate: from Python, the API
+says what the command line says. To take its records into your own logging instead, add your
+handler to ``logging.getLogger("gpt_optuna")`` before the first call (the terminal handler is then
+left out) or set its ``propagate``."""
 
 from __future__ import annotations
 
@@ -23,7 +28,7 @@ RESULT = {"stdout": True, "result": True}
 """``extra`` of a record that is a command's result (a study's summary, a verdict): on stdout, and
 shown at every verbosity."""
 VERBOSITY_ENV = "GPT_OPTUNA_VERBOSITY"
-"""The verbosity, for the worker processes (they inherit the environment)."""
+"""The verbosity in a worker process's environment (:class:`~gpt_optuna.protocol.process.Worker` sets it)."""
 _FILE_FORMAT = "%(asctime)s %(process)d %(levelname)s %(name)s: %(message)s"
 
 
@@ -58,8 +63,14 @@ QUIETEST = -2
 """``-qq``: only warnings, errors and results (``-q`` alone only hides the progress bar)."""
 
 
+_verbosity: int | None = None
+
+
 def verbosity() -> int:
-    """The verbosity the command line set (0 where none did)."""
+    """The verbosity :func:`configure` set in this process, else the one the process was started
+    with (a worker's), else 0."""
+    if _verbosity is not None:
+        return _verbosity
     try:
         return int(os.environ.get(VERBOSITY_ENV, "0"))
     except ValueError:
@@ -70,8 +81,8 @@ def configure(verbose: int = 0, log_file: Path | None = None) -> None:
     """The terminal at ``verbose``'s level (:func:`level_of`, :data:`QUIETEST`), and every record,
     debug detail included, appended to ``log_file``; the workers started afterwards follow the same
     verbosity."""
-    if verbose != verbosity():
-        os.environ[VERBOSITY_ENV] = str(verbose)
+    global _verbosity
+    _verbosity = verbose
     for handler in list(LOGGER.handlers):
         LOGGER.removeHandler(handler)
         handler.close()
@@ -95,6 +106,8 @@ def logger(name: str) -> logging.Logger:
     configured one: the Python API, in a script or a notebook, says what the command line says."""
     if not LOGGER.handlers:
         configure(verbosity())
+    elif LOGGER.level == logging.NOTSET:  # the user's handler, at our level
+        LOGGER.setLevel(level_of(verbosity()))
     return logging.getLogger(name)
 
 
@@ -114,12 +127,10 @@ def onnxruntime_severity() -> int:
 
 
 def onnxruntime_options(ort: ModuleType) -> Any:
-    """A fresh ``onnxruntime.SessionOptions`` whose session logs at :func:`onnxruntime_severity`,
-    as ONNX Runtime's default logger does from then on."""
-    severity = onnxruntime_severity()
-    ort.set_default_logger_severity(severity)
+    """A fresh ``onnxruntime.SessionOptions`` whose session logs at :func:`onnxruntime_severity`
+    (ONNX Runtime's default logger, which the user's own sessions share, is left as it is)."""
     options = ort.SessionOptions()
-    options.log_severity_level = severity
+    options.log_severity_level = onnxruntime_severity()
     return options
 
 

@@ -1,4 +1,4 @@
-"""Input feeds and samples: read, checked against the model, generated; reference outputs."""
+"""Input feeds and samples: read, checked against the model, generated, stacked and cached."""
 
 from __future__ import annotations
 

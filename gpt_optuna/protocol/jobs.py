@@ -5,6 +5,7 @@ runs it, so that the tuner never loads the engines' code nor runs the user's mod
 from __future__ import annotations
 
 import importlib
+import shutil
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -18,7 +19,7 @@ from gpt_optuna.graph.model import Feeds, ModelInfo, ShapeRange
 from gpt_optuna.graph.precision import PrecisionSetting
 from gpt_optuna.protocol.accuracy import Criterion
 from gpt_optuna.protocol.outcome import Outcome, TrialResult
-from gpt_optuna.protocol.process import JobFailure, Worker
+from gpt_optuna.protocol.process import FailureKind, JobFailure, Worker
 from gpt_optuna.protocol.timing import BLOCK, ROUNDS, ROUNDS_BUDGET_S, MeasureSettings
 from gpt_optuna.study.artifacts import CALIBRATION_FILE, INPUTS_FILE, REFERENCE_FILE
 from gpt_optuna.study.folder import StudyFolder
@@ -76,7 +77,7 @@ class ReferenceJob(Job):
     """The unmodified model run with ONNX Runtime on the CPU in fp32 on each sample: the accuracy
     reference (in a worker, so that a model that crashes ONNX Runtime does not take the tuner down)."""
 
-    RUNS = "gpt_optuna.worker.reference:reference_outputs"
+    RUNS = "gpt_optuna.worker.reference:run_reference"
     model: ModelInfo
     samples: tuple[Feeds, ...]
 
@@ -238,9 +239,21 @@ def run_evaluation(
 
 def reference_outputs(model: ModelInfo, samples: list[Feeds]) -> list[Feeds]:
     """The accuracy reference of each sample (:class:`ReferenceJob`), from a worker process of its
-    own: a model that crashes ONNX Runtime ends this step with a one-line error, not the tuner."""
-    with tempfile.TemporaryDirectory(prefix="gpt-optuna-reference-") as folder, Worker(Path(folder) / "log") as worker:
-        try:
-            return list(worker.run(ReferenceJob(model, tuple(samples)), None))
-        except JobFailure as failure:
-            raise UserError(f"ONNX Runtime cannot run {model.path} on CPU for the reference: {failure}") from None
+    own: a model that crashes ONNX Runtime ends this step with a one-line error that names the
+    worker's log (kept), not the tuner."""
+    folder = Path(tempfile.mkdtemp(prefix="gpt-optuna-reference-"))
+    log = folder / "worker.log"
+    try:
+        with Worker(log) as worker:
+            found = list(worker.run(ReferenceJob(model, tuple(samples)), None))
+    except JobFailure as failure:
+        if failure.kind is not FailureKind.EXCEPTION:  # a crash or a hang: the model's; its log is kept
+            where = f"{model.path} on CPU for the reference: {failure}; its log: {log}"
+            raise UserError(f"ONNX Runtime cannot run {where}") from None
+        shutil.rmtree(folder, ignore_errors=True)
+        raise RuntimeError(f"the reference run failed: {failure.detail}") from None  # ours: an internal error
+    except BaseException:
+        shutil.rmtree(folder, ignore_errors=True)
+        raise
+    shutil.rmtree(folder, ignore_errors=True)
+    return found

@@ -3,13 +3,10 @@
 from __future__ import annotations
 
 import enum
-import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpt_optuna.backends import BuildError
-from gpt_optuna.core.log import logger
 from gpt_optuna.protocol.accuracy import Verdict
 from gpt_optuna.protocol.timing import LatencyStats
 
@@ -38,14 +35,6 @@ class Outcome(enum.StrEnum):
         return self in (Outcome.TRANSFORM_ERROR, Outcome.BUILD_ERROR, Outcome.METRIC_ERROR)
 
 
-class MetricFailed(Exception):
-    """The user's metric function raised; ``log`` holds its traceback."""
-
-    def __init__(self, message: str, log: str) -> None:
-        super().__init__(message)
-        self.log = log
-
-
 @dataclass(frozen=True)
 class TrialResult:
     """Everything one evaluation produced."""
@@ -58,13 +47,3 @@ class TrialResult:
     attrs: dict[str, Any] = field(default_factory=dict)
     log: str = ""
     engine_path: Path | None = None
-
-
-def build_failure(exc: BuildError) -> TrialResult:
-    return failure(Outcome.BUILD_ERROR, str(exc), f"{exc.log}\n{traceback.format_exc()}".lstrip())
-
-
-def failure(outcome: Outcome, detail: str, log: str) -> TrialResult:
-    """A failed candidate's result; its whole log goes to the worker log too."""
-    logger(__name__).error(f"{outcome.value}: {detail}\n{log}")
-    return TrialResult(outcome, detail, log=log)

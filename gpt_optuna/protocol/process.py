@@ -30,7 +30,7 @@ from typing import Any, TypeVar
 
 from gpt_optuna.core import interrupts
 from gpt_optuna.core.errors import UserError
-from gpt_optuna.core.log import to_worker_stderr
+from gpt_optuna.core.log import VERBOSITY_ENV, to_worker_stderr, verbosity
 
 T = TypeVar("T")
 
@@ -197,10 +197,14 @@ class Worker:
                 return True
             interrupts.check()
 
+    def _child_env(self) -> dict[str, str]:
+        """What the child sets in its environment: ``env``, and this process's verbosity."""
+        return {VERBOSITY_ENV: str(verbosity()), **self.env}
+
     def _start(self) -> None:
         parent_conn, child_conn = self._context.Pipe()
         process = self._context.Process(
-            target=_child_main, args=(child_conn, str(self.log_path), self.env), daemon=True
+            target=_child_main, args=(child_conn, str(self.log_path), self._child_env()), daemon=True
         )
         # a Ctrl-C before the child has read its start-up data from us would make it print a
         # traceback (EOFError) on the terminal: the interrupt waits until the child has started

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import sys
 import threading
 import time
@@ -115,8 +116,10 @@ class Progress:
                 self._bar = None
 
     def note(self, text: str) -> None:
+        """Say ``text``: a warning where it says so (``warning: ...``: shown even with ``-qq``)."""
+        level = logging.WARNING if text.startswith("warning: ") else logging.INFO
         with self._lock:
-            logger(__name__).info(text)
+            logger(__name__).log(level, text)
 
     def result(self, number: int, candidate: Candidate, result: TrialResult | None) -> None:
         """A note for a candidate that failed or was infeasible (None: an earlier result reused);

@@ -25,10 +25,11 @@ from gpt_optuna.graph.model import Feeds, ModelInfo, load_model_info
 from gpt_optuna.graph.model_cache import TransformFailed
 from gpt_optuna.graph.precision import QUANTIZED, PrecisionSetting, precision_knobs, transform
 from gpt_optuna.protocol.jobs import CheckJob, EvaluateJob, SpaceJob, WarmUpJob
-from gpt_optuna.protocol.outcome import MetricFailed, Outcome, TrialResult, build_failure, failure
+from gpt_optuna.protocol.outcome import Outcome, TrialResult
 from gpt_optuna.protocol.process import gpu_names, report_progress
 from gpt_optuna.study.folder import StudyFolder
 from gpt_optuna.study.trial_record import IO_CHANGE_ATTR, TRANSFORMED_MODEL
+from gpt_optuna.worker.failures import MetricFailed, build_failure, failure
 from gpt_optuna.worker.measure import measure
 from gpt_optuna.worker.sensitivity import rank_sensitive_nodes
 

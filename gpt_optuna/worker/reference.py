@@ -12,7 +12,7 @@ from gpt_optuna.graph.model import Feeds, ModelInfo, one_line
 from gpt_optuna.protocol.jobs import ReferenceJob
 
 
-def reference_outputs(job: ReferenceJob) -> list[Feeds]:
+def run_reference(job: ReferenceJob) -> list[Feeds]:
     """The model's outputs on each of the job's samples."""
     return fp32_outputs(job.model, job.samples)
 

@@ -111,7 +111,6 @@ def ort_module() -> Any:
         import onnxruntime
     except ImportError as exc:
         raise MissingDependencyError("ONNX Runtime", "cpu") from exc
-    onnxruntime.set_default_logger_severity(onnxruntime_severity())
     return onnxruntime
 
 
