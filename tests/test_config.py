@@ -28,6 +28,17 @@ def test_defaults_name_the_study_after_model_and_backend() -> None:
     assert TuneConfig(model=Path("m.onnx"), timeout_s=60).n_trials is None
 
 
+def test_a_config_is_filled_in_once_and_a_replace_fills_it_in_again() -> None:
+    import dataclasses
+
+    config = TuneConfig(model=Path("m.onnx"), objectives="error, latency")
+    assert config.objectives == ("latency", "error")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.n_trials = 3  # type: ignore[misc]
+    renamed = dataclasses.replace(config, study_name="other", storage=None)
+    assert renamed.storage == "sqlite:///studies/other.db" and config.storage == "sqlite:///studies/m-onnxruntime.db"
+
+
 @pytest.mark.parametrize(
     "model, name",
     [

@@ -97,9 +97,10 @@ def study_flags(storage: str, study_name: str) -> list[str]:
     return ["--storage", absolute_storage(storage), "--study-name", study_name]
 
 
-@dataclass
+@dataclass(frozen=True)
 class TuneConfig:
-    """Everything a tuning run needs, after defaults are filled in and values are checked."""
+    """Everything a tuning run needs, after defaults are filled in and values are checked (on
+    construction, and again by every ``replace``); it changes no more after that."""
 
     model: Path
     backend: str = "onnxruntime"
@@ -139,9 +140,9 @@ class TuneConfig:
     lets workers on other hosts join."""
     allow_mixed_gpus: bool = False
     no_seeds: bool = False
+    """Do not try the backend's every-speed-feature-on candidate right after the baseline."""
     keep_all_engines: bool = False
     """Keep every feasible candidate's engine, not only the baseline's and the fastest ones'."""
-    """Do not try the backend's every-speed-feature-on candidate right after the baseline."""
     warm_start: str | None = None
     """Studies (comma-separated, or ``auto``) whose best configurations are tried first."""
     folder: Path | None = None
@@ -155,7 +156,7 @@ class TuneConfig:
             raise UserError(f"unknown backend {self.backend!r}; choose one of: {', '.join(BACKENDS)} (or module:Class)")
         parse_criterion(self.accuracy, user_metrics=self.metric is not None)
         if self.metric is not None:
-            self.metric = absolute_spec(self.metric)
+            self._fill("metric", absolute_spec(self.metric))
         if self.samples is not None and self.samples < 1:
             raise UserError(f"--samples must be at least 1, got {self.samples}")
         if self.sampler not in SAMPLERS:
@@ -164,15 +165,14 @@ class TuneConfig:
             raise UserError(f"--workers must be at least 1, got {self.workers}")
         if self.n_trials is not None and self.n_trials < 1:
             raise UserError(f"--n-trials must be at least 1, got {self.n_trials}")
-        if isinstance(self.objectives, str):
-            self.objectives = tuple(o.strip() for o in self.objectives.split(",") if o.strip())
-        self.objectives = tuple(self.objectives)
-        unknown = [o for o in self.objectives if o not in OBJECTIVES]
-        if unknown or "latency" not in self.objectives or len(set(self.objectives)) != len(self.objectives):
+        given = self.objectives
+        objectives = tuple(o.strip() for o in given.split(",") if o.strip()) if isinstance(given, str) else tuple(given)
+        unknown = [o for o in objectives if o not in OBJECTIVES]
+        if unknown or "latency" not in objectives or len(set(objectives)) != len(objectives):
             raise UserError(
-                f"--objectives {','.join(self.objectives)!r}: give latency and any of error, memory, build_s, once each"
+                f"--objectives {','.join(objectives)!r}: give latency and any of error, memory, build_s, once each"
             )
-        self.objectives = ("latency", *[o for o in self.objectives if o != "latency"])
+        self._fill("objectives", ("latency", *[o for o in objectives if o != "latency"]))
         if self.dry_run and len(self.objectives) > 1:
             raise UserError("--dry-run has one objective, the build time; drop --objectives")
         if self.confirm_top < 0:
@@ -180,17 +180,21 @@ class TuneConfig:
         if self.confirm_processes < 1:
             raise UserError(f"--confirm-processes must be at least 1, got {self.confirm_processes}")
         if self.n_trials is None and self.timeout_s is None:
-            self.n_trials = DEFAULT_N_TRIALS
+            self._fill("n_trials", DEFAULT_N_TRIALS)
         if self.study_name is None:
-            self.study_name = default_study_name(self.model, self.backend)
+            self._fill("study_name", default_study_name(self.model, self.backend))
         if not _NAME_RE.match(short_enough(self.study_name)):  # its folder is named after it
             raise UserError(f"study name {self.study_name!r} may hold only letters, digits, '.', '_' and '-'")
         if self.storage is None:
-            self.storage = default_storage(self.study_name)
+            self._fill("storage", default_storage(self.study_name))
         elif not is_url(self.storage):
-            self.storage = storage_url(self.storage)  # an SQLite file's path, as the readers take it
+            self._fill("storage", storage_url(self.storage))  # an SQLite file's path, as the readers take it
         if self.measure.target_rel_ci <= 0 or self.measure.budget_s <= 0:
             raise UserError("[measure] target_rel_ci and budget_s must be positive")
+
+    def _fill(self, name: str, value: Any) -> None:
+        """Set a default or a normal form while the config is made (it is frozen)."""
+        object.__setattr__(self, name, value)
 
     @property
     def criterion(self) -> Criterion:
