@@ -25,19 +25,14 @@ from gpt_optuna.study.artifacts import CALIBRATION_FILE, INPUTS_FILE, REFERENCE_
 from gpt_optuna.study.folder import StudyFolder
 
 
-def run_in_worker(job: Any) -> Any:
-    """Run ``job`` with the worker's function it names (its ``RUNS``)."""
-    module, _, function = job.RUNS.partition(":")
-    return getattr(importlib.import_module(module), function)(job)
-
-
 class Job:
     """A job: data the worker's function named by ``RUNS`` is called with."""
 
     RUNS = ""
 
     def __call__(self) -> Any:
-        return run_in_worker(self)
+        module, _, function = self.RUNS.partition(":")
+        return getattr(importlib.import_module(module), function)(self)
 
 
 @dataclass(frozen=True)

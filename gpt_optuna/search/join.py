@@ -18,7 +18,7 @@ from optuna.artifacts import FileSystemArtifactStore
 from gpt_optuna.backends import load_backend
 from gpt_optuna.core import interrupts
 from gpt_optuna.core.errors import UserError
-from gpt_optuna.core.log import RESULT, logger
+from gpt_optuna.core.log import RESULT, tell
 from gpt_optuna.core.space import Space
 from gpt_optuna.graph.model import load_model_info
 from gpt_optuna.results.summary_text import format_summary
@@ -128,13 +128,12 @@ def join(config: JoinConfig, progress: Progress) -> int:
             raise
         if stopped_by is not None:
             progress.end()
-            logger(__name__).info(format_summary(summarize_study(study)), extra=RESULT)
+            tell(format_summary(summarize_study(study)), RESULT)
             return interrupts.exit_code()
     progress.end()
     mine = sum(1 for t in study.get_trials(deepcopy=False) if TrialRecord(t).owner == OWNER)
-    say = logger(__name__)
-    say.info(format_summary(summarize_study(study)), extra=RESULT)
-    say.info(f"this host's workers evaluated {mine} trials in {time.monotonic() - started:.1f} s", extra=RESULT)
+    tell(format_summary(summarize_study(study)), RESULT)
+    tell(f"this host's workers evaluated {mine} trials in {time.monotonic() - started:.1f} s", RESULT)
     return 0
 
 

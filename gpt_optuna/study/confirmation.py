@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpt_optuna.study.evidence import MIN_PROCESSES, judge, significant
+from gpt_optuna.study.evidence import MIN_PROCESSES, judge
 
 
 @dataclass(frozen=True)
@@ -106,10 +106,6 @@ class Confirmation:
         """What the row's interval supports (:func:`~.evidence.judge`)."""
         assert row.ci is not None
         return judge(row.ci[0], row.ci[1], self.processes)
-
-    def significant(self, row: ConfirmedRow) -> bool:
-        """The row's speedup is real: its interval lies above 1.0, from enough processes."""
-        return row.ci is not None and significant(row.ci[0], row.ci[1], self.processes)
 
     def row(self, number: int) -> ConfirmedRow | None:
         """Trial ``number``'s row: the baseline or a finalist (None where it re-measured neither)."""

@@ -16,7 +16,7 @@ import optuna
 from optuna.distributions import BaseDistribution
 
 from gpt_optuna.core.errors import MissingDependencyError, UserError
-from gpt_optuna.core.log import RESULT, logger
+from gpt_optuna.core.log import RESULT, tell
 from gpt_optuna.study.recovery import retry_trial
 
 _HEARTBEAT_S = 30
@@ -108,9 +108,7 @@ def serve_storage(url: str, host: str, port: int) -> int:
         from optuna.storages import run_grpc_proxy_server
     except ImportError as exc:
         raise MissingDependencyError("gRPC (for the storage proxy)", "grpc") from exc
-    logger(__name__).info(
-        f"serving {url} at grpc://{host}:{port}; workers use --storage grpc://{host}:{port}", extra=RESULT
-    )
+    tell(f"serving {url} at grpc://{host}:{port}; workers use --storage grpc://{host}:{port}", RESULT)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     run_grpc_proxy_server(storage, host=host, port=port)
     return 0

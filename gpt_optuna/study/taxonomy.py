@@ -20,10 +20,10 @@ def is_interrupted(trial: FrozenTrial, retried: set[int]) -> bool:
     """A failed trial that holds no result of its candidate: stopped before its end. A kill can
     land after the result attrs are written and before the trial completes, so ``outcome`` alone
     does not tell; the ``interrupted`` mark or a queued retry does."""
+    if trial.state is not TrialState.FAIL:
+        return False
     record = TrialRecord(trial)
-    return trial.state is TrialState.FAIL and (
-        record.outcome is None or record.marked_interrupted or trial.number in retried
-    )
+    return record.outcome is None or record.marked_interrupted or trial.number in retried
 
 
 def has_own_result(trial: FrozenTrial, retried: set[int]) -> bool:

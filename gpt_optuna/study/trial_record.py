@@ -223,16 +223,8 @@ class TrialRecord:
         return REUSED_FROM in self._attrs
 
     @property
-    def proposed_by(self) -> str | None:
-        return self._text(PROPOSED_ATTR)
-
-    @property
     def io_changes(self) -> dict[str, dict[str, list[str]]]:
         return dict(self._attrs.get(IO_CHANGE_ATTR) or {})
-
-    @property
-    def changes_io(self) -> bool:
-        return IO_CHANGE_ATTR in self._attrs
 
     @property
     def engine_io(self) -> dict[str, Any] | None:
