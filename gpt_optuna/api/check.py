@@ -36,6 +36,7 @@ from gpt_optuna.api.check_outcome import (
 )
 from gpt_optuna.api.check_record import exported_model, load_record, read_samples, recorded_latency, shape_flags
 from gpt_optuna.core import interrupts
+from gpt_optuna.core.errors import UserError
 from gpt_optuna.core.log import RESULT, tell
 from gpt_optuna.graph import feeds as feeds_io
 from gpt_optuna.graph import model as model_io
@@ -104,6 +105,8 @@ def gate(
     allowed = ("measure", "space", "trial_timeout_s", "confirm_processes", "confirm_top", "sampler", "seed")
     base = {k: v for k, v in (read_toml(Path(config)) if config else {}).items() if k in allowed}
     report = writable_file(Path(junit)) if junit else None
+    if report is not None and report.resolve() in (Path(model).resolve(), Path(record).resolve()):
+        raise UserError(f"--junit {report} would overwrite the file it checks: choose another path")
     share = parse_tolerance(tolerance)
     return run_check(Path(model), Path(record), parse_duration(budget), share, base, report, update, not progress)
 

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from gpt_optuna.core.errors import EXIT_INCONCLUSIVE, EXIT_REGRESSION
+from gpt_optuna.core.files import atomic_path
 from gpt_optuna.study.evidence import MIN_PROCESSES, Speedup
 
 
@@ -126,7 +127,8 @@ def write_junit(path: Path, outcomes: list[Outcome], seconds: float) -> None:
             ET.SubElement(case, "system-out").text = outcome.message
         else:
             ET.SubElement(case, "failure", message=outcome.message, type="regression").text = outcome.message
-    ET.ElementTree(suite).write(path, encoding="utf-8", xml_declaration=True)
+    with atomic_path(path) as tmp:
+        ET.ElementTree(suite).write(tmp, encoding="utf-8", xml_declaration=True)
 
 
 @dataclass(frozen=True)

@@ -31,15 +31,23 @@ def writable_file(path: Path) -> Path:
 
 
 def export(
-    study: optuna.Study, out: Path, trial: int | None, format: str, force: bool, model_name: str | None
+    study: optuna.Study,
+    out: Path,
+    trial: int | None,
+    format: str,
+    force: bool,
+    model_name: str | None,
+    storage: str | None = None,
 ) -> Exported:
     """The trial (default: what the study recommends deploying) to ``out`` as a file, or as a
-    Triton model repository entry."""
+    Triton model repository entry; nothing over a file the study (in ``storage``) reads."""
     if format == "triton":
         from gpt_optuna.results.triton import model_name as default_model_name
         from gpt_optuna.results.triton import write_repository
 
-        folder, left_out, side = write_repository(study, trial, out, model_name or default_model_name(study), force)
+        folder, left_out, side = write_repository(
+            study, trial, out, model_name or default_model_name(study), force, storage
+        )
         lines = [f"wrote {folder}/config.pbtxt and the model in {folder}/1", *export_lines(side)[1:]]
         if left_out:
             lines.append(
@@ -51,7 +59,7 @@ def export(
         raise UserError(f"unknown export format {format!r}: file or triton")
     from gpt_optuna.results.export import export_trial
 
-    written, side = export_trial(study, trial, writable_file(out), force)
+    written, side = export_trial(study, trial, writable_file(out), force, storage=storage)
     return Exported(written, side, tuple(export_lines(side)))
 
 

@@ -20,6 +20,7 @@ import optuna
 from gpt_optuna.api.exporting import Exported, export, writable_file
 from gpt_optuna.core import interrupts
 from gpt_optuna.core.errors import UserError
+from gpt_optuna.core.files import atomic_write
 from gpt_optuna.core.log import RESULT, tell
 from gpt_optuna.protocol.timing import ROUNDS
 from gpt_optuna.results.export import figures_record
@@ -35,6 +36,7 @@ from gpt_optuna.search.options import (
     DEFAULT_TOP,
     parse_duration,
 )
+from gpt_optuna.study.sources import StudySources
 from gpt_optuna.study.storage import load_study, open_storage, storage_file
 from gpt_optuna.study.summary import StudySummary
 from gpt_optuna.study.summary_record import study_summary
@@ -326,7 +328,8 @@ class TunedStudy:
         from gpt_optuna.results.report import render
 
         out = writable_file(Path(path))
-        out.write_text(render(self.study, shlex.join(study_flags(self.storage, self.study_name)), error))
+        StudySources.of(self.study, self.storage).refuse([out], "the report")
+        atomic_write(out, render(self.study, shlex.join(study_flags(self.storage, self.study_name)), error))
         return out
 
     def export(
@@ -341,7 +344,7 @@ class TunedStudy:
         """Write a trial (default: :attr:`deploy`) as ``gpt-optuna export`` does: ``format="file"``,
         the engine or model with its JSON record beside it; ``"triton"``, a Triton model repository
         entry under ``path`` (``model_name``: default the model file's)."""
-        return export(self.study, Path(path), trial, format, force, model_name)
+        return export(self.study, Path(path), trial, format, force, model_name, self.storage)
 
     def confirm(
         self,

@@ -10,8 +10,11 @@ process dies).
 from __future__ import annotations
 
 import contextlib
+import glob
+import json
 import os
 import secrets
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -79,3 +82,85 @@ def _flush_folder(folder: Path) -> None:
             os.fsync(fd)
         finally:
             os.close(fd)
+
+
+STAGING_SUFFIX = ".partial"
+"""What names a staging folder (:class:`Staging`) beside the files it writes."""
+
+
+class Staging:
+    """Files written as one: each first under its own name in a staging folder beside ``record``
+    (``.RECORD.PID-TOKEN.partial``), then moved in place by :meth:`commit`, ``record`` (the file
+    that says the others are whole: an export's side file) removed first and moved in last.
+
+    So a kill leaves the old files, or the whole new set, or a set without its record: an
+    unfinished one, whose staging folder still lists the files it made where none was before
+    (:func:`unfinished`), so that the same command can replace them again.
+    """
+
+    def __init__(self, files: list[Path], record: Path) -> None:
+        self.record = record
+        self.files = [f for f in files if f != record] + [record]
+        self.folder = record.with_name(f".{record.name}.{os.getpid()}-{secrets.token_hex(4)}{STAGING_SUFFIX}")
+        self.folder.mkdir()
+        new = [str(f) for f in self.files if not f.exists() and not f.is_symlink()]
+        atomic_write(self.folder / _MANIFEST, json.dumps({"new": new}))
+
+    def path(self, target: Path) -> Path:
+        """Where to write what goes to ``target`` (its own name, so files that name each other,
+        a model and its external data, stay right)."""
+        return self.folder / target.name
+
+    def commit(self) -> None:
+        """Move every file written into place, the record last; a file of the set not written
+        this time (an old export's external data) is removed."""
+        self.record.unlink(missing_ok=True)
+        for target in self.files:
+            staged = self.path(target)
+            if staged.is_file():
+                _flush(staged)
+                os.replace(staged, target)
+                _flush_folder(target.parent)
+            elif target != self.record:
+                target.unlink(missing_ok=True)
+        self.discard()
+
+    def discard(self) -> None:
+        """Remove the staging folder and what it holds."""
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+    def __enter__(self) -> Staging:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.discard()
+
+
+_MANIFEST = "manifest.json"
+
+
+def unfinished(record: Path) -> set[Path]:
+    """The files that a writer of ``record`` killed before its end (:class:`Staging`) made where
+    none was before; its staging folder is removed. A set whose record exists is whole: none."""
+    made: set[Path] = set()
+    for folder in record.parent.glob(f".{glob.escape(record.name)}.*{STAGING_SUFFIX}"):
+        if not folder.is_dir() or is_alive(folder.name.removesuffix(STAGING_SUFFIX).rpartition(".")[2]):
+            continue
+        with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+            made |= {Path(p) for p in json.loads((folder / _MANIFEST).read_text())["new"]}
+        shutil.rmtree(folder, ignore_errors=True)
+    return set() if record.exists() else made
+
+
+def is_alive(owner: str) -> bool:
+    """Whether the process named in a staging folder's ``PID-TOKEN`` still runs (unreadable: taken as running)."""
+    pid = owner.partition("-")[0]
+    if not pid.isdigit():
+        return True
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return int(pid) != 0

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
+
+from gpt_optuna.graph.model import file_sha256
 
 PROTOBUF_LIMIT = 2**31 - 1
 """Bytes one ONNX file can hold: larger models keep their weights in a file beside it."""
@@ -12,6 +15,29 @@ PROTOBUF_LIMIT = 2**31 - 1
 def external_data_file(model: Path) -> Path:
     """Where :func:`copy_model` puts the weights of a model too large for one file: ``MODEL.data``."""
     return model.with_name(model.name + ".data")
+
+
+def external_data_paths(model: Path) -> list[Path]:
+    """The files beside ``model`` that hold the weights it keeps outside itself, in the order it
+    names them (none for a model that holds them all; an unreadable model: none)."""
+    import onnx
+    from onnx.external_data_helper import ExternalDataInfo, _get_all_tensors, uses_external_data
+
+    try:
+        proto = onnx.load(str(model), load_external_data=False)
+    except Exception:  # not an ONNX file: it names no other file
+        return []
+    locations = [ExternalDataInfo(t).location for t in _get_all_tensors(proto) if uses_external_data(t)]
+    return [model.parent / location for location in dict.fromkeys(locations)]
+
+
+def external_data_sha256(model: Path) -> dict[str, str]:
+    """The content hash of each file holding ``model``'s external weights, by the location it names;
+    a file that is missing: ``"missing"``."""
+    return {
+        os.path.relpath(path, model.parent): file_sha256(path) if path.is_file() else "missing"
+        for path in external_data_paths(model)
+    }
 
 
 def copy_model(source: Path, dest: Path) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -16,20 +15,24 @@ from optuna.trial import FrozenTrial
 from gpt_optuna.backends import DEPLOYMENTS
 from gpt_optuna.backends.base import ExportedTrial
 from gpt_optuna.core.errors import UserError
+from gpt_optuna.core.files import Staging, unfinished
 from gpt_optuna.graph.interface import dtype_changes, io_record
+from gpt_optuna.graph.model import file_sha256
 from gpt_optuna.graph.model_cache import intact
 from gpt_optuna.graph.model_copy import copy_model, external_data_file
 from gpt_optuna.results.summary_text import headline
 from gpt_optuna.study.artifacts import artifact_folder, verified
 from gpt_optuna.study.folder import StudyFolder
 from gpt_optuna.study.record import StudyRecord
+from gpt_optuna.study.sources import StudySources, check_model
 from gpt_optuna.study.summary import StudySummary, first_value
 from gpt_optuna.study.summary_record import study_summary, trial_by_number
 from gpt_optuna.study.trial_record import TrialRecord
 
 
 def trial_model(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> Path:
-    """The ONNX model a trial ran: its transformed copy in the study folder, else the study's model."""
+    """The ONNX model a trial ran: its transformed copy in the study folder, else the study's model;
+    either checked against the hash recorded when it was made (a UserError where it changed)."""
     transformed = TrialRecord(trial).transformed_model
     if transformed:
         path = StudyFolder.of(study).models / transformed
@@ -42,6 +45,7 @@ def trial_model(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> Path:
     model = StudyRecord.read(study).model
     if model is None:
         raise UserError(f"study {study.study_name!r} was not made by gpt-optuna: it records no model")
+    check_model(study)
     return model
 
 
@@ -142,11 +146,18 @@ def versus_yours_record(summary: StudySummary, trial: FrozenTrial) -> dict[str, 
 
 
 def export_trial(
-    study: optuna.Study, number: int | None, out: Path, force: bool = False, samples_dir: Path | None = None
+    study: optuna.Study,
+    number: int | None,
+    out: Path,
+    force: bool = False,
+    samples_dir: Path | None = None,
+    storage: str | None = None,
 ) -> tuple[Path, Path]:
     """The chosen trial (:func:`chosen_trial`) to ``out`` (given the extension of what it is where
     it has none) and ``out``.json, the recorded inputs and reference outputs beside it (or in
-    ``samples_dir``), overwriting nothing without ``force``."""
+    ``samples_dir``), overwriting nothing without ``force`` and never a file the study reads
+    (its ``storage``'s included). The files are written as one (:class:`Staging`), the side file
+    last: after a kill, the same command replaces what the unfinished export left."""
     summary = study_summary(study)
     trial = chosen_trial(study, summary, number)
     record = StudyRecord.read(study)
@@ -157,7 +168,10 @@ def export_trial(
     if not out.suffix:
         out = out.with_name(out.name + export_suffix(trial))
     files = written_files(out, artifact is not None, record.backend, samples_dir)
-    refuse_overwrite(files, force)
+    StudySources.of(study, storage).refuse(files, "export to")
+    side_path = out.with_name(out.name + ".json")
+    left = unfinished(side_path)
+    refuse_overwrite([f for f in files if f not in left], force)
     workdir = verified(study, StudyFolder.of(study).root)
     source = trial_model(study, trial)
     if not source.is_file():
@@ -165,12 +179,10 @@ def export_trial(
     dropped = TrialRecord(trial).engine_dropped
     if artifact is None and dropped is not None:
         raise UserError(not_kept(trial, dropped))
-    try:
-        return _write_export(study, summary, trial, Written(record, source, out, workdir, samples_dir))
-    except BaseException:  # interrupted, or the disk is full: none of its files is left half-written
-        for path in files:
-            path.unlink(missing_ok=True)
-        raise
+    with Staging(files, side_path) as staging:
+        _write_export(study, summary, trial, Written(record, source, out, workdir, samples_dir), staging)
+        staging.commit()
+    return out, side_path
 
 
 @dataclass(frozen=True)
@@ -185,23 +197,27 @@ class Written:
     samples_dir: Path | None
 
 
-def _write_export(study: optuna.Study, summary: StudySummary, trial: FrozenTrial, where: Written) -> tuple[Path, Path]:
-    """The files of :func:`export_trial`, the side file last."""
+def _write_export(
+    study: optuna.Study, summary: StudySummary, trial: FrozenTrial, where: Written, staging: Staging
+) -> None:
+    """The files of :func:`export_trial`, each into ``staging``."""
     artifact = TrialRecord(trial).engine_artifact
     record, source, out, workdir = where.record, where.source, where.out, where.workdir
+    staged = staging.path(out)
     if artifact is not None:
         from optuna.artifacts import FileSystemArtifactStore, download_artifact
         from optuna.artifacts.exceptions import ArtifactNotFound
 
-        out.unlink(missing_ok=True)
         try:
             download_artifact(
-                artifact_store=FileSystemArtifactStore(artifact_folder(study)), artifact_id=artifact, file_path=str(out)
+                artifact_store=FileSystemArtifactStore(artifact_folder(study)),
+                artifact_id=artifact,
+                file_path=str(staged),
             )
         except ArtifactNotFound:
             raise UserError(not_kept(trial, "faster candidates took its place")) from None
     else:  # ONNX Runtime builds no engine file: the model it ran, with the options in the side file
-        copy_model(source, out)
+        copy_model(source, staged)
     samples = _samples(out, where.samples_dir)
     confirmation = summary.confirmation
     confirmed = next((r for r in confirmation.ranking if r.number == trial.number), None) if confirmation else None
@@ -222,19 +238,17 @@ def _write_export(study: optuna.Study, summary: StudySummary, trial: FrozenTrial
         "confirmed_baseline": confirmation.baseline.stored if confirmed and confirmation.baseline else None,
         "versions": record.versions,
         "file": "engine" if artifact is not None else "onnx model",
-        "model_sha256": hashlib.sha256(out.read_bytes()).hexdigest(),
+        "model_sha256": file_sha256(staged),
     }
     deployment = DEPLOYMENTS.get(record.backend or "")
     if deployment is not None:
         models = StudyFolder.of(study).models
         side |= deployment.side_file(
-            ExportedTrial(source, out, trial.params, record.defaults, record.shapes or {}, models)
+            ExportedTrial(source, staged, trial.params, record.defaults, record.shapes or {}, models)
         )
     for kind, path in samples.items():  # what a later `gpt-optuna check` compares a changed model on
-        shutil.copyfile(workdir / f"{kind}.npz", path)
-    side_path = out.with_name(out.name + ".json")
-    side_path.write_text(json.dumps(side, indent=2))
-    return out, side_path
+        shutil.copyfile(workdir / f"{kind}.npz", staging.path(path))
+    staging.path(out.with_name(out.name + ".json")).write_text(json.dumps(side, indent=2))
 
 
 def not_kept(trial: FrozenTrial, why: str) -> str:
@@ -253,9 +267,9 @@ def model_interface(study: optuna.Study, trial: FrozenTrial, model: Path) -> dic
     record = StudyRecord.read(study)
     made = load_model_info(model)
     original = record.model
-    if original is not None and original.is_file():
+    if original is not None and original.is_file() and file_sha256(original) == record.model_sha256:
         changes = dtype_changes(load_model_info(original), made)
-    else:  # the model file moved: the changes the evaluation recorded
+    else:  # the model file moved or changed: the changes the evaluation recorded
         changes = TrialRecord(trial).io_changes
     interface = io_record(made, changes, record.allow_io_change)
     engine_io = TrialRecord(trial).engine_io

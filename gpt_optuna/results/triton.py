@@ -17,8 +17,11 @@ Triton loads: the export refuses it, saying why, before it writes anything.
 
 from __future__ import annotations
 
+import glob
 import json
+import os
 import re
+import secrets
 import shutil
 from pathlib import Path
 from typing import Any
@@ -29,10 +32,12 @@ import optuna
 from gpt_optuna.backends import DEPLOYMENTS
 from gpt_optuna.backends.base import Deployment
 from gpt_optuna.core.errors import UserError
+from gpt_optuna.core.files import STAGING_SUFFIX, atomic_write, is_alive
 from gpt_optuna.graph.interface import describe_changes
 from gpt_optuna.graph.model import ModelInfo, TensorSpec, load_model_info
 from gpt_optuna.results.export import chosen_trial, export_trial, trial_model
 from gpt_optuna.study.record import StudyRecord
+from gpt_optuna.study.sources import StudySources, inside
 from gpt_optuna.study.summary_record import study_summary
 
 DATA_TYPES = {
@@ -59,33 +64,58 @@ def model_name(study: optuna.Study) -> str:
 
 
 def write_repository(
-    study: optuna.Study, number: int | None, repo: Path, name: str, force: bool = False
+    study: optuna.Study, number: int | None, repo: Path, name: str, force: bool = False, storage: str | None = None
 ) -> tuple[Path, list[str], Path]:
     """Write the trial's model directory in ``repo`` (an existing one only with ``force``); returns
-    it, the settings left out and the export's side file."""
+    it, the settings left out and the export's side file. The directory is made whole beside its
+    place and then renamed into it, so that a kill leaves the old one or the new one, or none."""
     if not repo.is_dir():
         raise UserError(f"{repo} is not a folder: create the model repository first")
     backend = StudyRecord.read(study).backend
     deployment = DEPLOYMENTS.get(backend or "")
     if deployment is None:
         raise UserError(f"Triton serves ONNX Runtime and TensorRT models; study {study.study_name} used {backend}")
-    if (repo / name).exists() and not force:
-        raise UserError(f"{repo / name} already exists: choose another --model-name, or overwrite with --force")
+    target = repo / name
+    sources = StudySources.of(study, storage)
+    sources.refuse([target], "the model folder")
+    if any(inside(source, target) for source in sources.files):
+        raise UserError(f"{target} holds a file the study reads: choose another --model-name or repository")
+    _remove_staged(target)
+    if target.exists() and not force:
+        raise UserError(f"{target} already exists: choose another --model-name, or overwrite with --force")
     trial = chosen_trial(study, study_summary(study), number)
     info = load_model_info(trial_model(study, trial))  # an engine: the ONNX it was built from
     refuse_scalars(info)
-    version = repo / name / "1"
-    new = not (repo / name).exists()
+    staging = target.with_name(f".{name}.{os.getpid()}-{secrets.token_hex(4)}{STAGING_SUFFIX}")
     try:
-        version.mkdir(parents=True, exist_ok=True)
-        _, side = export_trial(study, trial.number, version / deployment.triton_model_file, True, repo / name)
+        version = staging / "1"
+        version.mkdir(parents=True)
+        _, side = export_trial(study, trial.number, version / deployment.triton_model_file, True, staging)
         text, left_out = config_text(name, info, json.loads(side.read_text()), deployment)
-        (repo / name / "config.pbtxt").write_text(text)
-    except BaseException:  # interrupted: no half-written model folder is left to be refused next time
-        if new:
-            shutil.rmtree(repo / name, ignore_errors=True)
-        raise
-    return repo / name, left_out, side
+        atomic_write(staging / "config.pbtxt", text)
+        if target.exists():  # --force: the old folder leaves as the new one comes in
+            old = staging.with_name(staging.name.removesuffix(STAGING_SUFFIX) + ".old" + STAGING_SUFFIX)
+            os.rename(target, old)
+            os.rename(staging, target)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.rename(staging, target)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target, left_out, target / "1" / side.name
+
+
+def _remove_staged(target: Path) -> None:
+    """Remove what a killed export of ``target`` left beside it (a folder being made, or the old
+    one it was replacing: put back where the new one never came)."""
+    for left in target.parent.glob(f".{glob.escape(target.name)}.*{STAGING_SUFFIX}"):
+        owner = left.name.removesuffix(STAGING_SUFFIX).removesuffix(".old").rpartition(".")[2]
+        if not left.is_dir() or is_alive(owner):
+            continue
+        if left.name.endswith(".old" + STAGING_SUFFIX) and not target.exists():
+            os.rename(left, target)
+        else:
+            shutil.rmtree(left, ignore_errors=True)
 
 
 def config_text(name: str, info: ModelInfo, record: dict[str, Any], deployment: Deployment) -> tuple[str, list[str]]:

@@ -25,6 +25,7 @@ from gpt_optuna.graph import feeds as feeds_io
 from gpt_optuna.graph import model as model_io
 from gpt_optuna.graph.fusion import FUSION_KNOB
 from gpt_optuna.graph.model_cache import with_distinct_dims
+from gpt_optuna.graph.model_copy import external_data_sha256
 from gpt_optuna.graph.model_profile import ModelProfile, profile_of
 from gpt_optuna.graph.precision import QUANTIZED
 from gpt_optuna.protocol.jobs import EvaluateJob, SpaceJob, reference_outputs
@@ -337,11 +338,12 @@ def run_identity(config: TuneConfig, inputs: Inputs) -> dict[str, Any]:
 
 
 def fingerprint(config: TuneConfig, prepared: Prepared) -> dict[str, Any]:
-    """The study's record of how it was made (compared on every resume, except ``model``,
-    ``model_profile`` and ``versions``)."""
+    """The study's record of how it was made (compared on every resume, except ``model``, the
+    hashes of its external weights, ``model_profile`` and ``versions``)."""
     return {
         **run_identity(config, prepared.inputs),
         "model": str(prepared.inputs.info.path.resolve()),
+        "external_data_sha256": external_data_sha256(prepared.inputs.info.path),
         "model_profile": prepared.profile.to_record(),
         "space": prepared.space.describe(),
         "calibration_sha256": prepared.calibration_sha256,

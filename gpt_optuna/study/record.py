@@ -48,6 +48,8 @@ class StudyRecord:
     backend: str | None
     model: Path | None
     model_sha256: str | None
+    external_data_sha256: dict[str, str]
+    """The hash of each file holding the model's external weights, by its location (none recorded: empty)."""
     accuracy: str | None
     metric: str | None
     dry_run: bool
@@ -78,6 +80,7 @@ class StudyRecord:
             backend=recorded.get("backend"),
             model=Path(str(model)) if model else None,
             model_sha256=recorded.get("model_sha256"),
+            external_data_sha256=dict(recorded.get("external_data_sha256") or {}),
             accuracy=recorded.get("accuracy"),
             metric=recorded.get("metric"),
             dry_run=recorded.get("objective") == "build_s",
