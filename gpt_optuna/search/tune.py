@@ -274,7 +274,8 @@ def removed_if_refused(config: TuneConfig, storage_path: Path | None) -> Iterato
                 shutil.rmtree(path, ignore_errors=True)
             elif not holds_a_study(path):  # another tuner may have made its study there meanwhile
                 for leftover in (path, *(path.with_name(path.name + s) for s in ("-wal", "-shm", "-journal"))):
-                    leftover.unlink(missing_ok=True)
+                    with contextlib.suppress(FileNotFoundError, NotADirectoryError):  # under a file: never made
+                        leftover.unlink()
         raise
 
 

@@ -30,10 +30,17 @@ from optuna.study import StudyDirection
 from optuna.study._frozen import FrozenStudy
 from optuna.trial import FrozenTrial, TrialState
 
+from gpt_optuna.core.errors import UserError
+from gpt_optuna.core.log import logger
+
 SCHEMA_VERSION = 12
 """The schema of Optuna's database storage (``version_info.schema_version``) this reader knows."""
 _INFINITE = {"INF_POS": float("inf"), "INF_NEG": float("-inf"), "NAN": float("nan")}
 """Stored value types other than ``FINITE``, whose value column is empty."""
+LOCK_NOTICE_S = 1.0
+"""How long a lock is waited for in silence (a tuner's transaction is over in milliseconds)."""
+READ_WAIT_S = 10.0
+"""How long a reader waits, after saying so, for a lock another process holds on the file."""
 
 
 def open_reader(path: Path) -> SQLiteReader | None:
@@ -41,8 +48,11 @@ def open_reader(path: Path) -> SQLiteReader | None:
     reader = SQLiteReader(path)
     try:
         version = reader.schema_version()
-    except sqlite3.DatabaseError:
+    except sqlite3.DatabaseError:  # no such table: not Optuna's schema of today
         version = None
+    except UserError:
+        reader.close()
+        raise
     if version != SCHEMA_VERSION:
         reader.close()
         return None
@@ -57,7 +67,7 @@ class SQLiteReader(BaseStorage):
         self._read: tuple[tuple[int, int], list[FrozenTrial]] | None = None
         """The last study read: (study id, the file's version) and its trials."""
         self._connection = sqlite3.connect(
-            read_only_uri(path), uri=True, isolation_level=None, timeout=60.0, check_same_thread=False
+            read_only_uri(path), uri=True, isolation_level=None, timeout=LOCK_NOTICE_S, check_same_thread=False
         )
         self._lock = threading.RLock()
 
@@ -68,16 +78,47 @@ class SQLiteReader(BaseStorage):
     @contextmanager
     def _snapshot(self) -> Iterator[sqlite3.Connection]:
         """One read transaction (the outermost of nested calls): what is read inside sees one state of
-        the file. One thread at a time."""
+        the file. One thread at a time. A file SQLite cannot read (not a database, malformed, locked
+        past the wait) raises a :class:`UserError` that says so."""
         with self._lock:
             if self._connection.in_transaction:
                 yield self._connection
                 return
-            self._connection.execute("BEGIN")
             try:
-                yield self._connection
+                self._begin()
+                try:
+                    yield self._connection
+                finally:
+                    self._connection.execute("COMMIT")
+            except sqlite3.DatabaseError as exc:
+                fault = sqlite_fault(self.path, exc)
+                if fault is None:
+                    raise
+                raise UserError(fault) from exc
+
+    def _begin(self) -> None:
+        """Begin a read transaction holding the file's read lock: a lock another process holds past
+        :data:`LOCK_NOTICE_S` is waited for up to :data:`READ_WAIT_S`, said as the wait begins."""
+        try:
+            self._read_lock()
+        except sqlite3.OperationalError as exc:
+            if not _locked(exc):
+                raise
+            logger(__name__).warning(lock_wait(self.path, READ_WAIT_S))
+            self._connection.execute(f"PRAGMA busy_timeout = {round(READ_WAIT_S * 1000)}")
+            try:
+                self._read_lock()
             finally:
-                self._connection.execute("COMMIT")
+                self._connection.execute(f"PRAGMA busy_timeout = {round(LOCK_NOTICE_S * 1000)}")
+
+    def _read_lock(self) -> None:
+        """Begin a transaction and take the read lock, which it holds until its COMMIT."""
+        self._connection.execute("BEGIN")
+        try:
+            self._connection.execute("SELECT count(*) FROM sqlite_master")
+        except BaseException:
+            self._connection.execute("ROLLBACK")
+            raise
 
     def _rows(self, query: str, args: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
         with self._snapshot() as db:
@@ -240,6 +281,34 @@ def read_only_uri(path: Path) -> str:
     writable = os.access(path, os.W_OK) and os.access(path.parent, os.W_OK)
     mode = "mode=ro" if writable else "mode=ro&immutable=1"
     return f"file:{urllib.parse.quote(str(path.resolve()))}?{mode}"
+
+
+def lock_wait(path: Path, wait_s: float) -> str:
+    """What is said as a wait for another process's lock on ``path`` begins."""
+    return f"waiting for the lock on {path} held by another process (up to {wait_s:g} s)"
+
+
+def sqlite_fault(path: Path, exc: BaseException) -> str | None:
+    """One line naming what SQLite found wrong with the file at ``path`` (not a database, malformed,
+    locked), from its error anywhere in ``exc``'s chain; None for any other error."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        name = getattr(current, "sqlite_errorname", None) or ""
+        if name.startswith("SQLITE_NOTADB"):
+            return f"{path} is not an SQLite database"
+        if name.startswith("SQLITE_CORRUPT"):
+            return f"{path} is malformed (corrupt or truncated)"
+        if isinstance(current, sqlite3.OperationalError) and _locked(current):
+            return f"{path} stays locked by another process; run the command again once that one is done"
+        current = current.__cause__ or current.__context__
+    return None
+
+
+def _locked(exc: sqlite3.OperationalError) -> bool:
+    """Whether SQLite gave up waiting for a lock another connection holds."""
+    return (getattr(exc, "sqlite_errorname", None) or "").startswith(("SQLITE_BUSY", "SQLITE_LOCKED"))
 
 
 @lru_cache(maxsize=256)

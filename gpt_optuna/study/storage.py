@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import sqlite3
 import time
@@ -16,7 +17,7 @@ import optuna
 from optuna.distributions import BaseDistribution
 
 from gpt_optuna.core.errors import MissingDependencyError, UserError
-from gpt_optuna.core.log import RESULT, tell
+from gpt_optuna.core.log import RESULT, logger, tell
 from gpt_optuna.study.recovery import retry_trial
 
 _HEARTBEAT_S = 30
@@ -34,14 +35,20 @@ def open_storage(
     and retried after a grace period. ``create=False`` (``status``, ``best``, ``confirm``) creates
     no file and no table, so it cannot race a tuner that is creating them; ``read_only`` also
     writes nothing, so a study the user may not write can still be read. A file's folder is made
-    only with ``make_dirs`` (the default ``studies/`` folder), never for a path the user gave.
+    only with ``make_dirs`` (the default ``studies/`` folder), never for a path the user gave. A
+    file that is not what the URL says is refused before anything is written to it, and what SQLite
+    finds wrong with a file (not a database, malformed, locked past the wait) is said in one line.
     """
     try:
         path = storage_file(url)
         if path is not None:
-            if not create and not path.is_file():
-                raise UserError(f"no study file at {path}")
+            _check_storage_file(url, path, create)
             if make_dirs:
+                if path.parent.exists() and not path.parent.is_dir():
+                    raise UserError(
+                        f"{path.parent} is a file, not a folder: {path} cannot be made (move the file away, or"
+                        " give --storage)"
+                    )
                 path.parent.mkdir(parents=True, exist_ok=True)
             elif not path.parent.is_dir():
                 raise UserError(f"the folder of {path} does not exist")
@@ -69,8 +76,63 @@ def open_storage(
     except ImportError as exc:
         raise UserError(f"storage {url!r} needs a database driver that is not installed: {exc}") from exc
     except Exception as exc:
+        from gpt_optuna.study.sqlite_reader import sqlite_fault
+
+        fault = sqlite_fault(path, exc) if path is not None else None
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise UserError(f"cannot open storage {url!r}: {first}") from exc
+        raise UserError(fault or f"cannot open storage {url!r}: {first}") from exc
+
+
+SQLITE_HEADER = b"SQLite format 3\x00"
+"""The first 16 bytes of every SQLite database."""
+
+
+def _check_storage_file(url: str, path: Path, create: bool) -> None:
+    """Refuse, in one line and before anything is written to it, a storage file that is not what the
+    URL says: a journal is opened only if it is missing, empty or an Optuna journal, an SQLite file
+    only if it is missing, empty or an SQLite database (missing or empty only for a new study:
+    ``create``)."""
+    if not path.exists():
+        if not create:
+            raise UserError(f"no study file at {path}")
+        return
+    journal = url.startswith("journal:")
+    wanted = "an Optuna journal" if journal else "an SQLite database"
+    kind = _file_kind(path)
+    if kind == wanted or kind == "an empty file" and create:
+        return
+    if kind is None:
+        raise UserError(f"{path} is not {wanted}: it holds other data")
+    hint = {
+        ("an SQLite database", True): f" (open it with --storage sqlite:///{path})",
+        ("an Optuna journal", False): f" (open it with --storage journal:{path})",
+    }.get((kind, journal), "")
+    raise UserError(f"{path} is {kind}, not {wanted}{hint}")
+
+
+def _file_kind(path: Path) -> str | None:
+    """What a storage file is, as a refusal names it: a folder, an empty file, an SQLite database, an
+    Optuna journal (its first line one of the JSON records Optuna's journal writes) or a text file;
+    None for other data."""
+    if path.is_dir():
+        return "a folder"
+    with path.open("rb") as file:
+        first = file.readline(1 << 16)  # a journal's first record is far shorter
+    if not first:
+        return "an empty file"
+    if first.startswith(SQLITE_HEADER):
+        return "an SQLite database"
+    try:
+        record = json.loads(first)
+    except ValueError:  # not JSON, or not text at all
+        record = None
+    if isinstance(record, dict) and "op_code" in record:
+        return "an Optuna journal"
+    try:
+        first.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    return "a text file"
 
 
 GRPC_WAIT_S = 10.0
@@ -153,17 +215,26 @@ def _rdb_storage(url: str, create: bool, heartbeat: bool) -> optuna.storages.RDB
 
 
 def _use_write_ahead_log(path: Path) -> None:
-    """WAL mode (kept in the file): readers such as ``status`` never block the tuner's writes.
+    """WAL mode (kept in the file): readers such as ``status`` never block the tuner's writes; and
+    the write lock taken once, so a file another process keeps locked is found as it is opened.
 
     Several tuners creating one new file at once race for the switch, which SQLite answers at once
     (its busy timeout does not cover it) with an error or the old mode: tried again until the file
-    reads back in WAL mode, for up to :data:`SQLITE_WAIT_S`."""
-    deadline = time.monotonic() + SQLITE_WAIT_S
+    reads back in WAL mode and its lock is had, for up to :data:`SQLITE_WAIT_S`, a wait said once it
+    passes :data:`~gpt_optuna.study.sqlite_reader.LOCK_NOTICE_S`."""
+    from gpt_optuna.study.sqlite_reader import LOCK_NOTICE_S, lock_wait
+
+    start = time.monotonic()
+    deadline = start + SQLITE_WAIT_S
+    announced = False
     for attempt in itertools.count():
         try:
-            connection = sqlite3.connect(path, timeout=SQLITE_WAIT_S)
+            timeout = deadline - time.monotonic() if announced else LOCK_NOTICE_S
+            connection = sqlite3.connect(path, timeout=max(timeout, 0.0), isolation_level=None)
             try:
                 if connection.execute("PRAGMA journal_mode=WAL").fetchone()[0] == "wal":
+                    connection.execute("BEGIN IMMEDIATE")
+                    connection.execute("ROLLBACK")
                     return
             finally:
                 connection.close()
@@ -172,6 +243,9 @@ def _use_write_ahead_log(path: Path) -> None:
                 raise
         if time.monotonic() > deadline:
             raise sqlite3.OperationalError(f"{path} stays out of WAL mode: another process holds it")
+        if not announced and time.monotonic() - start >= LOCK_NOTICE_S:
+            logger(__name__).warning(lock_wait(path, SQLITE_WAIT_S))
+            announced = True
         time.sleep(min(0.5, 0.02 * 2**attempt))
 
 
