@@ -4,12 +4,16 @@ an early Ctrl-C; each ends in advice the user can follow, or works."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import subprocess
 from pathlib import Path
 
 import pytest
-from test_faults import gpt_optuna, mounted_tmpfs
+from test_faults import gpt_optuna, mounted_tmpfs, one_line_error
+
+from gpt_optuna.core import log
 
 QUICK = ("--n-trials", "3", "--quiet", "--confirm-top", "0")
 
@@ -31,3 +35,23 @@ def test_compare_and_profile_on_a_read_only_study_write_their_logs_elsewhere(cnn
     assert json.loads(compared.stdout)["speedup"] is not None
     elsewhere = Path(profiled.stderr.split("writing to ")[-1].strip())
     assert (elsewhere / "profile.log").is_file() and (elsewhere / "profile-0.json").is_file()
+
+
+def test_a_log_file_on_a_full_device_is_refused_and_one_that_fills_up_is_left(tmp_path: Path) -> None:
+    one_line_error(gpt_optuna("status", "--log-file", "/dev/full"), "--log-file /dev/full: No space left on device")
+    log.configure(0, tmp_path / "run.log")
+    handler = log.LOGGER.handlers[-1]
+    handler.stream.close()
+    handler.stream = open("/dev/full", "w")  # noqa: SIM115 (the handler closes it)
+    try:
+        with contextlib.redirect_stderr(io.StringIO()) as err:
+            for n in range(3):
+                log.logger("gpt_optuna.x").info(f"note {n}")
+    finally:
+        log.configure(0)
+    lines = err.getvalue().splitlines()
+    assert (
+        lines[1]
+        == f"warning: --log-file {tmp_path / 'run.log'}: No space left on device; nothing more is written to it"
+    )
+    assert lines == ["note 0", lines[1], "note 1", "note 2"], lines
