@@ -7,11 +7,12 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import os
 import subprocess
 from pathlib import Path
 
 import pytest
-from test_faults import gpt_optuna, mounted_tmpfs, one_line_error
+from test_faults import CLI, gpt_optuna, mounted_tmpfs, one_line_error
 
 from gpt_optuna.core import log
 
@@ -55,3 +56,17 @@ def test_a_log_file_on_a_full_device_is_refused_and_one_that_fills_up_is_left(tm
         == f"warning: --log-file {tmp_path / 'run.log'}: No space left on device; nothing more is written to it"
     )
     assert lines == ["note 0", lines[1], "note 1", "note 2"], lines
+
+
+def test_doctor_names_an_onnx_runtime_that_fails_to_import_and_reports_the_other_engines(tmp_path: Path) -> None:
+    fake = tmp_path / "site" / "onnxruntime"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text('raise ImportError("libonnxruntime.so.1: cannot open shared object file")\n')
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(fake.parent), os.environ.get("PYTHONPATH", "")])}
+    found = subprocess.run([*CLI, "doctor", "--json"], capture_output=True, text=True, timeout=600, env=env)
+    assert found.returncode in (0, 1) and "Traceback" not in found.stderr, found.stderr
+    engines = {e["name"]: e for e in json.loads(found.stdout)["engines"]}
+    assert set(engines) == {"onnxruntime", "tensorrt", "tensorrt-rtx"}
+    assert engines["onnxruntime"]["missing"] == (
+        "ONNX Runtime is installed but fails to import: libonnxruntime.so.1: cannot open shared object file"
+    )
