@@ -8,13 +8,16 @@ import contextlib
 import io
 import json
 import os
+import re
 import subprocess
 from pathlib import Path
 
 import pytest
 from test_faults import CLI, gpt_optuna, mounted_tmpfs, one_line_error
 
+import gpt_optuna as gpt_optuna_api
 from gpt_optuna.core import log
+from gpt_optuna.core.errors import UserError
 
 QUICK = ("--n-trials", "3", "--quiet", "--confirm-top", "0")
 
@@ -70,3 +73,14 @@ def test_doctor_names_an_onnx_runtime_that_fails_to_import_and_reports_the_other
     assert engines["onnxruntime"]["missing"] == (
         "ONNX Runtime is installed but fails to import: libonnxruntime.so.1: cannot open shared object file"
     )
+
+
+@pytest.mark.parametrize("seed", [-1, 2**32, 2**40])
+def test_a_seed_out_of_range_is_one_line_from_the_command_and_a_user_error_from_the_api(
+    cnn_path: Path, seed: int
+) -> None:
+    expected = f"--seed must be between 0 and 2**32 - 1 (4294967295), got {seed}"
+    one_line_error(gpt_optuna("tune", str(cnn_path), *QUICK, "--seed", str(seed)), expected)
+    with pytest.raises(UserError, match=re.escape(expected)):
+        gpt_optuna_api.tune(cnn_path, n_trials=3, seed=seed)
+    assert not Path("studies").exists()
