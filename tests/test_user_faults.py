@@ -9,11 +9,12 @@ import io
 import json
 import os
 import re
+import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
-from test_faults import CLI, gpt_optuna, mounted_tmpfs, one_line_error
+from test_faults import CLI, digest, gpt_optuna, mounted_tmpfs, one_line_error
 
 import gpt_optuna as gpt_optuna_api
 from gpt_optuna.core import log
@@ -84,3 +85,34 @@ def test_a_seed_out_of_range_is_one_line_from_the_command_and_a_user_error_from_
     with pytest.raises(UserError, match=re.escape(expected)):
         gpt_optuna_api.tune(cnn_path, n_trials=3, seed=seed)
     assert not Path("studies").exists()
+
+
+def moved_study(cnn_path: Path, tmp_path: Path) -> tuple[Path, Path]:
+    """A study tuned in ``a/`` (its model there too), then ``a/`` moved to ``b/``: (a, b)."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    model = shutil.copy(cnn_path, a / "cnn.onnx")
+    assert gpt_optuna("tune", str(model), *QUICK, cwd=a).returncode == 0
+    a.rename(b)
+    return a, b
+
+
+@pytest.mark.slow
+def test_a_moved_study_folder_is_named_with_the_link_that_puts_it_back(cnn_path: Path, tmp_path: Path) -> None:
+    a, b = moved_study(cnn_path, tmp_path)
+    folder = a / "studies" / "cnn-onnxruntime"
+    for command in ("export", "-o", "x.onnx"), ("compare", "0", "1"):
+        one_line_error(gpt_optuna(*command, cwd=b), f"keeps its files in {folder}, which is not there")
+        one_line_error(gpt_optuna(*command, cwd=b), f"link them there: ln -s {b} {a}")
+    a.symlink_to(b)  # as advised
+    exported = gpt_optuna("export", "-o", "x.onnx", cwd=b)
+    assert exported.returncode == 0 and (b / "x.onnx").is_file(), exported.stderr
+
+
+@pytest.mark.slow
+def test_a_resume_from_a_moved_study_folder_is_refused_rather_than_split(cnn_path: Path, tmp_path: Path) -> None:
+    a, b = moved_study(cnn_path, tmp_path)
+    before = digest(b)
+    resumed = gpt_optuna("tune", "cnn.onnx", "--n-trials", "4", "--quiet", "--confirm-top", "0", cwd=b)
+    one_line_error(resumed, f"study 'cnn-onnxruntime' keeps its files in {a / 'studies' / 'cnn-onnxruntime'}")
+    assert not a.exists() and digest(b) == before

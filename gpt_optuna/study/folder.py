@@ -31,6 +31,25 @@ class StudyFolder:
         """The folder a new study named ``name`` gets: ``studies/<name>`` here."""
         return cls(STUDIES / name)
 
+    def gone(self, study_name: str) -> str:
+        """One line for a study whose recorded folder (this one) is not there: where the study
+        expects it, and how to put it back. Where ``studies/<name>`` here is a folder, it is taken
+        as the moved one, and the link to make is the one that puts back all that moved with it
+        (the user's model beside the study, too)."""
+        gone = self.root
+        while not gone.parent.exists():
+            gone = gone.parent
+        below = len(self.root.parts) - len(gone.parts)
+        here = StudyFolder.named(study_name).root.resolve()
+        if here.is_dir() and here != self.root and here.parts[len(here.parts) - below :] == self.root.parts[-below:]:
+            fix = f"ln -s {here.parents[below - 1] if below else here} {gone}"
+        else:
+            fix = f"{f'mkdir -p {self.root.parent} && ' if gone != self.root else ''}ln -s WHERE_IT_IS_NOW {self.root}"
+        return (
+            f"study {study_name!r} keeps its files in {self.root}, which is not there (moved or removed): move them"
+            f" back, or link them there: {fix}"
+        )
+
     @property
     def models(self) -> Path:
         """Transformed models, each made once (``graph.model_cache``)."""
