@@ -13,6 +13,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import numpy as np
 import pytest
 from test_faults import CLI, digest, gpt_optuna, mounted_tmpfs, one_line_error
 
@@ -116,3 +117,28 @@ def test_a_resume_from_a_moved_study_folder_is_refused_rather_than_split(cnn_pat
     resumed = gpt_optuna("tune", "cnn.onnx", "--n-trials", "4", "--quiet", "--confirm-top", "0", cwd=b)
     one_line_error(resumed, f"study 'cnn-onnxruntime' keeps its files in {a / 'studies' / 'cnn-onnxruntime'}")
     assert not a.exists() and digest(b) == before
+
+
+def write_npz(path: Path, kind: str) -> None:
+    if kind == "empty":
+        np.savez(path)
+    elif kind == "text":
+        path.write_text("notes, not arrays\n")
+    else:
+        np.savez(path, input=np.zeros((2, 1, 3, 64, 64), np.float32), mask=np.zeros((5, 2), np.float32))
+
+
+@pytest.mark.parametrize(
+    ("kind", "expected"),
+    [
+        ("empty", "kind.npz holds no arrays"),
+        ("text", "kind.npz is not an .npz archive"),
+        ("ragged", "its arrays hold different numbers of samples: input 2, mask 5 (not a model input)"),
+    ],
+)
+def test_an_npz_that_is_empty_not_an_archive_or_ragged_is_named_in_one_line(
+    cnn_path: Path, tmp_path: Path, kind: str, expected: str
+) -> None:
+    write_npz(tmp_path / "kind.npz", kind)
+    one_line_error(gpt_optuna("tune", str(cnn_path), *QUICK, "--inputs", str(tmp_path / "kind.npz")), expected)
+    assert not Path("studies").exists()
