@@ -142,3 +142,19 @@ def test_an_npz_that_is_empty_not_an_archive_or_ragged_is_named_in_one_line(
     write_npz(tmp_path / "kind.npz", kind)
     one_line_error(gpt_optuna("tune", str(cnn_path), *QUICK, "--inputs", str(tmp_path / "kind.npz")), expected)
     assert not Path("studies").exists()
+
+
+@pytest.mark.parametrize(
+    ("space", "expected"),
+    [
+        ("intra_op_num_threads = -4", "[space] intra_op_num_threads = -4: give 0 or more"),
+        ("inter_op_num_threads = [1, -2]", "[space] inter_op_num_threads = -2: give 0 or more"),
+    ],
+)
+def test_a_negative_thread_count_in_space_is_refused_naming_the_key(
+    cnn_path: Path, tmp_path: Path, space: str, expected: str
+) -> None:
+    config = tmp_path / "tune.toml"
+    config.write_text(f"[space]\n{space}\n")
+    one_line_error(gpt_optuna("tune", str(cnn_path), *QUICK, "--config", str(config)), expected)
+    assert not Path("studies").exists()
