@@ -10,7 +10,9 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -158,3 +160,31 @@ def test_a_negative_thread_count_in_space_is_refused_naming_the_key(
     config.write_text(f"[space]\n{space}\n")
     one_line_error(gpt_optuna("tune", str(cnn_path), *QUICK, "--config", str(config)), expected)
     assert not Path("studies").exists()
+
+
+SLOW_IMPORTS = """
+import sys, time
+
+class Slow:  # the command's libraries, imported slowly: a Ctrl-C lands among them
+    def find_spec(self, name, path=None, target=None):
+        if name == "gpt_optuna.cli.commands":
+            print("importing", file=sys.stderr, flush=True)
+            time.sleep(60)
+
+sys.meta_path.insert(0, Slow())
+sys.argv = ["gpt-optuna", "status"]
+from gpt_optuna.cli import main
+sys.exit(main())
+"""
+
+
+def test_ctrl_c_while_the_command_imports_its_libraries_is_one_line() -> None:
+    child = subprocess.Popen(
+        [sys.executable, "-c", SLOW_IMPORTS], stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    assert child.stderr is not None and child.stderr.readline() == "importing\n"
+    child.send_signal(signal.SIGINT)
+    _, err = child.communicate(timeout=30)
+    assert child.returncode == 130 and err.splitlines() == [
+        "gpt-optuna: stopped by Ctrl-C; run the same command again to carry on"
+    ], err
