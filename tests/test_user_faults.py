@@ -17,6 +17,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import save
+from onnx import TensorProto, helper
 from test_faults import CLI, digest, gpt_optuna, mounted_tmpfs, one_line_error
 
 import gpt_optuna as gpt_optuna_api
@@ -43,6 +45,22 @@ def test_compare_and_profile_on_a_read_only_study_write_their_logs_elsewhere(cnn
     assert json.loads(compared.stdout)["speedup"] is not None
     elsewhere = Path(profiled.stderr.split("writing to ")[-1].strip())
     assert (elsewhere / "profile.log").is_file() and (elsewhere / "profile-0.json").is_file()
+
+
+@pytest.mark.slow
+def test_a_compare_that_times_nothing_exits_2(cnn_path: Path, tmp_path: Path) -> None:
+    """A side the engine cannot build (a model of the study's interface made of an operator no
+    engine has) leaves nothing timed: the outputs are printed, and the command ends with one error
+    line."""
+    assert gpt_optuna("tune", str(cnn_path), *QUICK).returncode == 0
+    x = helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, 3, 64, 64])
+    y = helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, 10])
+    graph = helper.make_graph([helper.make_node("Nothing", ["input"], ["logits"], domain="no.such")], "g", [x], [y])
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("no.such", 1)]
+    other = save(helper.make_model(graph, opset_imports=opsets), tmp_path / "other.onnx")
+    compared = gpt_optuna("compare", "0", str(other), "--processes", "1", "--rounds", "3")
+    assert compared.returncode == 2 and "verdict: not timed" in compared.stdout, compared.stdout + compared.stderr
+    assert compared.stderr.splitlines()[-1].startswith("gpt-optuna: error: compare timed nothing: ")
 
 
 def test_a_log_file_on_a_full_device_is_refused_and_one_that_fills_up_is_left(tmp_path: Path) -> None:
