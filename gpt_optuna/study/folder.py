@@ -39,12 +39,14 @@ class StudyFolder:
         gone = self.root
         while not gone.parent.exists():
             gone = gone.parent
-        below = len(self.root.parts) - len(gone.parts)
         here = StudyFolder.named(study_name).root.resolve()
-        if here.is_dir() and here != self.root and here.parts[len(here.parts) - below :] == self.root.parts[-below:]:
-            fix = f"ln -s {here.parents[below - 1] if below else here} {gone}"
+        moved = (here, *here.parents)[min(len(self.root.parts) - len(gone.parts), len(here.parts) - 1)]
+        if here.is_dir() and moved / self.root.relative_to(gone) == here:
+            fix = f"ln -s {moved} {gone}"
+        elif gone == self.root:
+            fix = f"ln -s WHERE_IT_IS_NOW {self.root}"
         else:
-            fix = f"{f'mkdir -p {self.root.parent} && ' if gone != self.root else ''}ln -s WHERE_IT_IS_NOW {self.root}"
+            fix = f"mkdir -p {self.root.parent} && ln -s WHERE_IT_IS_NOW {self.root}"
         return (
             f"study {study_name!r} keeps its files in {self.root}, which is not there (moved or removed): move them"
             f" back, or link them there: {fix}"
