@@ -76,11 +76,13 @@ class LogFile(logging.FileHandler):
 
     def handleError(self, record: logging.LogRecord) -> None:
         exc = sys.exc_info()[1]
+        if not isinstance(exc, OSError):  # a record that cannot be formatted: a bug, told as logging tells it
+            super().handleError(record)
+            return
         LOGGER.removeHandler(self)
         with contextlib.suppress(OSError):
             self.close()
-        why = getattr(exc, "strerror", None) or exc
-        LOGGER.warning(f"warning: --log-file {self.baseFilename}: {why}; nothing more is written to it")
+        LOGGER.warning(f"warning: --log-file {self.baseFilename}: {exc.strerror or exc}; nothing more is written to it")
 
 
 def _command_line() -> str:
