@@ -181,13 +181,13 @@ def test_an_internal_error_exits_4_apart_from_a_regression(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """The mapping from an unexpected exception (a bug of ours) to its exit code: 4, with the traceback."""
-    from gpt_optuna.cli import entry as cli
+    from gpt_optuna.cli import commands
 
     def broken(argv: list[str]) -> int:
         raise RuntimeError("a bug")
 
-    monkeypatch.setattr(cli, "run", broken)
-    assert cli.main(["status"]) == 4
+    monkeypatch.setattr(commands, "run", broken)
+    assert main(["status"]) == 4
     err = capsys.readouterr().err
     assert "Traceback" in err and "internal error (a bug" in err
 

@@ -52,8 +52,9 @@ def test_a_log_file_keeps_every_record_with_its_time_and_a_bad_one_is_one_line(t
     log.logger("gpt_optuna.x").info("a note")
     log.configure(0)  # closes the file
     lines = (tmp_path / "run.log").read_text().splitlines()
-    assert [line.split(": ", 1)[1] for line in lines] == ["a detail", "a note"]
-    assert re.match(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ \d+ DEBUG gpt_optuna\.x$", lines[0].split(": ")[0])
+    messages = [line.split(": ", 1)[1] for line in lines]
+    assert messages[0].startswith("gpt-optuna") and messages[1:] == ["a detail", "a note"]  # the command line first
+    assert re.match(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ \d+ DEBUG gpt_optuna\.x$", lines[1].split(": ")[0])
     with pytest.raises(UserError, match="--log-file"):
         log.configure(0, tmp_path / "no such folder" / "run.log")
 

@@ -80,7 +80,7 @@ def test_npz_is_checked_against_the_model(mlp_path: Path, tmp_path: Path) -> Non
     with pytest.raises(UserError, match="but --shape says 5x16"):
         mf.load_feeds(good, info, {"x": m.ShapeRange.fixed((5, 16))})
     (tmp_path / "bad.npz").write_text("not a zip")
-    with pytest.raises(UserError, match="not a readable .npz"):
+    with pytest.raises(UserError, match="bad.npz is not an .npz archive"):
         mf.load_feeds(tmp_path / "bad.npz", info, {})
 
 

@@ -6,11 +6,13 @@ record says), or any ONNX model with the same inputs and outputs (run with the e
 Both are evaluated once in a fresh process against the study's reference outputs by its accuracy
 criterion, then timed in interleaved rounds in fresh processes by the confirmation's protocol
 (:func:`gpt_optuna.search.finalists.interleave`); the verdict is :func:`judge`'s on B's speedup
-over A. Nothing is written to the study.
+over A. Nothing is written to the study; the workers' log is kept in the study folder (in a
+temporary folder where the study folder is read-only).
 """
 
 from __future__ import annotations
 
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -20,7 +22,7 @@ from typing import Any
 import optuna
 
 from gpt_optuna.core.errors import UserError
-from gpt_optuna.core.log import tell
+from gpt_optuna.core.log import logger, tell
 from gpt_optuna.graph import model as model_io
 from gpt_optuna.graph.transforms import is_transform_knob
 from gpt_optuna.protocol.jobs import EvaluateJob
@@ -153,6 +155,22 @@ def _model_side(template: EvaluateJob, path: Path) -> Side:
     return Side(f"{path.name} (the engine's defaults)", replace(template, model=info, candidate={}))
 
 
+def writable_folder(study: optuna.Study) -> StudyFolder:
+    """The study folder, where files can be made in it; else a new temporary folder, said in one
+    line: the logs (and profiles) of a study on a read-only file system are kept there."""
+    folder = StudyFolder.of(study)
+    try:
+        with tempfile.TemporaryFile(dir=folder.root):
+            return folder
+    except OSError as exc:
+        elsewhere = StudyFolder(Path(tempfile.mkdtemp(prefix="gpt-optuna-")))
+        why = exc.strerror or type(exc).__name__
+        logger(__name__).warning(
+            f"warning: cannot write in the study folder {folder.root} ({why}): writing to {elsewhere.root}"
+        )
+        return elsewhere
+
+
 def compare(
     study: optuna.Study,
     a: str,
@@ -168,7 +186,7 @@ def compare(
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     template = template_from_study(study)
     sides = side(study, template, a), side(study, template, b)
-    log = StudyFolder.of(study).log("compare")
+    log = writable_folder(study).log("compare")
     results = []
     for name, one in zip("AB", sides, strict=True):
         say(f"{name}: {one.label}: building and checking its outputs ...")

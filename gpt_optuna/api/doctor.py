@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from gpt_optuna.backends import BACKENDS, load_backend
+from gpt_optuna.core.errors import UserError
 
 SELF_TEST_TIMEOUT_S = 300.0
 
@@ -52,6 +53,8 @@ def _check(name: str) -> EngineCheck:
             found = worker.run(SelfTestJob(name), SELF_TEST_TIMEOUT_S)
         except JobFailure as failure:
             return EngineCheck(name, missing=f"its self-test failed: {failure}")
+        except UserError as refused:  # installed, but fails to import
+            return EngineCheck(name, missing=str(refused))
         finally:
             worker.close()
     return EngineCheck(name, **found)

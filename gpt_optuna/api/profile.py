@@ -4,7 +4,7 @@ Both are profiled in fresh processes by the engine's own profiler (:mod:`profile
 Runtime's per node, TensorRT's ``IProfiler`` per layer, a layer typed by the ONNX operators it was
 made of); the operator types are listed slowest first with the baseline's time, the trial's and
 their ratio, then the trial's slowest nodes or layers. The result is kept in the study folder
-(``profile-TRIAL.json``).
+(``profile-TRIAL.json``), or where that folder is read-only in a temporary one, which is named.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any
 
 import optuna
 
-from gpt_optuna.api.compare import side
+from gpt_optuna.api.compare import side, writable_folder
 from gpt_optuna.backends.base import NodeTime
 from gpt_optuna.core.errors import UserError
 from gpt_optuna.core.files import atomic_write
@@ -26,7 +26,6 @@ from gpt_optuna.protocol.jobs import ProfileJob
 from gpt_optuna.protocol.process import JobFailure, Worker
 from gpt_optuna.search.finalists import template_from_study
 from gpt_optuna.search.options import DEFAULT_PROFILE_RUNS
-from gpt_optuna.study.folder import StudyFolder
 from gpt_optuna.study.summary_record import study_summary
 
 PROFILE_TIMEOUT_S = 600.0
@@ -101,6 +100,7 @@ def profile(
         raise UserError(f"profile takes a trial number, baseline or yours, not {trial!r}")
     template = template_from_study(study)
     sides = side(study, template, trial), side(study, template, "baseline")
+    folder = writable_folder(study)
     found: list[list[NodeTime]] = []
     for one in sides:
         if found and one.label == sides[0].label:  # the trial is the baseline
@@ -108,11 +108,10 @@ def profile(
             continue
         say(f"profiling {one.label} over {runs} runs ...")
         try:
-            with Worker(StudyFolder.of(study).log("profile")) as worker:
+            with Worker(folder.log("profile")) as worker:
                 found.append(worker.run(ProfileJob(one.job, runs), PROFILE_TIMEOUT_S))
         except JobFailure as failure:
             raise UserError(f"{one.label} could not be profiled: {failure}") from None
     result = Profile(sides[0].label, sides[1].label, found[0], found[1], runs)
-    path = StudyFolder.of(study).profile(sides[0].label.removeprefix("trial "))
-    atomic_write(path, json.dumps(result.to_dict()))
+    atomic_write(folder.profile(sides[0].label.removeprefix("trial ")), json.dumps(result.to_dict()))
     return result

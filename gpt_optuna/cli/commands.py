@@ -274,6 +274,8 @@ def _compare(args: argparse.Namespace, study: Any) -> int:
     options = {"processes": args.processes, "rounds": args.rounds, "timeout": args.timeout}
     found = study.compare(args.a, args.b, **options, progress=not args.json)
     print(json.dumps(found.to_dict()) if args.json else "\n".join(found.lines()))
+    if found.speedup is None:
+        raise UserError(f"compare timed nothing: {found.stopped}")
     return 0
 
 

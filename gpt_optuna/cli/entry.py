@@ -7,7 +7,6 @@ import os
 import sys
 import traceback
 
-from gpt_optuna.cli.commands import run
 from gpt_optuna.core import interrupts
 from gpt_optuna.core.errors import EXIT_INTERNAL, EXIT_USER_ERROR, UserError, environment_fault
 
@@ -18,6 +17,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("sqlalchemy").setLevel(logging.CRITICAL)
     interrupts.install()
     try:
+        from gpt_optuna.cli.commands import run  # its libraries take a while: a Ctrl-C meanwhile is one line too
+
         return run(sys.argv[1:] if argv is None else argv)
     except UserError as exc:
         print(f"gpt-optuna: error: {exc}", file=sys.stderr)

@@ -9,8 +9,10 @@ left out) or set its ``propagate``."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import shlex
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -54,6 +56,39 @@ class Terminal(logging.Handler):
             self.handleError(record)
 
 
+class LogFile(logging.FileHandler):
+    """``--log-file``: every record appended to the file, which starts with the command line (a file
+    that cannot take it, missing or on a full device, is refused in one line); a write that fails
+    later (the disk filled up) stops the logging to it, said in one warning line."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path, encoding="utf-8", delay=True)
+        self.setFormatter(logging.Formatter(_FILE_FORMAT))
+        try:
+            self.stream = self._open()
+            command = LOGGER.makeRecord(LOGGER.name, logging.INFO, __file__, 0, "%s", (_command_line(),), None)
+            self.stream.write(self.format(command) + self.terminator)
+            self.stream.flush()
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                self.close()
+            raise UserError(f"--log-file {path}: {exc.strerror or exc}") from None
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        exc = sys.exc_info()[1]
+        if not isinstance(exc, OSError):  # a record that cannot be formatted: a bug, told as logging tells it
+            super().handleError(record)
+            return
+        LOGGER.removeHandler(self)
+        with contextlib.suppress(OSError):
+            self.close()
+        LOGGER.warning(f"warning: --log-file {self.baseFilename}: {exc.strerror or exc}; nothing more is written to it")
+
+
+def _command_line() -> str:
+    return shlex.join(["gpt-optuna", *sys.argv[1:]])
+
+
 def level_of(verbosity: int) -> int:
     """The level of what is said: debug detail from ``-v``, else progress and notes."""
     return logging.DEBUG if verbosity > 0 else logging.INFO
@@ -90,12 +125,7 @@ def configure(verbose: int = 0, log_file: Path | None = None) -> None:
     LOGGER.addHandler(terminal)
     level = terminal.level
     if log_file is not None:
-        try:
-            to_file = logging.FileHandler(log_file, encoding="utf-8")
-        except OSError as exc:
-            raise UserError(f"--log-file {log_file}: {exc.strerror or exc}") from None
-        to_file.setFormatter(logging.Formatter(_FILE_FORMAT))
-        LOGGER.addHandler(to_file)
+        LOGGER.addHandler(LogFile(log_file))
         level = logging.DEBUG
     LOGGER.setLevel(level)
     LOGGER.propagate = False

@@ -91,6 +91,9 @@ class Knob:
     open_ended: bool = False
     """The engine takes values beyond ``choices`` (a TensorRT build route's number): a ``[space]`` list
     may name others; otherwise a value of names must be one of ``choices``."""
+    minimum: int | None = None
+    """The least number a ``[space]`` value (or the user's configuration) may give it (a count of
+    threads: 0); None: any number."""
 
     def __post_init__(self) -> None:
         if not self.choices:
@@ -246,7 +249,8 @@ class Space:
         return [k.describe() for k in self.knobs]
 
     def to_record(self) -> list[dict[str, Any]]:
-        """Every field of every knob as JSON, for :meth:`from_record` (``describe`` is for people)."""
+        """Every field of every knob as JSON, for :meth:`from_record` (``describe`` is for people), but
+        ``minimum``, which checks only the values a user gives."""
         return [
             {
                 "name": k.name,
@@ -369,9 +373,9 @@ def _as_choice(knob: Knob, value: Value) -> Value:
 
 def _check_value(knob: Knob, value: Value, described: set[Any], where: str = "[space]") -> None:
     """A UserError where a ``[space]`` (or ``where``) value cannot be the knob's: not of its type
-    (true/false for a switch, a number for a number), or, for a knob of names, not one it offers
-    here nor one other knobs are described for (the CPU provider on a GPU host, which is not
-    searched by default)."""
+    (true/false for a switch, a number for a number), below its ``minimum``, or, for a knob of
+    names, not one it offers here nor one other knobs are described for (the CPU provider on a GPU
+    host, which is not searched by default)."""
     kinds = {type(c) for c in knob.choices}
     fits = type(value) in kinds or (type(value) is int and float in kinds)
     offered = ", ".join(_shown(c) for c in (*knob.choices, *sorted(described - set(knob.choices), key=str)))
@@ -380,6 +384,8 @@ def _check_value(knob: Knob, value: Value, described: set[Any], where: str = "[s
     if not fits:
         wanted = "true or false" if kinds == {bool} else "a number" if kinds & {int, float} else "one of its values"
         raise UserError(f"{where} {knob.name} = {_shown(value)}: give {wanted} (it offers {offered})")
+    if knob.minimum is not None and type(value) in (int, float) and value < knob.minimum:
+        raise UserError(f"{where} {knob.name} = {_shown(value)}: give {knob.minimum} or more (it offers {offered})")
 
 
 def _shown(value: Value) -> str:

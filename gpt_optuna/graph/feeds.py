@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -16,11 +17,16 @@ from gpt_optuna.graph.model import Feeds, ModelInfo, ShapeRange, check_shape, fi
 def _read_npz_file(npz_path: Path, what: str) -> Feeds:
     if not npz_path.is_file():
         raise UserError(f"{what} file not found: {npz_path}")
+    if not zipfile.is_zipfile(npz_path):
+        raise UserError(f"{npz_path} is not an .npz archive (arrays saved by numpy.savez, keyed by input name)")
     try:
         with np.load(npz_path, allow_pickle=False) as data:
-            return {key: np.ascontiguousarray(data[key]) for key in data.files}
+            arrays = {key: np.ascontiguousarray(data[key]) for key in data.files}
     except Exception as exc:
         raise UserError(f"{npz_path} is not a readable .npz file: {one_line(exc)}") from exc
+    if not arrays:
+        raise UserError(f"{npz_path} holds no arrays: save the {what}, keyed by input name, with numpy.savez")
+    return arrays
 
 
 def check_feeds(npz_path: Path, feeds: Feeds, info: ModelInfo, shapes: dict[str, ShapeRange]) -> None:
@@ -84,9 +90,9 @@ def _npz_samples(path: Path, info: ModelInfo, what: str) -> list[Feeds]:
     arrays = _read_npz_file(path, what)
     ranks = {spec.name: len(spec.shape) for spec in info.inputs}
     stacked = {n: a[None] if n in ranks and a.ndim == ranks[n] else a for n, a in arrays.items()}
-    counts = {len(a) for a in stacked.values()}
-    if len(counts) != 1:
-        raise UserError(f"{path}: its arrays hold different numbers of samples ({sorted(counts)})")
+    if len({len(a) for a in stacked.values()}) != 1:
+        counts = ", ".join(f"{n} {len(a)}{'' if n in ranks else ' (not a model input)'}" for n, a in stacked.items())
+        raise UserError(f"{path}: its arrays hold different numbers of samples: {counts}")
     return unstack(stacked)
 
 

@@ -161,6 +161,8 @@ class TuneConfig:
             raise UserError(f"--samples must be at least 1, got {self.samples}")
         if self.sampler not in SAMPLERS:
             raise UserError(f"unknown sampler {self.sampler!r}; choose one of: {', '.join(SAMPLERS)}")
+        if self.seed is not None and not 0 <= self.seed < 2**32:  # the samplers' NumPy generators take no other
+            raise UserError(f"--seed must be between 0 and 2**32 - 1 ({2**32 - 1}), got {self.seed}")
         if self.workers is not None and self.workers < 1:
             raise UserError(f"--workers must be at least 1, got {self.workers}")
         if self.n_trials is not None and self.n_trials < 1:

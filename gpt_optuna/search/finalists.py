@@ -326,10 +326,11 @@ def template_from_study(study: optuna.Study, model: Path | None = None, workdir:
         raise UserError(f"study {study.study_name!r} was not made by gpt-optuna")
     if record.dry_run:
         raise UserError(f"study {study.study_name!r} is a dry run: there is no latency to confirm")
+    # the folder first: where it moved with the model, its error says how to link both back
+    workdir = verified(study, (workdir or StudyFolder.of(study).root).resolve())
     info = load_model_info(model or record.model)
     if info.sha256 != record.model_sha256:
         raise UserError(f"{info.path} has changed since the study was made")
-    workdir = verified(study, (workdir or StudyFolder.of(study).root).resolve())
     info = with_distinct_dims(info, StudyFolder(workdir).models)
     for name in (INPUTS_FILE, REFERENCE_FILE):
         if not (workdir / name).is_file():

@@ -86,7 +86,11 @@ def join(config: JoinConfig, progress: Progress) -> int:
     model = checked_model(record, config.model)
     workdir = StudyFolder.named(config.study_name).root
     store = artifact_folder(study, config.artifacts)
-    fetch(study, store, workdir)
+    not_here = (
+        f"the study's artifact store {store} is not on this host: mount the same store and give its path"
+        " with --artifacts"
+    )
+    fetch(study, store, workdir, not_here)
     job = template_from_study(study, model, workdir)
     space = Space.from_record(study.user_attrs[SPACE_ATTR])
     search = study.user_attrs.get(SEARCH_ATTR, {})

@@ -192,7 +192,7 @@ OPTIONS: tuple[Option, ...] = (
         "tpe (default), gp (needs the gp extra), random or nsga2",
         {"choices": SAMPLERS},
     ),
-    Option("--seed", "seed", INT, "sampler seed"),
+    Option("--seed", "seed", INT, "sampler seed, 0 to 2**32 - 1"),
     Option(
         "--baseline-config",
         "baseline_config",

@@ -123,6 +123,8 @@ def _tune(config: TuneConfig, progress: Progress) -> TuneEnd:
         folder = recorded_folder(storage, config.study_name)
         if folder is not None and folder.is_dir():  # a study resumed from another directory keeps its folder
             config = replace(config, folder=folder)
+        elif folder is not None and storage_path is not None:  # moved: a server's study may be another host's
+            raise UserError(StudyFolder(folder).gone(config.study_name))
         session = SearchSession(stack, config.workdir, "worker", config.workers, config.gpus)
         first, others = session.workers[0], session.workers[1:]
         start_s = started_in(first, config.backend)  # what each finalists' process will cost to start

@@ -54,8 +54,9 @@ def publish(study: optuna.Study, store: Path, workdir: Path) -> None:
     study.set_user_attr(DATA_ATTR, shared)
 
 
-def fetch(study: optuna.Study, store: Path, workdir: Path) -> None:
-    """Copy the study's data files from the store into ``workdir`` where they are missing or differ."""
+def fetch(study: optuna.Study, store: Path, workdir: Path, not_here: str) -> None:
+    """Copy the study's data files from the store into ``workdir`` where they are missing or differ;
+    ``not_here``: the error where the store is not on this host (what the command can do about it)."""
     shared = study.user_attrs.get(DATA_ATTR)
     if not shared or INPUTS_FILE not in shared:
         raise UserError(
@@ -64,10 +65,7 @@ def fetch(study: optuna.Study, store: Path, workdir: Path) -> None:
         )
     stale = {n: e for n, e in shared.items() if not (workdir / n).is_file() or _sha256(workdir / n) != e["sha256"]}
     if stale and not store.is_dir():
-        raise UserError(
-            f"the study's artifact store {store} is not on this host: mount the same store and give its path "
-            "with --artifacts"
-        )
+        raise UserError(not_here)
     workdir.mkdir(parents=True, exist_ok=True)
     for name, entry in stale.items():
         with atomic_path(workdir / name) as incoming:
@@ -85,7 +83,13 @@ def fetch(study: optuna.Study, store: Path, workdir: Path) -> None:
 def verified(study: optuna.Study, workdir: Path) -> Path:
     """``workdir`` with the study's data files as the study recorded them: a file missing or changed
     since (corrupted, truncated) is copied again from the artifact store, or one clear error says
-    why it cannot be. Studies made before their data was recorded are taken as they are."""
+    why it cannot be (a study folder moved: where the study expects it). Studies made before their
+    data was recorded are taken as they are."""
     if study.user_attrs.get(DATA_ATTR):
-        fetch(study, artifact_folder(study), workdir)
+        store, folder = artifact_folder(study), StudyFolder.of(study)
+        if store.is_relative_to(folder.root) and not folder.root.is_dir():
+            not_here = folder.gone(study.study_name)
+        else:
+            not_here = f"the study's artifact store {store} is not there: mount it there again, or link it there"
+        fetch(study, store, workdir, not_here)
     return workdir

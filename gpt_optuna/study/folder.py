@@ -31,6 +31,27 @@ class StudyFolder:
         """The folder a new study named ``name`` gets: ``studies/<name>`` here."""
         return cls(STUDIES / name)
 
+    def gone(self, study_name: str) -> str:
+        """One line for a study whose recorded folder (this one) is not there: where the study
+        expects it, and how to put it back. Where ``studies/<name>`` here is a folder, it is taken
+        as the moved one, and the link to make is the one that puts back all that moved with it
+        (the user's model beside the study, too)."""
+        gone = self.root
+        while not gone.parent.exists():
+            gone = gone.parent
+        here = StudyFolder.named(study_name).root.resolve()
+        moved = (here, *here.parents)[min(len(self.root.parts) - len(gone.parts), len(here.parts) - 1)]
+        if here.is_dir() and moved / self.root.relative_to(gone) == here:
+            fix = f"ln -s {moved} {gone}"
+        elif gone == self.root:
+            fix = f"ln -s WHERE_IT_IS_NOW {self.root}"
+        else:
+            fix = f"mkdir -p {self.root.parent} && ln -s WHERE_IT_IS_NOW {self.root}"
+        return (
+            f"study {study_name!r} keeps its files in {self.root}, which is not there (moved or removed): move them"
+            f" back, or link them there: {fix}"
+        )
+
     @property
     def models(self) -> Path:
         """Transformed models, each made once (``graph.model_cache``)."""

@@ -6,7 +6,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from gpt_optuna.core.errors import MissingDependencyError, UserError
+from gpt_optuna.backends.onnxruntime.settings import ort_module
+from gpt_optuna.core.errors import UserError
 from gpt_optuna.core.log import onnxruntime_options
 from gpt_optuna.graph.model import Feeds, ModelInfo, one_line
 from gpt_optuna.protocol.jobs import ReferenceJob
@@ -19,10 +20,7 @@ def run_reference(job: ReferenceJob) -> list[Feeds]:
 
 def fp32_outputs(info: ModelInfo, samples: Sequence[Feeds]) -> list[Feeds]:
     """The unmodified model's outputs on each sample, run in this process."""
-    try:
-        import onnxruntime as ort
-    except ImportError as exc:
-        raise MissingDependencyError("ONNX Runtime", "cpu") from exc
+    ort = ort_module()
     try:
         session = ort.InferenceSession(str(info.path), onnxruntime_options(ort), providers=["CPUExecutionProvider"])
         found = [session.run(None, feeds) for feeds in samples]

@@ -9,9 +9,10 @@ from pathlib import Path
 from typing import Any
 
 from gpt_optuna.backends.base import ExportedTrial
-from gpt_optuna.core.errors import MissingDependencyError
+from gpt_optuna.core.errors import MissingDependencyError, UserError
 from gpt_optuna.core.log import onnxruntime_severity
 from gpt_optuna.core.space import Candidate, Value
+from gpt_optuna.graph.model import one_line
 
 CPU = "CPUExecutionProvider"
 
@@ -107,10 +108,16 @@ CUDA_OPTIONS = (
 
 
 def ort_module() -> Any:
+    """``onnxruntime``, imported; one line where it is not installed, or is but fails to import (a
+    broken install: a shared library missing, a version clash)."""
     try:
         import onnxruntime
-    except ImportError as exc:
+    except ModuleNotFoundError as exc:
+        if exc.name != "onnxruntime":
+            raise UserError(f"ONNX Runtime is installed but fails to import: {one_line(exc)}") from exc
         raise MissingDependencyError("ONNX Runtime", "cpu") from exc
+    except (ImportError, OSError) as exc:
+        raise UserError(f"ONNX Runtime is installed but fails to import: {one_line(exc)}") from exc
     return onnxruntime
 
 
