@@ -48,13 +48,13 @@ T = TypeVar("T")
 class UserCode:
     """How the tuner calls the user's functions (data loaders, the metric on the reference outputs):
     each in a worker process of its own, stopped at ``deadline`` (monotonic seconds: the end of
-    ``flag``) or, without one, after ``timeout_s`` (--trial-timeout); a call still running after
-    :data:`SLOW_STEP_S` says so to ``say``. A hang, a crash or an exception ends in one line that
-    names the function."""
+    ``deadline_flag``) or, without one, after ``timeout_s`` (--trial-timeout); a call still
+    running after :data:`SLOW_STEP_S` says so to ``say``. A hang, a crash or an exception ends in
+    one line that names the function."""
 
     deadline: float | None
     say: Callable[[str], None]
-    flag: str = "--timeout"
+    deadline_flag: str = "--timeout"
     timeout_s: float = DEFAULT_TRIAL_TIMEOUT_S
 
     def loader(self, flag: str) -> Callable[[str], list[model_io.Feeds]]:
@@ -71,7 +71,7 @@ class UserCode:
         if self.deadline is None:
             timeout_s, bound = self.timeout_s, "--trial-timeout"
         else:  # a second at least: the function is called, even where the time is spent
-            timeout_s, bound = max(self.deadline - time.monotonic(), 1.0), f"what was left of {self.flag}"
+            timeout_s, bound = max(self.deadline - time.monotonic(), 1.0), f"what was left of {self.deadline_flag}"
         folder = Path(tempfile.mkdtemp(prefix="gpt-optuna-user-code-"))
         log = folder / "worker.log"
         slow = threading.Timer(SLOW_STEP_S, self.say, [f"waiting for {what} (stopped after {timeout_s:.0f} s) ..."])
