@@ -1,7 +1,8 @@
 """The user's own functions called before the search (a data loader, the metric on the reference
 outputs) run under the deadline: one that hangs is stopped at the end of --timeout (or after
---trial-timeout without one) with one line that names it, leaving no process and no study behind;
-one that raises or crashes ends in one line too. Through the real command, in child processes."""
+--trial-timeout without one; at the end of check's --budget) with one line that names it, leaving
+no process and no study behind; one that raises or crashes ends in one line too. Through the real
+command, in child processes."""
 
 from __future__ import annotations
 
@@ -164,3 +165,31 @@ def test_a_working_data_loader_still_gives_its_samples(cnn_path: Path, user_code
     result, _ = tune(cnn_path, "--inputs", f"{user_code}:loader", "--timeout", "60", "--quiet")
     assert result.returncode == 0, result.stderr
     assert load("cnn-syntheticbackend").get_trials()[0].user_attrs["accuracy"]["samples"] == 2
+
+
+@pytest.mark.slow
+def test_a_hanging_calibration_loader_is_stopped_too(cnn_path: Path, tmp_path: Path, user_code: Path) -> None:
+    """Called later, while the space is found (ONNX Runtime offers int8 here): the same deadline."""
+    spec = f"{user_code}:hanging_loader"
+    result, wall = gpt_optuna("tune", str(cnn_path), "--calibration", spec, "--timeout", str(TIMEOUT_S), "-qq")
+    assert error_line(result).startswith(f"gpt-optuna: error: the --calibration data loader {spec} did not return")
+    assert wall < BOUND_S, wall
+    nothing_left(tmp_path)
+
+
+@pytest.mark.slow
+def test_the_recorded_metric_of_a_check_is_stopped_at_the_end_of_its_budget(cnn_path: Path, tmp_path: Path) -> None:
+    metric = tmp_path / "metric.py"
+    metric.write_text("def score(outputs, references, inputs):\n    return {'score': 1.0}\n")
+    tuned, _ = gpt_optuna(
+        "tune", str(cnn_path), "--metric", f"{metric}:score", "--accuracy", "score>=0.5", "--n-trials", "2", "-qq"
+    )
+    assert tuned.returncode == 0, tuned.stderr
+    assert gpt_optuna("export", "-o", "best.onnx", "-qq")[0].returncode == 0
+    metric.write_text(USER_CODE.replace("def hanging_metric(", "def score("))  # the metric changed since: it hangs
+    result, wall = gpt_optuna("check", str(cnn_path), "--baseline", "best.onnx.json", "--budget", str(TIMEOUT_S), "-qq")
+    line = error_line(result)
+    assert line.startswith(f"gpt-optuna: error: the recorded --metric function {metric}:score did not return within")
+    assert line.endswith("(what was left of --budget): it was stopped") and wall < BOUND_S, (line, wall)
+    pid = int((tmp_path / "hung.pid").read_text())
+    assert not Path(f"/proc/{pid}").exists()
