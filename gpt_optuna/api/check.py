@@ -38,11 +38,10 @@ from gpt_optuna.api.check_record import exported_model, load_record, read_sample
 from gpt_optuna.core import interrupts
 from gpt_optuna.core.errors import UserError
 from gpt_optuna.core.log import RESULT, tell
-from gpt_optuna.graph import feeds as feeds_io
 from gpt_optuna.graph import model as model_io
 from gpt_optuna.graph.transforms import is_transform_knob
 from gpt_optuna.protocol.accuracy import parse_criterion
-from gpt_optuna.protocol.jobs import reference_outputs
+from gpt_optuna.protocol.jobs import MetricJob, reference_outputs
 from gpt_optuna.results.export import export_trial
 from gpt_optuna.search.config import TuneConfig, default_storage, study_flags
 from gpt_optuna.search.finalists import interleave, process_seconds, quiet_seconds
@@ -111,8 +110,9 @@ def gate(
     return run_check(Path(model), Path(record), parse_duration(budget), share, base, report, update, not progress)
 
 
-def outputs_unchanged(model: Path, record: dict[str, Any]) -> Outcome:
-    """The model in fp32 on the recorded inputs, judged against the recorded outputs."""
+def outputs_unchanged(model: Path, record: dict[str, Any], deadline: float) -> Outcome:
+    """The model in fp32 on the recorded inputs, judged against the recorded outputs (the record's
+    metric function stopped at ``deadline``, the end of --budget)."""
     info = model_io.load_model_info(model)
     inputs, references = read_samples(record, info)
     metric_spec = record.get("metric")
@@ -120,10 +120,10 @@ def outputs_unchanged(model: Path, record: dict[str, Any]) -> Outcome:
     outputs = reference_outputs(info, inputs)
     user = None
     if metric_spec:
-        from gpt_optuna.search.preparation import call_metric
+        from gpt_optuna.search.preparation import UserCode
 
-        function = feeds_io.load_function(metric_spec, "the record's metric")
-        user = lambda: call_metric(function, outputs, references, inputs)  # noqa: E731  (a failure: one line, exit 2)
+        job = MetricJob(metric_spec, outputs, references, inputs, "recorded --metric")
+        user = lambda: UserCode(deadline, tell, "--budget").metric(job)  # noqa: E731  (a failure: one line, exit 2)
     verdict = criterion.evaluate(outputs, references, user)
     if verdict.feasible:
         return Outcome("accuracy", True, f"the model's outputs meet {criterion.text} against the record")
@@ -170,7 +170,7 @@ def run_check(
     deadline = started + budget_s
     record = load_record(record_path)
     exported, why_not = exported_model(record_path, record)
-    outcomes = [outputs_unchanged(model, record)]
+    outcomes = [outputs_unchanged(model, record, deadline)]
     study_name = None
     if outcomes[0].passed:
         name = study_name = f"check-{model.stem}-{time.strftime('%Y%m%d-%H%M%S')}"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -60,12 +61,18 @@ def load_feeds(path: str | Path, info: ModelInfo, shapes: dict[str, ShapeRange])
 
 
 def load_samples(
-    source: str | Path, info: ModelInfo, shapes: dict[str, ShapeRange], limit: int | None = None, what: str = "inputs"
+    source: str | Path,
+    info: ModelInfo,
+    shapes: dict[str, ShapeRange],
+    limit: int | None = None,
+    what: str = "inputs",
+    load: Callable[[str], list[Feeds]] | None = None,
 ) -> list[Feeds]:
     """Samples from an .npz (one sample, or arrays with one more leading axis: several), a folder
     of such files (in name order), or a data loader ``module:function`` / ``script.py:function``
-    returning an iterable of feed dicts (Polygraphy's convention). Each sample is checked like
-    --inputs and all must share one shape; ``limit`` keeps the first ones."""
+    returning an iterable of feed dicts (Polygraphy's convention), called by ``load`` (default:
+    :func:`loaded_samples`, in this process). Each sample is checked like --inputs and all must
+    share one shape; ``limit`` keeps the first ones."""
     path = Path(source)
     if path.is_dir():
         files = sorted(path.glob("*.npz"))
@@ -73,7 +80,7 @@ def load_samples(
             raise UserError(f"{path} holds no .npz files")
         samples = [s for f in files for s in _npz_samples(f, info, what)]
     elif ":" in str(source) and not path.is_file():
-        samples = _loaded_samples(str(source))
+        samples = (load or loaded_samples)(str(source))
     else:
         samples = _npz_samples(path, info, what)
     samples = samples[:limit] if limit else samples
@@ -96,7 +103,7 @@ def _npz_samples(path: Path, info: ModelInfo, what: str) -> list[Feeds]:
     return unstack(stacked)
 
 
-def _loaded_samples(spec: str) -> list[Feeds]:
+def loaded_samples(spec: str) -> list[Feeds]:
     """The feeds a user's data loader yields."""
     function = load_function(spec, "--inputs data loader")
     try:
@@ -176,9 +183,11 @@ def samples_sha256(samples: list[Feeds]) -> str:
     return feeds_sha256(samples[0] if len(samples) == 1 else stack(samples))
 
 
-def load_calibration(path: str | Path, info: ModelInfo, shapes: dict[str, ShapeRange]) -> Feeds:
+def load_calibration(
+    path: str | Path, info: ModelInfo, shapes: dict[str, ShapeRange], load: Callable[[str], list[Feeds]] | None = None
+) -> Feeds:
     """Calibration samples stacked on a leading axis, from any source :func:`load_samples` reads."""
-    return stack(load_samples(path, info, shapes, what="calibration"))
+    return stack(load_samples(path, info, shapes, what="calibration", load=load))
 
 
 def synthetic_feeds(info: ModelInfo, shapes: dict[str, ShapeRange], seed: int = 0) -> Feeds:

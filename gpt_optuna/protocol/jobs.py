@@ -78,6 +78,29 @@ class ReferenceJob(Job):
 
 
 @dataclass(frozen=True)
+class LoaderJob(Job):
+    """Call the user's data loader (``module:function`` or ``script.py:function``): the samples it
+    yields, each a dict of arrays (in a worker, so that a loader that hangs can be stopped)."""
+
+    RUNS = "gpt_optuna.worker.user_code:load"
+    spec: str
+
+
+@dataclass(frozen=True)
+class MetricJob(Job):
+    """Call the user's metric function on the outputs, references and inputs of every sample: the
+    metrics it returns (in a worker, so that a metric that hangs can be stopped)."""
+
+    RUNS = "gpt_optuna.worker.user_code:metric"
+    spec: str
+    outputs: list[Feeds]
+    references: list[Feeds]
+    inputs: list[Feeds]
+    named: str = "--metric"
+    """What named the function, for its errors (``--metric``, or a check's ``recorded --metric``)."""
+
+
+@dataclass(frozen=True)
 class EvaluateJob(Job):
     """Build one candidate, check its outputs against the reference, and time it.
 

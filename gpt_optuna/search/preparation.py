@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import shutil
 import tempfile
 import threading
 import time
@@ -12,7 +13,7 @@ from collections.abc import Callable
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import optuna
@@ -28,9 +29,9 @@ from gpt_optuna.graph.model_cache import with_distinct_dims
 from gpt_optuna.graph.model_copy import external_data_sha256
 from gpt_optuna.graph.model_profile import ModelProfile, profile_of
 from gpt_optuna.graph.precision import QUANTIZED
-from gpt_optuna.protocol.jobs import EvaluateJob, SpaceJob, reference_outputs
-from gpt_optuna.protocol.process import JobFailure, Worker
-from gpt_optuna.search.config import TuneConfig
+from gpt_optuna.protocol.jobs import EvaluateJob, LoaderJob, MetricJob, SpaceJob, reference_outputs
+from gpt_optuna.protocol.process import FailureKind, JobFailure, Worker
+from gpt_optuna.search.config import DEFAULT_TRIAL_TIMEOUT_S, TuneConfig
 from gpt_optuna.search.space_check import PRECISION, check_space
 from gpt_optuna.search.your_configuration import holding_yours
 from gpt_optuna.study.artifacts import CALIBRATION_FILE, INPUTS_FILE, REFERENCE_FILE
@@ -38,6 +39,58 @@ from gpt_optuna.study.folder import StudyFolder
 from gpt_optuna.study.resume import recorded_fingerprint, refuse_if_different
 
 SPACE_TIMEOUT_S = 300.0
+SLOW_STEP_S = 3.0
+"""A step of the preparation still going after this long says what it does."""
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class UserCode:
+    """How the tuner calls the user's functions (data loaders, the metric on the reference outputs):
+    each in a worker process of its own, stopped at ``deadline`` (monotonic seconds: the end of
+    ``deadline_flag``) or, without one, after ``timeout_s`` (--trial-timeout); a call still
+    running after :data:`SLOW_STEP_S` says so to ``say``. A hang, a crash or an exception ends in
+    one line that names the function."""
+
+    deadline: float | None
+    say: Callable[[str], None]
+    deadline_flag: str = "--timeout"
+    timeout_s: float = DEFAULT_TRIAL_TIMEOUT_S
+
+    def loader(self, flag: str) -> Callable[[str], list[model_io.Feeds]]:
+        """The data loader ``flag`` names (``--inputs``, ``--calibration``), as :func:`load_samples` calls it."""
+        return lambda spec: self.call(LoaderJob(spec), f"the {flag} data loader {spec}")
+
+    def metric(self, job: MetricJob) -> dict[str, Any]:
+        """The metrics the job's function returns."""
+        return self.call(job, f"the {job.named} function {job.spec}")
+
+    def call(self, job: Callable[[], T], what: str) -> T:
+        """What ``job`` returns; ``what``: the function it calls, for the errors. A crash keeps the
+        worker's log (with the traceback where the process died) and names it."""
+        if self.deadline is None:
+            timeout_s, bound = self.timeout_s, "--trial-timeout"
+        else:  # a second at least: the function is called, even where the time is spent
+            timeout_s, bound = max(self.deadline - time.monotonic(), 1.0), f"what was left of {self.deadline_flag}"
+        folder = Path(tempfile.mkdtemp(prefix="gpt-optuna-user-code-"))
+        log = folder / "worker.log"
+        slow = threading.Timer(SLOW_STEP_S, self.say, [f"waiting for {what} (stopped after {timeout_s:.0f} s) ..."])
+        slow.start()
+        kept = False
+        try:
+            with Worker(log) as worker:
+                return worker.run(job, timeout_s)
+        except JobFailure as failure:
+            if failure.kind is FailureKind.TIMEOUT:
+                raise UserError(f"{what} did not return within {timeout_s:.0f} s ({bound}): it was stopped") from None
+            kept = failure.kind is FailureKind.CRASH
+            how = f"crashed its process ({failure.detail}); its log: {log}" if kept else f"failed: {failure.detail}"
+            raise UserError(f"{what} {how}") from None
+        finally:
+            slow.cancel()
+            if not kept:
+                shutil.rmtree(folder, ignore_errors=True)
 
 
 @dataclass(frozen=True)
@@ -49,6 +102,8 @@ class Inputs:
     shapes: dict[str, model_io.ShapeRange]
     samples: list[model_io.Feeds]
     references: list[model_io.Feeds]
+    user_code: UserCode
+    """How the user's functions are called (a --calibration data loader is, later)."""
 
     @functools.cached_property
     def inputs_sha256(self) -> str:
@@ -73,14 +128,21 @@ class Prepared:
     calibration_sha256: str = ""
 
 
-def load_inputs(config: TuneConfig, notes: list[str]) -> Inputs:
+def load_inputs(
+    config: TuneConfig, notes: list[str], say: Callable[[str], None], started: float | None = None
+) -> Inputs:
     """The checked model, every input's shape range, the input data (given or generated) and the
-    fp32 reference outputs; warnings go to ``notes``. Reads only."""
+    fp32 reference outputs; warnings go to ``notes``. Reads only. The user's data loader and
+    metric run as :class:`UserCode` says, until the end of --timeout counted from ``started``
+    (monotonic seconds; default: now)."""
+    started = time.monotonic() if started is None else started
+    deadline = None if config.timeout_s is None else started + config.timeout_s
+    user_code = UserCode(deadline, say, timeout_s=config.trial_timeout_s)
     info = model_io.load_model_info(config.model)
     feeds_io.check_numeric_inputs(info)
     shapes = model_io.parse_shapes(config.shapes)
     if config.inputs is not None:
-        samples = feeds_io.load_samples(config.inputs, info, shapes, config.samples)
+        samples = feeds_io.load_samples(config.inputs, info, shapes, config.samples, load=user_code.loader("--inputs"))
         shapes = {n: shapes.get(n, model_io.ShapeRange.fixed(tuple(a.shape))) for n, a in samples[0].items()}
     else:
         shapes = model_io.resolve_shapes(info, shapes)
@@ -93,26 +155,11 @@ def load_inputs(config: TuneConfig, notes: list[str]) -> Inputs:
     feeds_io.check_reference(references, generated=config.inputs is None, notes=notes)
     config.criterion.check_applicable(references[0])
     if config.metric is not None:
-        metric = feeds_io.load_function(config.metric, "--metric")
-        config.criterion.check_user_metrics(call_metric(metric, references, references, samples))
-    return Inputs(info, shapes, samples, references)
+        returned = user_code.metric(MetricJob(config.metric, references, references, samples))
+        config.criterion.check_user_metrics(returned)
+    return Inputs(info, shapes, samples, references, user_code)
 
 
-def call_metric(
-    metric: Callable[..., Any],
-    outputs: list[model_io.Feeds],
-    references: list[model_io.Feeds],
-    inputs: list[model_io.Feeds],
-) -> dict[str, Any]:
-    """The user's metric function on all samples; its failure is the user's to see, in one line."""
-    try:
-        return dict(metric(outputs, references, inputs))
-    except Exception as exc:
-        raise UserError(f"the --metric function failed on the reference outputs: {type(exc).__name__}: {exc}") from exc
-
-
-SLOW_STEP_S = 3.0
-"""A step of the preparation still going after this long says what it does."""
 PREPARATION_SHARE = 0.25
 """Of ``--timeout``, what making the graph transforms and checking the space may take together
 (a third of it at most for making the fused models), so that the search gets its trials; what the
@@ -259,7 +306,7 @@ def remembered_check(
 def offered_space(config: TuneConfig, notes: list[str], say: Callable[[str], None]) -> tuple[Space, dict[str, str]]:
     """The space a search of ``config`` would have, with the library versions: found and checked
     as :func:`tune` does, in a scratch folder removed afterwards."""
-    inputs = load_inputs(config, notes)
+    inputs = load_inputs(config, notes, say)
     with tempfile.TemporaryDirectory() as tmp, Worker(StudyFolder(Path(tmp)).log("worker")) as worker:
         working = with_distinct_dims(inputs.info, StudyFolder(Path(tmp)).models)
         space, versions, _ = discover_space(config, worker, inputs, working, Path(tmp), notes, say)
@@ -310,7 +357,8 @@ def calibration_samples(config: TuneConfig, inputs: Inputs, notes: list[str]) ->
     """Calibration inputs stacked on a new leading axis: from --calibration, else the --inputs
     samples, else generated."""
     if config.calibration is not None:
-        return feeds_io.load_calibration(config.calibration, inputs.info, inputs.shapes)
+        load = inputs.user_code.loader("--calibration")
+        return feeds_io.load_calibration(config.calibration, inputs.info, inputs.shapes, load)
     if config.inputs is not None:
         return feeds_io.stack(inputs.samples)
     notes.append(

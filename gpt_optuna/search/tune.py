@@ -114,7 +114,7 @@ def _tune(config: TuneConfig, progress: Progress) -> TuneEnd:
         config = replace(config, baseline_values=engine.baseline_values(config.baseline_config))
     host = look()  # before this run's own workers start
     phases.begin("preparing")
-    inputs = load_inputs(config, notes)
+    inputs = load_inputs(config, notes, progress.note, phases.started)
     storage_path = storage_file(config.storage)
     with contextlib.ExitStack() as stack:
         new = stack.enter_context(removed_if_refused(config, storage_path))
