@@ -3,7 +3,7 @@
 A file is written under a temporary name of its own beside it (the process and a random token,
 ``.tmp`` in it), flushed to the disk, and renamed over the target in one step, so that a reader
 sees the old file or the new one, never a part; a write that fails leaves no temporary behind.
-A lock is a ``NAME.lock`` file beside what it guards (``filelock``: portable, released when its
+Several files that make one whole (an export) are staged together (:class:`Staging`). A lock is a ``NAME.lock`` file beside what it guards (``filelock``: portable, released when its
 process dies).
 """
 
@@ -16,6 +16,7 @@ import os
 import secrets
 import shutil
 from collections.abc import Iterator
+from collections.abc import Set as AbstractSet
 from pathlib import Path
 
 from filelock import FileLock, Timeout
@@ -98,12 +99,14 @@ class Staging:
     (:func:`unfinished`), so that the same command can replace them again.
     """
 
-    def __init__(self, files: list[Path], record: Path) -> None:
+    def __init__(self, files: list[Path], record: Path, left: AbstractSet[Path] = frozenset()) -> None:
+        """``left``: what an unfinished writer of the same set made (:func:`unfinished`), still
+        this writer's to replace should it be killed too."""
         self.record = record
         self.files = [f for f in files if f != record] + [record]
         self.folder = record.with_name(f".{record.name}.{os.getpid()}-{secrets.token_hex(4)}{STAGING_SUFFIX}")
         self.folder.mkdir()
-        new = [str(f) for f in self.files if not f.exists() and not f.is_symlink()]
+        new = [str(f) for f in self.files if f in left or not f.exists() and not f.is_symlink()]
         atomic_write(self.folder / _MANIFEST, json.dumps({"new": new}))
 
     def path(self, target: Path) -> Path:

@@ -179,7 +179,7 @@ def export_trial(
     dropped = TrialRecord(trial).engine_dropped
     if artifact is None and dropped is not None:
         raise UserError(not_kept(trial, dropped))
-    with Staging(files, side_path) as staging:
+    with Staging(files, side_path, left) as staging:
         _write_export(study, summary, trial, Written(record, source, out, workdir, samples_dir), staging)
         staging.commit()
     return out, side_path
