@@ -96,3 +96,48 @@ def test_a_tuner_sees_another_on_its_host_and_not_one_that_was_killed(tmp_path: 
         assert alone is True
         assert not no_tuner_runs_here(tmp_path)  # this process's own run counts
     assert no_tuner_runs_here(tmp_path)
+
+
+KILLED_WRITER = """
+import os, signal, sys
+from pathlib import Path
+from gpt_optuna.core import files
+
+out, moves = Path(sys.argv[1]), int(sys.argv[2])
+targets = [out / "best.onnx", out / "best.onnx.inputs.npz", out / "notes.txt", out / "best.onnx.json"]
+staging = files.Staging(targets, targets[-1])
+for target in targets:
+    staging.path(target).write_text("new " + target.name)
+replace, moved = os.replace, []
+
+
+def replace_then_die(source, target):
+    replace(source, target)
+    moved.append(target)
+    if len(moved) == moves:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+files.os.replace = replace_then_die
+staging.commit()
+"""
+
+
+@pytest.mark.parametrize("moves", [1, 3, 4])
+def test_a_staged_set_killed_while_it_moves_in_leaves_what_it_made_replaceable(tmp_path: Path, moves: int) -> None:
+    """A real SIGKILL after ``moves`` of the set's files are in place: before the record, the files
+    it made (not the user's file that was there) are an unfinished set's; with the record, a whole one."""
+    import subprocess
+    import sys
+
+    from gpt_optuna.core.files import STAGING_SUFFIX, unfinished
+
+    (tmp_path / "notes.txt").write_text("the user's own")
+    killed = subprocess.run([sys.executable, "-c", KILLED_WRITER, str(tmp_path), str(moves)])
+    assert killed.returncode == -9
+    record = tmp_path / "best.onnx.json"
+    assert record.exists() == (moves == 4)
+    made = {tmp_path / "best.onnx", tmp_path / "best.onnx.inputs.npz", record}
+    assert unfinished(record) == (set() if moves == 4 else made)
+    assert not list(tmp_path.glob(f"*{STAGING_SUFFIX}"))  # the dead writer's staging folder is gone
+    assert unfinished(record) == set()  # and told once
