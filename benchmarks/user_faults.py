@@ -87,8 +87,12 @@ def run(argv: list[str], folder: Path, kill_when: Callable[[Path], bool] | None 
 
 @contextlib.contextmanager
 def locked_database(db: Path) -> Iterator[object]:
-    """Another process holding ``db``'s write lock (``BEGIN EXCLUSIVE``) until the block ends."""
-    code = f"import sqlite3, time; c = sqlite3.connect({str(db)!r}); c.execute('BEGIN EXCLUSIVE'); print(1, flush=True)"
+    """Another process holding ``db`` locked to all others (its exclusive locking mode: a write-ahead
+    log's readers are kept out too) until the block ends."""
+    code = (
+        f"import sqlite3, time; c = sqlite3.connect({str(db)!r}); c.execute('PRAGMA locking_mode=EXCLUSIVE');"
+        " c.execute('BEGIN EXCLUSIVE'); print(1, flush=True)"
+    )
     holder = subprocess.Popen([sys.executable, "-c", code + "; time.sleep(3600)"], stdout=subprocess.PIPE, text=True)
     assert holder.stdout is not None and holder.stdout.readline().strip() == "1"
     try:

@@ -200,6 +200,8 @@ def test_a_folder_as_an_sqlite_storage_is_refused_at_once(tmp_path: Path, capsys
     assert one_line_error(code, capsys, str(folder), "is a folder, not an SQLite database") == []
     assert time.monotonic() - start < 10
     assert list(folder.iterdir()) == []
+    code = main(["status", "--storage", f"sqlite:///{folder}", "--study-name", NAME])
+    assert one_line_error(code, capsys, str(folder), "is a folder, not a study database") == []
 
 
 def test_a_file_named_studies_where_the_default_storage_goes_is_refused_in_one_line(
