@@ -3,8 +3,9 @@
 A file is written under a temporary name of its own beside it (the process and a random token,
 ``.tmp`` in it), flushed to the disk, and renamed over the target in one step, so that a reader
 sees the old file or the new one, never a part; a write that fails leaves no temporary behind.
-Several files that make one whole (an export) are staged together (:class:`Staging`). A lock is a ``NAME.lock`` file beside what it guards (``filelock``: portable, released when its
-process dies).
+Several files that make one whole (an export) are staged together (:class:`Staging`). A lock
+is a ``NAME.lock`` file beside what it guards (``filelock``: portable, released when its process
+dies).
 """
 
 from __future__ import annotations

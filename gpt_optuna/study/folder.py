@@ -97,6 +97,11 @@ class StudyFolder:
         """Every profile comparison kept, by name."""
         return sorted(self.root.glob("profile-*.json"))
 
+    @property
+    def checks(self) -> Path:
+        """Where ``check`` runs keep the records they judge against: what the study never reads."""
+        return self.root / "checks"
+
     def check_run(self, stamp: str) -> Path:
         """The folder of one ``check`` run's record (``stamp``: when it ran)."""
-        return self.root / "checks" / stamp
+        return self.checks / stamp

@@ -28,6 +28,8 @@ class StudySources:
 
     files: tuple[Path, ...]
     folders: tuple[Path, ...]
+    written: Path
+    """The one place in them the study's own readers write to (its checks' records)."""
 
     @classmethod
     def of(cls, study: optuna.Study, storage: str | None = None) -> StudySources:
@@ -40,7 +42,8 @@ class StudySources:
         stored = storage_file(storage) if storage else None
         if stored is not None:
             files += [stored, *(stored.with_name(stored.name + c) for c in _SQLITE_COMPANIONS)]
-        return cls(tuple(files), (StudyFolder.of(study).root, artifact_folder(study)))
+        folder = StudyFolder.of(study)
+        return cls(tuple(files), (folder.root, artifact_folder(study)), folder.checks)
 
     def refuse(self, targets: Iterable[Path], what: str) -> None:
         """A UserError where a file of ``targets`` is one the study reads, or lies in its folders."""
@@ -49,7 +52,7 @@ class StudySources:
             if source is not None:
                 raise UserError(f"{what} {target} would overwrite {source}, which the study reads: choose another -o")
             folder = next((d for d in self.folders if inside(target, d)), None)
-            if folder is not None:
+            if folder is not None and not inside(target, self.written):
                 raise UserError(f"{what} {target} is inside the study's folder {folder}: choose a path outside it")
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
@@ -83,10 +84,6 @@ def open_storage(
         raise UserError(fault or f"cannot open storage {url!r}: {first}") from exc
 
 
-SQLITE_HEADER = b"SQLite format 3\x00"
-"""The first 16 bytes of every SQLite database."""
-
-
 def _check_storage_file(url: str, path: Path, create: bool) -> None:
     """Refuse, in one line and before anything is written to it, a storage file that is not what the
     URL says: a journal is opened only if it is missing, empty or an Optuna journal, an SQLite file
@@ -113,15 +110,16 @@ def _check_storage_file(url: str, path: Path, create: bool) -> None:
 def _file_kind(path: Path) -> str | None:
     """What a storage file is, as a refusal names it: a folder, an empty file, an SQLite database, an
     Optuna journal (its first line one of the JSON records Optuna's journal writes) or a text file;
-    None for other data."""
+    None for other data. SQLite itself says whether the file is a database: a file this process
+    opened and closed on its own would drop the locks its SQLite connections to it hold."""
     if path.is_dir():
         return "a folder"
+    if path.stat().st_size == 0:
+        return "an empty file"
+    if _is_sqlite(path):
+        return "an SQLite database"
     with path.open("rb") as file:
         first = file.readline(1 << 16)  # a journal's first record is far shorter
-    if not first:
-        return "an empty file"
-    if first.startswith(SQLITE_HEADER):
-        return "an SQLite database"
     try:
         record = json.loads(first)
     except ValueError:  # not JSON, or not text at all
@@ -133,6 +131,18 @@ def _file_kind(path: Path) -> str | None:
     except UnicodeDecodeError:
         return None
     return "a text file"
+
+
+def _is_sqlite(path: Path) -> bool:
+    """Whether SQLite takes the file for a database (a locked or damaged one included), read only."""
+    from gpt_optuna.study.sqlite_reader import read_only_uri
+
+    try:
+        with contextlib.closing(sqlite3.connect(read_only_uri(path), uri=True, timeout=0)) as connection:
+            connection.execute("PRAGMA schema_version").fetchone()
+    except sqlite3.DatabaseError as exc:
+        return not (getattr(exc, "sqlite_errorname", None) or "").startswith("SQLITE_NOTADB")
+    return True
 
 
 GRPC_WAIT_S = 10.0
