@@ -75,35 +75,39 @@ def started(args: list[str]) -> subprocess.Popen[bytes]:
 
 
 def killed_while_writing(args: list[str], folder: Path, attempts: int = 8) -> bool:
-    """Start ``export ARGS`` and SIGKILL it as soon as anything appears in ``folder`` (where it
-    writes); whether a kill landed before the export ended (else ``folder`` is emptied again)."""
+    """Start ``export ARGS`` and SIGKILL it as soon as anything new appears in ``folder`` (where it
+    writes); whether a kill landed before the export ended (else what it wrote is removed again)."""
+    before = set(folder.iterdir())
     for _ in range(attempts):
         run = started(args)
-        while run.poll() is None and not any(folder.iterdir()):
+        while run.poll() is None and set(folder.iterdir()) == before:
             time.sleep(0.001)
         if run.poll() is None:
             os.kill(run.pid, signal.SIGKILL)
             run.wait()
             return True
-        for left in folder.iterdir():
+        for left in set(folder.iterdir()) - before:
             subprocess.run(["rm", "-rf", str(left)], check=True)
     return False
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("form", ["file", "triton"])
-def test_an_export_killed_midway_is_completed_by_the_same_command(tmp_path: Path, form: str) -> None:
+@pytest.mark.parametrize("form", ["file", "file over an export", "triton"])
+def test_an_export_killed_midway_leaves_the_old_files_and_the_same_command_works(tmp_path: Path, form: str) -> None:
     model = save_wide_matmul(tmp_path / "wide.onnx", 60)
     tuned(model)
     out = tmp_path / "out"
     out.mkdir()
-    target = ["-o", str(out / "best.onnx")] if form == "file" else ["--format", "triton", "-o", str(out)]
+    target = ["-o", str(out / "best.onnx")] if form != "triton" else ["--format", "triton", "-o", str(out)]
     args = ["export", "--study-name", "S", "--trial", "0", *target]
+    if form == "file over an export":
+        assert gpt_optuna(*args).returncode == 0
+        args.append("--force")
     if not killed_while_writing(args, out):
         pytest.skip("every export ended before it could be killed")
     result = gpt_optuna(*args)
     assert result.returncode == 0, result.stderr
-    written = out / "best.onnx" if form == "file" else out / "wide" / "1" / "model.onnx"
+    written = out / "best.onnx" if form != "triton" else out / "wide" / "1" / "model.onnx"
     record = json.loads(written.with_name(written.name + ".json").read_text())
     assert sha(written) == record["model_sha256"] == sha(model)
     assert sorted(p.name for p in out.iterdir() if p.name.startswith(".")) == []  # nothing staged left behind

@@ -118,26 +118,58 @@ def replace_then_die(source, target):
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-files.os.replace = replace_then_die
+os.replace = replace_then_die
 staging.commit()
 """
+OLD = {"best.onnx": "old model", "best.onnx.json": "old record", "notes.txt": "the user's own"}
 
 
-@pytest.mark.parametrize("moves", [1, 3, 4])
-def test_a_staged_set_killed_while_it_moves_in_leaves_what_it_made_replaceable(tmp_path: Path, moves: int) -> None:
-    """A real SIGKILL after ``moves`` of the set's files are in place: before the record, the files
-    it made (not the user's file that was there) are an unfinished set's; with the record, a whole one."""
+def contents(folder: Path) -> dict[str, str]:
+    return {p.name: p.read_text() for p in folder.iterdir() if p.is_file()}
+
+
+@pytest.mark.parametrize("moves", [1, 3, 4, 6, 7])
+def test_a_staged_set_killed_while_it_moves_in_is_rolled_back_or_whole(tmp_path: Path, moves: int) -> None:
+    """A real SIGKILL after ``moves`` of the set's seven moves (three files of the old set aside, the
+    record first; four new ones in, the record last): the next writer of the same record finds the
+    old files back, or the whole new set, and no staging folder."""
     import subprocess
     import sys
 
-    from gpt_optuna.core.files import STAGING_SUFFIX, unfinished
+    from gpt_optuna.core.files import STAGING_SUFFIX, roll_back_dead
 
-    (tmp_path / "notes.txt").write_text("the user's own")
+    for name, text in OLD.items():
+        (tmp_path / name).write_text(text)
     killed = subprocess.run([sys.executable, "-c", KILLED_WRITER, str(tmp_path), str(moves)])
     assert killed.returncode == -9
-    record = tmp_path / "best.onnx.json"
-    assert record.exists() == (moves == 4)
-    made = {tmp_path / "best.onnx", tmp_path / "best.onnx.inputs.npz", record}
-    assert unfinished(record) == (set() if moves == 4 else made)
-    assert not list(tmp_path.glob(f"*{STAGING_SUFFIX}"))  # the dead writer's staging folder is gone
-    assert unfinished(record) == set()  # and told once
+    roll_back_dead(tmp_path / "best.onnx.json")
+    new = {name: "new " + name for name in ("best.onnx", "best.onnx.inputs.npz", "notes.txt", "best.onnx.json")}
+    assert contents(tmp_path) == (new if moves == 7 else OLD)
+    assert not list(tmp_path.glob(f"*{STAGING_SUFFIX}"))
+
+
+def test_a_staged_set_interrupted_while_it_moves_in_is_rolled_back_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import os
+
+    from gpt_optuna.core.files import Staging
+
+    for name, text in OLD.items():
+        (tmp_path / name).write_text(text)
+    targets = [tmp_path / n for n in ("best.onnx", "best.onnx.inputs.npz", "notes.txt", "best.onnx.json")]
+    replace, moved = os.replace, []
+
+    def replace_then_stop(source: Path, target: Path) -> None:
+        replace(source, target)
+        moved.append(target)
+        if len(moved) == 5:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt), Staging(targets, targets[-1]) as staging:
+        for target in targets:
+            staging.path(target).write_text("new")
+        monkeypatch.setattr(os, "replace", replace_then_stop)
+        staging.commit()
+    monkeypatch.undo()
+    assert contents(tmp_path) == OLD and sorted(p.name for p in tmp_path.iterdir()) == sorted(OLD)

@@ -14,10 +14,11 @@ import contextlib
 import glob
 import json
 import os
+import re
 import secrets
 import shutil
+import socket
 from collections.abc import Iterator
-from collections.abc import Set as AbstractSet
 from pathlib import Path
 
 from filelock import FileLock, Timeout
@@ -87,28 +88,55 @@ def _flush_folder(folder: Path) -> None:
 
 
 STAGING_SUFFIX = ".partial"
-"""What names a staging folder (:class:`Staging`) beside the files it writes."""
+"""What ends the name of a staging folder (:func:`staging_folder`) beside what it writes."""
+_HOST = socket.gethostname()
+_IN_USE: set[Path] = set()
+"""This process's staging folders still being written."""
+
+
+def staging_folder(target: Path, old: bool = False) -> Path:
+    """A new staging folder for what goes to ``target``, beside it: ``.TARGET.HOST.PID-TOKEN.partial``
+    (``old``: ``...old.partial``, for what ``target`` held before), owned by this process."""
+    old_mark = ".old" if old else ""
+    return target.with_name(f".{target.name}.{_HOST}.{os.getpid()}-{secrets.token_hex(4)}{old_mark}{STAGING_SUFFIX}")
+
+
+def dead_stagings(target: Path) -> list[Path]:
+    """The staging folders beside ``target`` for it whose process, on this host, ended before it
+    removed them (killed, or this process's own, no longer written)."""
+    name = re.compile(
+        rf"\.{re.escape(target.name)}\.{re.escape(_HOST)}\.(\d+)-[0-9a-f]{{8}}(\.old)?{re.escape(STAGING_SUFFIX)}"
+    )
+    dead = []
+    for folder in target.parent.glob(f".{glob.escape(target.name)}.*{STAGING_SUFFIX}"):
+        found = name.fullmatch(folder.name)
+        pid = int(found[1]) if found else 0
+        if found and folder.is_dir() and folder not in _IN_USE and (pid == os.getpid() or not _running(pid)):
+            dead.append(folder)
+    return sorted(dead)
 
 
 class Staging:
     """Files written as one: each first under its own name in a staging folder beside ``record``
-    (``.RECORD.PID-TOKEN.partial``), then moved in place by :meth:`commit`, ``record`` (the file
-    that says the others are whole: an export's side file) removed first and moved in last.
+    (:func:`staging_folder`), then moved in place by :meth:`commit`: what the targets held before
+    moved aside into the folder first (``record``, the file that says the others are whole, the
+    first of them), the new files moved in after (``record`` the last).
 
-    So a kill leaves the old files, or the whole new set, or a set without its record: an
-    unfinished one, whose staging folder still lists the files it made where none was before
-    (:func:`unfinished`), so that the same command can replace them again.
+    A set interrupted before its record is in, by an exception here or by a kill (the next
+    :func:`roll_back_dead` of the same record), is rolled back: what the targets held is put back
+    and what the set made where there was nothing is removed. So the targets hold the old files or
+    the whole new set, and the same command works again.
     """
 
-    def __init__(self, files: list[Path], record: Path, left: AbstractSet[Path] = frozenset()) -> None:
-        """``left``: what an unfinished writer of the same set made (:func:`unfinished`), still
-        this writer's to replace should it be killed too."""
+    def __init__(self, files: list[Path], record: Path) -> None:
         self.record = record
         self.files = [f for f in files if f != record] + [record]
-        self.folder = record.with_name(f".{record.name}.{os.getpid()}-{secrets.token_hex(4)}{STAGING_SUFFIX}")
+        self.folder = staging_folder(record)
         self.folder.mkdir()
-        new = [str(f) for f in self.files if f in left or not f.exists() and not f.is_symlink()]
-        atomic_write(self.folder / _MANIFEST, json.dumps({"new": new}))
+        _IN_USE.add(self.folder)
+        made = [str(f.absolute()) for f in self.files if not f.exists() and not f.is_symlink()]
+        manifest = {"files": [str(f.absolute()) for f in self.files], "made": made}
+        atomic_write(self.folder / _MANIFEST, json.dumps(manifest))
 
     def path(self, target: Path) -> Path:
         """Where to write what goes to ``target`` (its own name, so files that name each other,
@@ -116,22 +144,32 @@ class Staging:
         return self.folder / target.name
 
     def commit(self) -> None:
-        """Move every file written into place, the record last; a file of the set not written
-        this time (an old export's external data) is removed."""
-        self.record.unlink(missing_ok=True)
-        for target in self.files:
-            staged = self.path(target)
-            if staged.is_file():
-                _flush(staged)
-                os.replace(staged, target)
-                _flush_folder(target.parent)
-            elif target != self.record:
-                target.unlink(missing_ok=True)
+        """Move what the targets hold aside and every file written into place, the record last;
+        a file of the set not written this time (an old export's external data) is left aside.
+        Interrupted, the set is rolled back."""
+        try:
+            if not self.path(self.record).is_file():
+                raise FileNotFoundError(f"{self.path(self.record)} is gone: another process removed the staging folder")
+            aside = self.folder / _ASIDE
+            aside.mkdir()
+            for target in [self.record, *self.files[:-1]]:
+                if target.exists() or target.is_symlink():
+                    os.replace(target, aside / target.name)
+            for target in self.files:
+                staged = self.path(target)
+                if staged.is_file():
+                    _flush(staged)
+                    os.replace(staged, target)
+                    _flush_folder(target.parent)
+        except BaseException:
+            _roll_back(self.folder)
+            raise
         self.discard()
 
     def discard(self) -> None:
         """Remove the staging folder and what it holds."""
         shutil.rmtree(self.folder, ignore_errors=True)
+        _IN_USE.discard(self.folder)
 
     def __enter__(self) -> Staging:
         return self
@@ -141,30 +179,45 @@ class Staging:
 
 
 _MANIFEST = "manifest.json"
+_ASIDE = "replaced"
 
 
-def unfinished(record: Path) -> set[Path]:
-    """The files that a writer of ``record`` killed before its end (:class:`Staging`) made where
-    none was before; its staging folder is removed. A set whose record exists is whole: none."""
-    made: set[Path] = set()
-    for folder in record.parent.glob(f".{glob.escape(record.name)}.*{STAGING_SUFFIX}"):
-        if not folder.is_dir() or is_alive(folder.name.removesuffix(STAGING_SUFFIX).rpartition(".")[2]):
-            continue
-        with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
-            made |= {Path(p) for p in json.loads((folder / _MANIFEST).read_text())["new"]}
+def roll_back_dead(record: Path) -> None:
+    """Roll back what a :class:`Staging` of ``record`` whose process ended left half done, and remove
+    its folder; a set whose record is in place is whole, and stays."""
+    for folder in dead_stagings(record):
+        _roll_back(folder)
         shutil.rmtree(folder, ignore_errors=True)
-    return set() if record.exists() else made
 
 
-def is_alive(owner: str) -> bool:
-    """Whether the process named in a staging folder's ``PID-TOKEN`` still runs (unreadable: taken as running)."""
-    pid = owner.partition("-")[0]
-    if not pid.isdigit():
+def _roll_back(folder: Path) -> None:
+    """Put back what the targets of the staging ``folder`` held and remove what its set made, unless
+    its record (the last target) is in place as the set's own: moved in whole."""
+    try:
+        manifest = json.loads((folder / _MANIFEST).read_text())
+        files, made = [Path(f) for f in manifest["files"]], set(manifest["made"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return  # killed before its manifest was written: nothing was moved
+    aside = folder / _ASIDE
+    record = files[-1]
+    if record.exists() and ((aside / record.name).exists() or str(record) in made):
+        return
+    for target in files:
+        kept = aside / target.name
+        if kept.exists() or kept.is_symlink():
+            os.replace(kept, target)
+        elif str(target) in made:
+            target.unlink(missing_ok=True)
+
+
+def _running(pid: int) -> bool:
+    """Whether a process of this host with that id runs (this one included; unknown: taken as running)."""
+    if pid <= 0:
         return True
     try:
-        os.kill(int(pid), 0)
+        os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except OSError:
         return True
-    return int(pid) != 0
+    return True

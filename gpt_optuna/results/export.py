@@ -15,7 +15,7 @@ from optuna.trial import FrozenTrial
 from gpt_optuna.backends import DEPLOYMENTS
 from gpt_optuna.backends.base import ExportedTrial
 from gpt_optuna.core.errors import UserError
-from gpt_optuna.core.files import Staging, unfinished
+from gpt_optuna.core.files import Staging, roll_back_dead
 from gpt_optuna.graph.interface import dtype_changes, io_record
 from gpt_optuna.graph.model import file_sha256
 from gpt_optuna.graph.model_cache import intact
@@ -157,7 +157,7 @@ def export_trial(
     it has none) and ``out``.json, the recorded inputs and reference outputs beside it (or in
     ``samples_dir``), overwriting nothing without ``force`` and never a file the study reads
     (its ``storage``'s included). The files are written as one (:class:`Staging`), the side file
-    last: after a kill, the same command replaces what the unfinished export left."""
+    last: an export interrupted or killed midway leaves the files that were there."""
     summary = study_summary(study)
     trial = chosen_trial(study, summary, number)
     record = StudyRecord.read(study)
@@ -170,8 +170,8 @@ def export_trial(
     files = written_files(out, artifact is not None, record.backend, samples_dir)
     StudySources.of(study, storage).refuse(files, "export to")
     side_path = out.with_name(out.name + ".json")
-    left = unfinished(side_path)
-    refuse_overwrite([f for f in files if f not in left], force)
+    roll_back_dead(side_path)  # an export of the same files killed midway: back to what was there
+    refuse_overwrite(files, force)
     workdir = verified(study, StudyFolder.of(study).root)
     source = trial_model(study, trial)
     if not source.is_file():
@@ -179,7 +179,7 @@ def export_trial(
     dropped = TrialRecord(trial).engine_dropped
     if artifact is None and dropped is not None:
         raise UserError(not_kept(trial, dropped))
-    with Staging(files, side_path, left) as staging:
+    with Staging(files, side_path) as staging:
         _write_export(study, summary, trial, Written(record, source, out, workdir, samples_dir), staging)
         staging.commit()
     return out, side_path

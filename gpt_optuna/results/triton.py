@@ -17,11 +17,9 @@ Triton loads: the export refuses it, saying why, before it writes anything.
 
 from __future__ import annotations
 
-import glob
 import json
 import os
 import re
-import secrets
 import shutil
 from pathlib import Path
 from typing import Any
@@ -32,7 +30,7 @@ import optuna
 from gpt_optuna.backends import DEPLOYMENTS
 from gpt_optuna.backends.base import Deployment
 from gpt_optuna.core.errors import UserError
-from gpt_optuna.core.files import STAGING_SUFFIX, atomic_write, is_alive
+from gpt_optuna.core.files import STAGING_SUFFIX, atomic_write, dead_stagings, staging_folder
 from gpt_optuna.graph.interface import describe_changes
 from gpt_optuna.graph.model import ModelInfo, TensorSpec, load_model_info
 from gpt_optuna.results.export import chosen_trial, export_trial, trial_model
@@ -66,9 +64,10 @@ def model_name(study: optuna.Study) -> str:
 def write_repository(
     study: optuna.Study, number: int | None, repo: Path, name: str, force: bool = False, storage: str | None = None
 ) -> tuple[Path, list[str], Path]:
-    """Write the trial's model directory in ``repo`` (an existing one only with ``force``); returns
-    it, the settings left out and the export's side file. The directory is made whole beside its
-    place and then renamed into it, so that a kill leaves the old one or the new one, or none."""
+    """Write the trial's model directory in ``repo`` (an existing one only with ``force``, what the
+    export does not write kept: other versions, files of the user's); returns it, the settings left
+    out and the export's side file. The directory is made whole beside its place and renamed into
+    it, so that a kill leaves the old one or the new one."""
     if not repo.is_dir():
         raise UserError(f"{repo} is not a folder: create the model repository first")
     backend = StudyRecord.read(study).backend
@@ -78,15 +77,15 @@ def write_repository(
     target = repo / name
     sources = StudySources.of(study, storage)
     sources.refuse([target], "the model folder")
-    if any(inside(source, target) for source in sources.files):
-        raise UserError(f"{target} holds a file the study reads: choose another --model-name or repository")
-    _remove_staged(target)
+    if any(inside(source, target) for source in (*sources.files, *sources.folders)):
+        raise UserError(f"{target} holds files the study reads: choose another --model-name or repository")
+    _put_back(target)
     if target.exists() and not force:
         raise UserError(f"{target} already exists: choose another --model-name, or overwrite with --force")
     trial = chosen_trial(study, study_summary(study), number)
     info = load_model_info(trial_model(study, trial))  # an engine: the ONNX it was built from
     refuse_scalars(info)
-    staging = target.with_name(f".{name}.{os.getpid()}-{secrets.token_hex(4)}{STAGING_SUFFIX}")
+    staging = staging_folder(target)
     try:
         version = staging / "1"
         version.mkdir(parents=True)
@@ -94,7 +93,8 @@ def write_repository(
         text, left_out = config_text(name, info, json.loads(side.read_text()), deployment)
         atomic_write(staging / "config.pbtxt", text)
         if target.exists():  # --force: the old folder leaves as the new one comes in
-            old = staging.with_name(staging.name.removesuffix(STAGING_SUFFIX) + ".old" + STAGING_SUFFIX)
+            _carry_over(target, staging)
+            old = staging_folder(target, old=True)
             os.rename(target, old)
             os.rename(staging, target)
             shutil.rmtree(old, ignore_errors=True)
@@ -105,17 +105,34 @@ def write_repository(
     return target, left_out, target / "1" / side.name
 
 
-def _remove_staged(target: Path) -> None:
-    """Remove what a killed export of ``target`` left beside it (a folder being made, or the old
-    one it was replacing: put back where the new one never came)."""
-    for left in target.parent.glob(f".{glob.escape(target.name)}.*{STAGING_SUFFIX}"):
-        owner = left.name.removesuffix(STAGING_SUFFIX).removesuffix(".old").rpartition(".")[2]
-        if not left.is_dir() or is_alive(owner):
-            continue
+def _put_back(target: Path) -> None:
+    """Undo what a killed export of ``target`` left beside it: the old folder it was replacing put
+    back where the new one never came, a folder being made removed."""
+    for left in dead_stagings(target):
         if left.name.endswith(".old" + STAGING_SUFFIX) and not target.exists():
             os.rename(left, target)
         else:
             shutil.rmtree(left, ignore_errors=True)
+
+
+def _carry_over(old: Path, new: Path) -> None:
+    """What ``old`` holds that ``new`` does not (other versions, the user's files), into ``new``:
+    linked where the file system allows it, else copied."""
+    for entry in old.iterdir():
+        there = new / entry.name
+        if there.exists() or there.is_symlink():
+            continue
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.copytree(entry, there, symlinks=True, copy_function=_link_or_copy)
+        else:
+            _link_or_copy(entry, there)
+
+
+def _link_or_copy(source: Path | str, destination: Path | str) -> None:
+    try:
+        os.link(source, destination, follow_symlinks=False)
+    except OSError:
+        shutil.copy2(source, destination, follow_symlinks=False)
 
 
 def config_text(name: str, info: ModelInfo, record: dict[str, Any], deployment: Deployment) -> tuple[str, list[str]]:
