@@ -66,6 +66,7 @@ def test_external_weights_moved_or_changed_are_refused(tmp_path: Path) -> None:
     one_line_error(gpt_optuna("export", "--study-name", "S", "-o", "out", "--trial", "0"), "are gone")
     weights.write_bytes(kept[:-4] + b"\0\0\0\0")
     one_line_error(gpt_optuna("export", "--study-name", "S", "-o", "out", "--trial", "0"), "have changed since")
+    one_line_error(gpt_optuna("confirm", "--study-name", "S"), "have changed since")  # nor timed as if tuned
     weights.write_bytes(kept)
     assert gpt_optuna("export", "--study-name", "S", "-o", "out", "--trial", "0").returncode == 0
 
@@ -111,3 +112,22 @@ def test_an_export_killed_midway_leaves_the_old_files_and_the_same_command_works
     record = json.loads(written.with_name(written.name + ".json").read_text())
     assert sha(written) == record["model_sha256"] == sha(model)
     assert sorted(p.name for p in out.iterdir() if p.name.startswith(".")) == []  # nothing staged left behind
+
+
+@pytest.mark.slow
+def test_triton_force_keeps_what_it_does_not_write_and_never_replaces_the_study(cnn_path: Path, tmp_path: Path) -> None:
+    tuned(cnn_path)
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    entry = ["export", "--study-name", "S", "--format", "triton", "-o", str(repo), "--model-name", "cnn"]
+    assert gpt_optuna(*entry).returncode == 0
+    (repo / "cnn" / "2").mkdir()
+    (repo / "cnn" / "2" / "model.onnx").write_bytes(cnn_path.read_bytes())
+    (repo / "cnn" / "README.txt").write_text("the user's own notes")
+    result = gpt_optuna(*entry, "--force")
+    assert result.returncode == 0, result.stderr
+    assert (repo / "cnn" / "README.txt").read_text() == "the user's own notes"
+    assert sha(repo / "cnn" / "2" / "model.onnx") == sha(cnn_path) and (repo / "cnn" / "config.pbtxt").is_file()
+    over = ["export", "--study-name", "S", "--format", "triton", "-o", ".", "--model-name", "studies", "--force"]
+    one_line_error(gpt_optuna(*over), "holds files the study reads")
+    assert Path("studies/S.db").is_file() and Path("studies/S").is_dir()

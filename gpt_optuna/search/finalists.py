@@ -320,6 +320,7 @@ def template_from_study(study: optuna.Study, model: Path | None = None, workdir:
     from gpt_optuna.study.artifacts import verified
     from gpt_optuna.study.folder import StudyFolder
     from gpt_optuna.study.record import MEASURE_ATTR
+    from gpt_optuna.study.sources import check_weights
 
     record = StudyRecord.of(study)
     if record is None:
@@ -331,6 +332,7 @@ def template_from_study(study: optuna.Study, model: Path | None = None, workdir:
     info = load_model_info(model or record.model)
     if info.sha256 != record.model_sha256:
         raise UserError(f"{info.path} has changed since the study was made")
+    check_weights(info.path, record)
     info = with_distinct_dims(info, StudyFolder(workdir).models)
     for name in (INPUTS_FILE, REFERENCE_FILE):
         if not (workdir / name).is_file():

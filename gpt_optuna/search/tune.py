@@ -55,7 +55,7 @@ from gpt_optuna.study.folder import StudyFolder
 from gpt_optuna.study.record import FOLDER_ATTR, HOST_ATTR, MEASURE_ATTR, SEARCH_ATTR, SPACE_ATTR, STUDIES
 from gpt_optuna.study.recovery import recover_interrupted
 from gpt_optuna.study.resume import open_study, recorded_fingerprint, recorded_folder
-from gpt_optuna.study.storage import open_storage, storage_file
+from gpt_optuna.study.storage import SQLITE_COMPANIONS, open_storage, storage_file
 from gpt_optuna.study.summary import StudySummary, finished_count
 from gpt_optuna.study.trial_record import SEEDED, YOURS_ATTR
 
@@ -124,7 +124,8 @@ def _tune(config: TuneConfig, progress: Progress) -> TuneEnd:
         if folder is not None and folder.is_dir():  # a study resumed from another directory keeps its folder
             config = replace(config, folder=folder)
         elif folder is not None and storage_path is not None:  # moved: a server's study may be another host's
-            raise UserError(StudyFolder(folder).gone(config.study_name))
+            gone = StudyFolder(folder).gone(config.study_name)
+            raise UserError(f"{gone}; or start a new study with another --study-name")
         session = SearchSession(stack, config.workdir, "worker", config.workers, config.gpus)
         first, others = session.workers[0], session.workers[1:]
         start_s = started_in(first, config.backend)  # what each finalists' process will cost to start
@@ -275,7 +276,7 @@ def removed_if_refused(config: TuneConfig, storage_path: Path | None) -> Iterato
             elif path.is_dir():
                 shutil.rmtree(path, ignore_errors=True)
             elif not holds_a_study(path):  # another tuner may have made its study there meanwhile
-                for leftover in (path, *(path.with_name(path.name + s) for s in ("-wal", "-shm", "-journal"))):
+                for leftover in (path, *(path.with_name(path.name + s) for s in SQLITE_COMPANIONS)):
                     with contextlib.suppress(FileNotFoundError, NotADirectoryError):  # under a file: never made
                         leftover.unlink()
         raise

@@ -18,9 +18,6 @@ from gpt_optuna.study.artifacts import artifact_folder
 from gpt_optuna.study.folder import StudyFolder
 from gpt_optuna.study.record import StudyRecord
 
-_SQLITE_COMPANIONS = ("-wal", "-shm", "-journal")
-"""The files SQLite keeps beside a database while it is open."""
-
 
 @dataclass(frozen=True)
 class StudySources:
@@ -33,7 +30,7 @@ class StudySources:
 
     @classmethod
     def of(cls, study: optuna.Study, storage: str | None = None) -> StudySources:
-        from gpt_optuna.study.storage import storage_file
+        from gpt_optuna.study.storage import SQLITE_COMPANIONS, storage_file
 
         record = StudyRecord.read(study)
         files: list[Path] = []
@@ -41,7 +38,7 @@ class StudySources:
             files += [record.model, *external_data_paths(record.model)]
         stored = storage_file(storage) if storage else None
         if stored is not None:
-            files += [stored, *(stored.with_name(stored.name + c) for c in _SQLITE_COMPANIONS)]
+            files += [stored, *(stored.with_name(stored.name + c) for c in SQLITE_COMPANIONS)]
         folder = StudyFolder.of(study)
         return cls(tuple(files), (folder.root, artifact_folder(study)), folder.checks)
 
@@ -50,7 +47,7 @@ class StudySources:
         for target in targets:
             source = next((f for f in self.files if _same(target, f)), None)
             if source is not None:
-                raise UserError(f"{what} {target} would overwrite {source}, which the study reads: choose another -o")
+                raise UserError(f"{what} {target} would overwrite {source}, which the study reads: choose another path")
             folder = next((d for d in self.folders if inside(target, d)), None)
             if folder is not None and not inside(target, self.written):
                 raise UserError(f"{what} {target} is inside the study's folder {folder}: choose a path outside it")
@@ -70,6 +67,12 @@ def check_model(study: optuna.Study) -> None:
             f"{model} has changed since the study was made (its content hash differs from the one recorded): the"
             " study's trials ran another model; put the tuned model back, or tune the new one"
         )
+    check_weights(model, record)
+
+
+def check_weights(model: Path, record: StudyRecord) -> None:
+    """A UserError where a file of ``model``'s external weights is gone, or differs from the one
+    ``record``'s study was made with (where it recorded them)."""
     for location, digest in external_data_sha256(model).items():
         if digest == "missing":
             raise UserError(f"{model}'s external weights {model.parent / location} are gone: put them back beside it")

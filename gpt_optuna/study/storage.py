@@ -80,7 +80,10 @@ def open_storage(
         from gpt_optuna.study.sqlite_reader import sqlite_fault
 
         fault = sqlite_fault(path, exc) if path is not None else None
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        cause = exc
+        while cause.__cause__ is not None:  # Optuna's own wrapper says less than the driver's error
+            cause = cause.__cause__
+        first = str(cause).strip().splitlines()[0] if str(cause).strip() else type(cause).__name__
         raise UserError(fault or f"cannot open storage {url!r}: {first}") from exc
 
 
@@ -184,6 +187,10 @@ def serve_storage(url: str, host: str, port: int) -> int:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     run_grpc_proxy_server(storage, host=host, port=port)
     return 0
+
+
+SQLITE_COMPANIONS = ("-wal", "-shm", "-journal")
+"""The files SQLite keeps beside a database file while it is open."""
 
 
 def storage_file(url: str) -> Path | None:
