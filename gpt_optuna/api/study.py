@@ -152,8 +152,9 @@ def open_existing_study(storage: str | Path, study_name: str | None = None, writ
     url = storage_url(storage)
     path = storage_file(url)
     if url.startswith("sqlite:") and path is not None and not path.is_file():
-        kind = "a folder, not a study database" if path.is_dir() else None
-        raise UserError(f"{path} is {kind}" if kind else f"no study database at {path}")
+        if path.is_dir():
+            raise UserError(f"{path} is a folder, not a study database")
+        raise UserError(f"no study database at {path}")
     opened = open_storage(url, create=False, read_only=not writable)
     if study_name is None:
         names = optuna.get_all_study_names(opened)

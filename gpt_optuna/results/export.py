@@ -24,7 +24,7 @@ from gpt_optuna.results.summary_text import headline
 from gpt_optuna.study.artifacts import artifact_folder, verified
 from gpt_optuna.study.folder import StudyFolder
 from gpt_optuna.study.record import StudyRecord
-from gpt_optuna.study.sources import StudySources, check_model
+from gpt_optuna.study.sources import StudySources, check_model, model_unchanged
 from gpt_optuna.study.summary import StudySummary, first_value
 from gpt_optuna.study.summary_record import study_summary, trial_by_number
 from gpt_optuna.study.trial_record import TrialRecord
@@ -267,7 +267,7 @@ def model_interface(study: optuna.Study, trial: FrozenTrial, model: Path) -> dic
     record = StudyRecord.read(study)
     made = load_model_info(model)
     original = record.model
-    if original is not None and original.is_file() and file_sha256(original) == record.model_sha256:
+    if original is not None and model_unchanged(record):
         changes = dtype_changes(load_model_info(original), made)
     else:  # the model file moved or changed: the changes the evaluation recorded
         changes = TrialRecord(trial).io_changes

@@ -62,12 +62,31 @@ def check_model(study: optuna.Study) -> None:
         return
     if not model.is_file():
         raise UserError(f"the study's model {model} is gone: put it back where it was tuned")
-    if file_sha256(model) != record.model_sha256:
+    if not model_unchanged(record):
         raise UserError(
             f"{model} has changed since the study was made (its content hash differs from the one recorded): the"
             " study's trials ran another model; put the tuned model back, or tune the new one"
         )
     check_weights(model, record)
+
+
+_UNCHANGED: dict[Path, tuple[int, int]] = {}
+"""Models this process found unchanged, with the size and time of change they had then."""
+
+
+def model_unchanged(record: StudyRecord) -> bool:
+    """Whether the study's model file is there with the content hash it recorded (hashed once per
+    process while its size and time of change stay)."""
+    model = record.model
+    if model is None or not model.is_file():
+        return False
+    stat = model.stat()
+    if _UNCHANGED.get(model) == (stat.st_size, stat.st_mtime_ns):
+        return True
+    if file_sha256(model) != record.model_sha256:
+        return False
+    _UNCHANGED[model] = (stat.st_size, stat.st_mtime_ns)
+    return True
 
 
 def check_weights(model: Path, record: StudyRecord) -> None:

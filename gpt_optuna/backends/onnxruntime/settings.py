@@ -112,11 +112,9 @@ def ort_module() -> Any:
     broken install: a shared library missing, a version clash)."""
     try:
         import onnxruntime
-    except ModuleNotFoundError as exc:
-        if exc.name != "onnxruntime":
-            raise UserError(f"ONNX Runtime is installed but fails to import: {one_line(exc)}") from exc
-        raise MissingDependencyError("ONNX Runtime", "cpu") from exc
     except (ImportError, OSError) as exc:
+        if isinstance(exc, ModuleNotFoundError) and exc.name == "onnxruntime":
+            raise MissingDependencyError("ONNX Runtime", "cpu") from exc
         raise UserError(f"ONNX Runtime is installed but fails to import: {one_line(exc)}") from exc
     return onnxruntime
 
