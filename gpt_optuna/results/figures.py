@@ -11,6 +11,7 @@ competitive ones into one corner.
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections import Counter
 from collections.abc import Iterable
@@ -26,11 +27,14 @@ MARK_STYLE = {
     "baseline": ("star", 18, "#444444", "top center"),
     "winner": ("diamond", 16, "#d62728", "bottom center"),
     "not shown faster": ("diamond-open", 16, "#d62728", "bottom center"),
-    "deploy": ("circle-open", 30, "#2ca02c", "middle right"),
+    "deploy": ("circle-open", 30, "#2ca02c", "bottom center"),
 }
 """Each mark's symbol, size, colour and label position: the baseline's and the best candidate's
 labels go opposite ways, so both stay legible; the deploy mark is a ring around its trial's point."""
 CONFIRMED_COLOUR = "#8c564b"
+SAME_POINT = 0.1
+"""A re-measured latency within this log-ratio of the search's is drawn unlabelled: it sits on its
+trial's point, whose marks are labelled."""
 STATUS_COLOURS = {"feasible": "#1f77b4", "infeasible": "#ff7f0e", "failed": "#9467bd", "interrupted": "#7f7f7f"}
 MIN_IMPORTANCE_TRIALS = 20
 """Feasible trials below which no importances are drawn: fANOVA's forest over fewer noisy
@@ -66,25 +70,42 @@ def _style(mark: Mark) -> tuple[str, int, str, str]:
     return MARK_STYLE[{"baseline": "baseline", "best": "winner"}.get(mark.kind, mark.kind)]
 
 
-def _mark_trace(mark: Mark, x: float, y: float | None, row: TrialRow | None = None) -> Any:
-    """A mark on its trial's point, labelled, its hover text with the trial's own (its parameters)."""
+def _text(mark: Mark, marked: list[Mark]) -> str:
+    """What a mark says beside its point: the deploy ring's word joins the other mark on its trial."""
+    deployed = {m.trial for m in marked if m.kind == "deploy"}
+    shared = any(m.kind != "deploy" and m.trial == mark.trial for m in marked)
+    if mark.kind == "deploy":
+        return "" if shared else mark.label
+    return mark.label + (", deployed" if mark.trial in deployed else "")
+
+
+def _mark_traces(marked: list[Mark], at: dict[int, tuple[float, float | None]], rows: list[TrialRow]) -> list[Any]:
+    """Each mark on its trial's point (``at``: the point per trial), labelled, its hover text with
+    the trial's own (its parameters)."""
     import plotly.graph_objects as go
 
-    symbol, size, colour, position = _style(mark)
-    return go.Scatter(
-        x=[x],
-        y=[y],
-        mode="markers+text",
-        marker={"symbol": symbol, "size": size, "color": colour, "line": {"width": 2, "color": colour}},
-        text=[mark.label],
-        textposition=position,
-        textfont={"color": colour},
-        name=mark.name,
-        hovertext=[mark.hover + ("<br>" + row.hover if row is not None else "")],
-        hoverinfo="text",
-        customdata=[mark.trial],
-        meta="mark",
-    )
+    by_number = {r.number: r for r in rows}
+    traces = []
+    for mark in marked:
+        symbol, size, colour, position = _style(mark)
+        row = by_number.get(mark.trial)
+        traces.append(
+            go.Scatter(
+                x=[at[mark.trial][0]],
+                y=[at[mark.trial][1]],
+                mode="markers+text",
+                marker={"symbol": symbol, "size": size, "color": colour, "line": {"width": 2, "color": colour}},
+                text=[_text(mark, marked)],
+                textposition=position,
+                textfont={"color": colour},
+                name=mark.name,
+                hovertext=[mark.hover + ("<br>" + row.hover if row is not None else "")],
+                hoverinfo="text",
+                customdata=[mark.trial],
+                meta="mark",
+            )
+        )
+    return traces
 
 
 def _points(rows: list[TrialRow], x: list[Any], y: list[Any], name: str, **marker: Any) -> Any:
@@ -132,10 +153,10 @@ def _confirmed_traces(marked: list[Mark], y: dict[int, float | None]) -> list[An
         y=[y[t] for t in shown],
         mode="markers+text",
         marker={"symbol": "square-open", "size": 11, "color": CONFIRMED_COLOUR, "line": {"width": 2}},
-        text=[f"{which} {t}" for t in shown],
-        textposition="bottom center",
+        text=[which if abs(math.log(m.confirmed_ms / m.latency_ms)) > SAME_POINT else "" for m in shown.values()],  # type: ignore[operator]
+        textposition=["middle left" if m.confirmed_ms < m.latency_ms else "middle right" for m in shown.values()],  # type: ignore[operator]
         textfont={"color": CONFIRMED_COLOUR, "size": 11},
-        name=f"{which}: re-measured latency (trial N)",
+        name=f"{which}: the re-measured latency, linked to its trial",
         hovertext=[m.hover for m in shown.values()],
         hoverinfo="text",
         customdata=list(shown),
@@ -173,11 +194,9 @@ def pareto_figure(rows: list[TrialRow], axis: ErrorAxis, marked: list[Mark] | No
         x, y = [r.latency_ms for r in shown], [axis.value(r.accuracy) for r in shown]
         style = {"symbol": "circle" if feasible else "x", "size": 8 if feasible else 10, "opacity": 0.8}
         figure.add_trace(_points(shown, x, y, label[:80], **style))
-    by_number = {r.number: r for r in rows}
     errors = {r.number: axis.value(r.accuracy) for r in drawn}
     marked = [m for m in marked or [] if errors.get(m.trial) is not None]
-    for mark in marked:
-        figure.add_trace(_mark_trace(mark, mark.latency_ms, errors[mark.trial], by_number.get(mark.trial)))
+    figure.add_traces(_mark_traces(marked, {m.trial: (m.latency_ms, errors[m.trial]) for m in marked}, rows))
     figure.add_traces(_confirmed_traces(marked, errors))
     front = pareto_front(rows, axis)
     figure.add_trace(
@@ -232,9 +251,7 @@ def history_figure(rows: list[TrialRow], marked: list[Mark] | None = None) -> An
             go.Scatter(x=numbers, y=best, mode="lines", line={"shape": "hv"}, name="best so far", meta="line"),
         ]
     )
-    by_number = {r.number: r for r in rows}
-    for mark in marked or []:
-        figure.add_trace(_mark_trace(mark, mark.trial, mark.latency_ms, by_number.get(mark.trial)))
+    figure.add_traces(_mark_traces(marked or [], {m.trial: (m.trial, m.latency_ms) for m in marked or []}, rows))
     axis = latency_axis([r.latency_ms for r in feasible] + [m.latency_ms for m in marked or []])
     xaxis = trial_axis(numbers + [m.trial for m in marked or []])
     figure.update_layout(title="Optimization history (search latencies)", xaxis=xaxis, yaxis=axis, legend=LEGEND)
