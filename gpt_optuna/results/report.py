@@ -118,6 +118,7 @@ def render(study: optuna.Study, where: str = "", error: str | None = None) -> st
     failures = "".join(f"<li>{html.escape(line)}</li>" for line in failure_lines(rows))
     per_trial = accuracy_rows(rows, criterion)
     best = best_rows(rows, summary, criterion)
+    distinct = sum(r.status == "feasible" and r.latency_ms is not None and r.reused_from is None for r in rows)
     export = f"gpt-optuna export {where or '--study-name ' + summary.name} --trial N -o FILE"
     return f"""<!DOCTYPE html>
 <html><head><meta charset="utf-8"><title>gpt-optuna report: {html.escape(study.study_name)}</title>
@@ -128,7 +129,7 @@ def render(study: optuna.Study, where: str = "", error: str | None = None) -> st
 <p>{counts["feasible"]} feasible, {counts["infeasible"]} infeasible, {counts["failed"]} failed trials.</p>
 <p id="criterion">{html.escape(criterion_sentence(study, rows))}</p>
 {"".join(parts)}
-<h2>{html.escape(candidates_title(best, counts["feasible"]))}</h2>
+<h2>{html.escape(candidates_title(len(best), distinct))}</h2>
 <p>Export one: <code>{html.escape(export)}</code></p>
 {_table(best)}
 <h2>Accuracy of every trial</h2>
@@ -186,12 +187,11 @@ def criterion_sentence(study: optuna.Study, rows: list[TrialRow]) -> str:
     return sentence + "."
 
 
-def candidates_title(shown: list[dict[str, Any]], feasible: int) -> str:
-    """The candidates table's heading: what it lists, and how many of the feasible trials."""
-    distinct = "" if len(shown) == feasible else f" ({feasible} feasible trials with repeats)"
-    if len(shown) < feasible and len(shown) == BEST_SHOWN:
-        return f"The {len(shown)} best feasible candidates{distinct}, the deployed one first"
-    return f"Every feasible candidate ({len(shown)}), the deployed one first"
+def candidates_title(shown: int, distinct: int) -> str:
+    """The candidates table's heading: what it lists, ``shown`` of the ``distinct`` feasible ones."""
+    if shown < distinct:
+        return f"The {shown} best of {distinct} feasible candidates, the deployed one first"
+    return f"Every feasible candidate ({distinct}), the deployed one first"
 
 
 def _table(rows: list[dict[str, Any]]) -> str:
