@@ -25,8 +25,8 @@ LOG_SPAN = 10.0
 """Latencies spanning more than this ratio are drawn on a log axis."""
 MARK_STYLE = {
     "baseline": ("star", 18, "#444444", "top center"),
-    "winner": ("diamond", 16, "#d62728", "bottom center"),
-    "not shown faster": ("diamond-open", 16, "#d62728", "bottom center"),
+    "winner": ("diamond", 16, "#d62728", "bottom right"),
+    "not shown faster": ("diamond-open", 16, "#d62728", "bottom right"),
     "deploy": ("circle-open", 30, "#2ca02c", "bottom center"),
 }
 """Each mark's symbol, size, colour and label position: the baseline's and the best candidate's
