@@ -76,7 +76,7 @@ def _text(mark: Mark, marked: list[Mark]) -> str:
     shared = any(m.kind != "deploy" and m.trial == mark.trial for m in marked)
     if mark.kind == "deploy":
         return "" if shared else mark.label
-    return mark.label + (", deployed" if mark.trial in deployed else "")
+    return mark.label.removesuffix(", the winner") + ", deployed" if mark.trial in deployed else mark.label
 
 
 def _mark_traces(marked: list[Mark], at: dict[int, tuple[float, float | None]], rows: list[TrialRow]) -> list[Any]:
@@ -98,6 +98,7 @@ def _mark_traces(marked: list[Mark], at: dict[int, tuple[float, float | None]], 
                 text=[_text(mark, marked)],
                 textposition=position,
                 textfont={"color": colour},
+                cliponaxis=False,  # a label beside a point at the plot's edge runs into the margin, whole
                 name=mark.name,
                 hovertext=[mark.hover + ("<br>" + row.hover if row is not None else "")],
                 hoverinfo="text",
@@ -156,6 +157,7 @@ def _confirmed_traces(marked: list[Mark], y: dict[int, float | None]) -> list[An
         text=[which if abs(math.log(m.confirmed_ms / m.latency_ms)) > SAME_POINT else "" for m in shown.values()],  # type: ignore[operator]
         textposition=["middle left" if m.confirmed_ms < m.latency_ms else "middle right" for m in shown.values()],  # type: ignore[operator]
         textfont={"color": CONFIRMED_COLOUR, "size": 11},
+        cliponaxis=False,
         name=f"{which}: the re-measured latency, linked to its trial",
         hovertext=[m.hover for m in shown.values()],
         hoverinfo="text",
