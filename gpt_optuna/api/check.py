@@ -71,14 +71,16 @@ def check(
     junit: str | Path | None = None,
     update: bool = False,
     progress: bool = True,
+    metric: str | None = None,
 ) -> CheckResult:
     """``gpt-optuna check``: keep ``model`` as fast and as accurate as ``record`` (the JSON side file
     an export wrote), within ``budget`` (a duration or seconds) and ``tolerance`` (``"5%"`` or
     0.05). ``config``: a tune.toml whose [measure] and [space] tables, trial_timeout,
     confirm_processes, confirm_top, sampler and seed apply; ``junit``: a JUnit XML report to
-    write; ``update``: rewrite the record where the model is found faster. Ctrl-C stops it with
-    KeyboardInterrupt."""
-    options = {"config": config, "junit": junit, "update": update, "progress": progress}
+    write; ``update``: rewrite the record where the model is found faster; ``metric``: the
+    record's metric function from elsewhere (``script.py:function`` or ``module:function``).
+    Ctrl-C stops it with KeyboardInterrupt."""
+    options = {"config": config, "junit": junit, "update": update, "progress": progress, "metric": metric}
     with interrupts.handled():
         result = gate(model, record, budget, tolerance, **options)
     if result.code > 128:  # stopped by a signal: so is the caller
@@ -95,6 +97,7 @@ def gate(
     junit: str | Path | None,
     update: bool,
     progress: bool,
+    metric: str | None = None,
 ) -> CheckResult:
     """:func:`check` as the command line runs it: a signal ends it with its exit code."""
     from gpt_optuna.api.exporting import writable_file
@@ -107,7 +110,8 @@ def gate(
     if report is not None and report.resolve() in (Path(model).resolve(), Path(record).resolve()):
         raise UserError(f"--junit {report} would overwrite the file it checks: choose another path")
     share = parse_tolerance(tolerance)
-    return run_check(Path(model), Path(record), parse_duration(budget), share, base, report, update, not progress)
+    budget_s = parse_duration(budget)
+    return run_check(Path(model), Path(record), budget_s, share, base, report, update, not progress, metric)
 
 
 def outputs_unchanged(model: Path, record: dict[str, Any], deadline: float) -> Outcome:
@@ -159,8 +163,10 @@ def run_check(
     junit: Path | None = None,
     update: bool = False,
     quiet: bool = False,
+    metric: str | None = None,
 ) -> CheckResult:
-    """The whole check within ``budget_s``, each outcome printed as one line."""
+    """The whole check within ``budget_s``, each outcome printed as one line (``metric``: check
+    --metric, in place of the record's)."""
     from gpt_optuna.results.summary_text import stability_warning, versus_yours
     from gpt_optuna.search.progress import Progress
     from gpt_optuna.search.tune import tune
@@ -168,7 +174,7 @@ def run_check(
 
     started = time.monotonic()
     deadline = started + budget_s
-    record = load_record(record_path)
+    record = load_record(record_path, metric)
     exported, why_not = exported_model(record_path, record)
     outcomes = [outputs_unchanged(model, record, deadline)]
     study_name = None

@@ -116,6 +116,11 @@ def _check_flags(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--junit", help="write a JUnit XML report here")
     parser.add_argument("--update", action="store_true", help="rewrite the record when the check finds it faster")
+    parser.add_argument(
+        "--metric",
+        help="the record's --metric function, script.py:function or module:function, where the record's own"
+        " (beside it, or by module name) is not found here",
+    )
     add_options(
         parser,
         "config",
@@ -127,7 +132,7 @@ def _check_flags(parser: argparse.ArgumentParser) -> None:
 def _check(args: argparse.Namespace, _: list[str]) -> int:
     from gpt_optuna.api.check import gate
 
-    options = (args.config, args.junit, args.update, not args.quiet)
+    options = (args.config, args.junit, args.update, not args.quiet, args.metric)
     return gate(args.model, args.baseline, args.budget, args.tolerance, *options).code
 
 
