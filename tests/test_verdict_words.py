@@ -9,6 +9,7 @@ import pytest
 from optuna.distributions import CategoricalDistribution
 from optuna.trial import create_trial
 
+from gpt_optuna.cli import main
 from gpt_optuna.results.summary_text import format_summary, headline
 from gpt_optuna.search.finalists import summarize_rounds
 from gpt_optuna.search.host_check import HostCheck, gpu_clock_lines
@@ -17,20 +18,24 @@ from gpt_optuna.study.record import CONFIRMED_ATTR, HOST_ATTR, SPACE_ATTR
 from gpt_optuna.study.summary import summarize_study
 
 
-def study_confirmed(ratios: list[float], device: str = "cpu", threads: int = 0) -> optuna.Study:
+def study_confirmed(
+    ratios: list[float], device: str = "cpu", threads: int = 0, storage: str | None = None
+) -> optuna.Study:
     """A baseline (trial 0, 2 ms) and one candidate (trial 1: ``threads`` intra-op threads), the
     candidate re-measured in one process per ratio, each process sure of its own ratio."""
     rng = np.random.default_rng(0)
     rounds = np.array([[2.0, 2.0 / r] for r in ratios for _ in range(10)]) * (
         1 + 0.001 * rng.random((10 * len(ratios), 2))
     )
-    return study_of_rounds(rounds, np.repeat(np.arange(len(ratios)), 10), device, threads)
+    return study_of_rounds(rounds, np.repeat(np.arange(len(ratios)), 10), device, threads, storage)
 
 
-def study_of_rounds(rounds: np.ndarray, processes: np.ndarray, device: str = "cpu", threads: int = 0) -> optuna.Study:
-    """The study of :func:`study_confirmed`, its confirmation made of ``rounds`` (baseline, candidate)
-    timed in ``processes``."""
-    study = optuna.create_study()
+def study_of_rounds(
+    rounds: np.ndarray, processes: np.ndarray, device: str = "cpu", threads: int = 0, storage: str | None = None
+) -> optuna.Study:
+    """The study of :func:`study_confirmed` (in ``storage``, else in memory), its confirmation made
+    of ``rounds`` (baseline, candidate) timed in ``processes``."""
+    study = optuna.create_study(storage=storage, study_name="words" if storage else None)
     choices = CategoricalDistribution([0, 1, 2])
     for number, ms in enumerate((2.0, 1.0)):
         study.add_trial(
@@ -126,6 +131,17 @@ def test_settings_tuned_for_this_host_and_a_busy_host_are_named() -> None:
     assert "warning: other processes use the GPU (4242 trainer (30000 MiB))" in text
     quiet = HostCheck(cores=16, busy_cores=0.2, load=0.3, gpu_processes=(), gpu_clocks=("0: 1980/1980 MHz",))
     assert quiet.warnings == [] and quiet.to_record()["warnings"] == []
+
+
+def test_best_shows_the_host_warnings_status_shows(capsys: pytest.CaptureFixture[str]) -> None:
+    study = study_confirmed([2.0, 2.01, 1.99], threads=1, storage="sqlite:///words.db")
+    study.set_user_attr(HOST_ATTR, HostCheck(cores=2, busy_cores=1.6, load=1.9, gpu_processes=()).to_record())
+    capsys.readouterr()
+    assert main(["best", "--storage", "sqlite:///words.db", "--study-name", "words"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("verdict: faster: trial 1")
+    assert "warning: the host was busy before the search: other work used 1.6 of its 2 cores" in out
+    assert "tuned for this host: intra_op_num_threads=1" in out
 
 
 def test_a_gpu_slowing_its_clocks_is_named() -> None:

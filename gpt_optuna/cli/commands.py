@@ -313,7 +313,7 @@ def _best_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def _best(args: argparse.Namespace, study: Any) -> int:
-    from gpt_optuna.results.summary_text import format_verdict
+    from gpt_optuna.results.summary_text import format_verdict, host_lines, stability_warning
 
     winner = study.winner
     if winner is None:
@@ -324,6 +324,9 @@ def _best(args: argparse.Namespace, study: Any) -> int:
     print("\n".join([winner.headline, *format_verdict(study.summary)]))
     if winner.accuracy:
         print("accuracy: " + ", ".join(f"{k}={v:.6g}" for k, v in winner.accuracy.items()))
+    for line in (*host_lines(study.summary), stability_warning(study.summary)):
+        if line:
+            print(line)
     return 0
 
 
