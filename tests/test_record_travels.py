@@ -1,7 +1,7 @@
 """A CI record made with ``--metric`` moves: exported beside a metric script, copied with it to
 another folder, it passes ``check`` there in a fresh process; its metric is found beside the record
 or by module name, ``check --metric`` replaces it, and records that named it by an absolute path
-still read."""
+still read. The gate measures only the defaults and the recorded configuration before its comparison."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import optuna
 import pytest
 from conftest import tune
 
@@ -51,6 +52,8 @@ def test_a_record_made_with_a_metric_passes_check_from_a_copy_in_another_folder(
     # the latency's word is this host's to give (a loaded runner may leave it undecided, exit 5); the record reads
     assert done.returncode in (0, 5), done.stdout + done.stderr
     assert "ok: the model's outputs meet agree>=0.9 against the record" in done.stdout, done.stdout
+    (db,) = (copy / "studies").glob("check-*.db")  # the gate's budget went to its comparison, not to a search
+    assert len(optuna.load_study(study_name=db.stem, storage=f"sqlite:///{db}").trials) == 2
 
 
 def test_the_metric_is_found_beside_the_record_by_module_name_or_by_check_metric(tmp_path: Path) -> None:
