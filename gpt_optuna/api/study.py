@@ -385,6 +385,15 @@ class TunedStudy:
         tell(format_summary(record_winner(study)), RESULT)
         return self.refresh()
 
+    def dashboard(self) -> TunedStudy:
+        """Write the winner's figure and notes for optuna-dashboard into a study decided before it
+        was installed (``gpt-optuna dashboard``); returns itself, read again. A user error where
+        optuna-dashboard is not installed or there is no winner yet."""
+        from gpt_optuna.results.winner import write_dashboard
+
+        write_dashboard(open_existing_study(self.storage, self.study_name, writable=True))
+        return self.refresh()
+
     def compare(
         self,
         a: str | int,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -15,7 +16,8 @@ from gpt_optuna import __version__
 from gpt_optuna.cli.parser import EXIT_CODES, add_options, json_flag, log_flags, study_flags, timing_flags, tune_config
 from gpt_optuna.core import log
 from gpt_optuna.core.errors import UserError
-from gpt_optuna.search.config import TuneConfig, default_storage, storage_url
+from gpt_optuna.search.config import TuneConfig, absolute_storage, default_storage, storage_url
+from gpt_optuna.search.config import study_flags as flags_naming
 from gpt_optuna.search.options import (
     DEFAULT_CHECK_BUDGET,
     DEFAULT_PROFILE_RUNS,
@@ -48,7 +50,7 @@ def _resolve_storage(args: argparse.Namespace) -> tuple[str, str | None]:
 
 
 def _open_existing(args: argparse.Namespace) -> Any:
-    """The study a reading command names, as the API opens it; only ``confirm`` writes to it."""
+    """The study a reading command names, as the API opens it; only ``confirm`` and ``dashboard`` write to it."""
     from gpt_optuna.api.study import load
 
     return load(*_resolve_storage(args))
@@ -300,10 +302,27 @@ def _profile(args: argparse.Namespace, study: Any) -> int:
 
 
 def _status(_: argparse.Namespace, study: Any) -> int:
+    import importlib.util
+
+    from gpt_optuna.results.winner import dashboard_written
+
     print(study)
     size, files, folder = study.disk_used()
     if files:
         print(f"artifact store: {size / 2**20:,.1f} MiB in {files} files ({folder})")
+    if study.winner is not None and importlib.util.find_spec("optuna_dashboard") and not dashboard_written(study.study):
+        where = shlex.join(flags_naming(str(study.storage), study.study_name))
+        print(f"optuna-dashboard does not show this study's winner yet: gpt-optuna dashboard {where} writes it")
+    return 0
+
+
+def _dashboard(_: argparse.Namespace, study: Any) -> int:
+    winner = study.dashboard().winner
+    print(
+        f"optuna-dashboard shows trial {winner.number} as the study's winner: a figure on the study's page,"
+        " the verdict first among its user attrs, a note on the study and on the trial; open it with:"
+    )
+    print(f"  optuna-dashboard {shlex.quote(absolute_storage(str(study.storage)))}")
     return 0
 
 
@@ -334,7 +353,7 @@ def _best(args: argparse.Namespace, study: Any) -> int:
 class Command:
     """One command: its name and help line, what adds its flags, and its handler, which gets the
     parsed flags and the command line, or, where it ``opens_study``, the study they name, opened as
-    :class:`TunedStudy` (only ``confirm`` writes to it)."""
+    :class:`TunedStudy` (only ``confirm`` and ``dashboard`` write to it)."""
 
     name: str
     help: str
@@ -395,6 +414,13 @@ COMMANDS = (
         opens_study=True,
     ),
     Command("best", "the best feasible trial", _best_flags, _best, opens_study=True),
+    Command(
+        "dashboard",
+        "write the winner's figure and notes for optuna-dashboard into a study decided before it was installed",
+        study_flags,
+        _dashboard,
+        opens_study=True,
+    ),
     Command(
         "doctor",
         "the engines, execution providers, GPUs and knobs here, and a self-test of each engine",
