@@ -20,6 +20,7 @@ from gpt_optuna.search.config import TuneConfig, absolute_storage, default_stora
 from gpt_optuna.search.config import study_flags as flags_naming
 from gpt_optuna.search.options import (
     DEFAULT_CHECK_BUDGET,
+    DEFAULT_PROFILE_ROUNDS,
     DEFAULT_PROFILE_RUNS,
     DEFAULT_TOLERANCE,
     DEFAULT_TOP,
@@ -292,11 +293,17 @@ def _profile_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--runs", type=int, default=DEFAULT_PROFILE_RUNS, help="runs profiled for each (default %(default)s)"
     )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=DEFAULT_PROFILE_ROUNDS,
+        help="rounds, each profiling both in fresh processes in alternating order: their spread (default %(default)s)",
+    )
     json_flag(parser, "the profile")
 
 
 def _profile(args: argparse.Namespace, study: Any) -> int:
-    found = study.profile(args.trial, runs=args.runs, progress=not args.json)
+    found = study.profile(args.trial, runs=args.runs, rounds=args.rounds, progress=not args.json)
     print(json.dumps(found.to_dict()) if args.json else "\n".join(found.lines()))
     return 0
 
