@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 from conftest import load, synthetic_config, tune
 
@@ -138,3 +139,23 @@ def test_profile_rounds_show_their_spread_and_a_contradiction_of_the_recorded_ve
     assert said.startswith("the study recorded trial 1 at 2.000x the baseline [95% CI 1.9") and "0.60x to 0.80x" in said
     assert contradiction(summary, 1, [0.9, 1.3]) == "" and contradiction(summary, 1, [1.5, 2.1]) == ""
     assert contradiction(summary, 0, [0.5, 0.6]) == ""  # the baseline against itself
+
+
+def test_an_inconclusive_comparison_names_what_widened_its_interval() -> None:
+    from gpt_optuna.api.compare import Comparison, Side
+    from gpt_optuna.protocol.outcome import Outcome, TrialResult
+    from gpt_optuna.study.evidence import judge, speedups
+
+    labels = np.repeat(np.arange(3), 12)
+    scattered = np.exp(np.random.default_rng(5).normal(0.2, 0.4, 12))  # the same rounds in each process
+    noisy_rounds = np.array([[1.0, 1 / r] for p in range(3) for r in np.roll(scattered, p)])
+    disagreeing = np.array([[1.0, 1 / r * (1 + 0.001 * k)] for r in (0.9, 1.3, 2.0) for k in range(12)])
+    sides = Side("trial 0", None), Side("trial 1", None)  # type: ignore[arg-type]
+    measured = (TrialResult(Outcome.CRASH, "not run"),) * 2
+    said = {}
+    for name, rounds in (("rounds", noisy_rounds), ("processes", disagreeing)):
+        found = speedups(rounds, labels)[1]
+        assert judge(found.low, found.high, 3) == "inconclusive"
+        said[name] = Comparison(*sides, measured, found, "inconclusive").lines()[0]
+    assert "its rounds scattered within each process" in said["rounds"] and "more --rounds" in said["rounds"]
+    assert "the processes disagreed" in said["processes"] and "more --processes" in said["processes"]
