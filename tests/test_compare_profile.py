@@ -139,6 +139,7 @@ def test_profile_rounds_show_their_spread_and_a_contradiction_of_the_recorded_ve
     assert said.startswith("the study recorded trial 1 at 2.000x the baseline [95% CI 1.9") and "0.60x to 0.80x" in said
     assert contradiction(summary, 1, [0.9, 1.3]) == "" and contradiction(summary, 1, [1.5, 2.1]) == ""
     assert contradiction(summary, 0, [0.5, 0.6]) == ""  # the baseline against itself
+    assert f"note: {said}" in Profile("trial 1", "trial 0", nodes, nodes, 10, flips.rounds, said).lines()
 
 
 def test_an_inconclusive_comparison_names_what_widened_its_interval() -> None:

@@ -98,8 +98,9 @@ class Profile:
     def spread_lines(self) -> list[str]:
         """The kernels' speedup in each round, its spread, and the note on the recorded verdict."""
         each = self.speedups
+        note = [f"note: {self.verdict_note}"] if self.verdict_note else []
         if len(each) < 2:
-            return [f"note: {self.verdict_note}"] if self.verdict_note else []
+            return note
         lines = [
             f"kernels' speedup (baseline/trial) over {len(each)} rounds, each side in a fresh process:"
             f" median {median(each):.2f}x, {min(each):.2f}x to {max(each):.2f}x"
@@ -110,7 +111,7 @@ class Profile:
                 "note: the rounds disagree on which is faster: processes on this host differ by more than the"
                 " difference; compare times the whole latency interleaved, with an interval"
             )
-        return lines + ([f"note: {self.verdict_note}"] if self.verdict_note else [])
+        return lines + note
 
     def to_dict(self) -> dict[str, Any]:
         return {
