@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 from conftest import load, synthetic_config, tune
 
@@ -48,9 +49,10 @@ def test_compare_times_two_sides_interleaved_and_checks_their_outputs(
 
 def test_profile_lists_operator_times_beside_the_baseline(searched: Path, capsys: pytest.CaptureFixture[str]) -> None:
     capsys.readouterr()
-    assert main(["profile", "1", *STORAGE, "--runs", "5", "--json"]) == 0
+    assert main(["profile", "1", *STORAGE, "--runs", "5", "--rounds", "2", "--json"]) == 0
     found = json.loads(capsys.readouterr().out)
     assert found["trial"] == "trial 1" and found["baseline"] == "trial 0" and found["runs"] == 5
+    assert len(found["rounds"]) == 2 and all(r["baseline_ms"] > 0 and r["trial_ms"] > 0 for r in found["rounds"])
     ops = {row["op_type"] for row in found["by_op_type"]}
     assert "Conv" in ops or "FusedConv" in ops
     provider = load("cnn-onnxruntime").trials[1].params["provider"]  # the CPU's, or a GPU's where one works
@@ -112,3 +114,49 @@ def test_a_gpu_providers_host_timed_nodes_are_said_to_be_launch_times() -> None:
     assert any(line.startswith("note: ONNX Runtime times a GPU provider's nodes on the host") for line in shown)
     assert [line.split()[0] for line in shown[2:4]] == ["Conv", "Gemm"]
     assert not any("note:" in line for line in Profile("trial 3", "trial 0", cpu, cpu, 10).lines())
+
+
+def test_profile_rounds_show_their_spread_and_a_contradiction_of_the_recorded_verdict_is_named() -> None:
+    from test_verdict_words import study_confirmed
+
+    from gpt_optuna.api.profile import Profile, contradiction
+    from gpt_optuna.backends.base import NodeTime
+    from gpt_optuna.study.summary import summarize_study
+
+    nodes = [NodeTime("conv", "Conv", "CPUExecutionProvider", 0.5)]
+    flips = Profile("trial 1", "trial 0", nodes, nodes, 10, ((67.7, 107.0), (128.6, 100.5), (150.2, 110.0)))
+    shown = flips.lines()
+    assert "speedup (baseline/trial)" in shown[1] and "over 3 rounds" in shown[0]
+    assert any(
+        line.startswith("kernels' speedup (baseline/trial) over 3 rounds") and "0.63x to 1.37x" in line
+        for line in shown
+    )
+    assert any(line.startswith("note: the rounds disagree on which is faster") for line in shown)
+    assert flips.to_dict()["rounds"][0] == {"baseline_ms": 67.7, "trial_ms": 107.0}
+
+    summary = summarize_study(study_confirmed([2.0, 2.01, 1.99]))  # trial 1 confirmed 2.0x [1.97-2.03]
+    said = contradiction(summary, 1, [0.6, 0.8])
+    assert said.startswith("the study recorded trial 1 at 2.000x the baseline [95% CI 1.9") and "0.60x to 0.80x" in said
+    assert contradiction(summary, 1, [0.9, 1.3]) == "" and contradiction(summary, 1, [1.5, 2.1]) == ""
+    assert contradiction(summary, 0, [0.5, 0.6]) == ""  # the baseline against itself
+    assert f"note: {said}" in Profile("trial 1", "trial 0", nodes, nodes, 10, flips.rounds, said).lines()
+
+
+def test_an_inconclusive_comparison_names_what_widened_its_interval() -> None:
+    from gpt_optuna.api.compare import Comparison, Side
+    from gpt_optuna.protocol.outcome import Outcome, TrialResult
+    from gpt_optuna.study.evidence import judge, speedups
+
+    labels = np.repeat(np.arange(3), 12)
+    scattered = np.exp(np.random.default_rng(5).normal(0.2, 0.4, 12))  # the same rounds in each process
+    noisy_rounds = np.array([[1.0, 1 / r] for p in range(3) for r in np.roll(scattered, p)])
+    disagreeing = np.array([[1.0, 1 / r * (1 + 0.001 * k)] for r in (0.9, 1.3, 2.0) for k in range(12)])
+    sides = Side("trial 0", None), Side("trial 1", None)  # type: ignore[arg-type]
+    measured = (TrialResult(Outcome.CRASH, "not run"),) * 2
+    said = {}
+    for name, rounds in (("rounds", noisy_rounds), ("processes", disagreeing)):
+        found = speedups(rounds, labels)[1]
+        assert judge(found.low, found.high, 3) == "inconclusive"
+        said[name] = Comparison(*sides, measured, found, "inconclusive").lines()[0]
+    assert "its rounds scattered within each process" in said["rounds"] and "more --rounds" in said["rounds"]
+    assert "the processes disagreed" in said["processes"] and "more --processes" in said["processes"]

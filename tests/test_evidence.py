@@ -10,7 +10,7 @@ import pytest
 
 from gpt_optuna.protocol.timing import BLOCK, ROUNDS
 from gpt_optuna.search.finalists import summarize_rounds
-from gpt_optuna.study.evidence import WORTHWHILE, judge, speedups, t_quantile
+from gpt_optuna.study.evidence import WORTHWHILE, judge, speedups, t_quantile, widened_by
 from gpt_optuna.testing.synthetic import NoisyHost
 from gpt_optuna.worker.measure import interleaved_rounds
 
@@ -98,3 +98,21 @@ def test_intervals_are_for_the_finalists_together() -> None:
 )
 def test_student_t_quantiles_match_the_tables(p: float, df: int, expected: float) -> None:
     assert t_quantile(p, df) == pytest.approx(expected, abs=1e-4)
+
+
+def test_the_interval_is_widened_by_the_larger_of_the_spread_between_processes_and_the_noise_of_rounds() -> None:
+    """Constructed rounds: processes that saw the same scattered rounds (in another order) agree,
+    so their rounds widen the interval; steady rounds in processes that disagree, the processes."""
+    scattered = np.exp(np.random.default_rng(5).normal(0.2, 0.4, 12))
+    labels = np.repeat(np.arange(3), 12)
+    same = np.array([[1.0, 1 / r] for p in range(3) for r in np.roll(scattered, p)])
+    (_, rounds) = speedups(same, labels)
+    assert rounds.between_sd == pytest.approx(0.0, abs=1e-12) and rounds.within_sd > 0.05
+    assert widened_by(rounds.between_sd, rounds.within_sd) == "rounds"
+    steady = np.array([[1.0, 1 / r * (1 + 0.001 * k)] for r in (1.1, 1.5, 2.0) for k in range(12)])
+    (_, processes) = speedups(steady, labels)
+    assert processes.between_sd == pytest.approx(np.std(np.log([1.1, 1.5, 2.0]), ddof=1), rel=0.01)
+    assert processes.within_sd < 0.01
+    assert widened_by(processes.between_sd, processes.within_sd) == "processes"
+    recorded = summarize_rounds([0, 1], same, labels)["ranking"][0]
+    assert (recorded["process_sd"], recorded["round_sd"]) == (rounds.between_sd, rounds.within_sd)

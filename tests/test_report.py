@@ -363,7 +363,7 @@ def test_the_study_opens_in_optuna_dashboard(study_with_everything: optuna.Study
     figures = {f["id"]: json.dumps(f["graph_object"]) for f in detail["plotly_graph_objects"]}
     assert f"gpt-optuna's winner: trial {winner.number}" in figures["gpt-optuna-winner"]
     attrs = {a["key"]: a["value"] for a in detail["user_attrs"]}
-    assert attrs["verdict"] == winner.headline
+    assert attrs["Verdict"] == winner.headline and detail["user_attrs"][0]["key"] == "Verdict"  # first
 
 
 @pytest.mark.slow

@@ -3,8 +3,11 @@
 The record is what ``gpt-optuna export`` wrote (``FILE.json`` with ``FILE.inputs.npz`` and
 ``FILE.reference.npz`` beside it). The check first runs the (possibly changed) model in fp32 on
 the recorded inputs and judges its outputs against the recorded ones with the recorded criterion:
-changed outputs fail it. Then it searches within part of ``--budget``, starting from the recorded
-configuration (tried right after the engine's defaults).
+changed outputs fail it. Then it measures the engine's defaults and the recorded configuration
+on the changed model; where the record's exported model is beside it, that is all the search the
+gate needs, and the rest of ``--budget`` goes to the comparison below (with ``--update``, half of
+it searches on for a faster configuration to record); without it, the search goes on within
+``--budget``.
 
 Latency is judged on this host, never against another host's absolute figure where that can be
 avoided: where the record's exported model is beside it (ONNX Runtime), it is timed interleaved
@@ -42,9 +45,10 @@ from gpt_optuna.graph import model as model_io
 from gpt_optuna.graph.transforms import is_transform_knob
 from gpt_optuna.protocol.accuracy import parse_criterion
 from gpt_optuna.protocol.jobs import MetricJob, reference_outputs
+from gpt_optuna.protocol.timing import BLOCK
 from gpt_optuna.results.export import export_trial
 from gpt_optuna.search.config import TuneConfig, default_storage, study_flags
-from gpt_optuna.search.finalists import interleave, process_seconds, quiet_seconds
+from gpt_optuna.search.finalists import CPU_SETTLE_S, interleave, process_seconds, quiet_seconds
 from gpt_optuna.search.options import DEFAULT_CHECK_BUDGET, DEFAULT_TOLERANCE
 from gpt_optuna.study.evidence import speedups
 from gpt_optuna.study.folder import StudyFolder
@@ -53,12 +57,12 @@ from gpt_optuna.study.taxonomy import search_ranking
 from gpt_optuna.study.trial_record import TrialRecord
 
 COMPARISON_SHARE = 0.5
-"""Of ``--budget``, the share kept for timing the record's model beside the changed one (with
-whatever the search leaves unused)."""
+"""Of ``--budget``, the share kept for timing the record's model beside the changed one where
+``--update`` searches for a faster configuration (with whatever the search leaves unused)."""
 GATE_ROUNDS = 30
-"""Interleaved rounds in each of the comparison's processes at most: each process takes as many as
-its share of the budget left allows (three at least), since on a busy runner a process's ratio
-needs many rounds to settle."""
+"""Interleaved rounds each of the comparison's processes is asked for at least: each takes as many
+as its share of the budget left allows (:func:`gate_rounds`; three at least), since on a busy
+runner a process's ratio needs many rounds to settle."""
 
 
 def check(
@@ -71,14 +75,16 @@ def check(
     junit: str | Path | None = None,
     update: bool = False,
     progress: bool = True,
+    metric: str | None = None,
 ) -> CheckResult:
     """``gpt-optuna check``: keep ``model`` as fast and as accurate as ``record`` (the JSON side file
     an export wrote), within ``budget`` (a duration or seconds) and ``tolerance`` (``"5%"`` or
     0.05). ``config``: a tune.toml whose [measure] and [space] tables, trial_timeout,
     confirm_processes, confirm_top, sampler and seed apply; ``junit``: a JUnit XML report to
-    write; ``update``: rewrite the record where the model is found faster. Ctrl-C stops it with
-    KeyboardInterrupt."""
-    options = {"config": config, "junit": junit, "update": update, "progress": progress}
+    write; ``update``: rewrite the record where the model is found faster; ``metric``: the
+    record's metric function from elsewhere (``script.py:function`` or ``module:function``).
+    Ctrl-C stops it with KeyboardInterrupt."""
+    options = {"config": config, "junit": junit, "update": update, "progress": progress, "metric": metric}
     with interrupts.handled():
         result = gate(model, record, budget, tolerance, **options)
     if result.code > 128:  # stopped by a signal: so is the caller
@@ -95,6 +101,7 @@ def gate(
     junit: str | Path | None,
     update: bool,
     progress: bool,
+    metric: str | None = None,
 ) -> CheckResult:
     """:func:`check` as the command line runs it: a signal ends it with its exit code."""
     from gpt_optuna.api.exporting import writable_file
@@ -107,7 +114,8 @@ def gate(
     if report is not None and report.resolve() in (Path(model).resolve(), Path(record).resolve()):
         raise UserError(f"--junit {report} would overwrite the file it checks: choose another path")
     share = parse_tolerance(tolerance)
-    return run_check(Path(model), Path(record), parse_duration(budget), share, base, report, update, not progress)
+    budget_s = parse_duration(budget)
+    return run_check(Path(model), Path(record), budget_s, share, base, report, update, not progress, metric)
 
 
 def outputs_unchanged(model: Path, record: dict[str, Any], deadline: float) -> Outcome:
@@ -139,6 +147,12 @@ def your_configuration(record: dict[str, Any]) -> dict[str, Any]:
     return {"baseline_config": Path(str(yours.get("file") or "your configuration")), "baseline_values": yours["params"]}
 
 
+def queued_trials(record: dict[str, Any]) -> int:
+    """The trials a check queues before any search: the engine's defaults, the recorded
+    configuration and the user's own configuration the record carries."""
+    return 2 + bool(your_configuration(record))
+
+
 def still_to_measure(study: Any) -> int:
     """How many trials must still run for the baseline and the recorded configuration to be
     measured (a budget spent on the preparation can leave them waiting): the waiting trials up to
@@ -159,8 +173,10 @@ def run_check(
     junit: Path | None = None,
     update: bool = False,
     quiet: bool = False,
+    metric: str | None = None,
 ) -> CheckResult:
-    """The whole check within ``budget_s``, each outcome printed as one line."""
+    """The whole check within ``budget_s``, each outcome printed as one line (``metric``: check
+    --metric, in place of the record's)."""
     from gpt_optuna.results.summary_text import stability_warning, versus_yours
     from gpt_optuna.search.progress import Progress
     from gpt_optuna.search.tune import tune
@@ -168,13 +184,19 @@ def run_check(
 
     started = time.monotonic()
     deadline = started + budget_s
-    record = load_record(record_path)
+    record = load_record(record_path, metric)
     exported, why_not = exported_model(record_path, record)
     outcomes = [outputs_unchanged(model, record, deadline)]
     study_name = None
     if outcomes[0].passed:
         name = study_name = f"check-{model.stem}-{time.strftime('%Y%m%d-%H%M%S')}"
-        kept = COMPARISON_SHARE * budget_s if exported is not None else 0.0
+        gated = exported is not None and not update  # the comparison alone decides: search no further
+        kept = COMPARISON_SHARE * budget_s if exported is not None and update else 0.0
+        if gated:
+            tell(
+                "measuring the engine's defaults and the recorded configuration on the changed model; the rest of"
+                " --budget times it beside the record's model (--update searches for a faster configuration)"
+            )
         config = TuneConfig(
             **base,
             model=model,
@@ -184,6 +206,7 @@ def run_check(
             inputs=record["samples"]["inputs"],
             shapes=shape_flags(record),
             timeout_s=max(deadline - kept - time.monotonic(), 1.0),
+            n_trials=queued_trials(record) if gated else None,
             confirm_top=0 if exported is not None else base.get("confirm_top", 5),  # the comparison confirms
             study_name=name,
             seeds=[(record["params"], "the recorded configuration")],
@@ -297,7 +320,7 @@ def judge_latency(
             process_seconds([seeded, *trials], template.settings),
             quiet_seconds([seeded, *trials], template.settings),
             deadline=deadline,
-            rounds=GATE_ROUNDS,
+            rounds=gate_rounds([seeded, *trials], config.confirm_processes, deadline - time.monotonic()),
         )
     except ConfirmationFailed as failure:
         said = f"latency not decided: the models could not be timed ({failure.reason}); give more --budget"
@@ -306,6 +329,17 @@ def judge_latency(
     other = speedups(measured.medians[:, [0, 2]], measured.processes)[1:] if winner is not None else []
     faster = None if winner is None else winner.number
     return compare_on_this_host([*gate, *other], tolerance, seeded.number, faster), summary
+
+
+def gate_rounds(timed: list[Any], processes: int, left_s: float) -> int:
+    """The rounds each of the comparison's ``processes`` is asked for: as many as its share of the
+    ``left_s`` seconds holds by the search latencies of the ``timed`` trials (each one ``BLOCK``
+    launches a round, twice over for the timer's own work; on the CPU, the pause before each),
+    :data:`GATE_ROUNDS` at least; a process still ends its rounds when its share of the time does."""
+    round_s = 2 * BLOCK * sum(TrialRecord(t).latency_ms or 0.0 for t in timed) / 1000
+    if all(TrialRecord(t).gpu == "cpu" for t in timed):
+        round_s += len(timed) * CPU_SETTLE_S
+    return max(GATE_ROUNDS, int(left_s / max(processes, 1) / round_s) if round_s > 0 else GATE_ROUNDS)
 
 
 def seeded_trial(study: Any) -> Any:

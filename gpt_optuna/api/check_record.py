@@ -12,6 +12,7 @@ from gpt_optuna.backends.base import read_record
 from gpt_optuna.core.errors import UserError
 from gpt_optuna.graph import feeds as feeds_io
 from gpt_optuna.graph import model as model_io
+from gpt_optuna.graph.feeds import absolute_spec
 from gpt_optuna.protocol.accuracy import parse_criterion
 
 
@@ -19,9 +20,10 @@ def _malformed(path: Path, what: str) -> UserError:
     return UserError(f"{path} is not a record gpt-optuna export writes: {what}; export the study again")
 
 
-def load_record(path: Path) -> dict[str, Any]:
+def load_record(path: Path, metric: str | None = None) -> dict[str, Any]:
     """The export's side file, checked field by field (each problem one line, a user error), with
-    the paths of its sample files resolved beside it."""
+    the paths of its sample files resolved beside it, and its metric as this host finds it
+    (:func:`recorded_metric`; ``metric``, check --metric, replaces it)."""
     if path.suffix != ".json":
         raise UserError(f"--baseline takes the record FILE.json that gpt-optuna export -o FILE wrote, not {path}")
     record = read_record(path.with_suffix(""))
@@ -49,11 +51,36 @@ def load_record(path: Path) -> dict[str, Any]:
         samples[kind] = path.parent / name
         if not samples[kind].is_file():
             raise UserError(f"{path} needs {samples[kind]} beside it (written by the same export)")
+    record["metric"] = recorded_metric(path, record.get("metric"), metric)
     try:
         parse_criterion(record["accuracy_criterion"], user_metrics=record.get("metric") is not None)
     except UserError as exc:
         raise _malformed(path, f"accuracy_criterion: {exc}") from None
     return record
+
+
+def recorded_metric(path: Path, recorded: str | None, given: str | None) -> str | None:
+    """The record's metric function as this host runs it: ``given`` (check --metric) where there is
+    one; a module name as it is; a script by its path relative to the record (records exported
+    before named it by its absolute path), else the script of that name beside the record."""
+    if given is not None:
+        if recorded is None:
+            raise UserError(f"{path} was made without --metric: its accuracy criterion uses none to replace")
+        return absolute_spec(given)
+    if recorded is None:
+        return None
+    target, _, name = recorded.rpartition(":")
+    if not target.endswith(".py"):
+        return recorded
+    places = list(dict.fromkeys([path.parent / target, path.parent / Path(target).name]))
+    for place in places:
+        if place.is_file():
+            return f"{place.resolve()}:{name}"
+    looked = " or ".join(str(p) for p in places)
+    raise UserError(
+        f"the record's metric {recorded} is not found ({looked}): copy the script beside the record, or name"
+        " it: check --metric script.py:function (or an importable module:function)"
+    )
 
 
 _FIELDS: tuple[tuple[str, tuple[type, ...], str], ...] = (

@@ -12,6 +12,7 @@ temporary folder where the study folder is read-only).
 
 from __future__ import annotations
 
+import math
 import tempfile
 import time
 from collections.abc import Callable
@@ -31,7 +32,7 @@ from gpt_optuna.protocol.process import JobFailure, Worker
 from gpt_optuna.protocol.timing import BLOCK, ROUNDS
 from gpt_optuna.search.finalists import QUIET_S, WORKER_START_S, ConfirmationFailed, interleave, template_from_study
 from gpt_optuna.search.options import DEFAULT_PROCESSES
-from gpt_optuna.study.evidence import Speedup, judge, speedups
+from gpt_optuna.study.evidence import Speedup, judge, speedups, widened_by
 from gpt_optuna.study.folder import StudyFolder
 from gpt_optuna.study.taxonomy import baseline_trial, your_trial
 
@@ -68,13 +69,14 @@ class Comparison:
             said = {
                 "faster": f"B is faster: {s.estimate:.3f}x A",
                 "baseline": f"A is faster: B is {s.estimate:.3f}x A",
-                "inconclusive": f"inconclusive: B measured {s.estimate:.3f}x A, but the processes disagreed too much",
+                "inconclusive": f"inconclusive: B measured {s.estimate:.3f}x A",
                 "not_significant": f"no significant difference: B measured {s.estimate:.3f}x A",
                 "indicative": f"indicative (one process): B measured {s.estimate:.3f}x A",
             }[self.verdict]
             lines = [
                 f"verdict: {said} [95% CI {s.low:.3f}-{s.high:.3f}] ({s.latency_ms:.4g} ms against"
-                f" {s.baseline_ms:.4g} ms, {s.processes} fresh processes)",
+                f" {s.baseline_ms:.4g} ms, {s.processes} fresh processes)"
+                + (f"; {_too_noisy(s)}" if self.verdict == "inconclusive" else ""),
                 f"A: {a}: {s.baseline_ms:.4g} ms",
                 f"B: {b}: {s.latency_ms:.4g} ms",
             ]
@@ -98,6 +100,14 @@ class Comparison:
             "accuracy": [_accuracy_record(r) for r in self.accuracy],
             "stopped": self.stopped,
         }
+
+
+def _too_noisy(s: Speedup) -> str:
+    """What widened an inconclusive comparison's interval (:func:`widened_by`), and what narrows it."""
+    spread, noise = (f"+-{100 * (math.exp(v) - 1):.0f}%" for v in (s.between_sd, s.within_sd))
+    if widened_by(s.between_sd, s.within_sd) == "rounds":
+        return f"its rounds scattered within each process ({noise}, against {spread} between them): more --rounds"
+    return f"the processes disagreed ({spread}, against {noise} within each): more --processes, on a quiet host"
 
 
 def _accuracy(result: TrialResult) -> str:

@@ -31,6 +31,7 @@ from gpt_optuna.search.config import study_flags
 from gpt_optuna.search.options import (
     DEFAULT_CHECK_BUDGET,
     DEFAULT_PROCESSES,
+    DEFAULT_PROFILE_ROUNDS,
     DEFAULT_PROFILE_RUNS,
     DEFAULT_TOLERANCE,
     DEFAULT_TOP,
@@ -407,6 +408,15 @@ class TunedStudy:
         tell(format_summary(record_winner(study)), RESULT)
         return self.refresh()
 
+    def dashboard(self) -> TunedStudy:
+        """Write the winner's figure and notes for optuna-dashboard into a study decided before it
+        was installed (``gpt-optuna dashboard``); returns itself, read again. A user error where
+        optuna-dashboard is not installed or there is no winner yet."""
+        from gpt_optuna.results.winner import write_dashboard
+
+        write_dashboard(open_existing_study(self.storage, self.study_name, writable=True))
+        return self.refresh()
+
     def compare(
         self,
         a: str | int,
@@ -427,13 +437,19 @@ class TunedStudy:
             return compare(self.study, str(a), str(b), processes, rounds, timeout_s, _teller(progress))
 
     def profile(
-        self, trial: str | int | None = None, *, runs: int = DEFAULT_PROFILE_RUNS, progress: bool = True
+        self,
+        trial: str | int | None = None,
+        *,
+        runs: int = DEFAULT_PROFILE_RUNS,
+        rounds: int = DEFAULT_PROFILE_ROUNDS,
+        progress: bool = True,
     ) -> Profile:
         """Where ``trial``'s time goes (default: :attr:`deploy`'s), operator by operator, beside the
-        baseline's, by the engine's own profiler (``gpt-optuna profile``)."""
+        baseline's, by the engine's own profiler, in ``rounds`` rounds of fresh processes
+        (``gpt-optuna profile``)."""
         from gpt_optuna.api.profile import profile
 
-        return profile(self.study, None if trial is None else str(trial), runs, _teller(progress))
+        return profile(self.study, None if trial is None else str(trial), runs, _teller(progress), rounds)
 
     def check(
         self,

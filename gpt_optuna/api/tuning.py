@@ -159,6 +159,8 @@ def python_steps(end: TuneEnd, where: str) -> list[str]:
         steps.append("confirm the finalists: study.confirm()")
     if advice.remeasure_processes is not None:
         steps.append(f"re-measure on a quiet host: study.confirm(processes={advice.remeasure_processes})")
+    if advice.remeasure_rounds is not None:
+        steps.append(f"re-measure with more rounds: study.confirm(rounds={advice.remeasure_rounds})")
     steps.append('report: study.report("report.html")')
     if advice.export:
         steps.append('export the winner: study.export("best")')

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -15,9 +16,11 @@ from gpt_optuna import __version__
 from gpt_optuna.cli.parser import EXIT_CODES, add_options, json_flag, log_flags, study_flags, timing_flags, tune_config
 from gpt_optuna.core import log
 from gpt_optuna.core.errors import UserError
-from gpt_optuna.search.config import TuneConfig, default_storage, storage_url
+from gpt_optuna.search.config import TuneConfig, absolute_storage, default_storage, storage_url
+from gpt_optuna.search.config import study_flags as flags_naming
 from gpt_optuna.search.options import (
     DEFAULT_CHECK_BUDGET,
+    DEFAULT_PROFILE_ROUNDS,
     DEFAULT_PROFILE_RUNS,
     DEFAULT_TOLERANCE,
     DEFAULT_TOP,
@@ -48,7 +51,7 @@ def _resolve_storage(args: argparse.Namespace) -> tuple[str, str | None]:
 
 
 def _open_existing(args: argparse.Namespace) -> Any:
-    """The study a reading command names, as the API opens it; only ``confirm`` writes to it."""
+    """The study a reading command names, as the API opens it; only ``confirm`` and ``dashboard`` write to it."""
     from gpt_optuna.api.study import load
 
     return load(*_resolve_storage(args))
@@ -116,6 +119,11 @@ def _check_flags(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--junit", help="write a JUnit XML report here")
     parser.add_argument("--update", action="store_true", help="rewrite the record when the check finds it faster")
+    parser.add_argument(
+        "--metric",
+        help="the record's --metric function, script.py:function or module:function, where the record's own"
+        " (beside it, or by module name) is not found here",
+    )
     add_options(
         parser,
         "config",
@@ -127,7 +135,7 @@ def _check_flags(parser: argparse.ArgumentParser) -> None:
 def _check(args: argparse.Namespace, _: list[str]) -> int:
     from gpt_optuna.api.check import gate
 
-    options = (args.config, args.junit, args.update, not args.quiet)
+    options = (args.config, args.junit, args.update, not args.quiet, args.metric)
     return gate(args.model, args.baseline, args.budget, args.tolerance, *options).code
 
 
@@ -285,20 +293,43 @@ def _profile_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--runs", type=int, default=DEFAULT_PROFILE_RUNS, help="runs profiled for each (default %(default)s)"
     )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=DEFAULT_PROFILE_ROUNDS,
+        help="rounds, each profiling both in fresh processes in alternating order: their spread (default %(default)s)",
+    )
     json_flag(parser, "the profile")
 
 
 def _profile(args: argparse.Namespace, study: Any) -> int:
-    found = study.profile(args.trial, runs=args.runs, progress=not args.json)
+    found = study.profile(args.trial, runs=args.runs, rounds=args.rounds, progress=not args.json)
     print(json.dumps(found.to_dict()) if args.json else "\n".join(found.lines()))
     return 0
 
 
 def _status(_: argparse.Namespace, study: Any) -> int:
+    import importlib.util
+
+    from gpt_optuna.results.winner import dashboard_written
+
     print(study)
     size, files, folder = study.disk_used()
     if files:
         print(f"artifact store: {size / 2**20:,.1f} MiB in {files} files ({folder})")
+    if study.winner is not None and importlib.util.find_spec("optuna_dashboard") and not dashboard_written(study.study):
+        where = shlex.join(flags_naming(str(study.storage), study.study_name))
+        print(f"optuna-dashboard does not show this study's winner yet: gpt-optuna dashboard {where} writes it")
+    return 0
+
+
+def _dashboard(_: argparse.Namespace, study: Any) -> int:
+    winner = study.dashboard().winner
+    print(
+        f"optuna-dashboard shows trial {winner.number} as the study's winner: a figure on the study's page,"
+        " the verdict first among its user attrs, a note on the study and on the trial; open it with:"
+    )
+    print(f"  optuna-dashboard {shlex.quote(absolute_storage(str(study.storage)))}")
     return 0
 
 
@@ -308,7 +339,7 @@ def _best_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def _best(args: argparse.Namespace, study: Any) -> int:
-    from gpt_optuna.results.summary_text import format_verdict
+    from gpt_optuna.results.summary_text import format_verdict, host_lines, stability_warning
 
     winner = study.winner
     if winner is None:
@@ -319,6 +350,9 @@ def _best(args: argparse.Namespace, study: Any) -> int:
     print("\n".join([winner.headline, *format_verdict(study.summary)]))
     if winner.accuracy:
         print("accuracy: " + ", ".join(f"{k}={v:.6g}" for k, v in winner.accuracy.items()))
+    for line in (*host_lines(study.summary), stability_warning(study.summary)):
+        if line:
+            print(line)
     return 0
 
 
@@ -326,7 +360,7 @@ def _best(args: argparse.Namespace, study: Any) -> int:
 class Command:
     """One command: its name and help line, what adds its flags, and its handler, which gets the
     parsed flags and the command line, or, where it ``opens_study``, the study they name, opened as
-    :class:`TunedStudy` (only ``confirm`` writes to it)."""
+    :class:`TunedStudy` (only ``confirm`` and ``dashboard`` write to it)."""
 
     name: str
     help: str
@@ -387,6 +421,13 @@ COMMANDS = (
         opens_study=True,
     ),
     Command("best", "the best feasible trial", _best_flags, _best, opens_study=True),
+    Command(
+        "dashboard",
+        "write the winner's figure and notes for optuna-dashboard into a study decided before it was installed",
+        study_flags,
+        _dashboard,
+        opens_study=True,
+    ),
     Command(
         "doctor",
         "the engines, execution providers, GPUs and knobs here, and a self-test of each engine",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
@@ -133,6 +134,18 @@ def absolute_spec(spec: str) -> str:
     that the study's record names the same function from any directory."""
     target, colon, name = spec.rpartition(":")
     return f"{Path(target).resolve()}:{name}" if colon and target.endswith(".py") else spec
+
+
+def relative_spec(spec: str, folder: Path) -> str:
+    """``script.py:function`` with the script's path relative to ``folder`` (a module name stays as
+    it is), so that a record in ``folder`` names the same function wherever the two move together."""
+    target, colon, name = spec.rpartition(":")
+    if not colon or not target.endswith(".py"):
+        return spec
+    try:
+        return f"{Path(os.path.relpath(Path(target).resolve(), folder.resolve())).as_posix()}:{name}"
+    except ValueError:  # another drive: no relative path leads there
+        return absolute_spec(spec)
 
 
 def load_function(spec: str, what: str) -> Any:

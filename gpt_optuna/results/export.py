@@ -16,6 +16,7 @@ from gpt_optuna.backends import DEPLOYMENTS
 from gpt_optuna.backends.base import ExportedTrial
 from gpt_optuna.core.errors import UserError
 from gpt_optuna.core.files import Staging, roll_back_dead
+from gpt_optuna.graph.feeds import relative_spec
 from gpt_optuna.graph.interface import dtype_changes, io_record
 from gpt_optuna.graph.model import file_sha256
 from gpt_optuna.graph.model_cache import intact
@@ -230,7 +231,7 @@ def _write_export(
         "latency": TrialRecord(trial).latency,
         "accuracy": TrialRecord(trial).accuracy,
         "accuracy_criterion": record.accuracy,
-        "metric": record.metric,
+        "metric": None if record.metric is None else relative_spec(record.metric, out.parent),
         "shapes": record.shapes,
         "interface": model_interface(study, trial, source),
         "samples": {kind: os.path.relpath(path, out.parent) for kind, path in samples.items()},

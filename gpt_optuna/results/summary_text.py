@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from typing import TYPE_CHECKING
 
@@ -9,7 +10,7 @@ from optuna.trial import TrialState
 
 from gpt_optuna.graph.interface import describe_changes
 from gpt_optuna.study.confirmation import Confirmation, ConfirmedRow
-from gpt_optuna.study.evidence import WORTHWHILE
+from gpt_optuna.study.evidence import MORE_ROUNDS, WORTHWHILE
 from gpt_optuna.study.summary import first_value
 from gpt_optuna.study.trial_record import TrialRecord, source_study
 
@@ -125,19 +126,10 @@ def _against_defaults(summary: StudySummary) -> str:
             " default configuration"
         )
     if verdict == "inconclusive":
-        top = confirmation.top if confirmation is not None else None
-        each = top.process_speedups if top is not None else ()
-        spread = max(each) / min(each) - 1 if each else 0.0
-        why = (
-            f"its speedup differed between the {processes} processes ({min(each):.2f}x to {max(each):.2f}x): the"
-            " host was too unstable to decide"
-            if spread > UNSTEADY
-            else f"{processes} processes are too few to tell a gain over {WORTHWHILE - 1:.0%} from none"
-        )
+        assert confirmation is not None
         return (
-            f"verdict: inconclusive: the best finalist, trial {winner.number}, {measured} ({figures}), but {why}."
-            f" Keep the default configuration, or re-measure with more processes (confirm --processes"
-            f" {2 * processes}){f' on a quiet host ({quiet_host(summary)})' if spread > UNSTEADY else ''}"
+            f"verdict: inconclusive: the best finalist, trial {winner.number}, {measured} ({figures}), but"
+            f" {why_inconclusive(summary, confirmation)}"
         )
     if verdict == "indicative":
         return (
@@ -163,7 +155,38 @@ def _against_defaults(summary: StudySummary) -> str:
 
 
 UNSTEADY = 0.05
-"""Processes whose speedups differ by more than this say the host was unsteady."""
+"""Processes whose speedups differ by more than this say the host was unsteady (a confirmation
+recorded before the noise of its rounds was kept)."""
+
+
+def why_inconclusive(summary: StudySummary, confirmation: Confirmation) -> str:
+    """Why an inconclusive confirmation could not decide, naming what widened the interval (the
+    noise between rounds within the processes, the spread between the processes, or processes too
+    few for a small spread), and the re-measurement that narrows it."""
+    top, processes = confirmation.top, confirmation.processes
+    each = top.process_speedups if top is not None else ()
+    between = f"{min(each):.2f}x to {max(each):.2f}x" if each else ""
+    keep = "Keep the default configuration, or re-measure"
+    cause = confirmation.widened_by(top) if top is not None else None
+    noise = spread = ""
+    if cause is not None:
+        assert top is not None and top.noise is not None
+        spread, noise = (f"+-{100 * (math.exp(v) - 1):.0f}%" for v in top.noise)
+    if cause == "rounds":
+        rounds = confirmation.rounds_each
+        return (
+            f"its speedup varied from round to round within each process ({noise} per process over {rounds}"
+            f" rounds) more than between the {processes} processes ({between}, {spread}): too few rounds to"
+            f" decide. {keep} with more rounds (confirm --rounds {MORE_ROUNDS * rounds})"
+        )
+    more = f"{keep} with more processes (confirm --processes {2 * processes})"
+    if not each or max(each) / min(each) - 1 <= UNSTEADY:
+        return f"{processes} processes are too few to tell a gain over {WORTHWHILE - 1:.0%} from none. {more}"
+    beyond = f", {spread}) more than the noise of their rounds explains ({noise} per process" if noise else ""
+    return (
+        f"its speedup differed between the {processes} processes ({between}{beyond}): the host was too unstable"
+        f" to decide. {more} on a quiet host ({quiet_host(summary)})"
+    )
 
 
 def quiet_host(summary: StudySummary) -> str:

@@ -4,11 +4,13 @@ gpt-optuna's own readers compute the winner from the study (:func:`summarize_stu
 own tools (optuna-dashboard, ``study.best_trial``) rank trials by their search values, which the
 confirmation may overturn. So whoever decides the winner (the end of a search, ``confirm``,
 ``check``) writes it into the study's user attrs (``winner``: the trial, the measurement, both
-latencies, the speedup and its interval, the verdict; ``verdict``: the verdict's sentence), names
-the objectives, and, where optuna-dashboard is installed, draws the winner as a figure on the
-study's first page (above the dashboard's own "Best Trial", which is the search's fastest) and
-leaves a note on the study and the winning trial. Optuna refuses user attrs on a finished trial,
-so the trial's mark is the dashboard's note.
+latencies, the speedup and its interval, the verdict; ``Verdict``: the verdict's sentence, first
+among the user attrs), names the objectives, and, where optuna-dashboard is installed, draws the
+winner as a figure on the study's first page (above the dashboard's own "Best Trial", which is the
+search's fastest) and leaves a note on the study and the winning trial. Optuna refuses user attrs
+on a finished trial, so the trial's mark is the dashboard's note. A study decided before
+optuna-dashboard was installed gets them from the next of those, or from ``gpt-optuna dashboard``
+(:func:`write_dashboard`).
 """
 
 from __future__ import annotations
@@ -19,9 +21,10 @@ from typing import Any
 
 import optuna
 
+from gpt_optuna.core.errors import UserError
 from gpt_optuna.results.export import figures_record
 from gpt_optuna.results.summary_text import headline
-from gpt_optuna.study.record import VERDICT_ATTR, WINNER_ATTR, StudyRecord
+from gpt_optuna.study.record import DASHBOARD_ATTR, FORMER_VERDICT_ATTR, VERDICT_ATTR, WINNER_ATTR, StudyRecord
 from gpt_optuna.study.summary import StudySummary, summarize_study
 from gpt_optuna.study.summary_record import SUMMARY_ATTR, summary_record
 
@@ -52,16 +55,20 @@ def winner_record(summary: StudySummary) -> dict[str, Any] | None:
 
 
 def record_winner(study: optuna.Study) -> StudySummary:
-    """Write the decided winner and the summary into the study (and optuna-dashboard's notes where it
-    is installed)."""
+    """Write the decided winner and the summary into the study (and optuna-dashboard's figure and
+    notes where it is installed and does not hold them yet)."""
     name_objectives(study)
     summary = summarize_study(study)
     record = winner_record(summary)
-    before = study.user_attrs.get(WINNER_ATTR)
-    if record is not None and (before != record or VERDICT_ATTR not in study.user_attrs):
+    attrs, text = study.user_attrs, headline(summary)
+    if record is not None and attrs.get(WINNER_ATTR) != record:
         study.set_user_attr(WINNER_ATTR, record)
-        study.set_user_attr(VERDICT_ATTR, headline(summary))
-        _dashboard_notes(study, summary, before["trial"] if before else None)
+    if attrs.get(VERDICT_ATTR) != text:
+        study.set_user_attr(VERDICT_ATTR, text)
+    if attrs.get(FORMER_VERDICT_ATTR, text) != text:  # a study that kept it under its former name: not left stale
+        study.set_user_attr(FORMER_VERDICT_ATTR, text)
+    if record is not None and not dashboard_written(study, record):
+        _dashboard_notes(study, summary, record)
     recorded = summary_record(study, summary)
     if study.user_attrs.get(SUMMARY_ATTR) != recorded:
         study.set_user_attr(SUMMARY_ATTR, recorded)
@@ -105,9 +112,10 @@ def winner_figure(summary: StudySummary) -> Any:
     fastest = min((t for t in summary.trials if t.values), key=lambda t: (t.values[0], t.number), default=None)
     if fastest is not None and fastest.number != summary.best.number:
         rows["the search's fastest"] = f"trial {fastest.number}: the dashboard's Best Trial, by its search value"
+    column = "winner" if "winner" in named else "decision"
     figure = go.Figure(
         go.Table(
-            header={"values": ["gpt-optuna", "the study's winner"], "align": "left"},
+            header={"values": ["gpt-optuna", f"the study's {column}"], "align": "left"},
             cells={"values": [list(rows), list(rows.values())], "align": "left"},
             columnwidth=[1, 3],
         )
@@ -132,13 +140,43 @@ def winner_title(summary: StudySummary) -> tuple[str, dict[str, str]]:
     }
 
 
-def _dashboard_notes(study: optuna.Study, summary: StudySummary, former: int | None) -> None:
-    """The verdict as a note on the study and on the winning trial (a former winner's is emptied)."""
+def dashboard_written(study: optuna.Study, record: dict[str, Any] | None = None) -> bool:
+    """Whether optuna-dashboard holds the figure and notes of the study's winner (``record``: as
+    :func:`winner_record` makes it; default: as the study recorded it)."""
+    record = record if record is not None else study.user_attrs.get(WINNER_ATTR)
+    return record is not None and _shown(study) == record
+
+
+def _shown(study: optuna.Study) -> Any:
+    """The winner record whose figure and notes optuna-dashboard holds (None: none written)."""
+    return study._storage.get_study_system_attrs(study._study_id).get(DASHBOARD_ATTR)
+
+
+def write_dashboard(study: optuna.Study) -> StudySummary:
+    """The winner's figure and notes for optuna-dashboard, written into a study decided before it
+    was installed (``gpt-optuna dashboard``); the summary. A user error where optuna-dashboard is
+    not installed or the study has no winner yet."""
+    import importlib.util
+
+    if importlib.util.find_spec("optuna_dashboard") is None:
+        raise UserError("optuna-dashboard is not installed here: pip install optuna-dashboard")
+    summary = record_winner(study)
+    if summary.best is None:
+        raise UserError(f"study {study.study_name} has no feasible trial yet: there is no winner to show")
+    return summary
+
+
+def _dashboard_notes(study: optuna.Study, summary: StudySummary, record: dict[str, Any]) -> None:
+    """The verdict as a note on the study and on the winning trial (a former winner's is emptied),
+    and the winner's figure; marked as written (:data:`DASHBOARD_ATTR`). Nothing where
+    optuna-dashboard is not installed."""
     try:
         from optuna_dashboard import save_note
     except ImportError:
         return
     assert summary.best is not None
+    shown = _shown(study)
+    former = shown["trial"] if isinstance(shown, dict) else None
     text = headline(summary)
     _, named = winner_title(summary)
     save_note(study, f"## gpt-optuna\n\n{text}\n\n" + "; ".join(f"{k}: {v}" for k, v in named.items()) + ".")
@@ -156,3 +194,4 @@ def _dashboard_notes(study: optuna.Study, summary: StudySummary, former: int | N
         note(former, "")
     heading = "The study's winner" if "winner" in named else "The best finalist, not shown faster: not deployed"
     note(summary.best.number, f"## {heading}\n\n{text}")
+    study._storage.set_study_system_attr(study._study_id, DASHBOARD_ATTR, record)

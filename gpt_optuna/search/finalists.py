@@ -112,6 +112,8 @@ def _rows(numbers: list[int], found: list[Speedup]) -> list[dict[str, Any]]:
             "ci_low": s.low,
             "ci_high": s.high,
             "process_speedups": list(s.process_ratios),
+            "process_sd": s.between_sd,
+            "round_sd": s.within_sd,
             "significant": significant(s.low, s.high, s.processes),
         }
         for number, s in zip(numbers, found, strict=True)

@@ -21,6 +21,8 @@ DEFAULT_PROCESSES = 5
 """Fresh processes a re-measurement or a comparison times in."""
 DEFAULT_PROFILE_RUNS = 50
 """Runs a profile times each side over."""
+DEFAULT_PROFILE_ROUNDS = 3
+"""Rounds a profile takes, each side in a fresh process in each: what shows its spread."""
 DEFAULT_CHECK_BUDGET = "10m"
 """A ``check``'s whole time."""
 DEFAULT_TOLERANCE = "5%"

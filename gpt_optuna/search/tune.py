@@ -52,6 +52,7 @@ from gpt_optuna.search.time_budget import (
 from gpt_optuna.search.transfer import TransferQueue
 from gpt_optuna.search.your_configuration import your_candidate
 from gpt_optuna.study.artifacts import artifact_folder, publish
+from gpt_optuna.study.evidence import MORE_ROUNDS
 from gpt_optuna.study.folder import StudyFolder
 from gpt_optuna.study.record import FOLDER_ATTR, HOST_ATTR, MEASURE_ATTR, SEARCH_ATTR, SPACE_ATTR, STUDIES
 from gpt_optuna.study.recovery import recover_interrupted
@@ -399,7 +400,9 @@ class Advice:
     confirm: bool
     """The finalists were not confirmed (or their re-measurement was stopped)."""
     remeasure_processes: int | None
-    """Inconclusive: re-measure on a quiet host in this many processes."""
+    """Inconclusive, its processes disagreeing: re-measure on a quiet host in this many processes."""
+    remeasure_rounds: int | None
+    """Inconclusive, its rounds noisy within each process: re-measure with this many rounds in each."""
     export: bool
     """The winner is a real improvement."""
 
@@ -407,11 +410,16 @@ class Advice:
 def advise(summary: StudySummary, covered: bool = False, reconfirm: bool = False, stopped: bool = False) -> Advice:
     """What :class:`Advice` says after a run that ended as ``summary`` says."""
     confirm = summary.verdict in ("unconfirmed", "indicative") or reconfirm
-    remeasure = None
-    if not confirm and summary.verdict == "inconclusive":
-        remeasure = 2 * (summary.confirmation.processes if summary.confirmation is not None else 1)
+    processes = rounds = None
+    confirmation = summary.confirmation
+    if not confirm and summary.verdict == "inconclusive" and confirmation is not None:
+        top = confirmation.top
+        if top is not None and confirmation.widened_by(top) == "rounds":
+            rounds = MORE_ROUNDS * confirmation.rounds_each
+        else:
+            processes = 2 * confirmation.processes
     export = summary.verdict == "faster" and summary.best is not None
-    return Advice(stopped, not stopped and not covered, confirm, remeasure, export)
+    return Advice(stopped, not stopped and not covered, confirm, processes, rounds, export)
 
 
 def next_steps(
@@ -452,6 +460,8 @@ def next_steps(
     if advice.remeasure_processes is not None:
         processes = advice.remeasure_processes
         steps.append(f"re-measure on a quiet host: gpt-optuna confirm {where} --processes {processes}")
+    if advice.remeasure_rounds is not None:
+        steps.append(f"re-measure with more rounds: gpt-optuna confirm {where} --rounds {advice.remeasure_rounds}")
     steps.append(f"report: gpt-optuna report {where} -o {shlex.quote(str(Path('report.html').resolve()))}")
     if advice.export and summary.best is not None:
         out = Path("best").resolve().with_suffix(export_suffix(summary.best))

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpt_optuna.study.evidence import MIN_PROCESSES, judge
+from gpt_optuna.study.evidence import MIN_PROCESSES, judge, widened_by
 
 
 @dataclass(frozen=True)
@@ -21,6 +21,9 @@ class ConfirmedRow:
     ci: tuple[float, float] | None
     process_ms: tuple[float, ...]
     process_speedups: tuple[float, ...]
+    noise: tuple[float, float] | None
+    """The standard deviations of a process's log speedup between processes and between rounds
+    within one (None: recorded before they were kept)."""
     stored: Mapping[str, Any] = field(repr=False, compare=False)
     """The row as the study keeps it (what ``export`` writes)."""
 
@@ -33,6 +36,7 @@ class ConfirmedRow:
             ci=(float(row["ci_low"]), float(row["ci_high"])) if "ci_low" in row else None,
             process_ms=tuple(float(v) for v in row.get("process_ms") or ()),
             process_speedups=tuple(float(v) for v in row.get("process_speedups") or ()),
+            noise=(float(row["process_sd"]), float(row["round_sd"])) if "round_sd" in row else None,
             stored=row,
         )
 
@@ -106,6 +110,16 @@ class Confirmation:
         """What the row's interval supports (:func:`~.evidence.judge`)."""
         assert row.ci is not None
         return judge(row.ci[0], row.ci[1], self.processes)
+
+    @property
+    def rounds_each(self) -> int:
+        """The rounds each process timed (on average)."""
+        return max(self.rounds // max(self.processes, 1), 1)
+
+    def widened_by(self, row: ConfirmedRow) -> str | None:
+        """Which term set the row's interval: ``processes`` or ``rounds`` (:func:`~.evidence.widened_by`);
+        None where the confirmation did not record them."""
+        return None if row.noise is None or self.processes < MIN_PROCESSES else widened_by(*row.noise)
 
     def row(self, number: int) -> ConfirmedRow | None:
         """Trial ``number``'s row: the baseline or a finalist (None where it re-measured neither)."""

@@ -12,9 +12,10 @@ speedup of 1.0 "faster" more often than the stated level allows.
 
 From that, one word (:func:`judge`): ``faster`` where the interval lies above 1.0 from two
 processes or more; ``indicative`` from one process; ``inconclusive`` where the interval includes
-1.0 yet reaches a gain worth having (:data:`WORTHWHILE`): the spread between processes was too
-large to decide; ``not_significant`` where it includes 1.0 and excludes such a gain; ``baseline``
-where it lies below 1.0.
+1.0 yet reaches a gain worth having (:data:`WORTHWHILE`): the spread between processes, or the
+noise between rounds within them (:func:`widened_by` says which), was too large to decide;
+``not_significant`` where it includes 1.0 and excludes such a gain; ``baseline`` where it lies
+below 1.0.
 """
 
 from __future__ import annotations
@@ -31,6 +32,9 @@ WORTHWHILE = 1.10
 """A gain the verdict must be able to rule out before it says "no significant improvement"."""
 MIN_PROCESSES = 2
 """Processes a "confirmed" verdict needs; one process is only indicative."""
+MORE_ROUNDS = 4
+"""How many times the rounds a confirmation widened by its rounds' noise is advised to take again:
+the noise of a process's speedup shrinks as the square root of its rounds, so four times halve it."""
 _RESAMPLES = 2000
 
 
@@ -48,6 +52,12 @@ class Speedup:
     processes: int
     process_ratios: tuple[float, ...] = ()
     """The speedup each process measured."""
+    between_sd: float = 0.0
+    """How much the processes' log speedups differ: their standard deviation (0 from one process)."""
+    within_sd: float = 0.0
+    """How much one process's log speedup varies from round to round: the root mean square of the
+    processes' standard errors, by resampling their rounds. The interval's width comes from the
+    larger of the two (:func:`widened_by`)."""
 
 
 def t_quantile(p: float, df: int) -> float:
@@ -105,9 +115,10 @@ def speedups(medians: np.ndarray, processes: np.ndarray, seed: int = 0) -> list[
         logs = np.log(process_base) - np.log(process_ms)
         within = np.array([_within_se(r[:, 0], r[:, column], d) for r, d in zip(rows, draws, strict=True)])
         centre = float(np.mean(logs))
+        between = float(np.var(logs, ddof=1)) if len(labels) >= MIN_PROCESSES else 0.0
+        rounds = float(np.mean(within**2))
         if len(labels) >= MIN_PROCESSES:
-            between = float(np.var(logs, ddof=1))
-            se = math.sqrt(max(between, float(np.mean(within**2))) / len(labels))
+            se = math.sqrt(max(between, rounds) / len(labels))
             half = t_quantile(1 - tail, len(labels) - 1) * se
         else:
             half = NormalDist().inv_cdf(1 - tail) * float(within[0])
@@ -125,6 +136,8 @@ def speedups(medians: np.ndarray, processes: np.ndarray, seed: int = 0) -> list[
                 process_ms=tuple(float(v) for v in process_ms),
                 processes=len(labels),
                 process_ratios=tuple(float(v) for v in np.exp(logs)),
+                between_sd=math.sqrt(between),
+                within_sd=math.sqrt(rounds),
             )
         )
     return found
@@ -136,6 +149,13 @@ def _within_se(baseline: np.ndarray, candidate: np.ndarray, draws: np.ndarray) -
         return 0.0
     ratios = np.log(np.median(baseline[draws], axis=1)) - np.log(np.median(candidate[draws], axis=1))
     return float(np.std(ratios, ddof=1))
+
+
+def widened_by(between_sd: float, within_sd: float) -> str:
+    """Which term set an interval's width (see :func:`speedups`): ``processes`` where the processes'
+    speedups differ more than the noise of their rounds explains (more processes, a quieter host
+    narrow it), else ``rounds`` (more rounds in each process narrow it)."""
+    return "processes" if between_sd > within_sd else "rounds"
 
 
 def judge(low: float, high: float, processes: int) -> str:

@@ -9,7 +9,7 @@ from typing import Any
 import optuna
 
 from gpt_optuna.core.errors import UserError
-from gpt_optuna.study.record import FINGERPRINT_ATTR, FOLDER_ATTR
+from gpt_optuna.study.record import FINGERPRINT_ATTR, FOLDER_ATTR, UNDECIDED, VERDICT_ATTR
 from gpt_optuna.study.trial_record import BASELINE, YOURS_ATTR
 
 
@@ -77,6 +77,7 @@ def open_study(
     if stored is None:
         if study.trials:
             raise UserError(f"study {name!r} exists but was not made by gpt-optuna; choose another --study-name")
+        study.set_user_attr(VERDICT_ATTR, UNDECIDED)  # first, so readers that list attrs as stored show it first
         study.set_user_attr(FINGERPRINT_ATTR, fingerprint)
         yours = {k: v for seed, attrs in seeds if seed == baseline for k, v in attrs.items() if k == YOURS_ATTR}
         study.enqueue_trial(baseline, user_attrs={BASELINE: True} | yours)
