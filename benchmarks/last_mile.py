@@ -115,7 +115,8 @@ def readers(where: list[str], cwd: Path, tuned: str, notebook: bool) -> tuple[di
     seen["report best table"] = (top["trial"], top["latency_ms"], speedup)
     placed = {m.label: m for m in marks(summary)}
     winner = placed.get("winner") or placed.get("baseline, the winner")
-    seen["report plots"] = (winner.trial, winner.latency_ms, None) if winner else (None, None, None)
+    plotted = None if winner is None else winner.latency_ms if winner.confirmed_ms is None else winner.confirmed_ms
+    seen["report plots"] = (winner.trial, plotted, None) if winner else (None, None, None)
     attrs = optuna.load_study(study_name=where[3], storage=storage).user_attrs.get("winner", {})
     seen["study attrs (dashboard)"] = from_record(attrs, "trial")
     if notebook:

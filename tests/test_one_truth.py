@@ -87,18 +87,16 @@ def test_every_reader_names_the_winner_the_confirmation_chose_over_the_searchs_f
     rows = collect(study)
     table = best_rows(rows, summary)[0]
     readers["report table"] = (table["trial"], table["latency_ms"], table["baseline_ms"], None, table["measured"])
-    baseline_mark, winner_mark = marks(summary)
-    for figure in (
-        pareto_figure(rows, error_axis(rows, None), [baseline_mark, winner_mark]),
-        history_figure(rows, [baseline_mark, winner_mark]),
-    ):
+    marked = marks(summary)
+    baseline_mark, winner_mark = (next(m for m in marked if m.kind == kind) for kind in ("baseline", "best"))
+    for figure in (pareto_figure(rows, error_axis(rows, None), marked), history_figure(rows, marked)):
         shown = json.dumps(figure.to_plotly_json())
         assert f"winner (trial {summary.best.number}, confirmed)" in shown
         assert f"baseline (trial {summary.baseline.number}, confirmed)" in shown
-    readers["plots"] = (
+    readers["plots"] = (  # the confirmed figures, drawn beside the trials' search points
         winner_mark.trial,
-        winner_mark.latency_ms,
-        baseline_mark.latency_ms,
+        winner_mark.confirmed_ms,
+        baseline_mark.confirmed_ms,
         None,
         winner_mark.measurement,
     )
@@ -108,7 +106,7 @@ def test_every_reader_names_the_winner_the_confirmation_chose_over_the_searchs_f
     readers["notebook"] = figures(notebook)
     table = "".join(o.get("data", {}).get("text/plain", "") for o in outputs if o.output_type == "execute_result")
     first_row = re.search(r"^number.*\n(\d+)\s+feasible\s+[\d.e-]+\s+True\s", table, re.MULTILINE)
-    assert first_row and int(first_row[1]) == summary.best.number, table  # the winner's row first
+    assert first_row and int(first_row[1]) == summary.best.number, table  # the deployed winner's row first
     plots = "".join(json.dumps(o["data"].get("application/vnd.plotly.v1+json", "")) for o in outputs if "data" in o)
     plots += "".join(o["data"].get("text/html", "") for o in outputs if "data" in o)
     assert f"winner (trial {summary.best.number}, confirmed)" in plots  # its figures name the winner

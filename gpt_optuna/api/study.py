@@ -82,9 +82,11 @@ def best_record(summary: StudySummary) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class Winner:
-    """The study's winner with the latencies of one measurement (``measurement``: ``confirmed``,
-    ``indicative`` or ``search``), their ratio and its 95 % interval, as every reader states them;
-    :meth:`to_dict` is what ``gpt-optuna best --json`` prints."""
+    """The study's best candidate with the latencies of one measurement (``measurement``:
+    ``confirmed``, ``indicative`` or ``search``), their ratio and its 95 % interval, as every reader
+    states them; :meth:`to_dict` is what ``gpt-optuna best --json`` prints. It is the study's winner
+    where the verdict deploys it (:attr:`deployed`); an ``inconclusive`` or ``not_significant``
+    verdict keeps the baseline instead (:attr:`TunedStudy.deploy`)."""
 
     number: int
     params: dict[str, Any]
@@ -121,6 +123,11 @@ class Winner:
             accuracy=dict(record["accuracy"]),
             record=record,
         )
+
+    @property
+    def deployed(self) -> bool:
+        """Whether the verdict deploys this trial (it is :attr:`TunedStudy.deploy`)."""
+        return bool(self.record["decided"])
 
     def to_dict(self) -> dict[str, Any]:
         """Every field of ``gpt-optuna best --json``."""
@@ -211,9 +218,17 @@ class TunedStudy:
         return headline(self.summary)
 
     @cached_property
-    def winner(self) -> Winner | None:
-        """The winner and its figures (None before any feasible trial)."""
+    def best(self) -> Winner | None:
+        """The best candidate and its figures, as ``gpt-optuna best`` names it (None before any
+        feasible trial): the confirmation's fastest finalist where the finalists were re-measured,
+        else the search's fastest. The verdict deploys it where ``best.deployed``; else
+        :attr:`deploy` names the trial it keeps."""
         return Winner.of(self.summary) if self.summary.best is not None else None
+
+    @property
+    def winner(self) -> Winner | None:
+        """The former name of :attr:`best`, kept: the best candidate, whether or not it is deployed."""
+        return self.best
 
     @property
     def baseline(self) -> Baseline | None:
@@ -242,7 +257,7 @@ class TunedStudy:
     def refresh(self) -> TunedStudy:
         """Read the study again (a search still running has added trials since); returns itself."""
         self.study = open_existing_study(self.storage, self.study_name)
-        for cached in ("summary", "rows", "winner"):
+        for cached in ("summary", "rows", "best"):
             self.__dict__.pop(cached, None)
         return self
 
@@ -263,26 +278,30 @@ class TunedStudy:
     def trials_dataframe(self) -> pandas.DataFrame:
         """One row per trial: its number, status, search latency, the accuracy metrics it recorded,
         its ``params_*`` (as Optuna names them), why it ended where it did, where it was measured,
-        and which trials are the baseline and the winner (needs pandas)."""
+        and which trials are the baseline, the one to deploy and the best candidate (``winner``, its
+        former name: deployed only where ``deploy`` is true too) (needs pandas)."""
         try:
             import pandas
         except ImportError:
             raise UserError("trials_dataframe needs pandas: pip install pandas") from None
         winner = self.summary.best.number if self.summary.best is not None else None
+        deploy = self.deploy
         records = [
             {"number": r.number, "status": r.status, "latency_ms": r.latency_ms}
-            | {"winner": r.number == winner, "baseline": r.baseline}
+            | {"deploy": r.number == deploy, "winner": r.number == winner, "baseline": r.baseline}
             | {f"accuracy_{k}": v for k, v in r.accuracy.items()}
             | {f"params_{k}": v for k, v in r.params.items()}
             | {"reason": r.reason, "reused_from": r.reused_from, "measured_on": r.measured_on}
             for r in self.rows
         ]
-        columns = ["number", "status", "latency_ms", "winner", "baseline", "reason", "reused_from", "measured_on"]
+        columns = ["number", "status", "latency_ms", "deploy", "winner", "baseline", "reason", "reused_from"]
+        columns.append("measured_on")
         return pandas.DataFrame.from_records(records or [], columns=None if records else columns, index="number")
 
     def error_axis(self, error: str | None = None) -> ErrorAxis:
         """The accuracy metric ``error`` names as the Pareto front is drawn against it (default:
-        the criterion's first clause whose values differ between the feasible trials)."""
+        the first metric whose values differ between the feasible trials, the criterion's clauses
+        before the output metrics)."""
         return error_axis(self.rows, criterion_of(self.study), error)
 
     def pareto_front(self, error: str | None = None) -> list[int]:
@@ -294,20 +313,23 @@ class TunedStudy:
 
     def pareto_figure(self, error: str | None = None) -> Any:
         """Latency against an accuracy metric (``error``: one of the criterion's clauses or the
-        output metrics; default: the clause whose values differ between the feasible trials), the
-        Pareto front, infeasible trials by reason, and the baseline and winner marked."""
+        output metrics; default: the first metric that differs between the feasible trials), the
+        Pareto front, infeasible trials by reason, every trial at its search latency, and the
+        baseline, the best candidate and the trial to deploy marked on their points, the
+        finalists' re-measured latencies beside them."""
         from gpt_optuna.results.figures import pareto_figure
 
         return pareto_figure(self.rows, self.error_axis(error), marks(self.summary))
 
     def history_figure(self) -> Any:
-        """Each feasible trial's latency and the best so far, the baseline and the winner marked."""
+        """Each feasible trial's search latency and the best so far, the baseline, the best candidate
+        and the trial to deploy marked on their own trials."""
         from gpt_optuna.results.figures import history_figure
 
         return history_figure(self.rows, marks(self.summary))
 
     def importance_figure(self) -> Any | None:
-        """The parameters' importances for latency (None where too few trials completed)."""
+        """The importances for latency of the parameters that varied (None below 20 feasible trials)."""
         from gpt_optuna.results.figures import importance_figure
 
         return importance_figure(self.study)

@@ -2,13 +2,16 @@
 with the Pareto front, the optimization history, parameter importances, build time, and every
 trial by outcome and reason.
 
-Latency axes turn logarithmic where the latencies drawn span more than :data:`LOG_SPAN`, so that a
-few slow candidates do not crowd the competitive ones into one corner; the baseline and the winner
-are drawn at the summary's figures, labelled, above the trials.
+Every trial is drawn once, at its search latency; the baseline, the best candidate and the trial
+to deploy are marked on their own points, and the finalists' re-measured latencies are drawn
+apart, labelled and linked to their trials' points. Latency axes turn logarithmic where the
+latencies drawn span more than :data:`LOG_SPAN`, so that a few slow candidates do not crowd the
+competitive ones into one corner.
 """
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections import Counter
 from collections.abc import Iterable
@@ -16,13 +19,26 @@ from typing import Any
 
 import optuna
 
-from gpt_optuna.results.rows import ErrorAxis, Mark, TrialRow, pareto_front
+from gpt_optuna.results.rows import ErrorAxis, Mark, TrialRow, pareto_front, tells_apart
 
 LOG_SPAN = 10.0
 """Latencies spanning more than this ratio are drawn on a log axis."""
-MARK_STYLE = {"baseline": ("star", "#444444", "top center"), "winner": ("diamond", "#d62728", "bottom center")}
-"""Each mark's symbol, colour and label position: the labels go opposite ways, so both stay legible."""
+MARK_STYLE = {
+    "baseline": ("star", 18, "#444444", "top center"),
+    "winner": ("diamond", 16, "#d62728", "bottom right"),
+    "not shown faster": ("diamond-open", 16, "#d62728", "bottom right"),
+    "deploy": ("circle-open", 30, "#2ca02c", "bottom center"),
+}
+"""Each mark's symbol, size, colour and label position: the baseline's and the best candidate's
+labels go opposite ways, so both stay legible; the deploy mark is a ring around its trial's point."""
+CONFIRMED_COLOUR = "#8c564b"
+SAME_POINT = 0.1
+"""A re-measured latency within this log-ratio of the search's is drawn unlabelled: it sits on its
+trial's point, whose marks are labelled."""
 STATUS_COLOURS = {"feasible": "#1f77b4", "infeasible": "#ff7f0e", "failed": "#9467bd", "interrupted": "#7f7f7f"}
+MIN_IMPORTANCE_TRIALS = 20
+"""Feasible trials below which no importances are drawn: fANOVA's forest over fewer noisy
+latencies ranks the knobs by chance."""
 
 
 def padded(values: list[float]) -> list[float]:
@@ -40,27 +56,57 @@ def latency_axis(values: Iterable[float | None]) -> dict[str, Any]:
     return {"title": "latency (ms)"}
 
 
-def _style(mark: Mark) -> tuple[str, str, str]:
-    """The mark's symbol, colour and label position (:data:`MARK_STYLE`)."""
-    return MARK_STYLE["baseline" if mark.label.startswith("baseline") else "winner"]
+def trial_axis(numbers: list[int]) -> dict[str, Any]:
+    """A trial-number axis ticked at whole trials (1, 2, 5, 10, ... apart: about ten ticks)."""
+    span = max(numbers, default=0) - min(numbers, default=0)
+    step = next(s for s in (m * 10**e for e in range(9) for m in (1, 2, 5)) if span / s <= 10)
+    return {"title": "trial", "tick0": 0, "dtick": step, "tickformat": "d"}
 
 
-def _mark_trace(mark: Mark, x: float, y: float | None, row: TrialRow | None = None) -> Any:
-    """The baseline or the winner, labelled, its hover text with the trial's own (its parameters)."""
+def _style(mark: Mark) -> tuple[str, int, str, str]:
+    """The mark's symbol, size, colour and label position (:data:`MARK_STYLE`)."""
+    if mark.kind == "best" and mark.label != "winner":
+        return MARK_STYLE["not shown faster"]
+    return MARK_STYLE[{"baseline": "baseline", "best": "winner"}.get(mark.kind, mark.kind)]
+
+
+def _text(mark: Mark, marked: list[Mark]) -> str:
+    """What a mark says beside its point: the deploy ring's word joins the other mark on its trial."""
+    deployed = {m.trial for m in marked if m.kind == "deploy"}
+    shared = any(m.kind != "deploy" and m.trial == mark.trial for m in marked)
+    if mark.kind == "deploy":
+        return "" if shared else mark.label
+    return mark.label.removesuffix(", the winner") + ", deployed" if mark.trial in deployed else mark.label
+
+
+def _mark_traces(marked: list[Mark], at: dict[int, tuple[float, float | None]], rows: list[TrialRow]) -> list[Any]:
+    """Each mark on its trial's point (``at``: the point per trial), labelled, its hover text with
+    the trial's own (its parameters)."""
     import plotly.graph_objects as go
 
-    symbol, colour, position = _style(mark)
-    return go.Scatter(
-        x=[x],
-        y=[y],
-        mode="markers+text",
-        marker={"symbol": symbol, "size": 18, "color": colour, "line": {"width": 1, "color": "white"}},
-        text=[mark.label],
-        textposition=position,
-        name=mark.name,
-        hovertext=[mark.hover + ("<br>" + row.hover if row is not None else "")],
-        hoverinfo="text",
-    )
+    by_number = {r.number: r for r in rows}
+    traces = []
+    for mark in marked:
+        symbol, size, colour, position = _style(mark)
+        row = by_number.get(mark.trial)
+        traces.append(
+            go.Scatter(
+                x=[at[mark.trial][0]],
+                y=[at[mark.trial][1]],
+                mode="markers+text",
+                marker={"symbol": symbol, "size": size, "color": colour, "line": {"width": 2, "color": colour}},
+                text=[_text(mark, marked)],
+                textposition=position,
+                textfont={"color": colour},
+                cliponaxis=False,  # a label beside a point at the plot's edge runs into the margin, whole
+                name=mark.name,
+                hovertext=[mark.hover + ("<br>" + row.hover if row is not None else "")],
+                hoverinfo="text",
+                customdata=[mark.trial],
+                meta="mark",
+            )
+        )
+    return traces
 
 
 def _points(rows: list[TrialRow], x: list[Any], y: list[Any], name: str, **marker: Any) -> Any:
@@ -68,18 +114,75 @@ def _points(rows: list[TrialRow], x: list[Any], y: list[Any], name: str, **marke
     import plotly.graph_objects as go
 
     return go.Scatter(
-        x=x, y=y, mode="markers", marker=marker or None, name=name, hovertext=[r.hover for r in rows], hoverinfo="text"
+        x=x,
+        y=y,
+        mode="markers",
+        marker=marker or None,
+        name=name,
+        hovertext=[r.hover for r in rows],
+        hoverinfo="text",
+        customdata=[r.number for r in rows],
+        meta="trial",
     )
+
+
+def _confirmed_traces(marked: list[Mark], y: dict[int, float | None]) -> list[Any]:
+    """The re-measured latencies of the marked trials, labelled, each linked by a dotted line to
+    its trial's search point (one re-measurement per trial, however many marks it carries)."""
+    import plotly.graph_objects as go
+
+    shown = {m.trial: m for m in marked if m.confirmed_ms is not None and y.get(m.trial) is not None}
+    if not shown:
+        return []
+    which = next(iter(shown.values())).measurement
+    links_x: list[float | None] = []
+    links_y: list[float | None] = []
+    for m in shown.values():
+        links_x += [m.latency_ms, m.confirmed_ms, None]
+        links_y += [y[m.trial], y[m.trial], None]
+    link = go.Scatter(
+        x=links_x,
+        y=links_y,
+        mode="lines",
+        line={"dash": "dot", "color": CONFIRMED_COLOUR, "width": 1},
+        name="search to re-measured",
+        hoverinfo="skip",
+        meta="link",
+    )
+    points = go.Scatter(
+        x=[m.confirmed_ms for m in shown.values()],
+        y=[y[t] for t in shown],
+        mode="markers+text",
+        marker={"symbol": "square-open", "size": 11, "color": CONFIRMED_COLOUR, "line": {"width": 2}},
+        text=[which if abs(math.log(m.confirmed_ms / m.latency_ms)) > SAME_POINT else "" for m in shown.values()],  # type: ignore[operator]
+        textposition=["middle left" if m.confirmed_ms < m.latency_ms else "middle right" for m in shown.values()],  # type: ignore[operator]
+        textfont={"color": CONFIRMED_COLOUR, "size": 11},
+        cliponaxis=False,
+        name=f"{which}: the re-measured latency, linked to its trial",
+        hovertext=[m.hover for m in shown.values()],
+        hoverinfo="text",
+        customdata=list(shown),
+        meta="confirmed",
+    )
+    return [link, points]
 
 
 LEGEND = {"orientation": "h", "yanchor": "top", "y": -0.22, "xanchor": "left", "x": 0}
 """Legends below the plot, clear of the axis title."""
 
 
+def _note(figure: Any, text: str, y: float = 1.0) -> None:
+    """A line of small grey text above the plot."""
+    figure.add_annotation(
+        text=text, xref="paper", yref="paper", x=0, y=y, yanchor="bottom", showarrow=False,
+        font={"size": 11, "color": "#555555"},
+    )  # fmt: skip
+
+
 def pareto_figure(rows: list[TrialRow], axis: ErrorAxis, marked: list[Mark] | None = None) -> Any:
-    """Latency against ``axis`` of every trial measured (search latencies), feasible and infeasible
-    by reason, the Pareto front as a step line, and the baseline and winner where the summary
-    places them."""
+    """Latency against ``axis`` of every trial measured, once each at its search latency, feasible
+    and infeasible by reason; the baseline, the best candidate and the trial to deploy marked on
+    their points; the re-measured latencies apart, linked to them; and the Pareto front above all."""
     import plotly.graph_objects as go
 
     figure = go.Figure()
@@ -93,6 +196,10 @@ def pareto_figure(rows: list[TrialRow], axis: ErrorAxis, marked: list[Mark] | No
         x, y = [r.latency_ms for r in shown], [axis.value(r.accuracy) for r in shown]
         style = {"symbol": "circle" if feasible else "x", "size": 8 if feasible else 10, "opacity": 0.8}
         figure.add_trace(_points(shown, x, y, label[:80], **style))
+    errors = {r.number: axis.value(r.accuracy) for r in drawn}
+    marked = [m for m in marked or [] if errors.get(m.trial) is not None]
+    figure.add_traces(_mark_traces(marked, {m.trial: (m.latency_ms, errors[m.trial]) for m in marked}, rows))
+    figure.add_traces(_confirmed_traces(marked, errors))
     front = pareto_front(rows, axis)
     figure.add_trace(
         go.Scatter(
@@ -100,33 +207,27 @@ def pareto_figure(rows: list[TrialRow], axis: ErrorAxis, marked: list[Mark] | No
             y=[axis.value(r.accuracy) for r in front],
             mode="lines+markers",
             line={"shape": "hv", "width": 3, "color": "#2ca02c"},
-            marker={"size": 6},
+            marker={"size": 7, "color": "#2ca02c", "line": {"width": 1, "color": "white"}},
             name="Pareto front",
             hovertext=[r.hover for r in front],
             hoverinfo="text",
+            customdata=[r.number for r in front],
+            meta="front",
         )
     )
-    by_number = {r.number: r for r in rows}
-    for mark in marked or []:
-        row = by_number.get(mark.trial)
-        error = axis.value(row.accuracy) if row is not None else None
-        figure.add_trace(_mark_trace(mark, mark.latency_ms, error, row))
     untimed = Counter(r.status for r in rows if r.latency_ms is None and r.status in ("infeasible", "failed"))
+    notes = []
     if untimed:
         counted = " and ".join(f"{count} {status}" for status, count in sorted(untimed.items()))
-        figure.add_annotation(
-            text=f"{counted} candidates not timed: see the trials by outcome and reason",
-            xref="paper",
-            yref="paper",
-            x=0,
-            y=1.0,
-            yanchor="bottom",
-            showarrow=False,
-            font={"size": 11, "color": "#555555"},
-        )
-    latencies = [r.latency_ms for r in drawn] + [m.latency_ms for m in marked or []]
-    errors = [axis.value(r.accuracy) for r in drawn]  # the marked trials' among them
-    yaxis: dict[str, Any] = {"title": axis.title, "range": padded([e for e in errors if e is not None])}
+        notes.append(f"{counted} candidates not timed: see the trials by outcome and reason")
+    feasible = len(groups["feasible"])
+    if feasible > 1 and not tells_apart(rows, axis):
+        notes.append(f"all {feasible} feasible trials measure the same {axis.title}: this axis cannot tell them apart")
+    for index, text in enumerate(notes):
+        _note(figure, text, 1.0 + 0.06 * index)
+    latencies = [r.latency_ms for r in drawn] + [m.confirmed_ms for m in marked]
+    values = [e for e in errors.values() if e is not None]
+    yaxis: dict[str, Any] = {"title": axis.title, "range": padded(values)}
     if axis.higher_is_better and not axis.complement:
         yaxis["range"] = yaxis["range"][::-1]  # better is lower on the page, as for an error
     figure.update_layout(
@@ -136,8 +237,8 @@ def pareto_figure(rows: list[TrialRow], axis: ErrorAxis, marked: list[Mark] | No
 
 
 def history_figure(rows: list[TrialRow], marked: list[Mark] | None = None) -> Any:
-    """Each feasible trial's search latency and the best so far, with the baseline's and the
-    winner's latencies as the summary states them."""
+    """Each feasible trial's search latency and the best so far, the baseline, the best candidate
+    and the trial to deploy marked on their own trials."""
     import plotly.graph_objects as go
 
     feasible = [r for r in rows if r.status == "feasible" and r.latency_ms is not None]
@@ -149,35 +250,60 @@ def history_figure(rows: list[TrialRow], marked: list[Mark] | None = None) -> An
     figure = go.Figure(
         [
             _points(feasible, numbers, [r.latency_ms for r in feasible], "trial"),
-            go.Scatter(x=numbers, y=best, mode="lines", line={"shape": "hv"}, name="best so far"),
+            go.Scatter(x=numbers, y=best, mode="lines", line={"shape": "hv"}, name="best so far", meta="line"),
         ]
     )
-    right, by_number = max(numbers, default=0), {r.number: r for r in rows}
-    for mark in marked or []:  # a line across, and the mark at the right end, labelled
-        _, colour, _ = _style(mark)
-        figure.add_hline(y=mark.latency_ms, line_dash="dash", line_color=colour)
-        figure.add_trace(_mark_trace(mark, right, mark.latency_ms, by_number.get(mark.trial)))
+    figure.add_traces(_mark_traces(marked or [], {m.trial: (m.trial, m.latency_ms) for m in marked or []}, rows))
     axis = latency_axis([r.latency_ms for r in feasible] + [m.latency_ms for m in marked or []])
-    figure.update_layout(title="Optimization history", xaxis_title="trial", yaxis=axis, legend=LEGEND)
+    xaxis = trial_axis(numbers + [m.trial for m in marked or []])
+    figure.update_layout(title="Optimization history (search latencies)", xaxis=xaxis, yaxis=axis, legend=LEGEND)
     return figure
 
 
 def importance_figure(study: optuna.Study) -> Any | None:
-    """fANOVA importances of the parameters for latency (None where too few trials completed)."""
+    """fANOVA importances for latency of the parameters that took more than one value (None below
+    :data:`MIN_IMPORTANCE_TRIALS` feasible trials: :func:`importance_absence` says why)."""
     import plotly.graph_objects as go
 
+    complete = [t for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)) if t.values]
+    if len(complete) < MIN_IMPORTANCE_TRIALS:
+        return None
+    common = set.intersection(*(set(t.params) for t in complete))  # those every trial has
+    varied = sorted(k for k in common if len({repr(t.params[k]) for t in complete}) > 1)
+    if not varied:
+        return None
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # notes on sparse regimes, printed mid-report otherwise
-            importances = optuna.importance.get_param_importances(study, target=lambda t: t.values[0])
-    except (RuntimeError, ValueError):  # too few complete trials, or a single point
+            importances = optuna.importance.get_param_importances(study, params=varied, target=lambda t: t.values[0])
+    except (RuntimeError, ValueError):  # a parameter some trials lack, or a single point
         return None
     if not importances:
         return None
     names = list(importances)[::-1]
     figure = go.Figure(go.Bar(x=[importances[n] for n in names], y=names, orientation="h", name="importance"))
-    figure.update_layout(title="Parameter importances for latency")
+    figure.update_layout(
+        title=f"Parameter importances for latency ({len(complete)} feasible trials)",
+        yaxis={"automargin": True},
+        height=max(260, 120 + 30 * len(names)),
+    )
+    _note(
+        figure,
+        "fANOVA over noisy search latencies: a rough ranking of the knobs that varied, not a measurement",
+        1.02,
+    )
     return figure
+
+
+def importance_absence(study: optuna.Study) -> str:
+    """Why :func:`importance_figure` draws nothing for ``study``."""
+    complete = len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)))
+    if complete < MIN_IMPORTANCE_TRIALS:
+        return (
+            f"Parameter importances: not drawn: {complete} feasible trials; they need at least"
+            f" {MIN_IMPORTANCE_TRIALS} to say more than noise."
+        )
+    return "Parameter importances: not drawn: no parameter took more than one value among the feasible trials."
 
 
 def build_figure(rows: list[TrialRow]) -> Any:

@@ -1,5 +1,5 @@
-"""The self-contained HTML report: the summary, every figure, the best trials and every trial's
-accuracy. The study is only read: a report of a study still running never locks or disturbs its
+"""The self-contained HTML report: the summary, every figure, the feasible candidates and every
+trial's accuracy. The study is only read: a report of a study still running never locks or disturbs its
 writers.
 """
 
@@ -15,6 +15,7 @@ from gpt_optuna.protocol.accuracy import Criterion
 from gpt_optuna.results.figures import (
     build_figure,
     history_figure,
+    importance_absence,
     importance_figure,
     outcomes_figure,
     pareto_figure,
@@ -46,13 +47,17 @@ def accuracy_rows(rows: list[TrialRow], criterion: Criterion | None) -> list[dic
     ]
 
 
+BEST_SHOWN = 10
+"""Feasible candidates the report's table lists."""
+
+
 def best_rows(
     rows: list[TrialRow],
     summary: StudySummary,
     criterion: Criterion | None = None,
-    limit: int = 10,
+    limit: int = BEST_SHOWN,
 ) -> list[dict[str, Any]]:
-    """The best distinct feasible candidates, the study's winner first, then the other confirmed
+    """The best distinct feasible candidates, the one the verdict deploys first, then the confirmed
     finalists by speedup, then the rest by search latency. Each speedup is the ratio of the two
     latencies of one measurement, named in the row (:meth:`StudySummary.figures`): confirmed ones
     against the confirmed baseline, the others against the baseline's search latency; each row's
@@ -60,10 +65,10 @@ def best_rows(
     trials = {t.number: t for t in summary.trials}
     feasible = [r for r in rows if r.status == "feasible" and r.latency_ms is not None and r.reused_from is None]
     figures = {r.number: summary.figures(trials[r.number]) for r in feasible}
-    winner = summary.best.number if summary.best is not None else None
+    deploy = summary.decided.number if summary.decided is not None else None
 
     def order(r: TrialRow) -> tuple[int, float]:
-        if r.number == winner:
+        if r.number == deploy:
             return (0, 0.0)
         if figures[r.number].measurement != "search":
             return (1, -(figures[r.number].speedup or 0.0))
@@ -74,7 +79,7 @@ def best_rows(
     defaults = summary.baseline.params if summary.baseline is not None else {}
     for r in sorted(feasible, key=order)[:limit]:
         f = figures[r.number]
-        row: dict[str, Any] = {"trial": r.number, "winner": "yes" if r.number == winner else ""}
+        row: dict[str, Any] = {"trial": r.number, "deploy": "yes" if r.number == deploy else ""}
         row |= {"latency_ms": f.latency_ms, "baseline_ms": f.baseline_ms, "measured": f.measurement}
         interval = f" [{f.ci[0]:.3f}, {f.ci[1]:.3f}]" if f.ci is not None else ""
         row["speedup"] = f"{f.speedup:.3f}x{interval}" if f.speedup is not None else ""
@@ -104,12 +109,16 @@ def render(study: optuna.Study, where: str = "", error: str | None = None) -> st
         *(profile_figure(p) for p in saved_profiles(study)),
     ]
     parts = [
-        figure.to_html(full_html=False, include_plotlyjs=(index == 0), div_id=f"figure-{index}")
+        figure.to_html(full_html=False, include_plotlyjs=(index == 0), include_mathjax=False, div_id=f"figure-{index}")
         for index, figure in enumerate(f for f in figures if f is not None)
     ]
+    if figures[2] is None:
+        parts.insert(2, f'<p id="importances">{html.escape(importance_absence(study))}</p>')
     counts = {label: sum(r.status == label for r in rows) for label in ("feasible", "infeasible", "failed")}
     failures = "".join(f"<li>{html.escape(line)}</li>" for line in failure_lines(rows))
     per_trial = accuracy_rows(rows, criterion)
+    best = best_rows(rows, summary, criterion)
+    distinct = sum(r.status == "feasible" and r.latency_ms is not None and r.reused_from is None for r in rows)
     export = f"gpt-optuna export {where or '--study-name ' + summary.name} --trial N -o FILE"
     return f"""<!DOCTYPE html>
 <html><head><meta charset="utf-8"><title>gpt-optuna report: {html.escape(study.study_name)}</title>
@@ -120,9 +129,9 @@ def render(study: optuna.Study, where: str = "", error: str | None = None) -> st
 <p>{counts["feasible"]} feasible, {counts["infeasible"]} infeasible, {counts["failed"]} failed trials.</p>
 <p id="criterion">{html.escape(criterion_sentence(study, rows))}</p>
 {"".join(parts)}
-<h2>Best trials</h2>
+<h2>{html.escape(candidates_title(len(best), distinct))}</h2>
 <p>Export one: <code>{html.escape(export)}</code></p>
-{_table(best_rows(rows, summary, criterion))}
+{_table(best)}
 <h2>Accuracy of every trial</h2>
 <details id="accuracy"><summary>{len(per_trial)} trials</summary>{_table(per_trial)}</details>
 <h2>Failed trials</h2><ul>{failures or "<li>none</li>"}</ul>
@@ -178,17 +187,43 @@ def criterion_sentence(study: optuna.Study, rows: list[TrialRow]) -> str:
     return sentence + "."
 
 
+def candidates_title(shown: int, distinct: int) -> str:
+    """The candidates table's heading: what it lists, ``shown`` of the ``distinct`` feasible ones."""
+    if shown < distinct:
+        return f"The {shown} best of {distinct} feasible candidates, the deployed one first"
+    return f"Every feasible candidate ({distinct}), the deployed one first"
+
+
 def _table(rows: list[dict[str, Any]]) -> str:
     header = "".join(f"<th>{html.escape(k)}</th>" for k in (rows[0] if rows else {}))
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(_cell(v))}</td>" for v in r.values()) + "</tr>" for r in rows)
+    body = "".join(
+        "<tr>" + "".join(f'<td class="{_kind(v)}">{html.escape(_cell(v))}</td>' for v in r.values()) + "</tr>"
+        for r in rows
+    )
     return f"<table><tr>{header}</tr>{body}</table>"
 
 
 _STYLE = (
     "body{font-family:sans-serif;margin:2em;max-width:1600px} table{border-collapse:collapse;max-width:100%}"
-    " td,th{border:1px solid #ccc;padding:4px;vertical-align:top;overflow-wrap:anywhere;white-space:pre-line}"
+    " td,th{border:1px solid #ccc;padding:4px;vertical-align:top;white-space:pre-line}"
+    " th{white-space:nowrap} td.number{white-space:nowrap;text-align:right} td.short{white-space:nowrap}"
+    " td.text{overflow-wrap:anywhere;min-width:16em}"
     " pre{white-space:pre-wrap} code{overflow-wrap:anywhere}"
 )
+"""Numbers and headers never break (a header's words stay whole); long text (reasons, settings,
+paths) breaks anywhere rather than widening the page."""
+
+
+SHORT = 40
+"""Cells of at most this many characters stay on one line."""
+
+
+def _kind(value: Any) -> str:
+    """A cell's class: ``number`` (right-aligned), ``short`` (a figure, a name, a speedup with its
+    interval: kept on one line) or ``text`` (reasons, settings, paths: broken where they must be)."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return "number"
+    return "short" if len(_cell(value)) <= SHORT and "\n" not in _cell(value) else "text"
 
 
 def _cell(value: Any) -> str:

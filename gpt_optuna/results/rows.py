@@ -1,5 +1,5 @@
-"""The study as plain rows: each trial with its latency, accuracy, status and reason; the
-baseline and winner marks where the summary places them; the Pareto front.
+"""The study as plain rows: each trial with its latency, accuracy, status and reason; the marks of
+the baseline, the best candidate and the trial to deploy; the Pareto front.
 
 The figures (:mod:`figures`) and the report (:mod:`report`) draw these; they are what the tests
 check. The study is only read.
@@ -49,7 +49,7 @@ class TrialRow:
     def hover(self) -> str:
         lines = [f"trial {self.number} ({self.status})"]
         if self.latency_ms is not None:
-            lines.append(f"latency {self.latency_ms:.4g} ms")
+            lines.append(f"search latency {self.latency_ms:.4g} ms")
         lines += [f"{k} {v:.6g}" for k, v in self.accuracy.items()]
         if self.reason:
             lines.append(self.reason[:120])
@@ -107,13 +107,18 @@ def _cause(trial: optuna.trial.FrozenTrial, status: str) -> str:
 
 @dataclass(frozen=True)
 class Mark:
-    """The baseline or the winner as every plot places it: at its latency in the measurement that
-    judges the study (the one the summary names); each plot takes its accuracy from its trial's row."""
+    """A trial the summary names, drawn on its own trial's point (its search latency, as every
+    trial is drawn): the ``baseline``, the ``best`` candidate, or the one to ``deploy``. Its
+    re-measured latency, where the finalists' re-measurement timed it, is ``confirmed_ms``: the
+    plots show it apart, labelled, linked to this point."""
 
+    kind: str
     label: str
     trial: int
     latency_ms: float
     measurement: str
+    confirmed_ms: float | None = None
+    processes: int = 0
 
     @property
     def name(self) -> str:
@@ -121,23 +126,49 @@ class Mark:
 
     @property
     def hover(self) -> str:
-        return html.escape(f"{self.name}: {self.latency_ms:.4g} ms")
+        lines = [self.name, f"search latency {self.latency_ms:.4g} ms"]
+        if self.confirmed_ms is not None:
+            plural = "es" if self.processes != 1 else ""
+            again = f"re-measured in {self.processes} process{plural}"
+            lines.append(f"{self.measurement} latency {self.confirmed_ms:.4g} ms ({again})")
+        return "<br>".join(html.escape(line) for line in lines)
+
+
+def best_label(summary: StudySummary) -> str:
+    """What the best candidate is called where it is not the baseline: the ``winner`` only where
+    the verdict deploys it; a finalist the re-measurement did not show faster is called that."""
+    best, decided = summary.best, summary.decided
+    if best is not None and decided is not None and best.number == decided.number:
+        return "winner"
+    if summary.measurement != "search":
+        return "best finalist, not shown faster"
+    return "fastest in the search, not deployed"
 
 
 def marks(summary: StudySummary) -> list[Mark]:
-    """The baseline and the winner at the summary's figures (one mark where the baseline wins)."""
+    """The baseline, the best candidate and the trial to deploy, each at its own search latency
+    (the deploy mark on whichever of them, or on the user's own configuration, the verdict keeps)."""
     if summary.dry_run or summary.baseline is None:
         return []
-    winner = summary.winner
-    measurement = winner.measurement if winner is not None else "search"
-    base = winner.baseline_ms if winner is not None else summary.baseline_search_value
-    found = []
-    if base is not None:
-        label = "baseline, the winner" if summary.baseline_wins else "baseline"
-        found.append(Mark(label, summary.baseline.number, base, measurement))
-    if winner is not None and not summary.baseline_wins and winner.latency_ms is not None:
-        found.append(Mark("winner", winner.number, winner.latency_ms, measurement))
-    return found
+    confirmation = summary.confirmation
+    measurement = summary.measurement
+
+    def mark(kind: str, label: str, trial: optuna.trial.FrozenTrial) -> Mark | None:
+        latency = TrialRecord(trial).latency_ms
+        if latency is None:
+            return None
+        row = confirmation.row(trial.number) if confirmation is not None and measurement != "search" else None
+        confirmed = row.median_ms if row is not None else None
+        processes = confirmation.processes if confirmation is not None else 0
+        return Mark(kind, label, trial.number, latency, measurement, confirmed, processes)
+
+    best, decided = summary.best, summary.decided
+    found = [mark("baseline", "baseline, the winner" if summary.baseline_wins else "baseline", summary.baseline)]
+    if best is not None and not summary.baseline_wins:
+        found.append(mark("best", best_label(summary), best))
+    if decided is not None:
+        found.append(mark("deploy", "deployed", decided))
+    return [m for m in found if m is not None]
 
 
 @dataclass(frozen=True)
@@ -177,8 +208,10 @@ def metric_directions(criterion: Criterion | None) -> dict[str, bool]:
 
 
 def error_axis(rows: list[TrialRow], criterion: Criterion | None, metric: str | None = None) -> ErrorAxis:
-    """The error axis for ``metric``, or where none is named, the first of the criterion's clauses
-    whose values differ between the feasible trials (the first clause where none does)."""
+    """The error axis for ``metric``, or where none is named, the first metric whose values differ
+    between the feasible trials: the criterion's clauses first, then the output metrics every trial
+    records (an agreement rate every feasible trial meets at 1 tells them apart by none); the first
+    clause where no metric does (:func:`tells_apart` says so)."""
     directions = metric_directions(criterion)
     if metric is not None and metric not in directions:
         raise UserError(f"no accuracy metric {metric!r} in this study; choose one of: {', '.join(directions)}")
@@ -190,13 +223,17 @@ def error_axis(rows: list[TrialRow], criterion: Criterion | None, metric: str | 
 
     if metric is not None:
         return axis(metric)
-    candidates = [c.metric.key for c in criterion.clauses] if criterion is not None else ["cosine"]
-    for name in candidates:
+    clauses = [c.metric.key for c in criterion.clauses] if criterion is not None else ["cosine"]
+    for name in dict.fromkeys([*clauses, *(m.key for m in STANDARD_METRICS)]):
         candidate = axis(name)
-        drawn = {candidate.value(r.accuracy) for r in rows if r.status == "feasible"} - {None}
-        if len(drawn) > 1:
+        if tells_apart(rows, candidate):
             return candidate
-    return axis(candidates[0])
+    return axis(clauses[0])
+
+
+def tells_apart(rows: list[TrialRow], axis: ErrorAxis) -> bool:
+    """Whether the feasible trials take more than one value on ``axis``."""
+    return len({axis.value(r.accuracy) for r in rows if r.status == "feasible"} - {None}) > 1
 
 
 def pareto_front(rows: list[TrialRow], axis: ErrorAxis | None = None) -> list[TrialRow]:

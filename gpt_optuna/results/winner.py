@@ -99,9 +99,10 @@ def winner_figure(summary: StudySummary) -> Any:
     unit = summary.unit
     defaults = summary.baseline.params if summary.baseline is not None else {}
     changed = {k: v for k, v in summary.best.params.items() if defaults.get(k) != v}
+    title, named = winner_title(summary)
     rows = {
         "verdict": summary.verdict,
-        "winner": f"trial {summary.best.number}" + (" (the baseline)" if summary.baseline_wins else ""),
+        **named,
         "its figure": f"{figures.latency_ms:.4g} {unit}" if figures.latency_ms is not None else "",
         "the baseline's": f"{figures.baseline_ms:.4g} {unit}" if figures.baseline_ms is not None else "",
         "speedup": f"{figures.speedup:.3f}x{interval}" if figures.speedup is not None else "",
@@ -111,15 +112,32 @@ def winner_figure(summary: StudySummary) -> Any:
     fastest = min((t for t in summary.trials if t.values), key=lambda t: (t.values[0], t.number), default=None)
     if fastest is not None and fastest.number != summary.best.number:
         rows["the search's fastest"] = f"trial {fastest.number}: the dashboard's Best Trial, by its search value"
+    column = "winner" if "winner" in named else "decision"
     figure = go.Figure(
         go.Table(
-            header={"values": ["gpt-optuna", "the study's winner"], "align": "left"},
+            header={"values": ["gpt-optuna", f"the study's {column}"], "align": "left"},
             cells={"values": [list(rows), list(rows.values())], "align": "left"},
             columnwidth=[1, 3],
         )
     )
-    figure.update_layout(title=f"gpt-optuna's winner: trial {summary.best.number}", height=420)
+    figure.update_layout(title=title, height=420)
     return figure
+
+
+def winner_title(summary: StudySummary) -> tuple[str, dict[str, str]]:
+    """The winner figure's title and the rows that name its trials: the winner where the verdict
+    deploys the best candidate, else the trial it deploys and the best finalist, not shown faster."""
+    assert summary.best is not None
+    best, decided = summary.best.number, summary.decided.number if summary.decided is not None else None
+    if decided is None or decided == best:
+        return f"gpt-optuna's winner: trial {best}", {
+            "winner": f"trial {best}" + (" (the baseline)" if summary.baseline_wins else "")
+        }
+    kept = " (the baseline)" if summary.baseline is not None and decided == summary.baseline.number else ""
+    return f"gpt-optuna deploys trial {decided}{kept}", {
+        "deploy": f"trial {decided}{kept}",
+        "best finalist": f"trial {best}: not shown faster, not deployed",
+    }
 
 
 def dashboard_written(study: optuna.Study, record: dict[str, Any] | None = None) -> bool:
@@ -160,7 +178,8 @@ def _dashboard_notes(study: optuna.Study, summary: StudySummary, record: dict[st
     shown = _shown(study)
     former = shown["trial"] if isinstance(shown, dict) else None
     text = headline(summary)
-    save_note(study, f"## gpt-optuna\n\n{text}\n\nThe winner is trial {summary.best.number}.")
+    _, named = winner_title(summary)
+    save_note(study, f"## gpt-optuna\n\n{text}\n\n" + "; ".join(f"{k}: {v}" for k, v in named.items()) + ".")
     try:
         from optuna_dashboard import save_plotly_graph_object
     except ImportError:  # a version without figures on the study's page
@@ -173,5 +192,6 @@ def _dashboard_notes(study: optuna.Study, summary: StudySummary, record: dict[st
 
     if former is not None and former != summary.best.number and former < len(summary.trials):
         note(former, "")
-    note(summary.best.number, f"## The study's winner\n\n{text}")
+    heading = "The study's winner" if "winner" in named else "The best finalist, not shown faster: not deployed"
+    note(summary.best.number, f"## {heading}\n\n{text}")
     study._storage.set_study_system_attr(study._study_id, DASHBOARD_ATTR, record)

@@ -25,6 +25,7 @@ from gpt_optuna.results.export import export_suffix
 from gpt_optuna.results.winner import name_objectives, record_winner
 from gpt_optuna.search.config import TuneConfig, study_flags
 from gpt_optuna.search.engines import KEPT_ENGINES
+from gpt_optuna.search.error_objective import error_objective_note
 from gpt_optuna.search.finalists import ConfirmationFailed, confirm
 from gpt_optuna.search.host_check import look
 from gpt_optuna.search.lanes import (
@@ -156,7 +157,7 @@ def _tune(config: TuneConfig, progress: Progress) -> TuneEnd:
         study.set_user_attr(HOST_ATTR, host.to_record())
         notes += [f"warning: {text}" for text in host.warnings]
         warnings, alone = session.enter(study_device(study), config.allow_mixed_gpus)
-        notes += warnings
+        notes += warnings + error_objective_note(config.objectives, config.criterion)
         recovered = recover_interrupted(study, alone)
         done = finished_count(study)
         remaining = None if config.n_trials is None else max(config.n_trials - done, 0)

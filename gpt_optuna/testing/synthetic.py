@@ -3,7 +3,8 @@ one session per model and process) and times a chosen delay.
 
 It exists to test and measure the tuner itself without an engine: isolation tests choose the
 ``mode`` knob to really crash (SIGSEGV), abort, hang, raise or fail a build in the worker
-process, and the overhead benchmark uses ``mode=ok`` with no delay. Use it with
+process (``noisy`` and ``nan`` fail the accuracy criterion, ``scaled`` passes it with outputs a
+little off), and the overhead benchmark uses ``mode=ok`` with no delay. Use it with
 ``--backend gpt_optuna.testing.synthetic:SyntheticBackend``.
 
 With the ``noise_pct`` knob, a launch's delay varies as on a shared host (:class:`NoisyHost`):
@@ -30,7 +31,7 @@ from gpt_optuna.core.log import onnxruntime_options
 from gpt_optuna.core.space import Candidate, Knob, Space
 from gpt_optuna.graph.model import Feeds, ModelInfo, ShapeRange
 
-MODES = ("ok", "crash", "abort", "hang", "raise", "build_error", "nan", "noisy")
+MODES = ("ok", "crash", "abort", "hang", "raise", "build_error", "nan", "noisy", "scaled")
 
 
 class SyntheticBackend(Backend):
@@ -176,6 +177,8 @@ class _SyntheticRunner(Runner):
         outputs = dict(zip(names, session.run(names, self._feeds), strict=True))
         if self._mode == "nan":
             return {n: np.full_like(a, np.nan, dtype=np.float32) for n, a in outputs.items()}
+        if self._mode == "scaled":  # feasible, its cosine exact, its max_abs not: an output metric that differs
+            return {n: a * np.asarray(1.0001, dtype=a.dtype) for n, a in outputs.items()}
         if self._mode == "noisy":
             rng = np.random.default_rng(0)
             return {n: a + rng.standard_normal(a.shape).astype(a.dtype) * 10 for n, a in outputs.items()}
