@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import optuna
 
@@ -138,6 +138,31 @@ class Baseline:
     feasible: bool
 
 
+@dataclass(frozen=True)
+class DeployChoice:
+    """The trial the study recommends deploying, and which one it is: ``role`` is ``winner`` (the
+    study's winner), ``baseline`` (the default configuration, kept where nothing is shown faster)
+    or ``yours`` (the configuration the user gave, kept where nothing is shown faster than it);
+    ``verdict`` is the study's."""
+
+    number: int
+    role: Literal["winner", "baseline", "yours"]
+    params: dict[str, Any]
+    verdict: str
+
+    @classmethod
+    def of(cls, summary: StudySummary) -> DeployChoice | None:
+        trial = summary.decided
+        if trial is None:
+            return None
+        role: Literal["winner", "baseline", "yours"] = "winner"
+        if summary.baseline is not None and trial.number == summary.baseline.number:
+            role = "baseline"
+        elif summary.best is None or trial.number != summary.best.number:
+            role = "yours"
+        return cls(trial.number, dict(trial.params), role, summary.verdict)
+
+
 def storage_url(storage: str | Path) -> str:
     """An Optuna storage URL for a URL or an SQLite file's path (``studies/x.db``), a file's made
     absolute: the same study from any folder."""
@@ -225,10 +250,11 @@ class TunedStudy:
         return Baseline(trial.number, dict(trial.params), self.summary.baseline_value, search, feasible)
 
     @property
-    def deploy(self) -> int | None:
+    def deploy(self) -> DeployChoice | None:
         """The trial the study recommends deploying: the winner, or the baseline where the verdict
-        keeps the default configuration (what :meth:`export` writes without ``trial``)."""
-        return None if self.summary.decided is None else self.summary.decided.number
+        keeps the default configuration (what :meth:`export` writes without ``trial``); None before
+        any feasible trial."""
+        return DeployChoice.of(self.summary)
 
     def disk_used(self) -> tuple[int, int, Path]:
         """The bytes and files the study's artifact store holds (its engines and data), and its folder."""
