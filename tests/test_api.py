@@ -97,9 +97,10 @@ def test_a_study_tuned_from_python_reads_back_with_the_command_line_and_the_note
     page = Path("r.html").read_text().replace("&#x27;", "'")
     assert study.headline in page and f"export --storage {study.storage} --study-name" in page  # from any folder
     exported = study.export(tmp_path / "winner")
-    assert exported.path.is_file() and json.loads(exported.record.read_text())["trial"] == study.deploy.number  # type: ignore[union-attr]
+    deploy = study.deploy
+    assert deploy is not None and deploy.role == ("baseline" if study.summary.keeps_default else "winner")
+    assert exported.path.is_file() and json.loads(exported.record.read_text())["trial"] == deploy.number
     assert any(line.startswith("verdict: ") for line in exported.lines)
-    assert study.deploy.role == ("baseline" if study.summary.keeps_default else "winner")  # type: ignore[union-attr]
     checked = study.check(SHIPPED_CNN, budget="8s", tolerance="90%", progress=False)  # the same model, unchanged
     assert [o.name for o in checked.outcomes] == ["accuracy", "latency"] and checked.outcomes[0].passed
     assert checked.code in (0, EXIT_INCONCLUSIVE), [o.message for o in checked.outcomes]  # no regression
