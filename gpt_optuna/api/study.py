@@ -22,6 +22,7 @@ from gpt_optuna.core import interrupts
 from gpt_optuna.core.errors import UserError
 from gpt_optuna.core.files import atomic_write
 from gpt_optuna.core.log import RESULT, tell
+from gpt_optuna.core.words import counted
 from gpt_optuna.protocol.timing import ROUNDS
 from gpt_optuna.results.export import figures_record
 from gpt_optuna.results.rows import ErrorAxis, TrialRow, collect, criterion_of, error_axis, marks
@@ -394,8 +395,8 @@ class TunedStudy:
             raise UserError("--top and --processes must be at least 1, --rounds at least 3")
         deadline = time.monotonic() + parse_duration(timeout) if timeout else None
         study = open_existing_study(self.storage, self.study_name, writable=True)
-        plural = "es" if processes > 1 else ""
-        tell(f"re-measuring the {top} best candidates and the baseline in {processes} process{plural} ...")
+        finalists, fresh = counted(top, "candidate"), counted(processes, "process", "processes")
+        tell(f"re-measuring the best {finalists} and the baseline in {fresh} ...")
         say = _teller(True)
         try:
             with interrupts.handled():
