@@ -20,6 +20,7 @@ from optuna.trial import TrialState
 import gpt_optuna
 from gpt_optuna.cli import main
 from gpt_optuna.core.errors import EXIT_INCONCLUSIVE
+from gpt_optuna.core.words import counted
 
 SHIPPED_CNN = Path(str(files("gpt_optuna") / "data" / "small_cnn.onnx"))
 
@@ -90,7 +91,8 @@ def test_a_study_tuned_from_python_reads_back_with_the_command_line_and_the_note
     assert main(["status", *where]) == 0
     summary, store = capsys.readouterr().out.strip().rsplit("\n", 1)
     size, files, folder = study.disk_used()
-    assert summary == str(study) and store.startswith("artifact store: ") and f"{files} files ({folder})" in store
+    assert summary == str(study) and store.startswith("artifact store: ")
+    assert f"{counted(files, 'file')} ({folder})" in store
     assert main(["best", "--json", *where]) == 0
     assert json.loads(capsys.readouterr().out) == as_json(study.winner.to_dict())  # type: ignore[union-attr]
     assert main(["report", "--storage", os.path.relpath(database), "--study-name", "from-python", "-o", "r.html"]) == 0

@@ -395,8 +395,8 @@ class TunedStudy:
             raise UserError("--top and --processes must be at least 1, --rounds at least 3")
         deadline = time.monotonic() + parse_duration(timeout) if timeout else None
         study = open_existing_study(self.storage, self.study_name, writable=True)
-        finalists, fresh = counted(top, "candidate"), counted(processes, "process", "processes")
-        tell(f"re-measuring the best {finalists} and the baseline in {fresh} ...")
+        finalists, fresh = counted(top, "best candidate"), counted(processes, "process", "processes")
+        tell(f"re-measuring the {finalists} and the baseline in {fresh} ...")
         say = _teller(True)
         try:
             with interrupts.handled():
