@@ -90,6 +90,7 @@ def test_a_reader_without_study_name_sets_the_studies_of_check_aside() -> None:
     with pytest.raises(UserError, match=r"\(cnn-onnxruntime, other; 1 more made by gpt-optuna check\); choose one"):
         _resolve_storage(Namespace(storage=None, study_name=None))
     assert [counted(n, "process", "processes") for n in (1, 2)] == ["1 process", "2 processes"]
+    assert [counted(n, "finalist") for n in (1, 1200)] == ["1 finalist", "1,200 finalists"]
 
 
 def test_help_works_without_heavy_imports() -> None:

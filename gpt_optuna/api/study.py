@@ -161,7 +161,7 @@ class DeployChoice:
             role = "baseline"
         elif summary.best is None or trial.number != summary.best.number:
             role = "yours"
-        return cls(trial.number, dict(trial.params), role, summary.verdict)
+        return cls(number=trial.number, role=role, params=dict(trial.params), verdict=summary.verdict)
 
 
 def storage_url(storage: str | Path) -> str:

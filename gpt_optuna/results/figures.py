@@ -16,7 +16,7 @@ from typing import Any
 
 import optuna
 
-from gpt_optuna.core.words import counted as counted_words
+from gpt_optuna.core.words import in_number
 from gpt_optuna.results.rows import ErrorAxis, Mark, TrialRow, pareto_front
 
 LOG_SPAN = 10.0
@@ -115,8 +115,9 @@ def pareto_figure(rows: list[TrialRow], axis: ErrorAxis, marked: list[Mark] | No
     untimed = Counter(r.status for r in rows if r.latency_ms is None and r.status in ("infeasible", "failed"))
     if untimed:
         counted = " and ".join(f"{count} {status}" for status, count in sorted(untimed.items()))
+        candidates = in_number(sum(untimed.values()), "candidate")
         figure.add_annotation(
-            text=f"{counted_words(counted, 'candidate')} not timed: see the trials by outcome and reason",
+            text=f"{counted} {candidates} not timed: see the trials by outcome and reason",
             xref="paper",
             yref="paper",
             x=0,
