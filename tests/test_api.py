@@ -15,12 +15,15 @@ from pathlib import Path
 import optuna
 import pytest
 from conftest import SYNTHETIC, printed, run_notebook, synthetic_config
+from optuna.distributions import IntDistribution
 from optuna.trial import TrialState
 
 import gpt_optuna
+from gpt_optuna.api.study import DeployChoice
 from gpt_optuna.cli import main
 from gpt_optuna.core.errors import EXIT_INCONCLUSIVE
 from gpt_optuna.core.words import counted
+from gpt_optuna.study.summary import StudySummary
 
 SHIPPED_CNN = Path(str(files("gpt_optuna") / "data" / "small_cnn.onnx"))
 
@@ -109,6 +112,22 @@ def test_a_study_tuned_from_python_reads_back_with_the_command_line_and_the_note
     (Path("studies") / "another.db").write_bytes(b"")  # the notebook reads only the study it is given
     outputs = run_notebook(database, tmp_path, monkeypatch, study_name="from-python", papermill=True)
     assert study.headline in printed(outputs)
+
+
+def test_deploy_names_the_trial_and_whether_it_is_the_winner_or_the_default_kept() -> None:
+    def trial(number: int, threads: int, latency: float) -> optuna.trial.FrozenTrial:
+        made = optuna.trial.create_trial(
+            params={"threads": threads}, distributions={"threads": IntDistribution(0, 8)}, value=latency
+        )
+        made.number = number
+        return made
+
+    baseline, faster = trial(0, 0, 2.0), trial(1, 4, 1.0)
+    chosen = DeployChoice.of(StudySummary("s", {}, 0, baseline, faster))
+    assert chosen == DeployChoice(number=1, role="winner", params={"threads": 4}, verdict="unconfirmed")
+    kept = DeployChoice.of(StudySummary("s", {}, 0, baseline, baseline))  # nothing beat the default
+    assert kept == DeployChoice(number=0, role="baseline", params={"threads": 0}, verdict="baseline")
+    assert DeployChoice.of(StudySummary("s", {}, 0, None, None)) is None
 
 
 def test_load_refuses_what_names_no_single_study(tmp_path: Path) -> None:
