@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from gpt_optuna.api.check import check
     from gpt_optuna.api.check_outcome import CheckResult
     from gpt_optuna.api.exporting import Exported
-    from gpt_optuna.api.study import Baseline, TunedStudy, Winner, load
+    from gpt_optuna.api.study import Baseline, DeployChoice, TunedStudy, Winner, load
     from gpt_optuna.api.tuning import tune
     from gpt_optuna.backends.onnxruntime.deploy import open_session
 
@@ -28,6 +28,7 @@ _LAZY = {
     "TunedStudy": "gpt_optuna.api.study",
     "Winner": "gpt_optuna.api.study",
     "Baseline": "gpt_optuna.api.study",
+    "DeployChoice": "gpt_optuna.api.study",
     "Exported": "gpt_optuna.api.exporting",
     "check": "gpt_optuna.api.check",
     "CheckResult": "gpt_optuna.api.check_outcome",
@@ -37,6 +38,7 @@ _LAZY = {
 __all__ = [
     "Baseline",
     "CheckResult",
+    "DeployChoice",
     "Exported",
     "GptOptunaError",
     "TunedStudy",

@@ -15,11 +15,15 @@ from pathlib import Path
 import optuna
 import pytest
 from conftest import SYNTHETIC, printed, run_notebook, synthetic_config
+from optuna.distributions import IntDistribution
 from optuna.trial import TrialState
 
 import gpt_optuna
+from gpt_optuna.api.study import DeployChoice
 from gpt_optuna.cli import main
 from gpt_optuna.core.errors import EXIT_INCONCLUSIVE
+from gpt_optuna.core.words import counted
+from gpt_optuna.study.summary import StudySummary
 
 SHIPPED_CNN = Path(str(files("gpt_optuna") / "data" / "small_cnn.onnx"))
 
@@ -91,14 +95,17 @@ def test_a_study_tuned_from_python_reads_back_with_the_command_line_and_the_note
     assert main(["status", *where]) == 0
     summary, store = capsys.readouterr().out.strip().rsplit("\n", 1)
     size, files, folder = study.disk_used()
-    assert summary == str(study) and store.startswith("artifact store: ") and f"{files} files ({folder})" in store
+    assert summary == str(study) and store.startswith("artifact store: ")
+    assert f"{counted(files, 'file')} ({folder})" in store
     assert main(["best", "--json", *where]) == 0
     assert json.loads(capsys.readouterr().out) == as_json(study.winner.to_dict())  # type: ignore[union-attr]
     assert main(["report", "--storage", os.path.relpath(database), "--study-name", "from-python", "-o", "r.html"]) == 0
     page = Path("r.html").read_text().replace("&#x27;", "'")
     assert study.headline in page and f"export --storage {study.storage} --study-name" in page  # from any folder
     exported = study.export(tmp_path / "winner")
-    assert exported.path.is_file() and json.loads(exported.record.read_text())["trial"] == study.deploy
+    deploy = study.deploy
+    assert deploy is not None and deploy.role == ("baseline" if study.summary.keeps_default else "winner")
+    assert exported.path.is_file() and json.loads(exported.record.read_text())["trial"] == deploy.number
     assert any(line.startswith("verdict: ") for line in exported.lines)
     checked = study.check(SHIPPED_CNN, budget="8s", tolerance="90%", progress=False)  # the same model, unchanged
     assert [o.name for o in checked.outcomes] == ["accuracy", "latency"] and checked.outcomes[0].passed
@@ -106,6 +113,22 @@ def test_a_study_tuned_from_python_reads_back_with_the_command_line_and_the_note
     (Path("studies") / "another.db").write_bytes(b"")  # the notebook reads only the study it is given
     outputs = run_notebook(database, tmp_path, monkeypatch, study_name="from-python", papermill=True)
     assert study.headline in printed(outputs)
+
+
+def test_deploy_names_the_trial_and_whether_it_is_the_winner_or_the_default_kept() -> None:
+    def trial(number: int, threads: int, latency: float) -> optuna.trial.FrozenTrial:
+        made = optuna.trial.create_trial(
+            params={"threads": threads}, distributions={"threads": IntDistribution(0, 8)}, value=latency
+        )
+        made.number = number
+        return made
+
+    baseline, faster = trial(0, 0, 2.0), trial(1, 4, 1.0)
+    chosen = DeployChoice.of(StudySummary("s", {}, 0, baseline, faster))
+    assert chosen == DeployChoice(number=1, role="winner", params={"threads": 4}, verdict="unconfirmed")
+    kept = DeployChoice.of(StudySummary("s", {}, 0, baseline, baseline))  # nothing beat the default
+    assert kept == DeployChoice(number=0, role="baseline", params={"threads": 0}, verdict="baseline")
+    assert DeployChoice.of(StudySummary("s", {}, 0, None, None)) is None
 
 
 def test_load_refuses_what_names_no_single_study(tmp_path: Path) -> None:

@@ -62,24 +62,39 @@ def recorded(model: Path, tmp_path: Path, name: str = "record") -> list[str]:
     return ["check", "--baseline", f"{name}.onnx.json", "--budget", "20s", "--quiet", *config]
 
 
+def decided(check: list[str], capsys: pytest.CaptureFixture[str], *more: str) -> tuple[int, str]:
+    """The check's exit code and output, its --budget doubled while it answers inconclusive (a busy
+    host times fewer processes in one budget), up to eight times the first: what is asserted is the
+    verdict given the time to reach one, never one host's speed."""
+    args, at = list(check), check.index("--budget") + 1
+    first = float(args[at].removesuffix("s"))
+    for factor in (1, 2, 4, 8):
+        args[at] = f"{first * factor:g}s"
+        capsys.readouterr()
+        code = main([*args, *more])
+        out = capsys.readouterr().out
+        if code != EXIT_INCONCLUSIVE:
+            break
+    return code, out
+
+
 @pytest.mark.slow
 def test_check_passes_the_record_and_fails_a_slower_or_changed_model(
     cnn_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     check = recorded(cnn_path, tmp_path)
     # the record's model and the changed one are timed interleaved on this host, so a tolerance of 90% tells
-    # the unchanged model from one made ten times slower however busy the host
-    capsys.readouterr()
-    assert main([*check, str(cnn_path), "--tolerance", "90%", "--junit", "same.xml"]) == 0
-    out = capsys.readouterr().out
+    # the unchanged model from one made ten times slower however busy the host, given the time for two processes
+    code, out = decided(check, capsys, str(cnn_path), "--tolerance", "90%", "--junit", "same.xml")
+    assert code == 0, out
     assert "ok: latency within 90%: the changed model under the recorded configuration" in out, out
     processes = re.search(r"timed interleaved here in (\d+) processes", out)
     assert processes and int(processes[1]) >= 2 and junit_failures(Path("same.xml")) == []
 
     model = onnx.load(str(cnn_path))
     onnx.save(slowed(model), "slow.onnx")
-    assert main([*check, "slow.onnx", "--tolerance", "90%", "--junit", "slow.xml"]) == 1
-    out = capsys.readouterr().out
+    code, out = decided(check, capsys, "slow.onnx", "--tolerance", "90%", "--junit", "slow.xml")
+    assert code == 1, out
     assert "FAILED: latency regression" in out and "ok: the model's outputs meet" in out
     (failure,) = junit_failures(Path("slow.xml"))
     assert failure.startswith("latency regression")
@@ -116,9 +131,8 @@ def test_a_record_slower_than_the_model_is_updated_and_without_its_model_the_rec
     onnx.save(slowed(onnx.load(str(cnn_path))), "heavy.onnx")  # the same outputs, ten times the work
     check = recorded(Path("heavy.onnx"), tmp_path, "slow")
     before = json.loads(Path("slow.onnx.json").read_text())
-    capsys.readouterr()
-    assert main([*check, str(cnn_path), "--update"]) == 0
-    assert "ok: faster than the record" in capsys.readouterr().out
+    code, out = decided(check, capsys, str(cnn_path), "--update")
+    assert code == 0 and "ok: faster than the record" in out, out
     assert json.loads(Path("slow.onnx.json").read_text())["latency_ms"] < before["latency_ms"] / 2
 
     Path("slow.onnx").rename("elsewhere.onnx")  # the record alone: its figure, measured where it was made

@@ -3,10 +3,15 @@
 import importlib.util
 import subprocess
 import sys
+from argparse import Namespace
 from pathlib import Path
 
 import numpy as np
 import pytest
+
+from gpt_optuna.cli.commands import _resolve_storage
+from gpt_optuna.core.errors import UserError
+from gpt_optuna.core.words import counted
 
 
 def gpt_optuna(*args: str) -> subprocess.CompletedProcess[str]:
@@ -73,6 +78,19 @@ def test_status_and_best_without_a_study() -> None:
     one_line_error(gpt_optuna("status"), "no study found under studies/")
     one_line_error(gpt_optuna("best", "--study-name", "nope"), f"no study database at {Path.cwd()}/studies/nope.db")
     one_line_error(gpt_optuna("status", "--study-name", "x" * 300), "study name of 300 characters: at most 200")
+
+
+def test_a_reader_without_study_name_sets_the_studies_of_check_aside() -> None:
+    studies = Path("studies")
+    studies.mkdir()
+    for name in ("cnn-onnxruntime", "check-cnn-20260101-120000"):
+        (studies / f"{name}.db").touch()
+    assert _resolve_storage(Namespace(storage=None, study_name=None))[1] == "cnn-onnxruntime"
+    (studies / "other.db").touch()
+    with pytest.raises(UserError, match=r"\(cnn-onnxruntime, other; 1 more made by gpt-optuna check\); choose one"):
+        _resolve_storage(Namespace(storage=None, study_name=None))
+    assert [counted(n, "process", "processes") for n in (1, 2)] == ["1 process", "2 processes"]
+    assert [counted(n, "finalist") for n in (1, 1200)] == ["1 finalist", "1,200 finalists"]
 
 
 def test_help_works_without_heavy_imports() -> None:

@@ -75,11 +75,13 @@ def test_a_triton_repository_parses_with_tritons_model_config_and_matches_the_mo
     (tmp_path / "tune.toml").write_text(TUNED + 'execution_mode = ["ORT_PARALLEL"]\n')
     assert tune(str(cnn_path), "--config", str(tmp_path / "tune.toml"), "--n-trials", "2", "--confirm-top", "0") == 0
     trial = load("cnn-onnxruntime").trials[1]
-    assert main(["export", "--format", "triton", "-o", "repo", "--trial", "1"]) == 2  # no such folder
-    Path("repo").mkdir()
+    assert main(["export", "--format", "triton", "-o", "no/repo", "--trial", "1"]) == 2  # no such folder
+    assert "the folder no does not exist" in capsys.readouterr().err and not Path("no").exists()
     capsys.readouterr()
     assert main(["export", "--format", "triton", "-o", "repo", "--trial", "1", "--model-name", "classifier"]) == 0
-    assert "no field for session config session.intra_op.allow_spinning=0" in capsys.readouterr().out
+    said = capsys.readouterr().out
+    assert said.startswith("made the model repository repo\n")
+    assert "no field for session config session.intra_op.allow_spinning=0" in said
     config = text_parsed(Path("repo/classifier/config.pbtxt").read_text())
     model = Path("repo/classifier/1/model.onnx")
     info = m.load_model_info(model)

@@ -435,4 +435,4 @@ def test_without_a_terminal_each_trial_is_one_line_with_its_outcome(cnn_path: Pa
     outcomes = [line.split(": ", 1)[1] for line in lines]
     assert any(o.startswith("infeasible: ") for o in outcomes) and any(o.startswith("failed (") for o in outcomes)
     assert all(re.match(r"([\d.]+ ms|infeasible: .+|failed \(\w+\): .+); best ", o) for o in outcomes), outcomes
-    assert "re-measuring the 1 best candidates" in result.stderr and "took " in result.stdout
+    assert "re-measuring the 1 best candidate and" in result.stderr and "took " in result.stdout

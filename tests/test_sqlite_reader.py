@@ -145,3 +145,29 @@ def test_gpt_optuna_load_reads_a_study_optuna_wrote(study_file: Path) -> None:
     study = gpt_optuna.load(study_file, "one")
     assert isinstance(study.study._storage, SQLiteReader)
     assert len(study.study.trials) == 26
+
+
+def test_a_reader_leaves_no_file_beside_a_study_in_wal_mode(study_file: Path) -> None:
+    db = sqlite3.connect(study_file)
+    db.execute("PRAGMA journal_mode=WAL")  # as a tuner leaves the file
+    db.close()
+    folder = sorted(study_file.parent.iterdir())
+    script = "import gpt_optuna, sys; print(len(gpt_optuna.load(sys.argv[1], 'one').study.trials))"  # never closed
+    read = subprocess.run([sys.executable, "-c", script, str(study_file)], check=True, capture_output=True, text=True)
+    assert read.stdout.strip() == "26" and sorted(study_file.parent.iterdir()) == folder
+    reader = open_reader(study_file)
+    assert reader is not None and len(reader.get_all_studies()) == 2
+    reader.close()
+    assert sorted(study_file.parent.iterdir()) == folder
+    tuner = sqlite3.connect(study_file, isolation_level=None)  # a tuner's companions: left while it has the file
+    tuner.execute("SELECT count(*) FROM trials").fetchall()
+    companions = sorted(study_file.parent.iterdir())
+    assert len(companions) == 3
+    reader = open_reader(study_file)
+    assert reader is not None and len(reader.get_all_studies()) == 2
+    reader.close()
+    assert sorted(study_file.parent.iterdir()) == companions
+    tuner.execute("UPDATE studies SET study_name = 'renamed' WHERE study_name = 'two'")
+    tuner.close()
+    assert sorted(study_file.parent.iterdir()) == folder
+    assert "renamed" in {s.study_name for s in optuna.get_all_study_summaries(f"sqlite:///{study_file}")}

@@ -41,13 +41,14 @@ from gpt_optuna.api.check_record import exported_model, load_record, read_sample
 from gpt_optuna.core import interrupts
 from gpt_optuna.core.errors import UserError
 from gpt_optuna.core.log import RESULT, tell
+from gpt_optuna.core.words import counted
 from gpt_optuna.graph import model as model_io
 from gpt_optuna.graph.transforms import is_transform_knob
 from gpt_optuna.protocol.accuracy import parse_criterion
 from gpt_optuna.protocol.jobs import MetricJob, reference_outputs
 from gpt_optuna.protocol.timing import BLOCK
 from gpt_optuna.results.export import export_trial
-from gpt_optuna.search.config import TuneConfig, default_storage, study_flags
+from gpt_optuna.search.config import TuneConfig, check_study_name, default_storage, study_flags
 from gpt_optuna.search.finalists import CPU_SETTLE_S, interleave, process_seconds, quiet_seconds
 from gpt_optuna.search.options import DEFAULT_CHECK_BUDGET, DEFAULT_TOLERANCE
 from gpt_optuna.study.evidence import speedups
@@ -189,7 +190,7 @@ def run_check(
     outcomes = [outputs_unchanged(model, record, deadline)]
     study_name = None
     if outcomes[0].passed:
-        name = study_name = f"check-{model.stem}-{time.strftime('%Y%m%d-%H%M%S')}"
+        name = study_name = check_study_name(model)
         gated = exported is not None and not update  # the comparison alone decides: search no further
         kept = COMPARISON_SHARE * budget_s if exported is not None and update else 0.0
         if gated:
@@ -283,7 +284,8 @@ def judge_latency(
     template = template_from_study(study)
     if exported is None:
         if summary.confirmed is None and deadline - time.monotonic() > 1.0:
-            tell(f"re-measuring the finalists and the baseline in {config.confirm_processes} processes ...")
+            processes = counted(config.confirm_processes, "process", "processes")
+            tell(f"re-measuring the finalists and the baseline in {processes} ...")
             try:
                 confirm(
                     study,

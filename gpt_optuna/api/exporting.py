@@ -45,10 +45,13 @@ def export(
         from gpt_optuna.results.triton import model_name as default_model_name
         from gpt_optuna.results.triton import write_repository
 
+        new = not out.exists()
         folder, left_out, side = write_repository(
             study, trial, out, model_name or default_model_name(study), force, storage
         )
         lines = [f"wrote {folder}/config.pbtxt and the model in {folder}/1", *export_lines(side)[1:]]
+        if new:
+            lines.insert(0, f"made the model repository {out}")
         if left_out:
             lines.append(
                 "note: the served model is not the measured configuration: Triton's model configuration has no"

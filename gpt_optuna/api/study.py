@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import optuna
 
@@ -22,6 +22,7 @@ from gpt_optuna.core import interrupts
 from gpt_optuna.core.errors import UserError
 from gpt_optuna.core.files import atomic_write
 from gpt_optuna.core.log import RESULT, tell
+from gpt_optuna.core.words import counted
 from gpt_optuna.protocol.timing import ROUNDS
 from gpt_optuna.results.export import figures_record
 from gpt_optuna.results.rows import ErrorAxis, TrialRow, collect, criterion_of, error_axis, marks
@@ -146,6 +147,31 @@ class Baseline:
     feasible: bool
 
 
+@dataclass(frozen=True)
+class DeployChoice:
+    """The trial the study recommends deploying, and which one it is: ``role`` is ``winner`` (the
+    study's winner), ``baseline`` (the default configuration, kept where nothing is shown faster)
+    or ``yours`` (the configuration the user gave, kept where nothing is shown faster than it);
+    ``verdict`` is the study's."""
+
+    number: int
+    role: Literal["winner", "baseline", "yours"]
+    params: dict[str, Any]
+    verdict: str
+
+    @classmethod
+    def of(cls, summary: StudySummary) -> DeployChoice | None:
+        trial = summary.decided
+        if trial is None:
+            return None
+        role: Literal["winner", "baseline", "yours"] = "winner"
+        if summary.baseline is not None and trial.number == summary.baseline.number:
+            role = "baseline"
+        elif summary.best is None or trial.number != summary.best.number:
+            role = "yours"
+        return cls(number=trial.number, role=role, params=dict(trial.params), verdict=summary.verdict)
+
+
 def storage_url(storage: str | Path) -> str:
     """An Optuna storage URL for a URL or an SQLite file's path (``studies/x.db``), a file's made
     absolute: the same study from any folder."""
@@ -241,10 +267,11 @@ class TunedStudy:
         return Baseline(trial.number, dict(trial.params), self.summary.baseline_value, search, feasible)
 
     @property
-    def deploy(self) -> int | None:
+    def deploy(self) -> DeployChoice | None:
         """The trial the study recommends deploying: the winner, or the baseline where the verdict
-        keeps the default configuration (what :meth:`export` writes without ``trial``)."""
-        return None if self.summary.decided is None else self.summary.decided.number
+        keeps the default configuration (what :meth:`export` writes without ``trial``); None before
+        any feasible trial."""
+        return DeployChoice.of(self.summary)
 
     def disk_used(self) -> tuple[int, int, Path]:
         """The bytes and files the study's artifact store holds (its engines and data), and its folder."""
@@ -391,8 +418,8 @@ class TunedStudy:
             raise UserError("--top and --processes must be at least 1, --rounds at least 3")
         deadline = time.monotonic() + parse_duration(timeout) if timeout else None
         study = open_existing_study(self.storage, self.study_name, writable=True)
-        plural = "es" if processes > 1 else ""
-        tell(f"re-measuring the {top} best candidates and the baseline in {processes} process{plural} ...")
+        finalists, fresh = counted(top, "best candidate"), counted(processes, "process", "processes")
+        tell(f"re-measuring the {finalists} and the baseline in {fresh} ...")
         say = _teller(True)
         try:
             with interrupts.handled():

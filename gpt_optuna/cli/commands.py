@@ -16,7 +16,8 @@ from gpt_optuna import __version__
 from gpt_optuna.cli.parser import EXIT_CODES, add_options, json_flag, log_flags, study_flags, timing_flags, tune_config
 from gpt_optuna.core import log
 from gpt_optuna.core.errors import UserError
-from gpt_optuna.search.config import TuneConfig, absolute_storage, default_storage, storage_url
+from gpt_optuna.core.words import counted
+from gpt_optuna.search.config import CHECK_STUDY, TuneConfig, absolute_storage, default_storage, storage_url
 from gpt_optuna.search.config import study_flags as flags_naming
 from gpt_optuna.search.options import (
     DEFAULT_CHECK_BUDGET,
@@ -41,12 +42,15 @@ def _resolve_storage(args: argparse.Namespace) -> tuple[str, str | None]:
     if args.study_name:
         return default_storage(args.study_name), args.study_name
     found = sorted(STUDIES.glob("*.db"))
-    if len(found) == 1:
-        return default_storage(found[0].stem), found[0].stem
+    yours = [p for p in found if not CHECK_STUDY.fullmatch(p.stem)] or found  # check's own studies aside
+    if len(yours) == 1:
+        return default_storage(yours[0].stem), yours[0].stem
     if not found:
         raise UserError("no study found under studies/; give --storage or --study-name")
+    checks = len(found) - len(yours)
+    aside = f"; {checks} more made by gpt-optuna check" if checks else ""
     raise UserError(
-        f"several studies under studies/ ({', '.join(p.stem for p in found)}); choose one with --study-name"
+        f"several studies under studies/ ({', '.join(p.stem for p in yours)}{aside}); choose one with --study-name"
     )
 
 
@@ -316,7 +320,7 @@ def _status(_: argparse.Namespace, study: Any) -> int:
     print(study)
     size, files, folder = study.disk_used()
     if files:
-        print(f"artifact store: {size / 2**20:,.1f} MiB in {files} files ({folder})")
+        print(f"artifact store: {size / 2**20:,.1f} MiB in {counted(files, 'file')} ({folder})")
     if study.winner is not None and importlib.util.find_spec("optuna_dashboard") and not dashboard_written(study.study):
         where = shlex.join(flags_naming(str(study.storage), study.study_name))
         print(f"optuna-dashboard does not show this study's winner yet: gpt-optuna dashboard {where} writes it")

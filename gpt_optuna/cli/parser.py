@@ -25,7 +25,8 @@ def add_options(parser: argparse.ArgumentParser, *dests: str, **changes: Any) ->
 def study_flags(parser: argparse.ArgumentParser) -> None:
     """The study a command reads: ``--storage`` and ``--study-name``."""
     add_options(parser, "storage")
-    add_options(parser, "study_name", help="study name (default: the only study in the storage)")
+    only = "the only study in the storage, or under studies/ those of check aside"
+    add_options(parser, "study_name", help=f"study name (default: {only})")
 
 
 def timing_flags(parser: argparse.ArgumentParser, timed: str, timeout_help: str) -> None:

@@ -19,6 +19,7 @@ from typing import Any
 
 import optuna
 
+from gpt_optuna.core.words import in_number
 from gpt_optuna.results.rows import ErrorAxis, Mark, TrialRow, pareto_front, tells_apart
 
 LOG_SPAN = 10.0
@@ -219,7 +220,9 @@ def pareto_figure(rows: list[TrialRow], axis: ErrorAxis, marked: list[Mark] | No
     notes = []
     if untimed:
         counted = " and ".join(f"{count} {status}" for status, count in sorted(untimed.items()))
-        notes.append(f"{counted} candidates not timed: see the trials by outcome and reason")
+        notes.append(
+            f"{counted} {in_number(sum(untimed.values()), 'candidate')} not timed: see the trials by outcome and reason"
+        )
     feasible = len(groups["feasible"])
     if feasible > 1 and not tells_apart(rows, axis):
         notes.append(f"all {feasible} feasible trials measure the same {axis.title}: this axis cannot tell them apart")

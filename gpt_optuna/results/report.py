@@ -11,6 +11,7 @@ from typing import Any
 
 import optuna
 
+from gpt_optuna.core.words import counted
 from gpt_optuna.protocol.accuracy import Criterion
 from gpt_optuna.results.figures import (
     build_figure,
@@ -133,7 +134,7 @@ def render(study: optuna.Study, where: str = "", error: str | None = None) -> st
 <p>Export one: <code>{html.escape(export)}</code></p>
 {_table(best)}
 <h2>Accuracy of every trial</h2>
-<details id="accuracy"><summary>{len(per_trial)} trials</summary>{_table(per_trial)}</details>
+<details id="accuracy"><summary>{counted(len(per_trial), "trial")}</summary>{_table(per_trial)}</details>
 <h2>Failed trials</h2><ul>{failures or "<li>none</li>"}</ul>
 </body></html>
 """

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from optuna.trial import TrialState
 
+from gpt_optuna.core.words import counted
 from gpt_optuna.graph.interface import describe_changes
 from gpt_optuna.study.confirmation import Confirmation, ConfirmedRow
 from gpt_optuna.study.evidence import MORE_ROUNDS, WORTHWHILE
@@ -287,10 +288,12 @@ def format_confirmed(summary: StudySummary) -> list[str]:
     confirmation = summary.confirmation
     assert confirmation is not None and confirmation.baseline is not None
     base, processes = confirmation.baseline, confirmation.processes
-    together = f", intervals for the {len(confirmation.ranking)} finalists together" if confirmation.joint else ""
+    finalists = len(confirmation.ranking)
+    together = f", intervals for the {finalists} finalists together" if confirmation.joint and finalists > 1 else ""
     lines = [
-        f"confirmed in {confirmation.rounds} interleaved rounds in {processes} fresh process"
-        f"{'es' if processes > 1 else ''}{together} (baseline trial {base.number}: {_ms(base)}):"
+        f"confirmed in {counted(confirmation.rounds, 'interleaved round')} in"
+        f" {counted(processes, 'fresh process', 'fresh processes')}{together}"
+        f" (baseline trial {base.number}: {_ms(base)}):"
     ]
     for row in confirmation.ranking:
         lines.append(f"  trial {row.number}: {_ms(row)}, speedup {row.speedup:.3f}x [95% CI {_ci(row)}]")

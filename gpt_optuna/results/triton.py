@@ -64,12 +64,15 @@ def model_name(study: optuna.Study) -> str:
 def write_repository(
     study: optuna.Study, number: int | None, repo: Path, name: str, force: bool = False, storage: str | None = None
 ) -> tuple[Path, list[str], Path]:
-    """Write the trial's model directory in ``repo`` (an existing one only with ``force``, what the
-    export does not write kept: other versions, files of the user's); returns it, the settings left
-    out and the export's side file. The directory is made whole beside its place and renamed into
-    it, so that a kill leaves the old one or the new one."""
-    if not repo.is_dir():
-        raise UserError(f"{repo} is not a folder: create the model repository first")
+    """Write the trial's model directory in ``repo`` (made where it is missing; an existing model
+    directory only with ``force``, what the export does not write kept: other versions, files of
+    the user's); returns it, the settings left out and the export's side file. The directory is
+    made whole beside its place and renamed into it, so that a kill leaves the old one or the new
+    one."""
+    if repo.exists() and not repo.is_dir():
+        raise UserError(f"{repo} is a file, not a folder: give a model repository folder")
+    if not repo.parent.is_dir():
+        raise UserError(f"the folder {repo.parent} does not exist")
     backend = StudyRecord.read(study).backend
     deployment = DEPLOYMENTS.get(backend or "")
     if deployment is None:
@@ -85,6 +88,7 @@ def write_repository(
     trial = chosen_trial(study, study_summary(study), number)
     info = load_model_info(trial_model(study, trial))  # an engine: the ONNX it was built from
     refuse_scalars(info)
+    repo.mkdir(exist_ok=True)  # a new model repository
     staging = staging_folder(target)
     try:
         version = staging / "1"

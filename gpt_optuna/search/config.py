@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+import time
 import tomllib
 import unicodedata
 from dataclasses import dataclass, field, fields
@@ -53,6 +54,15 @@ def _name_part(text: str) -> str:
     """``text`` in the letters, digits, ``.``, ``_`` and ``-`` a study name holds, not starting with a mark."""
     ascii_text = unicodedata.normalize("NFKD", text).encode("ascii", "ignore").decode()
     return re.sub(r"[^A-Za-z0-9._-]+", "_", ascii_text).strip("._-")
+
+
+CHECK_STUDY = re.compile(r"check-.+-\d{8}-\d{6}")
+"""The names of the studies ``gpt-optuna check`` makes (:func:`check_study_name`)."""
+
+
+def check_study_name(model: Path) -> str:
+    """The study ``gpt-optuna check`` makes for ``model``: ``check-<model>-<time>``."""
+    return f"check-{model.stem}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
 def default_storage(study_name: str) -> str:

@@ -20,6 +20,7 @@ from gpt_optuna.core import interrupts
 from gpt_optuna.core.errors import UserError
 from gpt_optuna.core.log import RESULT, tell
 from gpt_optuna.core.space import Space
+from gpt_optuna.core.words import counted
 from gpt_optuna.graph.model import load_model_info
 from gpt_optuna.results.summary_text import format_summary
 from gpt_optuna.search.config import DEFAULT_TRIAL_TIMEOUT_S
@@ -111,9 +112,9 @@ def join(config: JoinConfig, progress: Progress) -> int:
             search.get("ends_at"), None if config.timeout_s is None else started + config.timeout_s
         )
         progress.note(
-            f"joining study {config.study_name} in {config.storage} ({done} trials done"
+            f"joining study {config.study_name} in {config.storage} ({counted(done, 'trial')} done"
             + (f" of {target}" if target else "")
-            + f"); {len(lanes)} worker{'s' if len(lanes) > 1 else ''} on {lanes[0].device}"
+            + f"); {counted(len(lanes), 'worker')} on {lanes[0].device}"
         )
         for note in notes:
             progress.note(note)
@@ -137,7 +138,7 @@ def join(config: JoinConfig, progress: Progress) -> int:
     progress.end()
     mine = sum(1 for t in study.get_trials(deepcopy=False) if TrialRecord(t).owner == OWNER)
     tell(format_summary(summarize_study(study)), RESULT)
-    tell(f"this host's workers evaluated {mine} trials in {time.monotonic() - started:.1f} s", RESULT)
+    tell(f"this host's workers evaluated {counted(mine, 'trial')} in {time.monotonic() - started:.1f} s", RESULT)
     return 0
 
 

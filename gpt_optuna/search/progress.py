@@ -12,6 +12,7 @@ from optuna.trial import TrialState
 from tqdm import tqdm
 
 from gpt_optuna.core.log import RESULT, logger
+from gpt_optuna.core.words import counted
 from gpt_optuna.protocol.outcome import Outcome, TrialResult
 from gpt_optuna.results.summary_text import format_summary
 from gpt_optuna.study.trial_record import TrialRecord
@@ -83,7 +84,7 @@ class Progress:
         size = space.size()
         unheld = f", {left:,} not evaluated yet" if left is not None and done else ""
         self.note(
-            f"{verb} study {config.study_name} in {config.storage} ({done} trials done); {len(space)} knobs,"
+            f"{verb} study {config.study_name} in {config.storage} ({counted(done, 'trial')} done); {len(space)} knobs,"
             f" {size:,} candidates{unheld}" + (f"; {workers} workers" if workers > 1 else "")
         )
         if recovered:

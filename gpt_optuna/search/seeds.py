@@ -16,6 +16,7 @@ from optuna.trial import TrialState
 from gpt_optuna.backends.base import Backend
 from gpt_optuna.core.errors import UserError
 from gpt_optuna.core.space import Candidate, CandidateKey, Space, Value, candidate_key
+from gpt_optuna.core.words import counted
 from gpt_optuna.graph.model import file_sha256
 from gpt_optuna.graph.model_profile import ModelProfile, profile_of, similarity
 from gpt_optuna.graph.transforms import SPEED_VALUES
@@ -110,7 +111,7 @@ class WarmStart:
             also = f"with {', '.join(others)}, the same model; " if others else ""
             return (
                 f"{name} ({also}{'similarity unknown' if alike is None else f'model similarity {alike:.2f}'}): "
-                f"{n} candidate{'' if n == 1 else 's'}"
+                + counted(n, "candidate")
                 + (f" ({more} more once one beats the baseline)" if more else "")
             )
 

@@ -18,6 +18,7 @@ from dataclasses import replace
 from gpt_optuna.backends import KnobLimit
 from gpt_optuna.core.errors import UserError
 from gpt_optuna.core.space import Condition, Space, Value
+from gpt_optuna.core.words import counted
 from gpt_optuna.graph.fusion import FUSION_KNOB
 from gpt_optuna.protocol.jobs import CheckJob, EvaluateJob, run_evaluation
 from gpt_optuna.protocol.outcome import Outcome, TrialResult
@@ -83,7 +84,7 @@ def check_space(
         else:
             failed[(fusion, precision)] = _why(result)
     checked = len(loaded) + len(failed)
-    say(f"checked the space: {checked} graph variant{'s' if checked > 1 else ''} in {time.monotonic() - started:.1f} s")
+    say(f"checked the space: {counted(checked, 'graph variant')} in {time.monotonic() - started:.1f} s")
     if (base_fusion, base_precision) in failed:
         setting = f"graph_fusion {base_fusion}, precision {base_precision}"
         raise UserError(

@@ -19,6 +19,7 @@ from gpt_optuna.backends import Backend, load_backend
 from gpt_optuna.core import interrupts
 from gpt_optuna.core.errors import EXIT_NO_FEASIBLE, UserError
 from gpt_optuna.core.space import Candidate, Space
+from gpt_optuna.core.words import counted
 from gpt_optuna.graph.model_profile import ModelProfile
 from gpt_optuna.protocol.jobs import EvaluateJob
 from gpt_optuna.results.export import export_suffix
@@ -371,9 +372,9 @@ def confirm_finalists(
     if plan is None:
         return "" if left is None else "no time left before --timeout to re-measure the finalists"
     progress.note(
-        f"re-measuring the {plan.top} best candidates and the baseline"
-        f"{' (and your configuration)' if config.baseline_config else ''}, interleaved, in {plan.processes} fresh"
-        f" process{'es' if plan.processes > 1 else ''} (about {plan.total_s:.0f} s) ..."
+        f"re-measuring the {counted(plan.top, 'best candidate')} and the baseline"
+        f"{' (and your configuration)' if config.baseline_config else ''}, interleaved, in"
+        f" {counted(plan.processes, 'fresh process', 'fresh processes')} (about {plan.total_s:.0f} s) ..."
     )
     try:
         log = StudyFolder(config.workdir).log("confirm")
@@ -383,8 +384,7 @@ def confirm_finalists(
     done = plan.processes if result is None else result["processes"]
     full = plan_confirmation(study, config.confirm_top, config.confirm_processes, config.measure, None, start_s)
     if full is not None and (plan.top, done) != (full.top, full.processes):
-        finalists = f"{plan.top} finalist{'s' if plan.top > 1 else ''}"
-        processes = f"{done} process{'es' if done > 1 else ''}"
+        finalists, processes = counted(plan.top, "finalist"), counted(done, "process", "processes")
         return f"re-measured {finalists} in {processes} (of {full.top} in {full.processes}): what fit in --timeout"
     return ""
 

@@ -3,9 +3,10 @@
 
 Opening the file through Optuna's RDBStorage imports SQLAlchemy and Alembic (about 0.8 s, most of
 what ``status`` took) and builds each trial through the ORM; the reader reads Optuna's tables with
-:mod:`sqlite3` in one read transaction per call (a snapshot, while a tuner writes beside it) and
-writes nothing. It knows the schema Optuna has kept since 3.0 (:data:`SCHEMA_VERSION`); a file of
-another schema is opened through Optuna (:func:`open_reader` returns None).
+:mod:`sqlite3` in one read transaction per call (a snapshot, while a tuner writes beside it),
+writes nothing and leaves no file beside it. It knows the schema Optuna has kept since 3.0
+(:data:`SCHEMA_VERSION`); a file of another schema is opened through Optuna (:func:`open_reader`
+returns None).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import os
 import sqlite3
 import threading
 import urllib.parse
+import weakref
 from collections import defaultdict
 from collections.abc import Callable, Container, Iterator
 from contextlib import contextmanager
@@ -66,14 +68,17 @@ class SQLiteReader(BaseStorage):
         self.path = path
         self._read: tuple[tuple[int, int], list[FrozenTrial]] | None = None
         """The last study read: (study id, the file's version) and its trials."""
+        uri = read_only_uri(path)
         self._connection = sqlite3.connect(
-            read_only_uri(path), uri=True, isolation_level=None, timeout=LOCK_NOTICE_S, check_same_thread=False
+            uri, uri=True, isolation_level=None, timeout=LOCK_NOTICE_S, check_same_thread=False
         )
         self._lock = threading.RLock()
+        self._closing = weakref.finalize(self, _close, self._connection, path, "immutable" not in uri)
 
     def close(self) -> None:
+        """Close the file; at the latest as the process exits."""
         with self._lock:
-            self._connection.close()
+            self._closing()
 
     @contextmanager
     def _snapshot(self) -> Iterator[sqlite3.Connection]:
@@ -275,12 +280,39 @@ class SQLiteReader(BaseStorage):
     set_trial_system_attr: Callable[..., None] = _refuse
 
 
+def _close(connection: sqlite3.Connection, path: Path, tidy: bool) -> None:
+    """Close a reader's connection and, with ``tidy``, take away an empty write-ahead log and its
+    index beside the file. A connection that may not write cannot remove them, so one that may is
+    opened and closed: SQLite removes them as it closes only where no other connection, in any
+    process, has the file open (a tuner's stay), and from an empty log writes nothing to the file."""
+    connection.close()
+    wal = path.with_name(path.name + "-wal")
+    if not tidy or not wal.exists() or wal.stat().st_size:
+        return
+    try:
+        closer = sqlite3.connect(writable_uri(path), uri=True, timeout=0, isolation_level=None)
+        try:
+            closer.execute("SELECT count(*) FROM sqlite_master").fetchall()  # opens the log
+        finally:
+            closer.close()
+    except sqlite3.Error:
+        pass  # another process holds the file: its companions stay for it
+
+
 def read_only_uri(path: Path) -> str:
     """An SQLite URI that opens the file without writing to it, nor to its folder (where a file that
     cannot be written would need its write-ahead-log index created)."""
     writable = os.access(path, os.W_OK) and os.access(path.parent, os.W_OK)
-    mode = "mode=ro" if writable else "mode=ro&immutable=1"
-    return f"file:{urllib.parse.quote(str(path.resolve()))}?{mode}"
+    return _uri(path, "mode=ro" if writable else "mode=ro&immutable=1")
+
+
+def writable_uri(path: Path) -> str:
+    """An SQLite URI that opens the file for writing, never creating it."""
+    return _uri(path, "mode=rw")
+
+
+def _uri(path: Path, query: str) -> str:
+    return f"file:{urllib.parse.quote(str(path.resolve()))}?{query}"
 
 
 def lock_wait(path: Path, wait_s: float) -> str:
