@@ -60,13 +60,13 @@ def test_tune_in_process_names_the_winner_and_figures_best_json_prints(
     table = study.trials_dataframe()
     assert list(table.index) == [t.number for t in study.study.trials]
     assert table.loc[winner.number, "winner"] and table["winner"].sum() == 1 and table.loc[0, "baseline"]
-    assert table.loc[study.deploy, "deploy"] and table["deploy"].sum() == 1
+    assert table.loc[study.deploy.number, "deploy"] and table["deploy"].sum() == 1
     assert "params_provider" in table and "accuracy_cosine" in table
     assert study.pareto_front() and set(study.pareto_front()) <= set(table.index[table["status"] == "feasible"])
     marked = " ".join(trace.name for trace in study.pareto_figure().data)
     named = "winner" if winner.deployed else "best finalist, not shown faster"  # "baseline, the winner" holds "winner"
     assert f"{named} (trial {winner.number}, {winner.measurement})" in marked
-    assert f"deployed (trial {study.deploy}, {winner.measurement})" in marked
+    assert f"deployed (trial {study.deploy.number}, {winner.measurement})" in marked
     assert gpt_optuna.load(f"studies/{study.study_name}.db").winner == winner  # as any reader names it
 
 

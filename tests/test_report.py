@@ -88,7 +88,7 @@ def test_an_inconclusive_study_deploys_the_baseline_and_calls_no_finalist_winner
     from gpt_optuna.results.winner import winner_figure
 
     study = gpt_optuna.load("studies/cnn-syntheticbackend.db")
-    assert study.verdict == "inconclusive" and study.deploy == 0
+    assert study.verdict == "inconclusive" and study.deploy.number == 0
     best = study.best
     assert best is not None and study.winner == best and not best.deployed and best.number != 0
     table = study.trials_dataframe()
@@ -272,7 +272,7 @@ def assert_tells_the_truth(study: optuna.Study, figures: list[dict[str, Any]]) -
     drawn_trials = [p["trial"] for p in pareto["points"] if p["meta"] == "trial"]
     assert sorted(drawn_trials) == sorted(r.number for r in rows if r.latency_ms is not None)  # each once
     deployed = [p for p in pareto["points"] if p["trace"].startswith("deployed")]
-    assert [p["trial"] for p in deployed] == [tuned.deploy]
+    assert [p["trial"] for p in deployed] == [tuned.deploy.number]
     names = {p["trace"] for f in figures for p in f["points"]}
     assert tuned.best is not None
     if tuned.best.deployed:

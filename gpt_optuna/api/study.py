@@ -312,7 +312,7 @@ class TunedStudy:
         except ImportError:
             raise UserError("trials_dataframe needs pandas: pip install pandas") from None
         winner = self.summary.best.number if self.summary.best is not None else None
-        deploy = self.deploy
+        deploy = self.deploy.number if self.deploy is not None else None
         records = [
             {"number": r.number, "status": r.status, "latency_ms": r.latency_ms}
             | {"deploy": r.number == deploy, "winner": r.number == winner, "baseline": r.baseline}
