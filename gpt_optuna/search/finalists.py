@@ -31,7 +31,7 @@ from gpt_optuna.core import interrupts
 from gpt_optuna.core.errors import UserError
 from gpt_optuna.protocol.jobs import ConfirmJob, EvaluateJob, RoundTimed
 from gpt_optuna.protocol.process import FailureKind, JobFailure, Worker
-from gpt_optuna.protocol.timing import BLOCK, MIN_ROUNDS, ROUNDS, ROUNDS_BUDGET_S, MeasureSettings
+from gpt_optuna.protocol.timing import BLOCK, MIN_ROUNDS, ROUNDS, ROUNDS_BUDGET_S, MeasureSettings, block_for
 from gpt_optuna.search.options import DEFAULT_PROCESSES, DEFAULT_TOP
 from gpt_optuna.study.artifacts import INPUTS_FILE, REFERENCE_FILE
 from gpt_optuna.study.evidence import LEVEL, Speedup, significant, speedups
@@ -59,22 +59,29 @@ class ConfirmationFailed(UserError):
         self.reason = reason
 
 
-def process_seconds(candidates: list[FrozenTrial], settings: MeasureSettings, start_s: float = WORKER_START_S) -> float:
+def process_seconds(
+    candidates: list[FrozenTrial], settings: MeasureSettings, start_s: float = WORKER_START_S, rounds: int = ROUNDS
+) -> float:
     """One confirmation process's estimated seconds for ``candidates`` (the baseline included),
     from what the search measured: the process's start (``start_s``), each one's build, a warm-up
-    each, and the interleaved rounds (each one's search latency ``ROUNDS x BLOCK`` times, twice
-    over for the timer's own work, at most the rounds' budget; on the CPU the pause before each
-    block)."""
+    each, and ``rounds`` interleaved rounds (each one's search latency :func:`block_for` times,
+    twice over for the timer's own work, at most the rounds' budget; on the CPU the pause before
+    each block)."""
     builds = sum(TrialRecord(t).build_s or 0.0 for t in candidates)
     warm = len(candidates) * min(1.0, settings.budget_s)
     on_cpu = all(TrialRecord(t).gpu == "cpu" for t in candidates)
-    settling = ROUNDS * len(candidates) * CPU_SETTLE_S if on_cpu else 0.0
-    return start_s + builds + warm + settling + min(ROUNDS_BUDGET_S, ROUNDS * _round_seconds(candidates))
+    settling = rounds * len(candidates) * CPU_SETTLE_S if on_cpu else 0.0
+    return start_s + builds + warm + settling + min(ROUNDS_BUDGET_S, rounds * _round_seconds(candidates))
+
+
+def block_of(candidates: list[FrozenTrial]) -> int:
+    """Launches per candidate in a round of ``candidates``: by their search latencies (:func:`block_for`)."""
+    return block_for([TrialRecord(t).latency_ms or 0.0 for t in candidates])
 
 
 def _round_seconds(candidates: list[FrozenTrial]) -> float:
-    """One round's estimated seconds: each one's search latency ``BLOCK`` times, twice over."""
-    return 2 * BLOCK * sum(TrialRecord(t).latency_ms or 0.0 for t in candidates) / 1000
+    """One round's estimated seconds: each one's search latency :func:`block_of` times, twice over."""
+    return 2 * block_of(candidates) * sum(TrialRecord(t).latency_ms or 0.0 for t in candidates) / 1000
 
 
 def quiet_seconds(candidates: list[FrozenTrial], settings: MeasureSettings) -> float:
@@ -207,11 +214,13 @@ def interleave(
     env: dict[str, str] | None = None,
     deadline: float | None = None,
     rounds: int = ROUNDS,
+    block: int = BLOCK,
 ) -> Interleaved:
     """Time ``evaluations`` in interleaved rounds in ``processes`` fresh worker processes, one
     after the other, each building and visiting them in another order (``say`` is told as each
-    process starts and as its rounds advance). A process is expected to take ``expected_s`` (then
-    as long as the longest one so far) and counts as hung after ``quiet_s`` without a word.
+    process starts and as its rounds advance), ``block`` launches per candidate in a round. A
+    process is expected to take ``expected_s`` (then as long as the longest one so far) and counts
+    as hung after ``quiet_s`` without a word.
 
     With a ``deadline`` (monotonic seconds) each process's rounds end within its share of the time
     left, none runs past the deadline, and a process that would not fit (as long as the longest
@@ -234,7 +243,7 @@ def interleave(
             say(f"  process {process + 1} of {processes}: building {len(evaluations)} candidates, {rounds} rounds ...")
             order = [(process + k) % len(evaluations) for k in range(len(evaluations))]
             rounds_until = None if left is None else time.monotonic() + left / (processes - process) - 1.0
-            job = ConfirmJob(tuple(evaluations[i] for i in order), rounds, rounds_until=rounds_until)
+            job = ConfirmJob(tuple(evaluations[i] for i in order), rounds, block, rounds_until=rounds_until)
             started = time.monotonic()
             listener = _listener(timed, process, order, rounds, say)
             try:
@@ -291,11 +300,12 @@ def confirm(
     yours = your_trial(study.get_trials(deepcopy=False))
     trials = with_yours([baseline, *best], yours)
     evaluations = [replace(template, candidate=dict(t.params)) for t in trials]
-    expected = process_seconds(trials, template.settings, start_s)
+    expected = process_seconds(trials, template.settings, start_s, rounds)
     quiet = quiet_seconds(trials, template.settings)
+    block = block_of(trials)
     stop: Stopped | None = None
     try:
-        measured = interleave(evaluations, worker_log, processes, say, expected, quiet, env, deadline, rounds)
+        measured = interleave(evaluations, worker_log, processes, say, expected, quiet, env, deadline, rounds, block)
     except Stopped as exc:
         stop, measured = exc, exc.measured
     numbers = [t.number for t in trials]
