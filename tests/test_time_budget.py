@@ -104,8 +104,7 @@ def test_a_short_ending_drops_finalists_then_rounds_then_processes_before_it_ski
     assert full is not None and (full.top, full.processes, full.rounds) == (3, 3, ROUNDS)
     assert plan(full.total_s) == full
     fewer = plan(full.total_s - 0.01)
-    assert fewer is not None and (fewer.top, fewer.processes) == (2, 3) and fewer.total_s <= full.total_s - 0.01
-    assert fewer.rounds > ROUNDS  # the time a finalist would have taken goes to rounds
+    assert fewer is not None and (fewer.top, fewer.processes, fewer.rounds) == (2, 3, ROUNDS)
     least_rounds = 3 * seconds(study, 1, MIN_ROUNDS)
     shorter = plan(least_rounds)
     assert shorter is not None and (shorter.top, shorter.processes, shorter.rounds) == (1, 3, MIN_ROUNDS)

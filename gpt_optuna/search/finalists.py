@@ -174,10 +174,11 @@ class _Rounds:
 
 
 def _listener(
-    timed: _Rounds, process: int, order: list[int], rounds: int, say: Callable[[str], None]
+    timed: _Rounds, process: int, order: list[int], asked: str, say: Callable[[str], None]
 ) -> Callable[[object], None]:
     """What a confirmation process reports: each round kept in ``timed``, told at most every
-    :data:`TELL_EVERY_S`; its steps before the rounds (building, warming up) told as they come."""
+    :data:`TELL_EVERY_S` with the rounds ``asked`` (in words); its steps before the rounds
+    (building, warming up) told as they come."""
     told = [time.monotonic()]
 
     def heard(message: object) -> None:
@@ -185,7 +186,7 @@ def _listener(
             timed.add(process, order, message.medians)
             if time.monotonic() - told[0] >= TELL_EVERY_S:
                 told[0] = time.monotonic()
-                say(f"    round {timed.labels.count(process)} of {rounds}")
+                say(f"    round {timed.labels.count(process)} ({asked})")
         elif time.monotonic() - told[0] >= TELL_EVERY_S:
             told[0] = time.monotonic()
             say(f"    {message}")
@@ -229,6 +230,7 @@ def interleave(
     hand (:class:`Stopped` carries them). Where not one process measured its rounds,
     :class:`ConfirmationFailed` (after a Ctrl-C: KeyboardInterrupt) is raised."""
     timed = _Rounds(len(evaluations))
+    asked = f"{rounds} rounds" if deadline is None else f"up to {rounds} rounds"
     stopped: str | None = None
     interrupted = False
     longest = 0.0
@@ -240,12 +242,12 @@ def interleave(
                 stopped = "no time left before --timeout"
                 say(f"  processes {process + 1}-{processes} left out: {stopped}")
                 break
-            say(f"  process {process + 1} of {processes}: building {len(evaluations)} candidates, {rounds} rounds ...")
+            say(f"  process {process + 1} of {processes}: building {len(evaluations)} candidates, {asked} ...")
             order = [(process + k) % len(evaluations) for k in range(len(evaluations))]
             rounds_until = None if left is None else time.monotonic() + left / (processes - process) - 1.0
             job = ConfirmJob(tuple(evaluations[i] for i in order), rounds, block, rounds_until=rounds_until)
             started = time.monotonic()
-            listener = _listener(timed, process, order, rounds, say)
+            listener = _listener(timed, process, order, asked, say)
             try:
                 with Worker(worker_log, env) as worker:
                     worker.run(job, None if left is None else max(left, 1.0), listener, quiet_s)

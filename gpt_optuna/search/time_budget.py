@@ -38,7 +38,8 @@ MIN_PROCESSES = 2
 """The fewest processes a re-measurement is scaled down to (a process is a sample: one says
 nothing of the spread between them)."""
 FILL_ROUNDS = 100
-"""The most rounds a process is asked for where the time left holds more than the plan's."""
+"""The most rounds a process of the search's re-measurement times while its share of the time left
+lasts: the time the plan's estimate did not need goes to rounds, not left unused."""
 FINISH_S = 2.0
 """Kept at the very end: the summary, the report of what comes next."""
 
@@ -52,8 +53,8 @@ class ConfirmPlan:
     process_s: float
     """The estimated seconds of one process: its start, the builds, the warm-ups and the rounds."""
     rounds: int = ROUNDS
-    """Rounds asked of each process (with the time left: more than ``process_s`` counts, the
-    process's deadline ending them)."""
+    """The rounds ``process_s`` counts (a process given a deadline times more while its share of
+    the time lasts: :data:`FILL_ROUNDS`)."""
 
     @property
     def total_s(self) -> float:
@@ -81,9 +82,7 @@ def plan_confirmation(
     """The largest re-measurement whose estimated time fits ``left_s`` (the whole one without a
     bound): all ``processes`` where they fit, else fewer down to :data:`MIN_PROCESSES`; within
     them the most rounds (:data:`ROUNDS` down to :data:`MIN_ROUNDS`) and, before a round is given
-    up, the most finalists. The time ``left_s`` holds beyond that goes to more rounds (each
-    process's deadline ends them in time). None where there is nothing to confirm or not even
-    the smallest fits."""
+    up, the most finalists. None where there is nothing to confirm or not even the smallest fits."""
     found = _candidates(study, top)
     if found is None or not found[1]:
         return None
@@ -91,21 +90,10 @@ def plan_confirmation(
     for count in range(processes, min(MIN_PROCESSES, processes) - 1, -1):
         for rounds in range(ROUNDS, MIN_ROUNDS - 1, -1):
             for k in range(len(best), 0, -1):
-                trials = [*base[:1], *best[:k], *base[1:]]
-                seconds = process_seconds(trials, settings, start_s, rounds)
-                if left_s is None:
+                seconds = process_seconds([*base[:1], *best[:k], *base[1:]], settings, start_s, rounds)
+                if left_s is None or count * seconds <= left_s:
                     return ConfirmPlan(k, count, seconds, rounds)
-                if count * seconds <= left_s:
-                    spare_s = left_s - count * seconds
-                    return ConfirmPlan(k, count, seconds, rounds + _more_rounds(trials, settings, spare_s / count))
     return None
-
-
-def _more_rounds(trials: list[FrozenTrial], settings: MeasureSettings, spare_s: float) -> int:
-    """The rounds a process of ``trials`` may add in ``spare_s`` (twice the estimate: the
-    process's deadline ends its rounds in time), up to :data:`FILL_ROUNDS` in all."""
-    round_s = process_seconds(trials, settings, 0.0, 1) - process_seconds(trials, settings, 0.0, 0)
-    return 0 if round_s <= 0 else max(0, min(FILL_ROUNDS - ROUNDS, int(2 * spare_s / round_s)))
 
 
 def smallest_confirmation(

@@ -42,6 +42,7 @@ from gpt_optuna.search.sampling import FreshSampler, check_sampler, make_sampler
 from gpt_optuna.search.seeds import WarmStart, speed_seed, warm_start
 from gpt_optuna.search.session import SearchSession, begin_search
 from gpt_optuna.search.time_budget import (
+    FILL_ROUNDS,
     FINISH_S,
     EndingReserve,
     Refreshed,
@@ -389,11 +390,13 @@ def confirm_finalists(
     progress.note(
         f"re-measuring the {plan.top} best candidates and the baseline"
         f"{' (and your configuration)' if config.baseline_config else ''}, interleaved, in {plan.processes} fresh"
-        f" process{'es' if plan.processes > 1 else ''} of {plan.rounds} rounds (about {plan.total_s:.0f} s) ..."
+        f" process{'es' if plan.processes > 1 else ''} of {plan.rounds} rounds or more while the time lasts"
+        f" (about {plan.total_s:.0f} s) ..."
     )
+    rounds = plan.rounds if end is None else FILL_ROUNDS  # each process's share of the time ends its rounds
     try:
         log = StudyFolder(config.workdir).log("confirm")
-        result = confirm(study, job, log, plan.top, plan.processes, progress.note, env, end, start_s, plan.rounds)
+        result = confirm(study, job, log, plan.top, plan.processes, progress.note, env, end, start_s, rounds)
     except ConfirmationFailed as failure:
         return str(failure)
     done = plan.processes if result is None else result["processes"]
