@@ -1,14 +1,19 @@
 """How --timeout plans its ending: the re-measurement kept, how it is scaled down, the word at the
-start where it cannot fit, and a trial's cost without one-off work. Estimates only: no host's speed."""
+start where it cannot fit, and a trial's cost without one-off work (estimates only: no host's
+speed); and one short run that re-measures or says at its start that it cannot."""
 
 from __future__ import annotations
 
 import datetime
 import re
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import optuna
 import pytest
+from conftest import SYNTHETIC, synthetic_config
 from optuna.distributions import CategoricalDistribution
 from optuna.trial import TrialState, create_trial
 
@@ -27,6 +32,7 @@ from gpt_optuna.search.time_budget import (
 )
 from gpt_optuna.study.trial_record import ONE_OFF
 
+CLI = [sys.executable, "-m", "gpt_optuna.cli"]
 SETTINGS = MeasureSettings()
 START_S = 5.0
 
@@ -150,3 +156,26 @@ def test_a_trial_that_did_one_off_work_does_not_set_a_trials_cost() -> None:
         t.datetime_complete = t.datetime_start + datetime.timedelta(seconds=span)
     ledger.update(trials)
     assert ledger.longest_recent_s() == pytest.approx(4.0)
+
+
+@pytest.mark.slow
+def test_a_timeout_too_short_for_two_processes_says_so_at_its_start_with_one_that_would_hold_them(
+    cnn_path: Path, tmp_path: Path
+) -> None:
+    """Each candidate builds for two seconds: two processes that build two each do not fit in what
+    a 15 s --timeout leaves after the baseline. The run says so as the baseline is measured (or,
+    were the host fast enough, re-measures in two processes) and searches on."""
+    config = synthetic_config(tmp_path, 'mode = "ok"\ndelay_us = [100, 50, 0]\nbuild_ms = [2000]')
+    storage = f"sqlite:///{tmp_path / 'budget.db'}"
+    argv = [*CLI, "tune", str(cnn_path), "--backend", SYNTHETIC, "--config", str(config), "--timeout", "15s"]
+    argv += ["--n-trials", "1000", "--storage", storage, "--study-name", "budget"]
+    done = subprocess.run(argv, capture_output=True, text=True, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    study = optuna.load_study(study_name="budget", storage=storage)
+    confirmed = study.user_attrs.get("confirmed")
+    said = re.search(r"--timeout 15s cannot hold the finalists' re-measurement.*--timeout (\d+)s or more", done.stderr)
+    if said is None:
+        assert confirmed is not None and confirmed["processes"] >= MIN_PROCESSES, done.stderr
+    else:  # as the baseline was measured, before the search went on
+        assert "trial 2 (" not in done.stderr[: said.start()] and int(said[1]) > 15, done.stderr
+        assert len(study.trials) >= 2 and (confirmed is None or confirmed["processes"] >= MIN_PROCESSES)

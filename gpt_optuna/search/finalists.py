@@ -158,12 +158,20 @@ class _Rounds:
         self.count = count
         self.rows: list[np.ndarray] = []
         self.labels: list[int] = []
+        self.times: list[float] = []
+        """When each round arrived (monotonic seconds)."""
 
     def add(self, process: int, order: list[int], medians: tuple[float, ...]) -> None:
         row = np.empty(self.count)
         row[order] = medians
         self.rows.append(row)
         self.labels.append(process)
+        self.times.append(time.monotonic())
+
+    def least_done(self, process: int) -> float | None:
+        """When ``process`` had timed :data:`MIN_ROUNDS` rounds (None: it did not)."""
+        times = [t for label, t in zip(self.labels, self.times, strict=True) if label == process]
+        return times[MIN_ROUNDS - 1] if len(times) >= MIN_ROUNDS else None
 
     def usable(self) -> tuple[np.ndarray, np.ndarray]:
         """The rounds of the processes that timed :data:`MIN_ROUNDS` or more."""
@@ -220,31 +228,34 @@ def interleave(
     """Time ``evaluations`` in interleaved rounds in ``processes`` fresh worker processes, one
     after the other, each building and visiting them in another order (``say`` is told as each
     process starts and as its rounds advance), ``block`` launches per candidate in a round. A
-    process is expected to take ``expected_s`` (then as long as the longest one so far) and counts
-    as hung after ``quiet_s`` without a word.
+    process is expected to take ``expected_s`` to its :data:`MIN_ROUNDS` rounds (then as long as
+    the longest one so far took to them) and counts as hung after ``quiet_s`` without a word.
 
-    With a ``deadline`` (monotonic seconds) each process's rounds end within its share of the time
-    left, none runs past the deadline, and a process that would not fit (as long as the longest
-    one so far) is not started. A process that fails, hangs or runs into the deadline ends the
-    measurement with what was measured; so does a Ctrl-C, raised again once the rounds are in
-    hand (:class:`Stopped` carries them). Where not one process measured its rounds,
-    :class:`ConfirmationFailed` (after a Ctrl-C: KeyboardInterrupt) is raised."""
+    With a ``deadline`` (monotonic seconds) each process's rounds end where the processes after it
+    still fit (each as expected), none runs past the deadline, and a process that would not fit is
+    not started: the rounds fill the time left, up to ``rounds`` each. A process that fails, hangs
+    or runs into the deadline ends the measurement with what was measured; so does a Ctrl-C,
+    raised again once the rounds are in hand (:class:`Stopped` carries them). Where not one
+    process measured its rounds, :class:`ConfirmationFailed` (after a Ctrl-C: KeyboardInterrupt)
+    is raised."""
     timed = _Rounds(len(evaluations))
     asked = f"{rounds} rounds" if deadline is None else f"up to {rounds} rounds"
     stopped: str | None = None
     interrupted = False
-    longest = 0.0
+    least = 0.0  # the longest a process so far took to its MIN_ROUNDS rounds
     try:
         for process in range(processes):
             interrupts.check()
             left = None if deadline is None else deadline - time.monotonic()
-            if timed.rows and left is not None and left < (longest or expected_s):
+            need = least or expected_s
+            if timed.rows and left is not None and left < need:
                 stopped = "no time left before --timeout"
                 say(f"  processes {process + 1}-{processes} left out: {stopped}")
                 break
             say(f"  process {process + 1} of {processes}: building {len(evaluations)} candidates, {asked} ...")
             order = [(process + k) % len(evaluations) for k in range(len(evaluations))]
-            rounds_until = None if left is None else time.monotonic() + left / (processes - process) - 1.0
+            later = (processes - process - 1) * need
+            rounds_until = None if left is None else time.monotonic() + left - later - 1.0
             job = ConfirmJob(tuple(evaluations[i] for i in order), rounds, block, rounds_until=rounds_until)
             started = time.monotonic()
             listener = _listener(timed, process, order, asked, say)
@@ -257,7 +268,8 @@ def interleave(
                 say(f"  {stopped}")
                 break
             say(f"    {timed.labels.count(process)} rounds in {time.monotonic() - started:.1f} s")
-            longest = max(longest, time.monotonic() - started)
+            done = timed.least_done(process)
+            least = max(least, (done if done is not None else time.monotonic()) - started)
     except KeyboardInterrupt:
         stopped, interrupted = f"stopped by {interrupts.cause()}", True
     medians, labels = timed.usable()
@@ -302,7 +314,7 @@ def confirm(
     yours = your_trial(study.get_trials(deepcopy=False))
     trials = with_yours([baseline, *best], yours)
     evaluations = [replace(template, candidate=dict(t.params)) for t in trials]
-    expected = process_seconds(trials, template.settings, start_s, rounds)
+    expected = process_seconds(trials, template.settings, start_s, min(rounds, MIN_ROUNDS))
     quiet = quiet_seconds(trials, template.settings)
     block = block_of(trials)
     stop: Stopped | None = None
