@@ -130,8 +130,25 @@ def test_a_timeout_that_cannot_hold_the_smallest_says_so_once_with_one_that_woul
     assert reserve.holds is False and len(said) == 1
     assert "--timeout 60s cannot hold the finalists' re-measurement" in said[0]
     enough = int(re.search(r"--timeout (\d+)s or more would hold it", said[0])[1])
-    used = 60.0 - left
-    assert enough >= smallest_timeout_s(used, 6.0, smallest) >= used + 6.0 + smallest.total_s + FINISH_S
+    used = 60.0 - left  # a finalist is measured: no trial more is needed
+    assert enough >= smallest_timeout_s(used, 0.0, smallest) >= used + smallest.total_s + FINISH_S
+
+
+def test_a_re_measurement_that_grows_past_the_time_left_is_said_as_soon_as_it_does() -> None:
+    """Before a finalist, the baseline stands in for it and one more trial is counted; a finalist
+    that builds far slower grows the smallest re-measurement beyond what is left: said then."""
+    study = optuna.create_study()
+    study.add_trial(trial(0, 10.0, 0.1, baseline=True))
+    said: list[str] = []
+    before = smallest_confirmation(study, 3, SETTINGS, START_S)
+    assert before is not None
+    left = before.total_s + FINISH_S + 5.0
+    reserve = EndingReserve(study, 3, 3, SETTINGS, 60.0, time.monotonic() + left, lambda: 1.0, said.append, START_S)
+    assert reserve() >= before.total_s + FINISH_S and reserve.holds is True and said == []
+    study.add_trial(trial(1, 5.0, 30.0))  # a finalist that took 30 s to build
+    assert reserve() == FINISH_S and reserve.holds is False and len(said) == 1
+    assert "after one more trial" not in said[0]
+    assert reserve() == FINISH_S and len(said) == 1  # said once
 
 
 def test_a_timeout_that_holds_it_keeps_it_and_says_nothing() -> None:

@@ -7,8 +7,8 @@ per process). From the baseline's measurement on, the search keeps at least the 
 re-measurement that says anything (:func:`smallest_confirmation`: one finalist and the baseline in
 :data:`MIN_PROCESSES` processes, :data:`MIN_ROUNDS` rounds each) and, up to :data:`CONFIRM_SHARE`
 of ``--timeout``, the whole one. Where ``--timeout`` cannot hold even the smallest one, the run
-says so once the baseline is measured, with the smallest ``--timeout`` that would, and searches
-to the deadline (:class:`EndingReserve`).
+says so as soon as that is known (as the baseline, or the first finalist, is measured), with the
+smallest ``--timeout`` that would, and searches to the deadline (:class:`EndingReserve`).
 
 The search starts a trial only while that trial (as long as the longest of the last ones, one-off
 work left out) and the kept time still fit before the deadline, and a trial still running when
@@ -119,18 +119,18 @@ def reserve_s(smallest: ConfirmPlan, whole: ConfirmPlan | None, timeout_s: float
 
 
 def smallest_timeout_s(used_s: float, trial_s: float, smallest: ConfirmPlan) -> int:
-    """The smallest ``--timeout`` (whole seconds) that holds what ran so far (``used_s``), one more
-    trial (``trial_s``: a finalist to re-measure) and the ``smallest`` re-measurement."""
+    """The smallest ``--timeout`` (whole seconds) that holds what ran so far (``used_s``), a trial
+    of ``trial_s`` (0 where there is a finalist already) and the ``smallest`` re-measurement."""
     return math.ceil(used_s + trial_s + smallest.total_s + FINISH_S)
 
 
 class EndingReserve:
     """The seconds the search keeps under ``--timeout`` (which ends at ``deadline``, monotonic
     seconds) for the finalists' re-measurement and the finish (:func:`reserve_s`), by the study's
-    measurements as they come. Once the baseline is measured, whether ``--timeout`` holds the
-    smallest re-measurement after one more trial (``trial_s``: its expected seconds) is judged
-    once; where it does not, ``say`` is told (with the smallest ``--timeout`` that would) and only
-    the finish is kept: the search runs to the deadline."""
+    measurements as they come. From the baseline's measurement on, whether the time left holds the
+    smallest re-measurement (after one more trial, of ``trial_s`` seconds, where there is no
+    finalist yet) is judged each time; once it does not, ``say`` is told (with the smallest
+    ``--timeout`` that would) and only the finish is kept: the search runs to the deadline."""
 
     def __init__(
         self,
@@ -155,25 +155,23 @@ class EndingReserve:
         smallest = smallest_confirmation(self.study, self.processes, self.settings, self.start_s)
         if smallest is None:
             return FINISH_S
-        if self.holds is None:
-            self.holds = self._judge(smallest)
-            if not self.holds:
-                return FINISH_S
         whole = plan_confirmation(self.study, self.top, self.processes, self.settings, None, self.start_s)
-        return reserve_s(smallest, whole, self.timeout_s)
+        self.holds = self._holds(smallest, 0.0 if whole is not None else self.trial_s())
+        return reserve_s(smallest, whole, self.timeout_s) if self.holds else FINISH_S
 
-    def _judge(self, smallest: ConfirmPlan) -> bool:
+    def _holds(self, smallest: ConfirmPlan, trial_s: float) -> bool:
+        """Whether the time left holds ``smallest`` after a trial of ``trial_s``; where not, said."""
         left = self.deadline - time.monotonic()
-        trial = self.trial_s()
-        if left >= trial + smallest.total_s + FINISH_S:
+        if left >= trial_s + smallest.total_s + FINISH_S:
             return True
-        enough = smallest_timeout_s(self.timeout_s - left, trial, smallest)
+        enough = smallest_timeout_s(self.timeout_s - left, trial_s, smallest)
         processes = f"{smallest.processes} process{'es' if smallest.processes > 1 else ''}"
+        after = f" after one more trial of about {trial_s:.0f} s" if trial_s else ""
         self.say(
             f"warning: --timeout {self.timeout_s:g}s cannot hold the finalists' re-measurement: its smallest (the"
             f" best candidate and the baseline in {processes}, {smallest.rounds} rounds) takes about"
-            f" {smallest.total_s:.0f} s after one more trial of about {trial:.0f} s, and {left:.0f} s are left;"
-            f" the search runs to the deadline without it (--timeout {enough}s or more would hold it)"
+            f" {smallest.total_s:.0f} s{after}, and {left:.0f} s are left; the search runs to the deadline"
+            f" without it (--timeout {enough}s or more would hold it)"
         )
         return False
 
