@@ -18,7 +18,7 @@ from optuna.distributions import CategoricalDistribution
 from optuna.trial import TrialState, create_trial
 
 from gpt_optuna.protocol.timing import MIN_ROUNDS, ROUNDS, MeasureSettings, block_for
-from gpt_optuna.search.finalists import process_seconds
+from gpt_optuna.search.finalists import process_seconds, warm_up_seconds
 from gpt_optuna.search.ledger import StudyLedger
 from gpt_optuna.search.time_budget import (
     CONFIRM_SHARE,
@@ -75,6 +75,12 @@ def test_a_round_lasts_as_long_for_a_100_ms_model_as_for_a_1_ms_one() -> None:
     rounds_slow = seconds(slow, 1, ROUNDS) - seconds(slow, 1, 0)
     rounds_fast = seconds(fast, 1, ROUNDS) - seconds(fast, 1, 0)
     assert rounds_slow == pytest.approx(rounds_fast, rel=0.1)
+
+
+def test_a_slow_models_warm_up_counts_the_launches_it_takes_at_least() -> None:
+    launches = SETTINGS.warmup_min + max(SETTINGS.min_samples, SETTINGS.block)
+    assert warm_up_seconds(1.0, SETTINGS) == pytest.approx(min(1.0, SETTINGS.budget_s))
+    assert warm_up_seconds(500.0, SETTINGS) == pytest.approx(launches * 0.5)
 
 
 def test_the_smallest_re_measurement_is_the_best_finalist_in_two_processes_of_the_fewest_rounds() -> None:

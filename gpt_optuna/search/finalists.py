@@ -68,10 +68,18 @@ def process_seconds(
     twice over for the timer's own work, at most the rounds' budget; on the CPU the pause before
     each block)."""
     builds = sum(TrialRecord(t).build_s or 0.0 for t in candidates)
-    warm = len(candidates) * min(1.0, settings.budget_s)
+    warm = sum(warm_up_seconds(TrialRecord(t).latency_ms or 0.0, settings) for t in candidates)
     on_cpu = all(TrialRecord(t).gpu == "cpu" for t in candidates)
     settling = rounds * len(candidates) * CPU_SETTLE_S if on_cpu else 0.0
     return start_s + builds + warm + settling + min(ROUNDS_BUDGET_S, rounds * _round_seconds(candidates))
+
+
+def warm_up_seconds(latency_ms: float, settings: MeasureSettings) -> float:
+    """A candidate's warm-up in a confirmation process (a measurement of at most a second): its
+    second, or the launches it takes at least (a warm-up block and the fewest samples) where a
+    slow model's take longer."""
+    launches = settings.warmup_min + max(settings.min_samples, settings.block)
+    return max(min(1.0, settings.budget_s), launches * latency_ms / 1000)
 
 
 def block_of(candidates: list[FrozenTrial]) -> int:
@@ -88,7 +96,8 @@ def quiet_seconds(candidates: list[FrozenTrial], settings: MeasureSettings) -> f
     """How long a confirmation process may go without a word before it counts as hung: its
     longest step (a build, a warm-up, a round) thrice over, and :data:`QUIET_S` besides."""
     builds = [TrialRecord(t).build_s or 0.0 for t in candidates]
-    step = max([*builds, min(1.0, settings.budget_s), _round_seconds(candidates)])
+    warm = [warm_up_seconds(TrialRecord(t).latency_ms or 0.0, settings) for t in candidates]
+    step = max([*builds, *warm, _round_seconds(candidates)])
     return QUIET_S + 3 * step
 
 
