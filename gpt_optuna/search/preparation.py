@@ -161,9 +161,9 @@ def load_inputs(
 
 
 PREPARATION_SHARE = 0.25
-"""Of ``--timeout``, what preparing may take, counted from the run's start (reading the model and
-its reference outputs included): making the graph transforms (a third of it at most for the fused
-models) and checking the space end by then, so that the search gets its trials; what the
+"""Of ``--timeout``, counted from the run's start (reading the model and its reference outputs
+count towards it), the time by which making the graph transforms (a third of it at most for the
+fused models) and checking the space end, so that the search gets its trials; what the
 configurations the search must run (``--baseline-config``, a check's record) need is made and
 checked whatever the time."""
 
