@@ -240,9 +240,9 @@ def interleave(
     process is expected to take ``expected_s`` to its :data:`MIN_ROUNDS` rounds (then as long as
     the longest one so far took to them) and counts as hung after ``quiet_s`` without a word.
 
-    With a ``deadline`` (monotonic seconds) each process's rounds end where the processes after it
-    still fit (each as expected), none runs past the deadline, and a process that would not fit is
-    not started: the rounds fill the time left, up to ``rounds`` each. A process that fails, hangs
+    With a ``deadline`` (monotonic seconds) each process's rounds end within its share of the time
+    left (up to ``rounds``: they fill it), none runs past the deadline, and a process that would
+    not reach its :data:`MIN_ROUNDS` rounds in time (as expected) is not started. A process that fails, hangs
     or runs into the deadline ends the measurement with what was measured; so does a Ctrl-C,
     raised again once the rounds are in hand (:class:`Stopped` carries them). Where not one
     process measured its rounds, :class:`ConfirmationFailed` (after a Ctrl-C: KeyboardInterrupt)
@@ -263,8 +263,7 @@ def interleave(
                 break
             say(f"  process {process + 1} of {processes}: building {len(evaluations)} candidates, {asked} ...")
             order = [(process + k) % len(evaluations) for k in range(len(evaluations))]
-            later = (processes - process - 1) * need
-            rounds_until = None if left is None else time.monotonic() + left - later - 1.0
+            rounds_until = None if left is None else time.monotonic() + left / (processes - process) - 1.0
             job = ConfirmJob(tuple(evaluations[i] for i in order), rounds, block, rounds_until=rounds_until)
             started = time.monotonic()
             listener = _listener(timed, process, order, asked, say)
