@@ -31,7 +31,7 @@ from gpt_optuna.core import interrupts
 from gpt_optuna.core.errors import UserError
 from gpt_optuna.protocol.jobs import ConfirmJob, EvaluateJob, RoundTimed
 from gpt_optuna.protocol.process import FailureKind, JobFailure, Worker
-from gpt_optuna.protocol.timing import BLOCK, MIN_ROUNDS, ROUNDS, ROUNDS_BUDGET_S, MeasureSettings
+from gpt_optuna.protocol.timing import BLOCK, MIN_ROUNDS, ROUNDS, ROUNDS_BUDGET_S, MeasureSettings, block_for
 from gpt_optuna.search.options import DEFAULT_PROCESSES, DEFAULT_TOP
 from gpt_optuna.study.artifacts import INPUTS_FILE, REFERENCE_FILE
 from gpt_optuna.study.evidence import LEVEL, Speedup, significant, speedups
@@ -59,29 +59,45 @@ class ConfirmationFailed(UserError):
         self.reason = reason
 
 
-def process_seconds(candidates: list[FrozenTrial], settings: MeasureSettings, start_s: float = WORKER_START_S) -> float:
+def process_seconds(
+    candidates: list[FrozenTrial], settings: MeasureSettings, start_s: float = WORKER_START_S, rounds: int = ROUNDS
+) -> float:
     """One confirmation process's estimated seconds for ``candidates`` (the baseline included),
     from what the search measured: the process's start (``start_s``), each one's build, a warm-up
-    each, and the interleaved rounds (each one's search latency ``ROUNDS x BLOCK`` times, twice
-    over for the timer's own work, at most the rounds' budget; on the CPU the pause before each
-    block)."""
+    each, and ``rounds`` interleaved rounds (each one's search latency :func:`block_for` times,
+    twice over for the timer's own work, at most the rounds' budget; on the CPU the pause before
+    each block)."""
     builds = sum(TrialRecord(t).build_s or 0.0 for t in candidates)
-    warm = len(candidates) * min(1.0, settings.budget_s)
+    warm = sum(warm_up_seconds(TrialRecord(t).latency_ms or 0.0, settings) for t in candidates)
     on_cpu = all(TrialRecord(t).gpu == "cpu" for t in candidates)
-    settling = ROUNDS * len(candidates) * CPU_SETTLE_S if on_cpu else 0.0
-    return start_s + builds + warm + settling + min(ROUNDS_BUDGET_S, ROUNDS * _round_seconds(candidates))
+    settling = rounds * len(candidates) * CPU_SETTLE_S if on_cpu else 0.0
+    return start_s + builds + warm + settling + min(ROUNDS_BUDGET_S, rounds * _round_seconds(candidates))
+
+
+def warm_up_seconds(latency_ms: float, settings: MeasureSettings) -> float:
+    """A candidate's warm-up in a confirmation process (a measurement of at most a second): its
+    second, or the launches it takes at least (a warm-up block and the fewest samples) where a
+    slow model's take longer."""
+    launches = settings.warmup_min + max(settings.min_samples, settings.block)
+    return max(min(1.0, settings.budget_s), launches * latency_ms / 1000)
+
+
+def block_of(candidates: list[FrozenTrial]) -> int:
+    """Launches per candidate in a round of ``candidates``: by their search latencies (:func:`block_for`)."""
+    return block_for([TrialRecord(t).latency_ms or 0.0 for t in candidates])
 
 
 def _round_seconds(candidates: list[FrozenTrial]) -> float:
-    """One round's estimated seconds: each one's search latency ``BLOCK`` times, twice over."""
-    return 2 * BLOCK * sum(TrialRecord(t).latency_ms or 0.0 for t in candidates) / 1000
+    """One round's estimated seconds: each one's search latency :func:`block_of` times, twice over."""
+    return 2 * block_of(candidates) * sum(TrialRecord(t).latency_ms or 0.0 for t in candidates) / 1000
 
 
 def quiet_seconds(candidates: list[FrozenTrial], settings: MeasureSettings) -> float:
     """How long a confirmation process may go without a word before it counts as hung: its
     longest step (a build, a warm-up, a round) thrice over, and :data:`QUIET_S` besides."""
     builds = [TrialRecord(t).build_s or 0.0 for t in candidates]
-    step = max([*builds, min(1.0, settings.budget_s), _round_seconds(candidates)])
+    warm = [warm_up_seconds(TrialRecord(t).latency_ms or 0.0, settings) for t in candidates]
+    step = max([*builds, *warm, _round_seconds(candidates)])
     return QUIET_S + 3 * step
 
 
@@ -153,12 +169,20 @@ class _Rounds:
         self.count = count
         self.rows: list[np.ndarray] = []
         self.labels: list[int] = []
+        self.times: list[float] = []
+        """When each round arrived (monotonic seconds)."""
 
     def add(self, process: int, order: list[int], medians: tuple[float, ...]) -> None:
         row = np.empty(self.count)
         row[order] = medians
         self.rows.append(row)
         self.labels.append(process)
+        self.times.append(time.monotonic())
+
+    def least_done(self, process: int) -> float | None:
+        """When ``process`` had timed :data:`MIN_ROUNDS` rounds (None: it did not)."""
+        times = [t for label, t in zip(self.labels, self.times, strict=True) if label == process]
+        return times[MIN_ROUNDS - 1] if len(times) >= MIN_ROUNDS else None
 
     def usable(self) -> tuple[np.ndarray, np.ndarray]:
         """The rounds of the processes that timed :data:`MIN_ROUNDS` or more."""
@@ -169,10 +193,11 @@ class _Rounds:
 
 
 def _listener(
-    timed: _Rounds, process: int, order: list[int], rounds: int, say: Callable[[str], None]
+    timed: _Rounds, process: int, order: list[int], asked: str, say: Callable[[str], None]
 ) -> Callable[[object], None]:
     """What a confirmation process reports: each round kept in ``timed``, told at most every
-    :data:`TELL_EVERY_S`; its steps before the rounds (building, warming up) told as they come."""
+    :data:`TELL_EVERY_S` with the rounds ``asked`` (in words); its steps before the rounds
+    (building, warming up) told as they come."""
     told = [time.monotonic()]
 
     def heard(message: object) -> None:
@@ -180,7 +205,7 @@ def _listener(
             timed.add(process, order, message.medians)
             if time.monotonic() - told[0] >= TELL_EVERY_S:
                 told[0] = time.monotonic()
-                say(f"    round {timed.labels.count(process)} of {rounds}")
+                say(f"    round {timed.labels.count(process)} ({asked})")
         elif time.monotonic() - told[0] >= TELL_EVERY_S:
             told[0] = time.monotonic()
             say(f"    {message}")
@@ -209,36 +234,41 @@ def interleave(
     env: dict[str, str] | None = None,
     deadline: float | None = None,
     rounds: int = ROUNDS,
+    block: int = BLOCK,
 ) -> Interleaved:
     """Time ``evaluations`` in interleaved rounds in ``processes`` fresh worker processes, one
     after the other, each building and visiting them in another order (``say`` is told as each
-    process starts and as its rounds advance). A process is expected to take ``expected_s`` (then
-    as long as the longest one so far) and counts as hung after ``quiet_s`` without a word.
+    process starts and as its rounds advance), ``block`` launches per candidate in a round. A
+    process is expected to take ``expected_s`` to its :data:`MIN_ROUNDS` rounds (then as long as
+    the longest one so far took to them) and counts as hung after ``quiet_s`` without a word.
 
     With a ``deadline`` (monotonic seconds) each process's rounds end within its share of the time
-    left, none runs past the deadline, and a process that would not fit (as long as the longest
-    one so far) is not started. A process that fails, hangs or runs into the deadline ends the
-    measurement with what was measured; so does a Ctrl-C, raised again once the rounds are in
-    hand (:class:`Stopped` carries them). Where not one process measured its rounds,
-    :class:`ConfirmationFailed` (after a Ctrl-C: KeyboardInterrupt) is raised."""
+    left (up to ``rounds``: they fill it), none runs past the deadline, and a process that would
+    not reach its :data:`MIN_ROUNDS` rounds in time (as expected) is not started. A process that fails, hangs
+    or runs into the deadline ends the measurement with what was measured; so does a Ctrl-C,
+    raised again once the rounds are in hand (:class:`Stopped` carries them). Where not one
+    process measured its rounds, :class:`ConfirmationFailed` (after a Ctrl-C: KeyboardInterrupt)
+    is raised."""
     timed = _Rounds(len(evaluations))
+    asked = f"{rounds} rounds" if deadline is None else f"up to {rounds} rounds"
     stopped: str | None = None
     interrupted = False
-    longest = 0.0
+    least = 0.0  # the longest a process so far took to its MIN_ROUNDS rounds
     try:
         for process in range(processes):
             interrupts.check()
             left = None if deadline is None else deadline - time.monotonic()
-            if timed.rows and left is not None and left < (longest or expected_s):
+            need = least or expected_s
+            if timed.rows and left is not None and left < need:
                 stopped = "no time left before --timeout"
                 say(f"  processes {process + 1}-{processes} left out: {stopped}")
                 break
-            say(f"  process {process + 1} of {processes}: building {len(evaluations)} candidates, {rounds} rounds ...")
+            say(f"  process {process + 1} of {processes}: building {len(evaluations)} candidates, {asked} ...")
             order = [(process + k) % len(evaluations) for k in range(len(evaluations))]
             rounds_until = None if left is None else time.monotonic() + left / (processes - process) - 1.0
-            job = ConfirmJob(tuple(evaluations[i] for i in order), rounds, rounds_until=rounds_until)
+            job = ConfirmJob(tuple(evaluations[i] for i in order), rounds, block, rounds_until=rounds_until)
             started = time.monotonic()
-            listener = _listener(timed, process, order, rounds, say)
+            listener = _listener(timed, process, order, asked, say)
             try:
                 with Worker(worker_log, env) as worker:
                     worker.run(job, None if left is None else max(left, 1.0), listener, quiet_s)
@@ -248,7 +278,8 @@ def interleave(
                 say(f"  {stopped}")
                 break
             say(f"    {timed.labels.count(process)} rounds in {time.monotonic() - started:.1f} s")
-            longest = max(longest, time.monotonic() - started)
+            done = timed.least_done(process)
+            least = max(least, (done if done is not None else time.monotonic()) - started)
     except KeyboardInterrupt:
         stopped, interrupted = f"stopped by {interrupts.cause()}", True
     medians, labels = timed.usable()
@@ -293,11 +324,12 @@ def confirm(
     yours = your_trial(study.get_trials(deepcopy=False))
     trials = with_yours([baseline, *best], yours)
     evaluations = [replace(template, candidate=dict(t.params)) for t in trials]
-    expected = process_seconds(trials, template.settings, start_s)
+    expected = process_seconds(trials, template.settings, start_s, min(rounds, MIN_ROUNDS))
     quiet = quiet_seconds(trials, template.settings)
+    block = block_of(trials)
     stop: Stopped | None = None
     try:
-        measured = interleave(evaluations, worker_log, processes, say, expected, quiet, env, deadline, rounds)
+        measured = interleave(evaluations, worker_log, processes, say, expected, quiet, env, deadline, rounds, block)
     except Stopped as exc:
         stop, measured = exc, exc.measured
     numbers = [t.number for t in trials]

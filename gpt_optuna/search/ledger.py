@@ -22,7 +22,8 @@ from gpt_optuna.study.trial_record import TrialRecord
 Key = frozenset[tuple[str, Any]]
 """A candidate as a hashable, order-independent value."""
 RECENT = 5
-"""Evaluated trials whose time says how long the next one may take."""
+"""Evaluated trials whose time says how long the next one may take (those that did one-off work
+for later ones, such as an fp16 sensitivity ranking, left out)."""
 
 
 def key_of(candidate: Mapping[str, Any]) -> Key:
@@ -130,7 +131,7 @@ class StudyLedger:
                 self._causes = [cause for cause in self._causes if not cause <= key]
                 self.rules += 1
         start, end = trial.datetime_start, trial.datetime_complete
-        if start is not None and end is not None and not record.reused and not record.marked_interrupted:
+        if start is not None and end is not None and not (record.reused or record.marked_interrupted or record.one_off):
             self._spans.append((end - start).total_seconds())
 
     def _retry(self, number: int) -> None:
@@ -188,6 +189,7 @@ class StudyLedger:
             return len(self._own), states[TrialState.RUNNING], states[TrialState.WAITING]
 
     def longest_recent_s(self) -> float:
-        """How long the next trial may take: the longest of the last evaluated ones (0 before any)."""
+        """How long the next trial may take: the longest of the last evaluated ones, one-off work left
+        out (0 before any)."""
         with self._lock:
             return max(self._spans, default=0.0)

@@ -157,6 +157,7 @@ class Objective:
         job = replace(self.job, candidate=candidate, measure_infeasible=baseline)
         ranking = job.ranking_path()
         if ranking is not None and not ranking.is_file():
+            trial.set_user_attr(trial_record.ONE_OFF, "fp16 sensitivity ranking")
             self.note(
                 f"trial {trial.number}: ranking the graph's nodes by fp16 sensitivity first (a run of the graph per"
                 " node, once per graph; later trials reuse it) ..."

@@ -161,8 +161,9 @@ def load_inputs(
 
 
 PREPARATION_SHARE = 0.25
-"""Of ``--timeout``, what making the graph transforms and checking the space may take together
-(a third of it at most for making the fused models), so that the search gets its trials; what the
+"""Of ``--timeout``, counted from the run's start (reading the model and its reference outputs
+count towards it), the time by which making the graph transforms (a third of it at most for the
+fused models) and checking the space end, so that the search gets its trials; what the
 configurations the search must run (``--baseline-config``, a check's record) need is made and
 checked whatever the time."""
 
@@ -176,24 +177,28 @@ def discover_space(
     notes: list[str],
     say: Callable[[str], None],
     recorded: list[dict[str, Any]] | None = None,
+    started: float | None = None,
 ) -> tuple[Space, dict[str, str], str]:
     """The backend's search space (found in the worker process) with the ``[space]`` overrides,
     each graph transform it offers made and loaded once (:func:`check_space`); the space, the
     library versions and the calibration data's hash (empty without int8/fp8). Transformed
     models and the calibration data are kept in ``workdir``; what was dropped goes to ``notes``.
     A resumed study's space (``recorded``) keeps the graph fusions and precisions it was made with,
-    made and checked whatever the time (so that the resume finds the space the study has)."""
+    made and checked whatever the time (so that the resume finds the space the study has). The
+    preparation's share of ``--timeout`` counts from ``started`` (the run's start, monotonic
+    seconds; default: now)."""
     held = [values for values, _ in config.seeds] + [config.baseline_values or {}]
     always = {(v.get(FUSION_KNOB, "none"), v.get(PRECISION, "fp32")) for v in held if v}
     graphs = {k["name"]: tuple(k["choices"]) for k in recorded or () if k["name"] in (FUSION_KNOB, PRECISION)}
     share_s = None if config.timeout_s is None or recorded is not None else PREPARATION_SHARE * config.timeout_s
-    deadline = None if share_s is None else time.monotonic() + share_s
+    since = time.monotonic() if started is None else started
+    deadline = None if share_s is None else since + share_s
     slow = threading.Timer(
         SLOW_STEP_S, say, ["finding the search space (a transformer's fusion takes a while on a large graph) ..."]
     )
     slow.start()
     try:
-        fusion_budget_s = None if share_s is None else share_s / 3
+        fusion_budget_s = None if share_s is None else max(0.0, min(share_s / 3, since + share_s - time.monotonic()))
         needed = frozenset(str(fusion) for fusion, _ in always)
         job = SpaceJob(
             config.backend,
@@ -337,16 +342,20 @@ def prepare(
     notes: list[str],
     say: Callable[[str], None],
     recorded: list[dict[str, Any]] | None = None,
+    started: float | None = None,
 ) -> Prepared:
     """Cache the inputs and reference outputs in the study folder (only when missing or stale),
     make the working copy of the model, and discover and check the space (telling ``say``); a
-    resumed study's space (``recorded``) has the graph fusions and precisions it was made with."""
+    resumed study's space (``recorded``) has the graph fusions and precisions it was made with;
+    ``started``: the run's start, from which the preparation's share of --timeout counts."""
     workdir = config.workdir
     key = f"samples:{inputs.info.sha256}:{inputs.inputs_sha256}"  # stacked on a sample axis
     feeds_io.cache_npz(workdir / INPUTS_FILE, feeds_io.stack(inputs.samples), key)
     feeds_io.cache_npz(workdir / REFERENCE_FILE, feeds_io.stack(inputs.references), key)
     working = with_distinct_dims(inputs.info, StudyFolder(workdir).models)
-    space, versions, calibration_sha256 = discover_space(config, worker, inputs, working, workdir, notes, say, recorded)
+    space, versions, calibration_sha256 = discover_space(
+        config, worker, inputs, working, workdir, notes, say, recorded, started
+    )
     return Prepared(inputs, working, space, versions, profile_of(inputs.info.path), calibration_sha256)
 
 

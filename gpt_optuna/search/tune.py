@@ -7,7 +7,7 @@ import shlex
 import shutil
 import sqlite3
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -44,9 +44,10 @@ from gpt_optuna.search.sampling import FreshSampler, check_sampler, make_sampler
 from gpt_optuna.search.seeds import WarmStart, speed_seed, warm_start
 from gpt_optuna.search.session import SearchSession, begin_search
 from gpt_optuna.search.time_budget import (
+    FILL_ROUNDS,
     FINISH_S,
+    EndingReserve,
     Refreshed,
-    kept_for_confirmation,
     plan_confirmation,
     refresh_s,
 )
@@ -133,7 +134,7 @@ def _tune(config: TuneConfig, progress: Progress) -> TuneEnd:
         first, others = session.workers[0], session.workers[1:]
         start_s = started_in(first, config.backend)  # what each finalists' process will cost to start
         with warming(others, config.backend) as names:  # the others start while the first finds the space
-            prepared = prepare(config, first, inputs, notes, progress.note, recorded)
+            prepared = prepare(config, first, inputs, notes, progress.note, recorded, phases.started)
         yours = None
         if config.baseline_values is not None:
             assert config.baseline_config is not None
@@ -187,7 +188,7 @@ def _tune(config: TuneConfig, progress: Progress) -> TuneEnd:
         store = artifact_folder(study, config.artifacts)
         publish(study, store, config.workdir)
         artifacts = FileSystemArtifactStore(store)
-        kept = Refreshed(lambda: kept_time(config, study, start_s), refresh_s(config.timeout_s))
+        kept = Refreshed(kept_time(config, study, deadline, sampler, progress, start_s), refresh_s(config.timeout_s))
         budget = TrialBudget(study, config.n_trials, deadline, kept, sampler)
         transfer = TransferQueue.of(warm, budget.has_room, progress.note)
         transfer.update(study)
@@ -345,13 +346,31 @@ def record_search(study: optuna.Study, config: TuneConfig, prepared: Prepared, d
     study.set_user_attr(SEARCH_ATTR, search | {"ends_at": ends_at})
 
 
-def kept_time(config: TuneConfig, study: optuna.Study, start_s: float) -> float:
-    """The seconds the search leaves under --timeout for what follows it (see :mod:`time_budget`);
-    ``start_s``: a worker process's measured start."""
-    if config.timeout_s is None:
-        return 0.0
+def kept_time(
+    config: TuneConfig,
+    study: optuna.Study,
+    deadline: float | None,
+    sampler: FreshSampler,
+    progress: Progress,
+    start_s: float,
+) -> Callable[[], float]:
+    """The seconds the search leaves under --timeout for what follows it (:class:`EndingReserve`,
+    which tells ``progress`` where --timeout cannot hold the re-measurement); ``start_s``: a worker
+    process's measured start."""
+    if config.timeout_s is None or deadline is None:
+        return lambda: 0.0
     top = 0 if config.dry_run else config.confirm_top
-    return kept_for_confirmation(study, top, config.confirm_processes, config.measure, config.timeout_s, start_s)
+    return EndingReserve(
+        study,
+        top,
+        config.confirm_processes,
+        config.measure,
+        config.timeout_s,
+        deadline,
+        sampler.ledger.longest_recent_s,
+        progress.note,
+        start_s,
+    )
 
 
 def confirm_finalists(
@@ -374,11 +393,13 @@ def confirm_finalists(
     progress.note(
         f"re-measuring the {counted(plan.top, 'best candidate')} and the baseline"
         f"{' (and your configuration)' if config.baseline_config else ''}, interleaved, in"
-        f" {counted(plan.processes, 'fresh process', 'fresh processes')} (about {plan.total_s:.0f} s) ..."
+        f" {counted(plan.processes, 'fresh process', 'fresh processes')} of {plan.rounds} rounds or more while the"
+        f" time lasts (about {plan.total_s:.0f} s) ..."
     )
+    rounds = plan.rounds if end is None else FILL_ROUNDS  # each process's share of the time ends its rounds
     try:
         log = StudyFolder(config.workdir).log("confirm")
-        result = confirm(study, job, log, plan.top, plan.processes, progress.note, env, end, start_s)
+        result = confirm(study, job, log, plan.top, plan.processes, progress.note, env, end, start_s, rounds)
     except ConfirmationFailed as failure:
         return str(failure)
     done = plan.processes if result is None else result["processes"]

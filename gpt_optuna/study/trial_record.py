@@ -58,6 +58,9 @@ INTERRUPTED = "interrupted"
 """Why the trial was stopped before its candidate's result: it is queued again."""
 INTERRUPTED_BY = "interrupted_by"
 """The process that failed an interrupted trial (and queues its retry)."""
+ONE_OFF = "one_off"
+"""One-time work the trial did for later trials too (an fp16 sensitivity ranking): its time says
+nothing of what a trial costs."""
 
 REUSED_ATTRS = (
     OUTCOME,
@@ -221,6 +224,11 @@ class TrialRecord:
     @property
     def reused(self) -> bool:
         return REUSED_FROM in self._attrs
+
+    @property
+    def one_off(self) -> bool:
+        """The trial did one-time work (:data:`ONE_OFF`)."""
+        return ONE_OFF in self._attrs
 
     @property
     def io_changes(self) -> dict[str, dict[str, list[str]]]:
