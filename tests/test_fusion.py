@@ -25,6 +25,7 @@ from gpt_optuna.graph.fusion import (
     fused_ops,
     fused_path,
     fusion_knobs,
+    fused_within,
     graph_ops,
 )
 from gpt_optuna.graph.model_cache import TransformFailed
@@ -320,6 +321,24 @@ def test_making_fused_models_stops_once_its_share_of_the_time_is_spent(tmp_path:
     # a value a configuration the search must run uses is made whatever the time
     (knob,) = fusion_knobs(info, FUSIONS[1:], tmp_path / "models", ops, [].append, -1.0, frozenset({"onnxscript"}))
     assert knob.choices == ("none", "onnxscript")
+
+
+def test_a_fused_model_whose_making_outlasts_its_share_is_stopped_and_leaves_nothing(tmp_path: Path) -> None:
+    """The fusion libraries cannot be interrupted: a making still running at the end of its share
+    is stopped in its own process, said, and leaves no model behind; with time, the same call makes it."""
+    info = m.load_model_info(BERT_EXPORT)
+    cache = tmp_path / "models"
+    assert fused_within(BERT_EXPORT, info.sha256, "transformer", cache, 0.0) is None
+    assert not [p for p in cache.glob("*") if not p.name.endswith(".lock")]
+    notes: list[str] = []
+    ops = graph_ops(onnx.load(str(BERT_EXPORT)))
+    assert fusion_knobs(info, ("transformer",), cache, ops, notes.append, budget_s=1e-3) == []
+    assert notes == [
+        "graph_fusion transformer not searched: not made within preparation's share of --timeout (0 s for fused"
+        " models); a longer --timeout makes it"
+    ]
+    made = fused_within(BERT_EXPORT, info.sha256, "transformer", cache, 300.0)
+    assert made is not None and fused_ops(made) == fused_ops(fused_path(BERT_EXPORT, info.sha256, "transformer", cache))
 
 
 @pytest.mark.slow

@@ -14,8 +14,11 @@ the search's time. Checking the space then loads each one with the provider that
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -24,7 +27,7 @@ from typing import Any
 
 from gpt_optuna.core.space import Knob
 from gpt_optuna.graph.model import ModelInfo, every_node
-from gpt_optuna.graph.model_cache import TransformFailed, produce
+from gpt_optuna.graph.model_cache import TransformFailed, failure_path, produce
 from gpt_optuna.graph.onnxscript_fusion import fuse_onnxscript
 from gpt_optuna.graph.ort_fusion import fuse_transformer
 
@@ -85,9 +88,36 @@ def fused_path(base_path: Path, base_sha256: str, fusion: str, cache_dir: Path) 
         return base_path
     if fusion not in FUSIONS:
         raise ValueError(f"unknown graph fusion {fusion!r}; known: {', '.join(FUSIONS)}")
-    out = cache_dir / f"{fusion}-{FUSED_VERSION}-{base_sha256[:24]}.onnx"
+    out = _cached_path(base_sha256, fusion, cache_dir)
     make = _BY_NAME[fusion].make
     return produce(out, lambda tmp: out.with_suffix(".json").write_text(json.dumps(make(base_path, tmp))))
+
+
+def fused_within(base_path: Path, base_sha256: str, fusion: str, cache_dir: Path, seconds: float) -> Path | None:
+    """:func:`fused_path`, made in a child process stopped after ``seconds`` (the fusion libraries
+    cannot be interrupted, and a large model's fusion takes minutes): None where it did not end in
+    time (nothing of it is left behind); a process that died of it is the graph's failure."""
+    out = _cached_path(base_sha256, fusion, cache_dir)
+    if out.is_file() or failure_path(out).is_file():
+        return fused_path(base_path, base_sha256, fusion, cache_dir)
+    command = [sys.executable, "-m", __name__, str(base_path), base_sha256, fusion, str(cache_dir)]
+    child = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        _, err = child.communicate(timeout=max(seconds, 0.0))
+    except subprocess.TimeoutExpired:
+        child.kill()
+        child.wait()
+        for left in out.parent.glob(f"{out.stem}.{child.pid}-*.tmp{out.suffix}"):
+            left.unlink(missing_ok=True)
+        return None
+    if child.returncode != 0 and not (out.is_file() or failure_path(out).is_file()):
+        last = err.decode(errors="replace").strip().splitlines()[-1:] or [f"exit code {child.returncode}"]
+        raise TransformFailed(f"the fusion's process ended: {last[0]}", err.decode(errors="replace"))
+    return fused_path(base_path, base_sha256, fusion, cache_dir)
+
+
+def _cached_path(base_sha256: str, fusion: str, cache_dir: Path) -> Path:
+    return cache_dir / f"{fusion}-{FUSED_VERSION}-{base_sha256[:24]}.onnx"
 
 
 def fused_ops(path: Path) -> dict[str, int]:
@@ -114,8 +144,9 @@ def fusion_knobs(
     graph, fuses something in it, and fuses it otherwise than the values kept before it (``-mha``:
     where it makes MultiHeadAttention). What is left out is told to ``note``. A value whose making
     would not end within ``budget_s`` seconds of the first (by what its library's last value took;
-    each library's first is tried while time is left) is left out (told too), but for those
-    ``needed`` (a configuration the search must run uses them).
+    each library's first is tried while time is left, in a process of its own stopped at the end of
+    ``budget_s``) is left out (told too), but for those ``needed`` (a configuration the search must
+    run uses them).
 
     The fused models are made here, once, in ``cache_dir``: the candidates that use them find them
     there. A graph a library fails on keeps the value: checking the space drops it and says why.
@@ -142,11 +173,23 @@ def fusion_knobs(
                 f" ({spent:.1f} s spent making fused models)"
             )
             continue
+        late = False
         try:
-            counts: dict[str, int] | None = fused_ops(fused_path(model.path, model.sha256, fusion.name, cache_dir))
+            if budget_s is None or fusion.name in needed:
+                made = fused_path(model.path, model.sha256, fusion.name, cache_dir)
+            else:
+                made = fused_within(model.path, model.sha256, fusion.name, cache_dir, budget_s - spent)
+            late = made is None
+            counts: dict[str, int] | None = None if made is None else fused_ops(made)
         except TransformFailed:
-            counts = None
+            counts = None  # kept: checking the space drops it and says why
         took[fusion.library] = time.monotonic() - started - spent
+        if late:
+            note(
+                f"graph_fusion {fusion.name} not searched: not made within preparation's share of --timeout"
+                f" ({budget_s:.0f} s for fused models); a longer --timeout makes it"
+            )
+            continue
         if counts is not None:
             why = _left_out(fusion.name, counts, kept)
             if why:
@@ -178,3 +221,8 @@ def _knob(values: tuple[str, ...]) -> Knob:
 def fusion_of(candidate: dict[str, Any]) -> str:
     """The candidate's graph fusion ("none" where the space has no such knob)."""
     return str(candidate.get(FUSION_KNOB, "none"))
+
+
+if __name__ == "__main__":  # fused_within's child: BASE_PATH BASE_SHA256 FUSION CACHE_DIR
+    with contextlib.suppress(TransformFailed):  # kept in the cache: the parent reads it there
+        fused_path(Path(sys.argv[1]), sys.argv[2], sys.argv[3], Path(sys.argv[4]))

@@ -56,7 +56,7 @@ def _write_hash(out: Path, digest: str) -> None:
     atomic_write(_hash_path(out), digest + "\n")
 
 
-def _failure_path(out: Path) -> Path:
+def failure_path(out: Path) -> Path:
     return out.with_name(out.stem + ".failed.json")
 
 
@@ -80,7 +80,7 @@ def _produce(out: Path, make: Callable[[Path], None]) -> Path:
         if intact(out):
             return out
         out.unlink()  # damaged: made again
-    failed = _failure_path(out)
+    failed = failure_path(out)
     if failed.is_file():
         record = json.loads(failed.read_text())
         raise TransformFailed(record["error"], record["traceback"])
