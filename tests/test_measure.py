@@ -101,7 +101,7 @@ def test_finalists_are_confirmed_interleaved_and_best_follows_the_confirmed_rank
     reloaded = optuna.load_study(study_name="cnn-syntheticbackend", storage="sqlite:///studies/cnn-syntheticbackend.db")
     assert len(reloaded.user_attrs["confirmed"]["ranking"]) == 1
     single = capsys.readouterr().out
-    assert "in 1 fresh process," in single and "one process only: indicative, not confirmed" in single
+    assert "in 1 fresh process (baseline trial" in single and "one process only: indicative, not confirmed" in single
     # under a deadline none runs past it: a process that would not fit (as long as the longest one so far) is
     # not started, one that runs into it is stopped, and the processes measured make the result
     said: list[str] = []

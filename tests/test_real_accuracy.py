@@ -81,6 +81,6 @@ def test_int8_calibrated_on_real_photos_keeps_top1_where_noise_calibration_loses
     table = page[page.index('<details id="accuracy">') :]
     header = re.findall(r"<th>([^<]+)</th>", table[: table.index("</tr>")])
     assert header[:4] == ["trial", "status", "latency_ms", "top1_agree"] and {"cosine", "samples"} <= set(header)
-    int8_row = re.findall(r"<td>([^<]*)</td>", table.split("<tr>")[[*noise].index("int8") + 2])
+    int8_row = re.findall(r"<td[^>]*>([^<]*)</td>", table.split("<tr>")[[*noise].index("int8") + 2])
     assert int8_row[1] == "infeasible" and float(int8_row[3]) == pytest.approx(noise["int8"][1]["top1_agree"], 1e-3)
     assert main(["confirm", "--study-name", "real", "--top", "2", "--processes", "1"]) == 0  # the metric goes along
