@@ -181,8 +181,7 @@ def criterion_sentence(study: optuna.Study, rows: list[TrialRow]) -> str:
     samples = max((int(r.accuracy.get("samples", 1)) for r in rows if r.accuracy), default=None)
     sentence = f"Accuracy criterion: {record.accuracy}"
     if samples is not None:
-        plural = "s" if samples != 1 else ""
-        sentence += f", on {samples} sample{plural} (output metrics: the worst sample; mean(...): the average)"
+        sentence += f", on {counted(samples, 'sample')} (output metrics: the worst sample; mean(...): the average)"
     if record.metric:
         sentence += f"; user metrics from {record.metric}"
     return sentence + "."

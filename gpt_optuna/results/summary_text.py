@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from optuna.trial import TrialState
 
-from gpt_optuna.core.words import counted
+from gpt_optuna.core.words import counted, in_number
 from gpt_optuna.graph.interface import describe_changes
 from gpt_optuna.study.confirmation import Confirmation, ConfirmedRow
 from gpt_optuna.study.evidence import MORE_ROUNDS, WORTHWHILE
@@ -140,7 +140,7 @@ def _against_defaults(summary: StudySummary) -> str:
     if verdict == "unconfirmed":
         stale = Confirmation.of(summary.stale_confirmation)
         earlier = (
-            f"; an earlier confirmation, of trial{'s' if len(stale.finalists) > 1 else ''}"
+            f"; an earlier confirmation, of {in_number(len(stale.finalists), 'trial')}"
             f" {', '.join(map(str, stale.finalists))}, no longer covers the search's best"
             if stale is not None
             else ""
@@ -239,7 +239,7 @@ def format_interface(summary: StudySummary) -> list[str]:
 def warm_summary(sources: list[str]) -> str:
     """How many warm-start candidates came from which study (``STUDY:TRIAL`` each)."""
     counts = Counter(source_study(source) for source in sources)
-    return ", ".join(f"{n} candidate{'s' if n > 1 else ''} from {study}" for study, n in counts.items())
+    return ", ".join(f"{counted(n, 'candidate')} from {study}" for study, n in counts.items())
 
 
 def format_verdict(summary: StudySummary) -> list[str]:

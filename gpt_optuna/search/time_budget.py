@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import optuna
 from optuna.trial import FrozenTrial
 
+from gpt_optuna.core.words import counted
 from gpt_optuna.protocol.timing import MIN_ROUNDS, ROUNDS, MeasureSettings
 from gpt_optuna.search.finalists import WORKER_START_S, finalists, process_seconds, with_yours
 from gpt_optuna.study.taxonomy import your_trial
@@ -165,8 +166,8 @@ class EndingReserve:
         if left >= trial_s + smallest.total_s + FINISH_S:
             return True
         enough = smallest_timeout_s(self.timeout_s - left, trial_s, smallest)
-        processes = f"{smallest.processes} process{'es' if smallest.processes > 1 else ''}"
         after = f" after one more trial of about {trial_s:.0f} s" if trial_s else ""
+        processes = counted(smallest.processes, "process", "processes")
         self.say(
             f"warning: --timeout {self.timeout_s:g}s cannot hold the finalists' re-measurement: its smallest (the"
             f" best candidate and the baseline in {processes}, {smallest.rounds} rounds) takes about"
