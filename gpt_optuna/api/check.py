@@ -53,6 +53,7 @@ from gpt_optuna.search.finalists import CPU_SETTLE_S, interleave, process_second
 from gpt_optuna.search.options import DEFAULT_CHECK_BUDGET, DEFAULT_TOLERANCE
 from gpt_optuna.study.evidence import speedups
 from gpt_optuna.study.folder import StudyFolder
+from gpt_optuna.study.record import STUDIES
 from gpt_optuna.study.summary import finished_count
 from gpt_optuna.study.taxonomy import search_ranking
 from gpt_optuna.study.trial_record import TrialRecord
@@ -246,8 +247,9 @@ def run_check(
     for outcome in outcomes:
         tell(f"{outcome.word}: {outcome.message}", RESULT)
     if study_name is not None:
-        where = shlex.join(study_flags(default_storage(study_name), study_name))
-        tell(f"the check's own study, for a closer look: gpt-optuna report {where} -o {study_name}.html", RESULT)
+        page = f"{STUDIES / study_name}.html"
+        where = shlex.join([*study_flags(default_storage(study_name), study_name), "-o", page])
+        tell(f"the check's own study, for a closer look (its page beside it): gpt-optuna report {where}", RESULT)
     return CheckResult(exit_code(outcomes), tuple(outcomes), study_name)
 
 
