@@ -24,8 +24,8 @@ from gpt_optuna.graph.fusion import (
     FUSIONS,
     fused_ops,
     fused_path,
-    fusion_knobs,
     fused_within,
+    fusion_knobs,
     graph_ops,
 )
 from gpt_optuna.graph.model_cache import TransformFailed
