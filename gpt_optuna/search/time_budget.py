@@ -62,7 +62,11 @@ class ConfirmPlan:
         return self.processes * self.process_s
 
 
-def _candidates(study: optuna.Study, top: int) -> tuple[list[FrozenTrial], list[FrozenTrial]] | None:
+Candidates = tuple[list[FrozenTrial], list[FrozenTrial]] | None
+"""What :func:`_candidates` finds: the baseline (and the user's configuration), and the finalists."""
+
+
+def _candidates(study: optuna.Study, top: int) -> Candidates:
     """The baseline (with the user's own configuration after it, where measured) and the ``top``
     best finalists; None before the baseline is measured."""
     baseline, best = finalists(study, top)
@@ -84,7 +88,12 @@ def plan_confirmation(
     bound): all ``processes`` where they fit, else fewer down to :data:`MIN_PROCESSES`; within
     them the most rounds (:data:`ROUNDS` down to :data:`MIN_ROUNDS`) and, before a round is given
     up, the most finalists. None where there is nothing to confirm or not even the smallest fits."""
-    found = _candidates(study, top)
+    return _largest(_candidates(study, top), processes, settings, left_s, start_s)
+
+
+def _largest(
+    found: Candidates, processes: int, settings: MeasureSettings, left_s: float | None, start_s: float
+) -> ConfirmPlan | None:
     if found is None or not found[1]:
         return None
     base, best = found
@@ -103,11 +112,14 @@ def smallest_confirmation(
     """The smallest re-measurement worth making: the best finalist (before there is one, a stand-in
     as costly as the baseline) and the baseline in :data:`MIN_PROCESSES` processes (``processes``
     where fewer are asked for) of :data:`MIN_ROUNDS` rounds; None before the baseline is measured."""
-    found = _candidates(study, 1)
+    return _smallest(_candidates(study, 1), processes, settings, start_s)
+
+
+def _smallest(found: Candidates, processes: int, settings: MeasureSettings, start_s: float) -> ConfirmPlan | None:
     if found is None:
         return None
     base, best = found
-    trials = [*base[:1], *(best or base[:1]), *base[1:]]
+    trials = [*base[:1], *(best[:1] or base[:1]), *base[1:]]
     seconds = process_seconds(trials, settings, start_s, MIN_ROUNDS)
     return ConfirmPlan(1, min(MIN_PROCESSES, processes), seconds, MIN_ROUNDS)
 
@@ -153,10 +165,11 @@ class EndingReserve:
     def __call__(self) -> float:
         if self.top <= 0 or self.holds is False:
             return FINISH_S
-        smallest = smallest_confirmation(self.study, self.processes, self.settings, self.start_s)
+        found = _candidates(self.study, self.top)  # one read of the study for both plans
+        smallest = _smallest(found, self.processes, self.settings, self.start_s)
         if smallest is None:
             return FINISH_S
-        whole = plan_confirmation(self.study, self.top, self.processes, self.settings, None, self.start_s)
+        whole = _largest(found, self.processes, self.settings, None, self.start_s)
         self.holds = self._holds(smallest, 0.0 if whole is not None else self.trial_s())
         return reserve_s(smallest, whole, self.timeout_s) if self.holds else FINISH_S
 
