@@ -49,7 +49,7 @@ from gpt_optuna.protocol.jobs import MetricJob, reference_outputs
 from gpt_optuna.protocol.timing import BLOCK
 from gpt_optuna.results.export import export_trial
 from gpt_optuna.search.config import TuneConfig, check_study_name, default_storage, study_flags
-from gpt_optuna.search.finalists import CPU_SETTLE_S, interleave, process_seconds, quiet_seconds
+from gpt_optuna.search.finalists import CPU_SETTLE_S, interleave, process_seconds, quiet_seconds, round_seconds
 from gpt_optuna.search.options import DEFAULT_CHECK_BUDGET, DEFAULT_TOLERANCE
 from gpt_optuna.study.evidence import speedups
 from gpt_optuna.study.folder import StudyFolder
@@ -340,7 +340,7 @@ def gate_rounds(timed: list[Any], processes: int, left_s: float) -> int:
     ``left_s`` seconds holds by the search latencies of the ``timed`` trials (each one ``BLOCK``
     launches a round, twice over for the timer's own work; on the CPU, the pause before each),
     :data:`GATE_ROUNDS` at least; a process still ends its rounds when its share of the time does."""
-    round_s = 2 * BLOCK * sum(TrialRecord(t).latency_ms or 0.0 for t in timed) / 1000
+    round_s = round_seconds(timed, BLOCK)
     if all(TrialRecord(t).gpu == "cpu" for t in timed):
         round_s += len(timed) * CPU_SETTLE_S
     return max(GATE_ROUNDS, int(left_s / max(processes, 1) / round_s) if round_s > 0 else GATE_ROUNDS)

@@ -71,7 +71,7 @@ def process_seconds(
     warm = sum(warm_up_seconds(TrialRecord(t).latency_ms or 0.0, settings) for t in candidates)
     on_cpu = all(TrialRecord(t).gpu == "cpu" for t in candidates)
     settling = rounds * len(candidates) * CPU_SETTLE_S if on_cpu else 0.0
-    return start_s + builds + warm + settling + min(ROUNDS_BUDGET_S, rounds * _round_seconds(candidates))
+    return start_s + builds + warm + settling + min(ROUNDS_BUDGET_S, rounds * round_seconds(candidates))
 
 
 def warm_up_seconds(latency_ms: float, settings: MeasureSettings) -> float:
@@ -87,9 +87,11 @@ def block_of(candidates: list[FrozenTrial]) -> int:
     return block_for([TrialRecord(t).latency_ms or 0.0 for t in candidates])
 
 
-def _round_seconds(candidates: list[FrozenTrial]) -> float:
-    """One round's estimated seconds: each one's search latency :func:`block_of` times, twice over."""
-    return 2 * block_of(candidates) * sum(TrialRecord(t).latency_ms or 0.0 for t in candidates) / 1000
+def round_seconds(candidates: list[FrozenTrial], block: int | None = None) -> float:
+    """One round's estimated seconds: each one's search latency ``block`` times (default:
+    :func:`block_of`), twice over for the timer's own work."""
+    launches = block_of(candidates) if block is None else block
+    return 2 * launches * sum(TrialRecord(t).latency_ms or 0.0 for t in candidates) / 1000
 
 
 def quiet_seconds(candidates: list[FrozenTrial], settings: MeasureSettings) -> float:
@@ -97,7 +99,7 @@ def quiet_seconds(candidates: list[FrozenTrial], settings: MeasureSettings) -> f
     longest step (a build, a warm-up, a round) thrice over, and :data:`QUIET_S` besides."""
     builds = [TrialRecord(t).build_s or 0.0 for t in candidates]
     warm = [warm_up_seconds(TrialRecord(t).latency_ms or 0.0, settings) for t in candidates]
-    step = max([*builds, *warm, _round_seconds(candidates)])
+    step = max([*builds, *warm, round_seconds(candidates)])
     return QUIET_S + 3 * step
 
 
