@@ -321,8 +321,10 @@ class TunedStudy:
             | {"reason": r.reason, "reused_from": r.reused_from, "measured_on": r.measured_on}
             for r in self.rows
         ]
-        columns = ["number", "status", "latency_ms", "deploy", "winner", "baseline", "reason", "reused_from"]
-        columns.append("measured_on")
+        columns = [
+            *("number", "status", "latency_ms", "deploy", "winner", "baseline"),
+            *("reason", "reused_from", "measured_on"),
+        ]
         return pandas.DataFrame.from_records(records or [], columns=None if records else columns, index="number")
 
     def error_axis(self, error: str | None = None) -> ErrorAxis:
