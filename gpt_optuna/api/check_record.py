@@ -12,7 +12,7 @@ from gpt_optuna.backends.base import read_record
 from gpt_optuna.core.errors import UserError
 from gpt_optuna.graph import feeds as feeds_io
 from gpt_optuna.graph import model as model_io
-from gpt_optuna.graph.feeds import absolute_spec
+from gpt_optuna.graph.feeds import absolute_spec, script_spec
 from gpt_optuna.protocol.accuracy import parse_criterion
 
 
@@ -69,9 +69,10 @@ def recorded_metric(path: Path, recorded: str | None, given: str | None) -> str 
         return absolute_spec(given)
     if recorded is None:
         return None
-    target, _, name = recorded.rpartition(":")
-    if not target.endswith(".py"):
+    script = script_spec(recorded)
+    if script is None:
         return recorded
+    target, name = script
     places = list(dict.fromkeys([path.parent / target, path.parent / Path(target).name]))
     for place in places:
         if place.is_file():

@@ -129,19 +129,26 @@ def check_numeric_inputs(info: ModelInfo) -> None:
             )
 
 
+def script_spec(spec: str) -> tuple[str, str] | None:
+    """The script and the function of ``script.py:function``; None for ``module:function``."""
+    target, colon, name = spec.rpartition(":")
+    return (target, name) if colon and target.endswith(".py") else None
+
+
 def absolute_spec(spec: str) -> str:
     """``script.py:function`` with the script's absolute path (a module name stays as it is), so
     that the study's record names the same function from any directory."""
-    target, colon, name = spec.rpartition(":")
-    return f"{Path(target).resolve()}:{name}" if colon and target.endswith(".py") else spec
+    script = script_spec(spec)
+    return f"{Path(script[0]).resolve()}:{script[1]}" if script else spec
 
 
 def relative_spec(spec: str, folder: Path) -> str:
     """``script.py:function`` with the script's path relative to ``folder`` (a module name stays as
     it is), so that a record in ``folder`` names the same function wherever the two move together."""
-    target, colon, name = spec.rpartition(":")
-    if not colon or not target.endswith(".py"):
+    script = script_spec(spec)
+    if script is None:
         return spec
+    target, name = script
     try:
         return f"{Path(os.path.relpath(Path(target).resolve(), folder.resolve())).as_posix()}:{name}"
     except ValueError:  # another drive: no relative path leads there
