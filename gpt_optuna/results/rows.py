@@ -16,6 +16,7 @@ from typing import Any
 import optuna
 
 from gpt_optuna.core.errors import UserError
+from gpt_optuna.core.words import counted
 from gpt_optuna.protocol.accuracy import STANDARD_METRICS, Criterion, parse_criterion
 from gpt_optuna.study.record import StudyRecord
 from gpt_optuna.study.summary import StudySummary
@@ -128,8 +129,7 @@ class Mark:
     def hover(self) -> str:
         lines = [self.name, f"search latency {self.latency_ms:.4g} ms"]
         if self.confirmed_ms is not None:
-            plural = "es" if self.processes != 1 else ""
-            again = f"re-measured in {self.processes} process{plural}"
+            again = f"re-measured in {counted(self.processes, 'process', 'processes')}"
             lines.append(f"{self.measurement} latency {self.confirmed_ms:.4g} ms ({again})")
         return "<br>".join(html.escape(line) for line in lines)
 
