@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import abc
 import json
+import shutil
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +37,15 @@ def import_cupy() -> Any:
     except ImportError as exc:
         raise MissingDependencyError("CuPy (needed to run engines on the GPU)", "gpu") from exc
     return cupy
+
+
+def nvidia_gpu_seen() -> bool:
+    """Whether this machine shows an NVIDIA GPU, found without loading CUDA: the driver's devices
+    (Linux), else ``nvidia-smi`` on the path."""
+    devices = Path("/proc/driver/nvidia/gpus")
+    if devices.is_dir():
+        return any(devices.iterdir())
+    return shutil.which("nvidia-smi") is not None
 
 
 class BuildError(GptOptunaError):
