@@ -21,6 +21,7 @@ BACKENDS = {
     "onnxruntime": "gpt_optuna.backends.onnxruntime:OnnxRuntimeBackend",
     "tensorrt": "gpt_optuna.backends.tensorrt:TensorRTBackend",
     "tensorrt-rtx": "gpt_optuna.backends.tensorrt:TensorRTRTXBackend",
+    "inductor": "gpt_optuna.backends.inductor:InductorBackend",
 }
 DEPLOYMENTS = {
     "onnxruntime": Deployment(

@@ -29,6 +29,7 @@ from gpt_optuna.graph.model_cache import with_distinct_dims
 from gpt_optuna.graph.model_copy import external_data_sha256
 from gpt_optuna.graph.model_profile import ModelProfile, profile_of
 from gpt_optuna.graph.precision import QUANTIZED
+from gpt_optuna.graph.program import onnx_model
 from gpt_optuna.protocol.jobs import EvaluateJob, LoaderJob, MetricJob, SpaceJob, reference_outputs
 from gpt_optuna.protocol.process import FailureKind, JobFailure, Worker
 from gpt_optuna.search.config import DEFAULT_TRIAL_TIMEOUT_S, TuneConfig
@@ -138,7 +139,7 @@ def load_inputs(
     started = time.monotonic() if started is None else started
     deadline = None if config.timeout_s is None else started + config.timeout_s
     user_code = UserCode(deadline, say, timeout_s=config.trial_timeout_s)
-    info = model_io.load_model_info(config.model)
+    info = model_io.load_model_info(onnx_model(config.model, config.trial_timeout_s))
     feeds_io.check_numeric_inputs(info)
     shapes = model_io.parse_shapes(config.shapes)
     if config.inputs is not None:

@@ -1,0 +1,210 @@
+"""PyTorch's Inductor compiler (``torch.compile``) as an engine: it compiles the PyTorch program a
+model was exported from (a ``.pt2`` given as the model), on the GPU where torch has one, else on
+the CPU."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+import traceback
+from collections.abc import Iterator
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+import numpy as np
+
+from gpt_optuna.backends.base import Backend, BuildError, Built, KnobLimit, Runner
+from gpt_optuna.backends.inductor.deploy import CompiledProgram
+from gpt_optuna.backends.inductor.knobs import (
+    CUDAGRAPHS,
+    FREEZING,
+    PRECISION,
+    SDPA_BACKEND,
+    compile_options,
+    inductor_knobs,
+)
+from gpt_optuna.core.errors import MissingDependencyError, UserError
+from gpt_optuna.core.space import Candidate, Space
+from gpt_optuna.graph.model import Feeds, ModelInfo, ShapeRange, one_line
+from gpt_optuna.graph.program import load_program, program_of
+
+CALLS_IN_BUILD = 3
+"""Calls made while building: the compile happens at the first, CUDA graphs are recorded by the third."""
+CACHE_FOLDER = "inductor"
+"""Inductor's caches (compiled graphs, kernels, autotuning results), in the study folder: trials of
+one configuration compile once, and a resumed study finds them."""
+
+
+def needs_program(model: ModelInfo) -> Path:
+    """The program ``model`` was exported from; a UserError where it is an ONNX model of its own."""
+    program = program_of(model.path)
+    if program is None:
+        raise UserError(
+            "the inductor engine compiles PyTorch programs: give the model as a .pt2 file (torch.export.save of"
+            " torch.export.export(model, example_inputs)); an ONNX model has none"
+        )
+    return program
+
+
+def settings_of(candidate: Candidate, device: str) -> dict[str, Any]:
+    """What :class:`CompiledProgram` takes for ``candidate`` (the export's side file keeps it)."""
+    return {
+        "options": compile_options(candidate),
+        "precision": candidate.get(PRECISION, "fp32"),
+        "sdpa_backend": candidate.get(SDPA_BACKEND, "default"),
+        "device": device,
+    }
+
+
+def _graph_targets(program: Any) -> set[str]:
+    return {str(node.target) for node in program.graph.nodes if node.op == "call_function"}
+
+
+@contextlib.contextmanager
+def _cache_in(workdir: Path) -> Iterator[None]:
+    """Inductor's caches in the study folder while compiling, and the saved-caches record emptied
+    first, so that what is saved after is this compile's."""
+    previous = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(workdir / CACHE_FOLDER)
+    with contextlib.suppress(ImportError):  # a torch without saved caches compiles all the same
+        from torch.compiler._cache import CacheArtifactManager
+
+        CacheArtifactManager.clear()
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
+        else:
+            os.environ["TORCHINDUCTOR_CACHE_DIR"] = previous
+
+
+class InductorBackend(Backend):
+    """``torch.compile`` with the Inductor backend, on the PyTorch program a model came from."""
+
+    name = "inductor"
+    speed_values = MappingProxyType({CUDAGRAPHS: (True,), FREEZING: (True,), PRECISION: ("fp16", "bf16", "tf32")})
+
+    def missing_library(self) -> MissingDependencyError | None:
+        import importlib.util
+
+        return None if importlib.util.find_spec("torch") else MissingDependencyError("PyTorch", "inductor")
+
+    @staticmethod
+    def _device() -> str:
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
+
+    def runs_on_cpu(self, space: Space) -> bool:
+        return CUDAGRAPHS not in {k.name for k in space.knobs}
+
+    def versions(self) -> dict[str, str]:
+        import torch
+
+        found = {"torch": torch.__version__}
+        with contextlib.suppress(ImportError):
+            import triton
+
+            found["triton"] = triton.__version__
+        return found
+
+    def precisions(self) -> tuple[str, ...]:
+        return ("fp32",)  # the program's own precision is a knob of the engine, not an ONNX graph's
+
+    def space(self, model: ModelInfo, shapes: dict[str, ShapeRange]) -> Space:
+        targets = _graph_targets(load_program(needs_program(model)))
+        attention = any("scaled_dot_product" in t for t in targets)
+        convolution = any("convolution" in t or "conv2d" in t or "conv1d" in t for t in targets)
+        return Space(inductor_knobs(self._device() == "cuda", attention, convolution))
+
+    def check_model(
+        self, model: ModelInfo, space: Space, candidate: Candidate, workdir: Path, shapes: dict[str, ShapeRange]
+    ) -> list[KnobLimit]:
+        load_program(needs_program(model))  # a compile is a trial's work: compile errors fail that trial
+        return []
+
+    def build(self, model: ModelInfo, candidate: Candidate, workdir: Path, shapes: dict[str, ShapeRange]) -> Built:
+        import torch
+
+        program = load_program(needs_program(model))
+        device = self._device()
+        settings = settings_of(candidate, device)
+        torch._dynamo.reset()  # the previous candidate's compiled code and guards
+        start = time.perf_counter()
+        try:
+            with _cache_in(workdir):
+                compiled = CompiledProgram(program, settings)
+                zeros = [np.zeros(shapes[spec.name].opt, spec.dtype) for spec in model.inputs]
+                inputs = compiled.inputs(zeros)
+                with compiled.context():
+                    for _ in range(CALLS_IN_BUILD):
+                        compiled.run(inputs)
+                if device == "cuda":
+                    torch.cuda.synchronize()
+                saved = torch.compiler.save_cache_artifacts()
+        except Exception as exc:  # Dynamo, Inductor, Triton or the C++ compiler refused the candidate
+            raise BuildError(
+                f"torch.compile failed: {type(exc).__name__}: {one_line(exc)}", traceback.format_exc()
+            ) from None
+        return Built((compiled, saved[0] if saved else None), time.perf_counter() - start)
+
+    def open(self, built: Built, feeds: Feeds, outputs: Feeds) -> Runner:
+        compiled, _ = built.engine
+        return InductorRunner(compiled, feeds, outputs)
+
+    def serialize(self, built: Built) -> bytes | None:
+        """Inductor's caches of the candidate's compile: what an export ships so that a service
+        compiles warm, with the kernels the trial chose."""
+        return built.engine[1]
+
+
+class InductorRunner(Runner):
+    """A compiled program bound to input tensors; on the GPU its work goes to a stream of its own,
+    which CuPy's events time."""
+
+    def __init__(self, compiled: CompiledProgram, feeds: Feeds, outputs: Feeds) -> None:
+        import torch
+
+        self.compiled = compiled
+        self.names = list(feeds)
+        self.templates = outputs
+        self.inputs = compiled.inputs([feeds[n] for n in self.names])
+        self.torch_stream = None
+        if compiled.device.type == "cuda":
+            import cupy
+
+            self.torch_stream = torch.cuda.Stream()
+            self.stream = cupy.cuda.ExternalStream(self.torch_stream.cuda_stream)
+
+    @contextlib.contextmanager
+    def _on_stream(self) -> Iterator[None]:
+        import torch
+
+        with contextlib.ExitStack() as stack:
+            if self.torch_stream is not None:
+                stack.enter_context(torch.cuda.stream(self.torch_stream))
+            stack.enter_context(self.compiled.context())
+            yield
+
+    def launch(self) -> None:
+        with self._on_stream():
+            self.compiled.run(self.inputs)
+
+    def infer(self) -> dict[str, np.ndarray]:
+        with self._on_stream():
+            outputs = self.compiled.run(self.inputs)
+            host = [o.detach().float().cpu().numpy() if o.is_floating_point() else o.cpu().numpy() for o in outputs]
+        if len(host) != len(self.templates):
+            raise BuildError(f"the program returns {len(host)} outputs, its ONNX model {len(self.templates)}")
+        return {
+            name: array.astype(template.dtype, copy=False)
+            for (name, template), array in zip(self.templates.items(), host, strict=True)
+        }
+
+    def set_inputs(self, feeds: Feeds) -> None:
+        fresh = self.compiled.inputs([feeds[n] for n in self.names])
+        for bound, value in zip(self.inputs, fresh, strict=True):
+            bound.copy_(value)
