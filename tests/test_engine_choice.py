@@ -105,3 +105,17 @@ def test_one_study_searches_two_engines_and_states_the_winner_against_each(cnn_p
     assert side[1]["engine"] == "twin" and "onnxruntime" not in side[1]  # the twin registers none
     assert side[0]["engine_defaults"]["twin"]["trial"] == 1
     assert side[0]["engine_defaults"]["twin"]["speedup"] is not None
+
+
+@pytest.mark.slow
+def test_onnxruntime_and_inductor_are_searched_in_one_study_of_a_pt2_model(tmp_path: Path) -> None:
+    torch = pytest.importorskip("torch")
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 8)).eval()
+    torch.export.save(torch.export.export(model, (torch.randn(2, 16),)), str(tmp_path / "tiny.pt2"))
+    config = tmp_path / "tune.toml"
+    config.write_text("[measure]\nbudget_s = 0.05\nmin_samples = 5\n")
+    args = ["--backend", "onnxruntime,inductor", "--config", str(config), "--n-trials", "2", "--confirm-top", "1"]
+    assert tune(str(tmp_path / "tiny.pt2"), *args, "--confirm-processes", "2") == 0
+    study = load("tiny-onnxruntime_inductor")
+    assert study.trials[1].params[ENGINE_KNOB] == "inductor" and study.trials[1].state.name == "COMPLETE"
+    assert study.user_attrs["confirmed"]["engines"]["inductor"]["number"] == 1
