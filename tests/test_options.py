@@ -12,7 +12,7 @@ from gpt_optuna.cli.parser import tune_config
 from gpt_optuna.search.config import TuneConfig
 from gpt_optuna.search.options import OPTIONS
 
-NOT_OPTIONS = {"measure", "space", "seeds", "folder", "baseline_values"}
+NOT_OPTIONS = {"measure", "space", "seeds", "folder", "baseline_values", "engines_chosen"}
 """TuneConfig fields no flag sets: the TOML tables [measure] and [space], and what the search fills in."""
 
 

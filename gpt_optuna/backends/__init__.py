@@ -61,7 +61,12 @@ __all__ = [
 
 
 def load_backend(spec: str) -> Backend:
-    """Instantiate a backend from a registered name or a ``module:Class`` path."""
+    """Instantiate a backend from a registered name or a ``module:Class`` path; several engines
+    (a comma list of those, or ``auto``) as one :class:`~.engine_choice.EngineChoice`."""
+    from gpt_optuna.backends.engine_choice import EngineChoice, is_composition
+
+    if is_composition(spec):
+        return EngineChoice.of(spec)
     target = BACKENDS.get(spec, spec)
     if ":" not in target:
         raise UserError(f"unknown backend {spec!r}; choose one of: {', '.join(BACKENDS)} (or module:Class)")

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import abc
 import json
+import shutil
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,7 +26,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from gpt_optuna.core.errors import GptOptunaError, MissingDependencyError, UserError
-from gpt_optuna.core.space import Candidate, Condition, Space, Value
+from gpt_optuna.core.space import Candidate, Condition, Knob, Space, Value
 from gpt_optuna.graph.model import Feeds, ModelInfo, ShapeRange
 
 
@@ -36,6 +37,15 @@ def import_cupy() -> Any:
     except ImportError as exc:
         raise MissingDependencyError("CuPy (needed to run engines on the GPU)", "gpu") from exc
     return cupy
+
+
+def nvidia_gpu_seen() -> bool:
+    """Whether this machine shows an NVIDIA GPU, found without loading CUDA: the driver's devices
+    (Linux), else ``nvidia-smi`` on the path."""
+    devices = Path("/proc/driver/nvidia/gpus")
+    if devices.is_dir():
+        return any(devices.iterdir())
+    return shutil.which("nvidia-smi") is not None
 
 
 class BuildError(GptOptunaError):
@@ -201,6 +211,11 @@ class Backend(abc.ABC):
         found without importing it (a run is refused before it writes anything); None if it is."""
         return None
 
+    def cannot_run_here(self) -> str | None:
+        """Why the engine cannot run on this machine though its library is installed (it needs a
+        GPU and none is seen, say), found cheaply; None where it can."""
+        return None
+
     def refused_run(self, error: Exception) -> str | None:
         """Why the engine cannot run this candidate, where ``error`` (raised by an inference of a
         built candidate) says so: a refusal that comes again on every try, like a build error.
@@ -252,6 +267,11 @@ class Backend(abc.ABC):
 
     weak_typing_knobs: frozenset[str] = frozenset()
     """Knobs that set precision outside the graph; offered only while the graph stays fp32."""
+
+    def with_graph_knobs(self, graph: list[Knob], knobs: list[Knob]) -> Space:
+        """The space of the model's graph transforms' knobs (``graph``: fusion, precision) and the
+        engine's own ``knobs``, ordered so that each condition refers to knobs before it."""
+        return Space(graph + knobs)
 
     def precisions(self) -> tuple[str, ...]:
         """The graph precisions (fp32, fp16, bf16, int8, fp8) this engine can run."""

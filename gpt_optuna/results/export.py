@@ -14,6 +14,7 @@ from optuna.trial import FrozenTrial
 
 from gpt_optuna.backends import DEPLOYMENTS
 from gpt_optuna.backends.base import ExportedTrial
+from gpt_optuna.backends.engine_choice import trial_engine
 from gpt_optuna.core.errors import UserError
 from gpt_optuna.core.files import Staging, roll_back_dead
 from gpt_optuna.graph.feeds import relative_spec
@@ -123,7 +124,28 @@ def figures_record(summary: StudySummary, trial: FrozenTrial) -> dict[str, Any]:
         "winner": winner,
         "verdict": summary.verdict if winner or decided else None,
         "your_configuration": versus_yours_record(summary, trial),
+        "engine": summary.engine(trial),
+        "engine_defaults": versus_engines_record(summary, trial),
     }
+
+
+def versus_engines_record(summary: StudySummary, trial: FrozenTrial) -> dict[str, Any] | None:
+    """The trial beside each other engine's defaults (a study of several engines), None in a study of one."""
+    if not summary.engine_defaults:
+        return None
+    found = {}
+    for engine, reference in summary.engine_defaults:
+        figures = summary.versus_engine(engine, trial)
+        found[engine] = {
+            "trial": reference.number,
+            "is_this_trial": trial.number == reference.number,
+            "measurement": figures.measurement if figures is not None else None,
+            "latency_ms": figures.baseline_ms if figures is not None else TrialRecord(reference).latency_ms,
+            "speedup": figures.speedup if figures is not None else None,
+            "speedup_ci95": list(figures.ci) if figures is not None and figures.ci is not None else None,
+            "significant": figures.significant if figures is not None and figures.ci is not None else None,
+        }
+    return found
 
 
 def versus_yours_record(summary: StudySummary, trial: FrozenTrial) -> dict[str, Any] | None:
@@ -168,7 +190,7 @@ def export_trial(
         raise UserError(f"-o names the {kind} file to write; its record FILE.json is written beside it")
     if not out.suffix:
         out = out.with_name(out.name + export_suffix(trial))
-    files = written_files(out, artifact is not None, record.backend, samples_dir)
+    files = written_files(out, artifact is not None, trial_engine(record.backend, trial.params), samples_dir)
     StudySources.of(study, storage).refuse(files, "export to")
     side_path = out.with_name(out.name + ".json")
     roll_back_dead(side_path)  # an export of the same files killed midway: back to what was there
@@ -241,7 +263,7 @@ def _write_export(
         "file": "engine" if artifact is not None else "onnx model",
         "model_sha256": file_sha256(staged),
     }
-    deployment = DEPLOYMENTS.get(record.backend or "")
+    deployment = DEPLOYMENTS.get(trial_engine(record.backend, trial.params) or "")
     if deployment is not None:
         models = StudyFolder.of(study).models
         side |= deployment.side_file(

@@ -63,7 +63,27 @@ def headline(summary: StudySummary) -> str:
     """The study's verdict in one line, said first by every reader: whether the winner is really
     faster than the baseline, in which measurement, by how much; and where the user gave their
     own configuration, the same against it, and what to deploy."""
-    return _against_defaults(summary) + versus_yours(summary)
+    return _against_defaults(summary) + versus_engines(summary) + versus_yours(summary)
+
+
+def versus_engines(summary: StudySummary) -> str:
+    """The verdict's part about each other engine's defaults, in a study of several engines (empty
+    in a study of one): the winner's engine, and the winner against each, e.g. ``1.18x inductor's
+    defaults [95% CI 1.100-1.270]``."""
+    winner = summary.best
+    engine = None if winner is None else summary.engine(winner)
+    if winner is None or engine is None or summary.dry_run:
+        return ""
+    said = []
+    for other, trial in summary.engine_defaults:
+        figures = summary.versus_engine(other, winner)
+        if trial.number == winner.number:
+            said.append(f"it is {other}'s defaults")
+        elif figures is not None and figures.speedup is not None:
+            said.append(f"{figures.speedup:.3f}x {other}'s defaults{_interval(figures)} ({figures.measurement})")
+        else:
+            said.append(f"{other}'s defaults have no latency to compare with")
+    return f"; the winner runs on {engine}" + (f": {', '.join(said)}" if said else "")
 
 
 def versus_yours(summary: StudySummary) -> str:
@@ -263,12 +283,18 @@ def format_verdict(summary: StudySummary) -> list[str]:
     speedup = summary.speedup
     search = first_value(summary.best)
     lines.append(
-        f"best (trial {summary.best.number}): {best:.4g} {unit} ({which})"
+        f"best (trial {summary.best.number}{_on_engine(summary)}): {best:.4g} {unit} ({which})"
         + (f", {speedup:.3f}x the baseline{_interval(summary.winner)}" if speedup is not None else "")
         + (f"; {search:.4g} {unit} in the search" if which != "search" and search is not None else "")
     )
     lines.append(f"  params: {format_params(summary.best.params)}")
     return lines + format_interface(summary)
+
+
+def _on_engine(summary: StudySummary) -> str:
+    """``, engine NAME`` for the winner of a study of several engines."""
+    engine = None if summary.best is None else summary.engine(summary.best)
+    return "" if engine is None else f", engine {engine}"
 
 
 def _yours_line(summary: StudySummary) -> list[str]:
@@ -301,6 +327,11 @@ def format_confirmed(summary: StudySummary) -> list[str]:
     if yours is not None:
         against = ", ".join(f"trial {r.number} {r.speedup:.3f}x [{_ci(r)}]" for r in yours.versus)
         lines.append(f"  against your configuration (trial {yours.number}, {yours.median_ms:.4g} ms): {against}")
+    for engine, reference in confirmation.engines.items():
+        against = ", ".join(f"trial {r.number} {r.speedup:.3f}x [{_ci(r)}]" for r in reference.versus)
+        lines.append(
+            f"  against {engine}'s defaults (trial {reference.number}, {reference.median_ms:.4g} ms): {against}"
+        )
     if confirmation.stopped:
         lines.append(f"  the re-measurement ended early ({confirmation.stopped}): these figures are what it measured")
     spread = max(max(_per_process(r)) / min(_per_process(r)) for r in [base, *confirmation.ranking])

@@ -29,6 +29,7 @@ import optuna
 
 from gpt_optuna.backends import DEPLOYMENTS
 from gpt_optuna.backends.base import Deployment
+from gpt_optuna.backends.engine_choice import trial_engine
 from gpt_optuna.core.errors import UserError
 from gpt_optuna.core.files import STAGING_SUFFIX, atomic_write, dead_stagings, staging_folder
 from gpt_optuna.graph.interface import describe_changes
@@ -73,10 +74,11 @@ def write_repository(
         raise UserError(f"{repo} is a file, not a folder: give a model repository folder")
     if not repo.parent.is_dir():
         raise UserError(f"the folder {repo.parent} does not exist")
-    backend = StudyRecord.read(study).backend
+    trial = chosen_trial(study, study_summary(study), number)
+    backend = trial_engine(StudyRecord.read(study).backend, trial.params)
     deployment = DEPLOYMENTS.get(backend or "")
     if deployment is None:
-        raise UserError(f"Triton serves ONNX Runtime and TensorRT models; study {study.study_name} used {backend}")
+        raise UserError(f"Triton serves ONNX Runtime and TensorRT models; trial {trial.number} used {backend}")
     target = repo / name
     sources = StudySources.of(study, storage)
     sources.refuse([target], "the model folder")
@@ -85,7 +87,6 @@ def write_repository(
     _put_back(target)
     if target.exists() and not force:
         raise UserError(f"{target} already exists: choose another --model-name, or overwrite with --force")
-    trial = chosen_trial(study, study_summary(study), number)
     info = load_model_info(trial_model(study, trial))  # an engine: the ONNX it was built from
     refuse_scalars(info)
     repo.mkdir(exist_ok=True)  # a new model repository

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from gpt_optuna.backends import BACKENDS
+from gpt_optuna.backends.engine_choice import is_composition, resolved_spec
 from gpt_optuna.core.errors import UserError
 from gpt_optuna.core.space import Value
 from gpt_optuna.graph.feeds import absolute_spec
@@ -40,7 +41,7 @@ def default_study_name(model: Path, backend: str) -> str:
     """``<model>-<backend>``; a model with a generic name (``model.onnx``) is named by its folder too.
     Any file name gives a valid name: letters lose their accents, other characters become ``_``, and
     a long name is cut to :data:`MAX_STUDY_NAME` (the backend kept)."""
-    short = backend.rpartition(":")[2].lower() if ":" in backend else backend
+    short = "_".join(part.rpartition(":")[2].lower() for part in backend.split(","))
     stem = _name_part(model.stem)
     if stem.lower() in GENERIC_STEMS:
         folder = _name_part(model.resolve().parent.name)
@@ -157,13 +158,22 @@ class TuneConfig:
     """Studies (comma-separated, or ``auto``) whose best configurations are tried first."""
     folder: Path | None = None
     """The study folder, where the study recorded one (default ``studies/<study-name>``)."""
+    engines_chosen: str = ""
+    """Which engines ``--backend auto`` chose here, and why each other one was left out (one line)."""
     allow_io_change: bool = False
     """Let reduced-precision candidates take and return reduced-precision tensors (``keep_io_fp32``
     is searched); by default every candidate keeps the model's input and output dtypes."""
 
     def __post_init__(self) -> None:
-        if self.backend not in BACKENDS and ":" not in self.backend:
-            raise UserError(f"unknown backend {self.backend!r}; choose one of: {', '.join(BACKENDS)} (or module:Class)")
+        if self.backend not in BACKENDS and ":" not in self.backend and not is_composition(self.backend):
+            raise UserError(
+                f"unknown backend {self.backend!r}; choose one of: {', '.join(BACKENDS)}, auto, a comma list of"
+                " those (or module:Class)"
+            )
+        backend, chosen = resolved_spec(self.backend)
+        if backend != self.backend:
+            self._fill("backend", backend)
+            self._fill("engines_chosen", chosen)
         parse_criterion(self.accuracy, user_metrics=self.metric is not None)
         if self.metric is not None:
             self._fill("metric", absolute_spec(self.metric))

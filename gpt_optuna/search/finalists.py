@@ -36,7 +36,7 @@ from gpt_optuna.search.options import DEFAULT_PROCESSES, DEFAULT_TOP
 from gpt_optuna.study.artifacts import INPUTS_FILE, REFERENCE_FILE
 from gpt_optuna.study.evidence import LEVEL, Speedup, significant, speedups
 from gpt_optuna.study.record import CONFIRMED_ATTR, StudyRecord
-from gpt_optuna.study.taxonomy import baseline_trial, search_ranking, your_trial
+from gpt_optuna.study.taxonomy import baseline_trial, engine_default_trials, search_ranking, your_trial
 from gpt_optuna.study.trial_record import TrialRecord
 
 WORKER_START_S = 5.0
@@ -113,11 +113,16 @@ def finalists(study: optuna.Study, top: int) -> tuple[FrozenTrial | None, list[F
     return baseline, best
 
 
-def with_yours(trials: list[FrozenTrial], yours: FrozenTrial | None) -> list[FrozenTrial]:
-    """``trials`` (the baseline and finalists) and the user's own configuration (``yours``) after
-    them, where it measured a latency and is not among them."""
-    measured = yours is not None and TrialRecord(yours).latency is not None
-    return [*trials, yours] if measured and yours.number not in {t.number for t in trials} else trials
+def with_references(trials: list[FrozenTrial], every: list[FrozenTrial]) -> list[FrozenTrial]:
+    """``trials`` (the baseline and finalists) and after them the trials the winner is also stated
+    against (of the study's trials ``every``): the user's own configuration, then each other
+    engine's defaults, where it measured a latency and is not among them."""
+    kept = list(trials)
+    for reference in [your_trial(every), *engine_default_trials(every).values()]:
+        measured = reference is not None and TrialRecord(reference).latency is not None
+        if measured and reference.number not in {t.number for t in kept}:
+            kept.append(reference)
+    return kept
 
 
 def _rows(numbers: list[int], found: list[Speedup]) -> list[dict[str, Any]]:
@@ -139,15 +144,21 @@ def _rows(numbers: list[int], found: list[Speedup]) -> list[dict[str, Any]]:
 
 
 def summarize_rounds(
-    numbers: list[int], medians: np.ndarray, processes: np.ndarray, yours: int | None = None, extra: bool = False
+    numbers: list[int],
+    medians: np.ndarray,
+    processes: np.ndarray,
+    yours: int | None = None,
+    extras: int = 0,
+    engines: dict[str, int] | None = None,
 ) -> dict[str, Any]:
     """Ranking and speedups (column 0 is the baseline) from the per-round medians and the process
     each round ran in: the record the study keeps (:data:`CONFIRMED_ATTR`). Where the user's own
     configuration (trial ``yours``) was re-measured, every other one's speedup over it too
-    (``yours``); ``extra``: it was not a finalist (the last column), so it is not ranked."""
+    (``yours``); so for each other engine's defaults (``engines``: engine -> trial, under
+    ``engines``); ``extras``: the last columns are no finalists (those), so they are not ranked."""
     found = speedups(medians, processes)
     rows = _rows(numbers, found)
-    ranked = rows[1:-1] if extra else rows[1:]
+    ranked = rows[1 : len(rows) - extras]
     result = {
         "baseline": rows[0],
         "ranking": sorted(ranked, key=lambda row: -row["speedup"]),
@@ -157,11 +168,19 @@ def summarize_rounds(
         "finalists": [row["number"] for row in ranked],
     }
     if yours is not None and yours != numbers[0]:
-        column = numbers.index(yours)
-        order = [column, *[i for i in range(len(numbers)) if i != column]]
-        versus = _rows([numbers[i] for i in order], speedups(medians[:, order], processes))
-        result["yours"] = {"number": yours, "median_ms": versus[0]["median_ms"], "versus": versus[1:]}
+        result["yours"] = _versus(yours, numbers, medians, processes)
+    measured = {engine: n for engine, n in (engines or {}).items() if n in numbers and n != numbers[0]}
+    if measured:
+        result["engines"] = {engine: _versus(n, numbers, medians, processes) for engine, n in measured.items()}
     return result
+
+
+def _versus(number: int, numbers: list[int], medians: np.ndarray, processes: np.ndarray) -> dict[str, Any]:
+    """Every other re-measured trial's speedup over trial ``number``."""
+    column = numbers.index(number)
+    order = [column, *[i for i in range(len(numbers)) if i != column]]
+    versus = _rows([numbers[i] for i in order], speedups(medians[:, order], processes))
+    return {"number": number, "median_ms": versus[0]["median_ms"], "versus": versus[1:]}
 
 
 class _Rounds:
@@ -323,8 +342,9 @@ def confirm(
     baseline, best = finalists(study, top)
     if baseline is None or not best:
         return None
-    yours = your_trial(study.get_trials(deepcopy=False))
-    trials = with_yours([baseline, *best], yours)
+    every = study.get_trials(deepcopy=False)
+    yours = your_trial(every)
+    trials = with_references([baseline, *best], every)
     evaluations = [replace(template, candidate=dict(t.params)) for t in trials]
     expected = process_seconds(trials, template.settings, start_s, min(rounds, MIN_ROUNDS))
     quiet = quiet_seconds(trials, template.settings)
@@ -336,8 +356,9 @@ def confirm(
         stop, measured = exc, exc.measured
     numbers = [t.number for t in trials]
     mine = yours.number if yours is not None and yours.number in numbers else None
-    extra = len(trials) > len(best) + 1
-    result = summarize_rounds(numbers, measured.medians, measured.processes, mine, extra)
+    engines = {engine: t.number for engine, t in engine_default_trials(every).items()}
+    extras = len(trials) - len(best) - 1
+    result = summarize_rounds(numbers, measured.medians, measured.processes, mine, extras, engines)
     result |= {"planned_processes": processes, "stopped": measured.stopped}
     study.set_user_attr(CONFIRMED_ATTR, result)
     if stop is not None:

@@ -136,8 +136,8 @@ OPTIONS: tuple[Option, ...] = (
         "--backend",
         "backend",
         TEXT,
-        "onnxruntime (default), tensorrt (10.x/11.x), tensorrt-rtx, or package.module:Class, "
-        "e.g. --backend tensorrt-rtx",
+        "onnxruntime (default), tensorrt (10.x/11.x), tensorrt-rtx, or package.module:Class; several separated by"
+        " commas, or auto (every engine that runs here), are searched in one study: --backend onnxruntime,tensorrt",
     ),
     Option(
         "--accuracy", "accuracy", TEXT, 'criterion, e.g. "cosine>=0.9999 and max_abs<=1e-2" (default cosine>=0.9999)'

@@ -29,8 +29,7 @@ from optuna.trial import FrozenTrial
 
 from gpt_optuna.core.words import counted
 from gpt_optuna.protocol.timing import MIN_ROUNDS, ROUNDS, MeasureSettings
-from gpt_optuna.search.finalists import WORKER_START_S, finalists, process_seconds, with_yours
-from gpt_optuna.study.taxonomy import your_trial
+from gpt_optuna.search.finalists import WORKER_START_S, finalists, process_seconds, with_references
 
 CONFIRM_SHARE = 0.25
 """At most this share of ``--timeout`` is kept for the finalists' whole re-measurement (never less
@@ -63,17 +62,18 @@ class ConfirmPlan:
 
 
 Candidates = tuple[list[FrozenTrial], list[FrozenTrial]] | None
-"""What :func:`_candidates` finds: the baseline (and the user's configuration), and the finalists."""
+"""What :func:`_candidates` finds: the baseline (and the user's configuration, each other engine's
+defaults), and the finalists."""
 
 
 def _candidates(study: optuna.Study, top: int) -> Candidates:
-    """The baseline (with the user's own configuration after it, where measured) and the ``top``
+    """The baseline (with the user's own configuration and each other engine's defaults after it,
+    where measured) and the ``top``
     best finalists; None before the baseline is measured."""
     baseline, best = finalists(study, top)
     if baseline is None:
         return None
-    yours = your_trial(study.get_trials(deepcopy=False))
-    return with_yours([baseline], yours), best
+    return with_references([baseline], study.get_trials(deepcopy=False)), best
 
 
 def plan_confirmation(

@@ -16,9 +16,10 @@ import optuna
 from optuna.artifacts import FileSystemArtifactStore
 
 from gpt_optuna.backends import Backend, load_backend
+from gpt_optuna.backends.engine_choice import engine_defaults
 from gpt_optuna.core import interrupts
 from gpt_optuna.core.errors import EXIT_NO_FEASIBLE, UserError
-from gpt_optuna.core.space import Candidate, Space
+from gpt_optuna.core.space import Candidate, CandidateKey, Space, candidate_key
 from gpt_optuna.core.words import counted
 from gpt_optuna.graph.model_profile import ModelProfile
 from gpt_optuna.protocol.jobs import EvaluateJob
@@ -61,7 +62,7 @@ from gpt_optuna.study.recovery import recover_interrupted
 from gpt_optuna.study.resume import open_study, recorded_fingerprint, recorded_folder
 from gpt_optuna.study.storage import SQLITE_COMPANIONS, open_storage, storage_file
 from gpt_optuna.study.summary import StudySummary, finished_count
-from gpt_optuna.study.trial_record import SEEDED, YOURS_ATTR
+from gpt_optuna.study.trial_record import ENGINE_DEFAULTS_ATTR, SEEDED, YOURS_ATTR
 
 
 @dataclass(frozen=True)
@@ -112,7 +113,7 @@ def _tune(config: TuneConfig, progress: Progress) -> TuneEnd:
     begin_search()
     assert config.storage is not None and config.study_name is not None
     phases = Phases()
-    notes: list[str] = []
+    notes: list[str] = [config.engines_chosen] if config.engines_chosen else []
     engine = check_run(config)
     if config.baseline_config is not None and config.baseline_values is None:
         config = replace(config, baseline_values=engine.baseline_values(config.baseline_config))
@@ -314,7 +315,10 @@ def first_candidates(
     with the baseline; then the best of the ``--warm-start`` studies, as many from each as its
     model's likeness to this one (``profile``) earns, ranked, each with where it came from (queued
     one at a time by :class:`TransferQueue`)."""
-    seeds: list[tuple[Candidate, dict[str, str]]] = []
+    seeds: list[tuple[Candidate, dict[str, str]]] = [
+        (defaults, {SEEDED: f"{engine}'s defaults", ENGINE_DEFAULTS_ATTR: engine})
+        for engine, defaults in engine_defaults(space)
+    ]
     if yours is not None:
         assert config.baseline_config is not None
         seeds.append((yours, {SEEDED: "your configuration", YOURS_ATTR: config.baseline_config.name}))
@@ -322,7 +326,7 @@ def first_candidates(
     speed = None if config.no_seeds else speed_seed(space, backend)
     if speed is not None:
         seeds.append((speed, {SEEDED: "every speed feature on"}))
-    seeds = [(c, why) for i, (c, why) in enumerate(seeds) if all(c != earlier for earlier, _ in seeds[:i])]
+    seeds = once_each(seeds)
     if not config.warm_start:
         return seeds, WarmStart([], {}, {}, {})
     assert config.study_name is not None
@@ -330,6 +334,16 @@ def first_candidates(
     if recorded_fingerprint(storage, config.study_name) is None:  # a new study: they are queued
         notes.append(f"warm start: {warm.describe() or 'no earlier study of this backend on this device'}")
     return seeds, warm
+
+
+def once_each(seeds: list[tuple[Candidate, dict[str, str]]]) -> list[tuple[Candidate, dict[str, str]]]:
+    """Each candidate once, in the order first given, with every reason it was given (the first's
+    where two say the same thing)."""
+    kept: dict[CandidateKey, tuple[Candidate, dict[str, str]]] = {}
+    for candidate, why in seeds:
+        _, reasons = kept.setdefault(candidate_key(candidate), (candidate, {}))
+        reasons.update({k: v for k, v in why.items() if k not in reasons})
+    return list(kept.values())
 
 
 def record_search(study: optuna.Study, config: TuneConfig, prepared: Prepared, deadline: float | None) -> None:

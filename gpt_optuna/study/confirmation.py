@@ -43,7 +43,8 @@ class ConfirmedRow:
 
 @dataclass(frozen=True)
 class YoursConfirmed:
-    """The user's own configuration as the confirmation re-measured it, and every other one beside it."""
+    """A configuration the winner is stated against (the user's own, or another engine's defaults)
+    as the confirmation re-measured it, and every other one beside it."""
 
     number: int
     median_ms: float
@@ -66,6 +67,8 @@ class Confirmation:
     yours: YoursConfirmed | None
     stopped: str | None
     """Why it ended early, where it did: its figures are what it measured until then."""
+    engines: Mapping[str, YoursConfirmed] = field(default_factory=dict)
+    """Each other engine's defaults (by engine, in a study of several engines), as ``yours``."""
 
     @classmethod
     def of(cls, stored: Mapping[str, Any] | None) -> Confirmation | None:
@@ -74,6 +77,7 @@ class Confirmation:
             return None
         ranking = tuple(sorted((ConfirmedRow.of(r) for r in stored.get("ranking") or ()), key=_fastest_first))
         yours = stored.get("yours")
+        engines = stored.get("engines") or {}
         return cls(
             baseline=ConfirmedRow.of(stored["baseline"]) if stored.get("baseline") else None,
             ranking=ranking,
@@ -81,12 +85,9 @@ class Confirmation:
             rounds=int(stored.get("rounds", 0)),
             processes=int(stored.get("processes", 1)),  # confirmations before there were several: one
             joint="level" in stored,
-            yours=None
-            if not yours
-            else YoursConfirmed(
-                int(yours["number"]), float(yours["median_ms"]), tuple(ConfirmedRow.of(r) for r in yours["versus"])
-            ),
+            yours=_against(yours) if yours else None,
             stopped=stored.get("stopped") or None,
+            engines={engine: _against(reference) for engine, reference in engines.items()},
         )
 
     @property
@@ -128,8 +129,22 @@ class Confirmation:
 
     def versus_yours(self, number: int) -> ConfirmedRow | None:
         """Trial ``number`` beside the user's own configuration, where it re-measured both."""
-        rows = self.yours.versus if self.yours is not None else ()
-        return next((r for r in rows if r.number == number), None)
+        return _row_of(self.yours, number)
+
+    def versus_engine(self, engine: str, number: int) -> ConfirmedRow | None:
+        """Trial ``number`` beside ``engine``'s defaults, where it re-measured both."""
+        return _row_of(self.engines.get(engine), number)
+
+
+def _against(stored: Mapping[str, Any]) -> YoursConfirmed:
+    return YoursConfirmed(
+        int(stored["number"]), float(stored["median_ms"]), tuple(ConfirmedRow.of(r) for r in stored["versus"])
+    )
+
+
+def _row_of(reference: YoursConfirmed | None, number: int) -> ConfirmedRow | None:
+    rows = reference.versus if reference is not None else ()
+    return next((r for r in rows if r.number == number), None)
 
 
 def _fastest_first(row: ConfirmedRow) -> float:

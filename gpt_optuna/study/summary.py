@@ -11,13 +11,15 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from gpt_optuna.study.confirmation import Confirmation
+from gpt_optuna.backends.engine_choice import is_composition, trial_engine
+from gpt_optuna.study.confirmation import Confirmation, YoursConfirmed
 from gpt_optuna.study.evidence import significant
 from gpt_optuna.study.record import CONFIRMED_ATTR, HOST_ATTR, MEASURE_ATTR, SPACE_ATTR, StudyRecord
 from gpt_optuna.study.recovery import orphans
 from gpt_optuna.study.taxonomy import (
     STATUSES,
     baseline_trial,
+    engine_default_trials,
     failure_causes,
     is_interrupted,
     own_results,
@@ -123,6 +125,14 @@ class StudySummary:
     """What the look at the host before the search found (load, other GPU work, clocks)."""
     yours: FrozenTrial | None = None
     """The trial of the user's own configuration (``--baseline-config``), where there is one."""
+    backend: str | None = None
+    """The study's backend spec (several engines: a comma list)."""
+    engine_defaults: tuple[tuple[str, FrozenTrial], ...] = ()
+    """(engine, trial) of each other engine's defaults, in a study of several engines."""
+
+    def engine(self, trial: FrozenTrial) -> str | None:
+        """The engine ``trial`` ran, in a study of several engines; None in a study of one."""
+        return trial_engine(self.backend, trial.params) if is_composition(self.backend) else None
 
     @property
     def unit(self) -> str:
@@ -162,11 +172,25 @@ class StudySummary:
         if self.baseline is not None and self.yours.number == self.baseline.number:
             return self.figures(trial)
         confirmation = self.confirmation
-        row = confirmation.versus_yours(trial.number) if confirmation is not None else None
-        if confirmation is not None and confirmation.yours is not None and row is not None:
-            theirs_ms, which, processes = confirmation.yours.median_ms, confirmation.measurement, confirmation.processes
+        return self._versus(self.yours, None if confirmation is None else confirmation.yours, trial)
+
+    def versus_engine(self, engine: str, trial: FrozenTrial) -> Figures | None:
+        """The trial's figures beside ``engine``'s defaults (``baseline_ms`` is theirs), as
+        :meth:`versus_yours`; None where the study has no such trial, or it is ``trial``."""
+        reference = dict(self.engine_defaults).get(engine)
+        if reference is None or trial.number == reference.number:
+            return None
+        confirmation = self.confirmation
+        return self._versus(reference, None if confirmation is None else confirmation.engines.get(engine), trial)
+
+    def _versus(self, reference: FrozenTrial, confirmed: YoursConfirmed | None, trial: FrozenTrial) -> Figures | None:
+        """The trial beside ``reference``: re-measured together (``confirmed``), else the search's."""
+        confirmation = self.confirmation
+        row = next((r for r in confirmed.versus if r.number == trial.number), None) if confirmed else None
+        if confirmation is not None and confirmed is not None and row is not None:
+            theirs_ms, which, processes = confirmed.median_ms, confirmation.measurement, confirmation.processes
             return Figures(trial.number, which, row.median_ms, theirs_ms, row.ci, row.process_ms, processes)
-        latency, theirs = TrialRecord(trial).latency_ms, TrialRecord(self.yours).latency_ms
+        latency, theirs = TrialRecord(trial).latency_ms, TrialRecord(reference).latency_ms
         if latency is None or theirs is None:
             return None
         return Figures(trial.number, "search", latency, theirs)
@@ -338,4 +362,6 @@ def summarize_study(study: optuna.Study) -> StudySummary:
         host_tuned=tuple(host_tuned(study, best, baseline)),
         host_warnings=tuple((study.user_attrs.get(HOST_ATTR) or {}).get("warnings", [])),
         yours=your_trial(trials),
+        backend=record.backend,
+        engine_defaults=tuple(engine_default_trials(trials).items()),
     )

@@ -46,6 +46,8 @@ def summary_record(study: optuna.Study, summary: StudySummary) -> dict[str, Any]
         "host_tuned": [list(h) for h in summary.host_tuned],
         "host_warnings": list(summary.host_warnings),
         "yours": None if summary.yours is None else summary.yours.number,
+        "backend": summary.backend,
+        "engine_defaults": [[engine, trial.number] for engine, trial in summary.engine_defaults],
     }
 
 
@@ -85,6 +87,12 @@ def recorded_summary(study: optuna.Study) -> StudySummary | None:
         host_tuned=tuple((str(k), v, str(why)) for k, v, why in record["host_tuned"]),
         host_warnings=tuple(record["host_warnings"]),
         yours=trial_by_number(study, record.get("yours")),
+        backend=record.get("backend"),
+        engine_defaults=tuple(
+            (str(engine), trial)
+            for engine, number in record.get("engine_defaults") or ()
+            if (trial := trial_by_number(study, number))
+        ),
     )
 
 

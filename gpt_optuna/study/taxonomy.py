@@ -54,6 +54,18 @@ def your_trial(trials: list[FrozenTrial]) -> FrozenTrial | None:
     return next((t for t in trials if TrialRecord(t).is_yours and has_own_result(t, retried)), None)
 
 
+def engine_default_trials(trials: list[FrozenTrial]) -> dict[str, FrozenTrial]:
+    """The trials of each other engine's defaults in a study of several engines, by engine, each
+    the one that holds its own result."""
+    retried = retried_numbers(trials)
+    found: dict[str, FrozenTrial] = {}
+    for trial in trials:
+        engine = TrialRecord(trial).engine_defaults
+        if engine is not None and engine not in found and has_own_result(trial, retried):
+            found[engine] = trial
+    return found
+
+
 def search_ranking(trials: list[FrozenTrial]) -> list[FrozenTrial]:
     """The feasible trials that measured their own candidate (reused results left out), fastest
     first by the search's figures: where the finalists come from."""

@@ -17,7 +17,10 @@ YOURS_ATTR = "your_configuration"
 PROPOSED_ATTR = "proposed_by"
 """Where the sampler's candidate came from (its wrapped sampler, a neighbour, the nearest untried
 candidate, a random one, or a repeat in a covered space)."""
-WHY_TRIED = (BASELINE, SEEDED, WARM_START_ATTR, YOURS_ATTR)
+ENGINE_DEFAULTS_ATTR = "engine_defaults"
+"""On the trial of an engine's defaults in a study of several engines (not the baseline's engine):
+that engine's name."""
+WHY_TRIED = (BASELINE, SEEDED, WARM_START_ATTR, YOURS_ATTR, ENGINE_DEFAULTS_ATTR)
 """The attrs that say why a candidate was tried: a retry keeps them."""
 
 OWNER = "owner"
@@ -137,6 +140,11 @@ class TrialRecord:
     def your_configuration(self) -> str | None:
         """The file of the user's own configuration, on its trial; None elsewhere."""
         return self._text(YOURS_ATTR)
+
+    @property
+    def engine_defaults(self) -> str | None:
+        """The engine whose defaults the trial is, in a study of several engines; None elsewhere."""
+        return self._text(ENGINE_DEFAULTS_ATTR)
 
     @property
     def is_yours(self) -> bool:

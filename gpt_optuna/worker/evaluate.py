@@ -110,7 +110,7 @@ def discover_space(job: SpaceJob) -> tuple[Space, dict[str, str], list[str]]:
     if precision:  # weak-typing flags only where the graph itself stays fp32
         graph_fp32 = Condition("precision", ("fp32",))
         knobs = [replace(k, condition=graph_fp32) if k.name in backend.weak_typing_knobs else k for k in knobs]
-    return Space(fusion + precision + knobs), {**backend.versions(), "gpu": gpu_name()}, notes
+    return backend.with_graph_knobs(fusion + precision, knobs), {**backend.versions(), "gpu": gpu_name()}, notes
 
 
 def evaluate(job: EvaluateJob) -> TrialResult:

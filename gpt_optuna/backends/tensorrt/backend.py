@@ -23,7 +23,16 @@ from typing import Any
 
 import numpy as np
 
-from gpt_optuna.backends.base import Backend, BuildError, Built, KnobLimit, NodeTime, Runner, import_cupy
+from gpt_optuna.backends.base import (
+    Backend,
+    BuildError,
+    Built,
+    KnobLimit,
+    NodeTime,
+    Runner,
+    import_cupy,
+    nvidia_gpu_seen,
+)
 from gpt_optuna.backends.tensorrt import trtexec_flags
 from gpt_optuna.backends.tensorrt.knobs import RouteKnob, configure, discover_knobs, parse_build_routes, route_string
 from gpt_optuna.core.errors import MissingDependencyError
@@ -112,6 +121,9 @@ class TensorRTBackend(Backend):
 
     def __init__(self) -> None:
         self._trt: ModuleType | None = None
+
+    def cannot_run_here(self) -> str | None:
+        return None if nvidia_gpu_seen() else "it runs on an NVIDIA GPU and none is seen here"
 
     def missing_library(self) -> MissingDependencyError | None:
         found = any(importlib.util.find_spec(name) is not None for name in self.modules)
