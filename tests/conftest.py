@@ -76,6 +76,7 @@ def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     command's -v or -q leaves it set for the workers it starts)."""
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv(VERBOSITY_ENV, "0")
+    monkeypatch.setenv("GPT_OPTUNA_CACHE", str(tmp_path / "cache"))  # ONNX models of .pt2 programs
     return tmp_path
 
 

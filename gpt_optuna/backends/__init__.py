@@ -9,6 +9,8 @@ from __future__ import annotations
 import importlib
 
 from gpt_optuna.backends.base import Backend, BuildError, Built, Deployment, KnobLimit, Runner
+from gpt_optuna.backends.inductor import backend as _inductor_deployment
+from gpt_optuna.backends.inductor.deploy import CACHE_SUFFIX as _inductor_cache_suffix
 from gpt_optuna.backends.onnxruntime import settings as _onnxruntime_settings
 from gpt_optuna.backends.onnxruntime import triton as _onnxruntime_triton
 from gpt_optuna.backends.tensorrt import commands as _tensorrt_commands
@@ -33,6 +35,15 @@ DEPLOYMENTS = {
         "model.plan",
         _tensorrt_triton.triton_fields,
         (".onnx",),
+    ),
+    "inductor": Deployment(
+        _inductor_deployment.side_file,
+        None,
+        "model.pt2",
+        _inductor_deployment.triton_fields,
+        shipped=_inductor_deployment.needs_program_file,
+        engine_beside=_inductor_cache_suffix,
+        suffix=".pt2",
     ),
 }
 """How each registered engine's exported trial runs outside the tuner (export's side file, Triton);

@@ -88,14 +88,22 @@ class TritonFields:
 @dataclass(frozen=True)
 class Deployment:
     """How an engine's trial runs outside the tuner: what its export's side file adds
-    (``side_file``), the files an engine export writes beside it (``beside``: suffixes), and how
-    Triton serves it (its platform line, model file and configuration fields)."""
+    (``side_file``), the files an engine export writes beside it (``beside``: suffixes), what it
+    ships where that is not the engine, and how Triton serves it (its platform line, model file and
+    configuration fields)."""
 
     side_file: Callable[[ExportedTrial], dict[str, Any]]
-    triton_platform: str
+    triton_platform: str | None
+    """None: Triton has no backend that serves the engine's exports."""
     triton_model_file: str
     triton_fields: Callable[[dict[str, Any]], TritonFields]
     beside: tuple[str, ...] = ()
+    shipped: Callable[[Path], Path] | None = None
+    """The file an export ships, from the ONNX model the trial ran, where it is not the engine
+    itself (inductor: the PyTorch program); the engine then goes beside it (``engine_beside``)."""
+    engine_beside: str = ""
+    suffix: str = ""
+    """The exported file's extension ('': ``.plan`` for an engine, ``.onnx`` for a model)."""
 
 
 @dataclass

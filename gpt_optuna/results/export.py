@@ -62,8 +62,12 @@ def _samples(out: Path, samples_dir: Path | None) -> dict[str, Path]:
     return {kind: folder / _beside(out, kind) for kind in ("inputs", "reference")}
 
 
-def export_suffix(trial: optuna.trial.FrozenTrial) -> str:
-    """The file extension of what a trial exports: ``.plan`` for an engine, ``.onnx`` for a model."""
+def export_suffix(trial: optuna.trial.FrozenTrial, engine: str | None) -> str:
+    """The file extension of what a trial of ``engine`` exports: its deployment's, else ``.plan``
+    for an engine and ``.onnx`` for a model."""
+    deployment = DEPLOYMENTS.get(engine or "")
+    if deployment is not None and deployment.suffix:
+        return deployment.suffix
     return ".plan" if TrialRecord(trial).engine_artifact is not None else ".onnx"
 
 
@@ -73,7 +77,7 @@ def written_files(out: Path, engine: bool, backend: str | None, samples_dir: Pat
     deployment adds (TensorRT: the ONNX model it parses)."""
     files = [out, out.with_name(out.name + ".json"), *_samples(out, samples_dir).values()]
     deployment = DEPLOYMENTS.get(backend or "")
-    beside = deployment.beside if engine and deployment is not None else ()
+    beside = (*deployment.beside, deployment.engine_beside) if engine and deployment is not None else ()
     files += [out.with_name(out.name + suffix) for suffix in beside]
     return files + [external_data_file(f) for f in files if f.suffix == ".onnx"]  # a model too large for one file
 
@@ -189,7 +193,7 @@ def export_trial(
         kind = "engine" if artifact else "model"
         raise UserError(f"-o names the {kind} file to write; its record FILE.json is written beside it")
     if not out.suffix:
-        out = out.with_name(out.name + export_suffix(trial))
+        out = out.with_name(out.name + export_suffix(trial, trial_engine(record.backend, trial.params)))
     files = written_files(out, artifact is not None, trial_engine(record.backend, trial.params), samples_dir)
     StudySources.of(study, storage).refuse(files, "export to")
     side_path = out.with_name(out.name + ".json")
@@ -227,6 +231,11 @@ def _write_export(
     artifact = TrialRecord(trial).engine_artifact
     record, source, out, workdir = where.record, where.source, where.out, where.workdir
     staged = staging.path(out)
+    deployment = DEPLOYMENTS.get(trial_engine(record.backend, trial.params) or "")
+    shipped = deployment.shipped if artifact is not None and deployment is not None else None
+    if shipped is not None:  # the engine (inductor's caches) beside the file shipped (its program)
+        shutil.copyfile(shipped(source), staged)
+        staged = staging.path(out.with_name(out.name + deployment.engine_beside))  # type: ignore[union-attr]
     if artifact is not None:
         from optuna.artifacts import FileSystemArtifactStore, download_artifact
         from optuna.artifacts.exceptions import ArtifactNotFound
@@ -241,6 +250,7 @@ def _write_export(
             raise UserError(not_kept(trial, "faster candidates took its place")) from None
     else:  # ONNX Runtime builds no engine file: the model it ran, with the options in the side file
         copy_model(source, staged)
+    staged = staging.path(out)
     samples = _samples(out, where.samples_dir)
     confirmation = summary.confirmation
     confirmed = next((r for r in confirmation.ranking if r.number == trial.number), None) if confirmation else None
@@ -260,10 +270,13 @@ def _write_export(
         "confirmed": confirmed.stored if confirmed is not None else None,
         "confirmed_baseline": confirmation.baseline.stored if confirmed and confirmation.baseline else None,
         "versions": record.versions,
-        "file": "engine" if artifact is not None else "onnx model",
+        "file": "engine"
+        if artifact is not None and shipped is None
+        else "pytorch program"
+        if shipped
+        else "onnx model",
         "model_sha256": file_sha256(staged),
     }
-    deployment = DEPLOYMENTS.get(trial_engine(record.backend, trial.params) or "")
     if deployment is not None:
         models = StudyFolder.of(study).models
         side |= deployment.side_file(

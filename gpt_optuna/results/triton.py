@@ -77,8 +77,17 @@ def write_repository(
     trial = chosen_trial(study, study_summary(study), number)
     backend = trial_engine(StudyRecord.read(study).backend, trial.params)
     deployment = DEPLOYMENTS.get(backend or "")
-    if deployment is None:
-        raise UserError(f"Triton serves ONNX Runtime and TensorRT models; trial {trial.number} used {backend}")
+    if deployment is None or deployment.triton_platform is None:
+        raise UserError(
+            f"Triton serves ONNX Runtime and TensorRT models; trial {trial.number} used {backend}"
+            + (
+                ": Triton's PyTorch backend runs TorchScript, not a program Inductor compiles; export the trial"
+                " (gpt-optuna export) and load it with gpt_optuna.backends.inductor.deploy.load in a Python"
+                " backend model"
+                if backend == "inductor"
+                else ""
+            )
+        )
     target = repo / name
     sources = StudySources.of(study, storage)
     sources.refuse([target], "the model folder")

@@ -16,7 +16,7 @@ import optuna
 from optuna.artifacts import FileSystemArtifactStore
 
 from gpt_optuna.backends import Backend, load_backend
-from gpt_optuna.backends.engine_choice import engine_defaults
+from gpt_optuna.backends.engine_choice import engine_defaults, trial_engine
 from gpt_optuna.core import interrupts
 from gpt_optuna.core.errors import EXIT_NO_FEASIBLE, UserError
 from gpt_optuna.core.space import Candidate, CandidateKey, Space, candidate_key
@@ -499,6 +499,7 @@ def next_steps(
         steps.append(f"re-measure with more rounds: gpt-optuna confirm {where} --rounds {advice.remeasure_rounds}")
     steps.append(f"report: gpt-optuna report {where} -o {shlex.quote(str(Path('report.html').resolve()))}")
     if advice.export and summary.best is not None:
-        out = Path("best").resolve().with_suffix(export_suffix(summary.best))
+        engine = trial_engine(config.backend, summary.best.params)
+        out = Path("best").resolve().with_suffix(export_suffix(summary.best, engine))
         steps.append(f"export the winner: gpt-optuna export {where} -o {shlex.quote(str(out))}")
     return steps

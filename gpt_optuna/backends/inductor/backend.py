@@ -15,8 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from gpt_optuna.backends.base import Backend, BuildError, Built, KnobLimit, Runner
-from gpt_optuna.backends.inductor.deploy import CompiledProgram
+from gpt_optuna.backends.base import Backend, BuildError, Built, ExportedTrial, KnobLimit, Runner, TritonFields
+from gpt_optuna.backends.inductor.deploy import SECTION, CompiledProgram
 from gpt_optuna.backends.inductor.knobs import (
     CUDAGRAPHS,
     FREEZING,
@@ -46,6 +46,11 @@ def needs_program(model: ModelInfo) -> Path:
             " torch.export.export(model, example_inputs)); an ONNX model has none"
         )
     return program
+
+
+def needs_program_file(onnx_path: Path) -> Path:
+    """:func:`needs_program` of the ONNX model at ``onnx_path`` (what an export ships)."""
+    return needs_program(ModelInfo(onnx_path, "", 0, (), ()))
 
 
 def settings_of(candidate: Candidate, device: str) -> dict[str, Any]:
@@ -208,3 +213,14 @@ class InductorRunner(Runner):
         fresh = self.compiled.inputs([feeds[n] for n in self.names])
         for bound, value in zip(self.inputs, fresh, strict=True):
             bound.copy_(value)
+
+
+def side_file(trial: ExportedTrial) -> dict[str, Any]:
+    """What :func:`~gpt_optuna.backends.inductor.deploy.load` compiles the exported program with:
+    the trial's settings, on the device it was tuned on."""
+    device = "cuda" if CUDAGRAPHS in trial.params else "cpu"  # the knob is offered on the GPU alone
+    return {SECTION: settings_of(dict(trial.params), device)}
+
+
+def triton_fields(side: dict[str, Any]) -> TritonFields:
+    raise UserError("Triton's PyTorch backend runs TorchScript, not a program Inductor compiles")

@@ -1,0 +1,104 @@
+"""The inductor engine on the CPU: its space, a .pt2 program's ONNX model, a real compile, and an
+export loaded in a fresh process."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import tune
+
+from gpt_optuna.backends import load_backend
+from gpt_optuna.backends.inductor.knobs import (
+    CUDAGRAPHS,
+    GEMM_BACKENDS,
+    MAX_AUTOTUNE,
+    SDPA_BACKEND,
+    compile_options,
+    inductor_knobs,
+)
+from gpt_optuna.cli import main
+from gpt_optuna.core.errors import UserError
+from gpt_optuna.core.space import Space
+from gpt_optuna.graph.model import load_model_info, resolve_shapes
+from gpt_optuna.graph.program import onnx_of_program, program_of
+
+
+def test_the_defaults_are_torch_compiles_own_and_the_gpu_offers_cuda_graphs_and_attention() -> None:
+    cpu = Space(inductor_knobs(on_gpu=False, has_attention=True, has_convolution=True))
+    gpu = Space(inductor_knobs(on_gpu=True, has_attention=True, has_convolution=False))
+    assert compile_options(cpu.default()) == {"freezing": False, "epilogue_fusion": True, "max_autotune": False}
+    assert {k.name for k in cpu.knobs}.isdisjoint({CUDAGRAPHS, SDPA_BACKEND})  # both GPU-only
+    assert {CUDAGRAPHS, SDPA_BACKEND} <= {k.name for k in gpu.knobs}
+    assert GEMM_BACKENDS not in gpu.default()  # the kernel choices apply with autotuning alone
+    tuned = {**gpu.default(), MAX_AUTOTUNE: True, GEMM_BACKENDS: "TRITON", CUDAGRAPHS: True}
+    assert compile_options(tuned)["triton.cudagraphs"] is True
+    assert compile_options(tuned)["max_autotune_gemm_backends"] == "TRITON"
+
+
+@pytest.fixture
+def program(tmp_path: Path) -> Path:
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 8)).eval()
+    path = tmp_path / "tiny.pt2"
+    torch.export.save(torch.export.export(model, (torch.randn(4, 16),)), str(path))
+    return path
+
+
+def test_a_programs_onnx_model_keeps_its_interface_and_leads_back_to_it(program: Path) -> None:
+    onnx_path = onnx_of_program(program, 120)
+    info = load_model_info(onnx_path)
+    assert [(s.name, s.shape) for s in info.inputs] == [("input", (4, 16))]
+    assert [s.shape for s in info.outputs] == [(4, 8)]
+    kept = program_of(onnx_path)
+    assert kept is not None and kept.read_bytes() == program.read_bytes() and kept != program
+    assert onnx_of_program(program, 120) == onnx_path  # made once per program content
+    kept.write_bytes(b"changed")
+    with pytest.raises(UserError, match="has changed"):
+        program_of(onnx_path)
+
+
+def test_a_file_that_is_no_program_is_refused_in_one_line(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    (tmp_path / "junk.pt2").write_bytes(b"not a zip")
+    with pytest.raises(UserError, match="could not be exported to ONNX") as error:
+        onnx_of_program(tmp_path / "junk.pt2", 120)
+    assert "\n" not in str(error.value)
+
+
+def test_the_engine_refuses_an_onnx_model_with_what_to_give_instead(cnn_path: Path) -> None:
+    info = load_model_info(cnn_path)
+    with pytest.raises(UserError, match="give the model as a .pt2 file"):
+        load_backend("inductor").space(info, resolve_shapes(info, {}))
+
+
+@pytest.mark.slow
+def test_a_search_of_a_program_exports_what_a_fresh_process_compiles_and_runs(program: Path, tmp_path: Path) -> None:
+    config = tmp_path / "tune.toml"
+    config.write_text("[measure]\nbudget_s = 0.05\nmin_samples = 5\n")
+    args = ["--backend", "inductor", "--config", str(config), "--n-trials", "3", "--confirm-top", "1"]
+    assert tune(str(program), *args, "--confirm-processes", "2") == 0
+    assert main(["export", "-o", str(tmp_path / "served")]) == 0  # the trial the study decided on
+    side = json.loads((tmp_path / "served.pt2.json").read_text())
+    assert side["file"] == "pytorch program" and side["inductor"]["device"] == "cpu"
+    assert (tmp_path / "served.pt2.cache").stat().st_size > 0  # Inductor's caches of the trial's compile
+    script = (
+        "import sys, numpy as np\n"
+        "from gpt_optuna.backends.inductor.deploy import load\n"
+        "model = load(sys.argv[1])\n"
+        "x = np.load(sys.argv[1] + '.inputs.npz')['input'][0]\n"
+        "np.save(sys.argv[2], model(x)[0].numpy())\n"
+    )
+    out = tmp_path / "fresh.npy"
+    subprocess.run([sys.executable, "-c", script, str(tmp_path / "served.pt2"), str(out)], check=True, timeout=300)
+    reference = np.load(tmp_path / "served.pt2.reference.npz")
+    (name,) = reference.files
+    produced = np.load(out)
+    cosine = float(np.dot(produced.ravel(), reference[name][0].ravel()))
+    cosine /= float(np.linalg.norm(produced) * np.linalg.norm(reference[name][0]))
+    assert cosine >= 0.999  # the outputs of the trial's settings, compiled anew
