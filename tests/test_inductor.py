@@ -102,3 +102,27 @@ def test_a_search_of_a_program_exports_what_a_fresh_process_compiles_and_runs(pr
     cosine = float(np.dot(produced.ravel(), reference[name][0].ravel()))
     cosine /= float(np.linalg.norm(produced) * np.linalg.norm(reference[name][0]))
     assert cosine >= 0.999  # the outputs of the trial's settings, compiled anew
+
+
+@pytest.mark.gpu
+def test_on_the_gpu_cuda_graphs_replay_on_the_runners_stream_and_cuda_events_time_them(program: Path) -> None:
+    from gpt_optuna.protocol.timing import MeasureSettings
+    from gpt_optuna.worker.measure import measure
+
+    onnx_path = onnx_of_program(program, 120)
+    info = load_model_info(onnx_path)
+    shapes = resolve_shapes(info, {})
+    backend = load_backend("inductor")
+    space = backend.space(info, shapes)
+    x = np.random.default_rng(0).standard_normal((4, 16)).astype(np.float32)
+    reference = {}
+    for candidate in (space.default(), {**space.default(), CUDAGRAPHS: True, "compute_precision": "fp16"}):
+        built = backend.build(info, candidate, program.parent, shapes)
+        template = {info.outputs[0].name: np.zeros((4, 8), np.float32)}
+        with backend.open(built, {"input": x}, template) as runner:
+            assert runner.stream is not None  # timed by CUDA events on the runner's stream
+            outputs = runner.infer()[info.outputs[0].name]
+            reference = reference or {"out": outputs}
+            assert np.allclose(outputs, reference["out"], atol=2e-2)
+            stats = measure(runner, MeasureSettings(budget_s=0.2, min_samples=5))
+            assert stats.median_ms > 0 and stats.samples >= 5
