@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -96,6 +97,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("models", nargs="+", type=Path)
     parser.add_argument("--timeout", type=int, default=300, help="each search's --timeout, in seconds")
+    parser.add_argument("--logs", type=Path, help="a folder to keep each search's output in (MODEL.txt)")
     args = parser.parse_args()
     print(
         "| model | engine chosen | winner vs first engine's defaults | vs each engine's defaults |"
@@ -105,6 +107,9 @@ def main() -> None:
     for model in args.models:
         with tempfile.TemporaryDirectory() as tmp:
             record = tune_and_export(model.resolve(), args.timeout, Path(tmp))
+            if args.logs is not None:
+                args.logs.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(Path(tmp) / "tune.txt", args.logs / f"{model.stem}.txt")
             engines = record.get("engine_defaults") or {}
             versus = ", ".join(
                 f"{name} {v['speedup']:.2f}x" for name, v in engines.items() if v.get("speedup") is not None
