@@ -24,6 +24,7 @@ from gpt_optuna.search.time_budget import (
     CONFIRM_SHARE,
     FINISH_S,
     MIN_PROCESSES,
+    STOP_S,
     EndingReserve,
     plan_confirmation,
     reserve_s,
@@ -102,11 +103,11 @@ def test_the_search_keeps_the_smallest_re_measurement_however_short_the_timeout(
     whole = plan_confirmation(study, 3, 3, SETTINGS, None, START_S)
     assert smallest is not None and whole is not None and whole.total_s > smallest.total_s
     short = smallest.total_s / CONFIRM_SHARE / 2  # a quarter of it is half the smallest
-    assert reserve_s(smallest, whole, short) == pytest.approx(smallest.total_s + FINISH_S)
+    assert reserve_s(smallest, whole, short) == pytest.approx(smallest.total_s + STOP_S + FINISH_S)
     long = 10 * whole.total_s / CONFIRM_SHARE
-    assert reserve_s(smallest, whole, long) == pytest.approx(whole.total_s + FINISH_S)
+    assert reserve_s(smallest, whole, long) == pytest.approx(whole.total_s + STOP_S + FINISH_S)
     between = (whole.total_s + smallest.total_s) / 2 / CONFIRM_SHARE
-    assert reserve_s(smallest, whole, between) == pytest.approx(CONFIRM_SHARE * between + FINISH_S)
+    assert reserve_s(smallest, whole, between) == pytest.approx(CONFIRM_SHARE * between + STOP_S + FINISH_S)
 
 
 def test_a_short_ending_drops_finalists_then_rounds_then_processes_before_it_skips() -> None:
@@ -168,6 +169,27 @@ def test_a_timeout_that_holds_it_keeps_it_and_says_nothing() -> None:
         optuna.create_study(), 3, 3, SETTINGS, 60.0, time.monotonic() + 1.0, lambda: 9.0, said.append
     )
     assert before() == FINISH_S and before.holds is None and said == []  # judged once the baseline is measured
+
+
+def test_slow_builds_kept_for_the_end_still_fit_once_a_trial_is_stopped_at_the_search_end() -> None:
+    """Each candidate builds in 12 s (a compile), so the smallest re-measurement outgrows the
+    share of a 150 s --timeout and is what the search keeps. A trial still compiling as the
+    search's time is up is stopped there, which takes a moment: what is left then still holds the
+    smallest re-measurement, rebuilds of both candidates in each process counted."""
+    study = study_of(1.7, 3, build_s=12.0)
+    smallest = smallest_confirmation(study, 5, SETTINGS, START_S)
+    assert smallest is not None and smallest.total_s > CONFIRM_SHARE * 150.0
+    assert smallest.total_s >= MIN_PROCESSES * (START_S + 2 * 12.0)  # two rebuilds in each process
+    left = 88.0  # 62 s of the 150 s spent, as a trial ends
+    said: list[str] = []
+    reserve = EndingReserve(study, 5, 5, SETTINGS, 150.0, time.monotonic() + left, lambda: 15.0, said.append, START_S)
+    kept = reserve()
+    assert reserve.holds is True and said == [] and kept >= smallest.total_s + FINISH_S
+    stopping_s = 1.0  # the next trial, given the search's time left, ran into it and was stopped
+    at_plan = kept - stopping_s - FINISH_S  # what the re-measurement is planned in (less the finish)
+    plan = plan_confirmation(study, 5, 5, SETTINGS, at_plan, START_S)
+    assert plan is not None and plan.total_s <= at_plan
+    assert kept - smallest.total_s - FINISH_S >= STOP_S > stopping_s
 
 
 def test_a_trial_that_did_one_off_work_does_not_set_a_trials_cost() -> None:

@@ -3,6 +3,8 @@
 import ctypes
 import os
 import shutil
+import subprocess
+import sys
 import time
 from functools import partial
 from pathlib import Path
@@ -35,6 +37,37 @@ def steps_then_hang(count: int) -> None:
     for step in range(count):
         report_progress(f"step {step + 1}/{count}")
     time.sleep(3600)
+
+
+_held: list[object] = []
+
+
+def hold_a_semaphore() -> int:
+    """What a compile worker pool does in the child: a multiprocessing semaphore, freed at its exit."""
+    import multiprocessing
+
+    _held.append(multiprocessing.get_context("spawn").Semaphore())
+    return os.getpid()
+
+
+CLOSES_A_WORKER = f"""
+import sys
+from pathlib import Path
+sys.path.insert(0, {str(Path(__file__).parent)!r})
+from gpt_optuna.protocol.process import Worker
+from test_worker import hold_a_semaphore
+if __name__ == "__main__":
+    with Worker(Path(sys.argv[1])) as worker:
+        worker.run(hold_a_semaphore, 60)
+"""
+
+
+def test_a_closed_worker_ends_as_a_process_ends_and_leaks_no_semaphore(tmp_path: Path) -> None:
+    script = tmp_path / "close.py"
+    script.write_text(CLOSES_A_WORKER)
+    done = subprocess.run([sys.executable, str(script), str(tmp_path / "w.log")], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert "leaked semaphore" not in done.stderr, done.stderr
 
 
 @pytest.mark.slow

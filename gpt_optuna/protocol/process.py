@@ -127,6 +127,8 @@ def _child_main(conn: Connection, log_path: str, env: dict[str, str]) -> None:
 
 
 _POLL_S = 0.2
+CLOSE_S = 5.0
+"""How long a closed worker's child has to end as a process ends before it is killed."""
 """How often a job's wait looks for a Ctrl-C pressed while another thread holds the terminal."""
 
 
@@ -249,8 +251,18 @@ class Worker:
         except FileNotFoundError:
             return ""
 
+    def let_go(self) -> None:
+        """Close the idle child's pipe: it ends as a process ends, its libraries' exit handlers run
+        (a compile worker pool's semaphores are freed: killed, they would be reported leaked at the
+        tuner's exit). Several workers let go first end together, then :meth:`close` each."""
+        if self._conn is not None:
+            self._conn.close()
+
     def close(self) -> None:
-        """Stop the child."""
+        """Stop the child: let go (:meth:`let_go`), killed where it has not ended within :data:`CLOSE_S`."""
+        if self._process is not None and self._conn is not None:
+            self.let_go()
+            self._process.join(CLOSE_S)
         self._kill()
 
     def __enter__(self) -> Worker:

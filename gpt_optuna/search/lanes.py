@@ -84,11 +84,13 @@ def lane_gpus(workers: int | None, gpus: str | None, log: Path) -> list[str | No
 
 def open_workers(stack: contextlib.ExitStack, gpus: Sequence[str | None], log_dir: Path, log_name: str) -> list[Worker]:
     """One worker process per entry of ``gpus``, pinned to it, logging to ``log_dir/<log_name>.log``
-    (the first) and ``<log_name>-<index>.log``."""
-    return [
+    (the first) and ``<log_name>-<index>.log``; at the stack's end all are let go at once, then closed."""
+    workers = [
         stack.enter_context(Worker(StudyFolder(log_dir).log(f"{log_name}-{index}" if index else log_name), pinned(gpu)))
         for index, gpu in enumerate(gpus)
     ]
+    stack.callback(lambda: [worker.let_go() for worker in workers])
+    return workers
 
 
 @contextlib.contextmanager

@@ -42,6 +42,11 @@ FILL_ROUNDS = 100
 lasts: the time the plan's estimate did not need goes to rounds, not left unused."""
 FINISH_S = 2.0
 """Kept at the very end: the summary, the report of what comes next."""
+STOP_S = 3.0
+"""Kept between the search's end and the re-measurement's plan: a trial still running as the
+search's time is up is stopped there (its worker killed, its candidate queued again) and the study
+is read again. Without it a reserve that holds the smallest re-measurement to the second no longer
+holds it once the search has stopped."""
 
 
 @dataclass(frozen=True)
@@ -126,15 +131,16 @@ def _smallest(found: Candidates, processes: int, settings: MeasureSettings, star
 
 def reserve_s(smallest: ConfirmPlan, whole: ConfirmPlan | None, timeout_s: float) -> float:
     """The seconds the search keeps for the end: the ``whole`` re-measurement's estimate, at most
-    :data:`CONFIRM_SHARE` of ``timeout_s``, but the ``smallest`` one's at least; and the finish."""
+    :data:`CONFIRM_SHARE` of ``timeout_s``, but the ``smallest`` one's at least; the search's stop
+    and the finish."""
     wanted = whole.total_s if whole is not None else smallest.total_s
-    return max(smallest.total_s, min(wanted, CONFIRM_SHARE * timeout_s)) + FINISH_S
+    return max(smallest.total_s, min(wanted, CONFIRM_SHARE * timeout_s)) + STOP_S + FINISH_S
 
 
 def smallest_timeout_s(used_s: float, trial_s: float, smallest: ConfirmPlan) -> int:
     """The smallest ``--timeout`` (whole seconds) that holds what ran so far (``used_s``), a trial
     of ``trial_s`` (0 where there is a finalist already) and the ``smallest`` re-measurement."""
-    return math.ceil(used_s + trial_s + smallest.total_s + FINISH_S)
+    return math.ceil(used_s + trial_s + smallest.total_s + STOP_S + FINISH_S)
 
 
 class EndingReserve:
@@ -176,7 +182,7 @@ class EndingReserve:
     def _holds(self, smallest: ConfirmPlan, trial_s: float) -> bool:
         """Whether the time left holds ``smallest`` after a trial of ``trial_s``; where not, said."""
         left = self.deadline - time.monotonic()
-        if left >= trial_s + smallest.total_s + FINISH_S:
+        if left >= trial_s + smallest.total_s + STOP_S + FINISH_S:
             return True
         enough = smallest_timeout_s(self.timeout_s - left, trial_s, smallest)
         after = f" after one more trial of about {trial_s:.0f} s" if trial_s else ""
