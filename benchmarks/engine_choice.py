@@ -6,7 +6,7 @@ the tuner's own protocol (:func:`gpt_optuna.worker.measure.measure`, CUDA events
 alternating blocks: ``torch.compile(mode="reduce-overhead")`` in fp16 (the inductor engine's
 candidate with CUDA graphs and fp16, every other option at torch's default) and the exported
 winner as a service loads it (an inductor export through its loader, an ONNX Runtime export
-through its session). Prints one row per model::
+as the trials run it, outputs bound on the device). Prints one row per model::
 
     python -m benchmarks.engine_choice swin_t.pt2 resnet18.pt2 --timeout 300
 """
@@ -63,18 +63,11 @@ if "inductor" in side:
     from gpt_optuna.backends.inductor.backend import InductorRunner
     from gpt_optuna.backends.inductor.deploy import load
     runners["export"] = InductorRunner(load(export), feeds, templates)
-else:
-    from gpt_optuna.backends.onnxruntime.deploy import open_session
-
-    session = open_session(export)
-
-    class Session:
-        stream = None
-        def launch(self):
-            session.run(None, feeds)  # host copies included: a service's plain call
-        def synchronize(self):
-            pass
-    runners["export"] = Session()
+else:  # the exported ONNX model, run as the trials run it (its outputs bound on the device)
+    ort = load_backend("onnxruntime")
+    exported = load_model_info(Path(export))
+    knobs = {k: v for k, v in side["params"].items() if k not in ("engine", "precision", "graph_fusion")}
+    runners["export"] = ort.open(ort.build(exported, knobs, Path("."), shapes), feeds, templates)
 settings = MeasureSettings(budget_s=1.0)
 found = {name: [] for name in runners}
 for _ in range(ROUNDS):
