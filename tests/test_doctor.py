@@ -19,7 +19,9 @@ def test_doctor_names_the_engines_their_providers_and_knobs_and_runs_a_tiny_mode
     found = doctor("--json")
     assert found.returncode == 0, found.stderr
     engines = {e["name"]: e for e in json.loads(found.stdout)["engines"]}
-    assert set(engines) == {"onnxruntime", "tensorrt", "tensorrt-rtx"}
+    assert set(engines) == {"onnxruntime", "tensorrt", "tensorrt-rtx", "inductor"}
+    if importlib.util.find_spec("torch") is not None:  # tried on a tiny PyTorch program
+        assert engines["inductor"]["missing"] is None and engines["inductor"]["latency_ms"] > 0
     ort = engines["onnxruntime"]
     assert ort["missing"] is None and ort["versions"]["onnxruntime"] == onnxruntime.__version__
     assert "CPUExecutionProvider" in ort["providers"] and ort["latency_ms"] > 0

@@ -211,6 +211,9 @@ class Backend(abc.ABC):
         """Whether the space's baseline runs on the CPU: its latencies are the CPU's, whatever the GPU."""
         return False
 
+    takes_programs: bool = False
+    """Its models are PyTorch programs (``.pt2``), not ONNX graphs of their own."""
+
     reports_device_memory: bool = False
     """Its runners report the engine's device memory (``device_memory_bytes``), for ``--objectives memory``."""
 

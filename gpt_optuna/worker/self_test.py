@@ -10,10 +10,13 @@ from typing import Any
 
 import numpy as np
 
-from gpt_optuna.graph.model import load_model_info
+from gpt_optuna.backends import Backend
+from gpt_optuna.graph.model import ModelInfo, load_model_info, resolve_shapes
+from gpt_optuna.graph.program import onnx_of_program
 from gpt_optuna.protocol.jobs import SelfTestJob
 from gpt_optuna.protocol.process import gpu_names
 from gpt_optuna.protocol.timing import MeasureSettings
+from gpt_optuna.testing.tiny_program import tiny_program
 from gpt_optuna.worker.evaluate import backend_of
 from gpt_optuna.worker.measure import measure
 
@@ -22,9 +25,15 @@ TINY_MODEL = Path(__file__).resolve().parent.parent / "data" / "small_cnn.onnx"
 
 
 def self_test(job: SelfTestJob) -> dict[str, Any]:
-    """What :class:`SelfTestJob` asks, for :data:`TINY_MODEL`."""
+    """What :class:`SelfTestJob` asks, for :data:`TINY_MODEL` (an engine of PyTorch programs: a tiny one's)."""
     backend = backend_of(job.backend)
-    info = load_model_info(TINY_MODEL)
+    with tempfile.TemporaryDirectory(prefix="gpt-optuna-doctor-") as folder:
+        model = onnx_of_program(tiny_program(Path(folder) / "tiny.pt2"), 300) if backend.takes_programs else TINY_MODEL
+        info = load_model_info(model)
+        return _tried(backend, info)
+
+
+def _tried(backend: Backend, info: ModelInfo) -> dict[str, Any]:
     space = backend.space(info, {})
     found: dict[str, Any] = {
         "versions": backend.versions(),
@@ -34,7 +43,8 @@ def self_test(job: SelfTestJob) -> dict[str, Any]:
     }
     with tempfile.TemporaryDirectory(prefix="gpt-optuna-doctor-") as workdir:
         started = time.perf_counter()
-        built = backend.build(info, space.defaults() | space.default(), Path(workdir), {})
+        shapes = resolve_shapes(info, {})
+        built = backend.build(info, space.defaults() | space.default(), Path(workdir), shapes)
         found["build_s"] = time.perf_counter() - started
         rng = np.random.default_rng(0)
         feeds = {spec.name: rng.standard_normal(spec.shape).astype(spec.dtype) for spec in info.inputs}

@@ -90,6 +90,7 @@ class InductorBackend(Backend):
     """``torch.compile`` with the Inductor backend, on the PyTorch program a model came from."""
 
     name = "inductor"
+    takes_programs = True
     speed_values = MappingProxyType({CUDAGRAPHS: (True,), FREEZING: (True,), PRECISION: ("fp16", "bf16", "tf32")})
 
     def missing_library(self) -> MissingDependencyError | None:
