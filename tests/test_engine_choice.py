@@ -11,9 +11,10 @@ from conftest import load, tune
 from twin_backend import TwinBackend
 
 from gpt_optuna.backends import BACKENDS, load_backend
-from gpt_optuna.backends.engine_choice import ENGINE_KNOB, EngineChoice, choose_engines, engine_defaults, resolved_spec
+from gpt_optuna.backends.engine_choice import EngineChoice, choose_engines, engine_defaults, resolved_spec
 from gpt_optuna.backends.onnxruntime.backend import OnnxRuntimeBackend
 from gpt_optuna.cli import main
+from gpt_optuna.core.engine_spec import ENGINE_KNOB
 from gpt_optuna.core.errors import UserError
 from gpt_optuna.core.space import Condition, Knob
 from gpt_optuna.graph.model import load_model_info

@@ -91,7 +91,7 @@ def test_doctor_names_an_onnx_runtime_that_fails_to_import_and_reports_the_other
     found = subprocess.run([*CLI, "doctor", "--json"], capture_output=True, text=True, timeout=600, env=env)
     assert found.returncode in (0, 1) and "Traceback" not in found.stderr, found.stderr
     engines = {e["name"]: e for e in json.loads(found.stdout)["engines"]}
-    assert set(engines) == {"onnxruntime", "tensorrt", "tensorrt-rtx"}
+    assert set(engines) == {"onnxruntime", "tensorrt", "tensorrt-rtx", "inductor"}
     assert engines["onnxruntime"]["missing"] == (
         "ONNX Runtime is installed but fails to import: libonnxruntime.so.1: cannot open shared object file"
     )

@@ -6,25 +6,19 @@ what its methods take and return (the space's knobs and candidates, the model's 
 
 from __future__ import annotations
 
-import importlib
-
 from gpt_optuna.backends.base import Backend, BuildError, Built, Deployment, KnobLimit, Runner
+from gpt_optuna.backends.engine_choice import EngineChoice
 from gpt_optuna.backends.inductor import backend as _inductor_deployment
 from gpt_optuna.backends.inductor.deploy import CACHE_SUFFIX as _inductor_cache_suffix
 from gpt_optuna.backends.onnxruntime import settings as _onnxruntime_settings
 from gpt_optuna.backends.onnxruntime import triton as _onnxruntime_triton
+from gpt_optuna.backends.registry import BACKENDS, load_engine
 from gpt_optuna.backends.tensorrt import commands as _tensorrt_commands
 from gpt_optuna.backends.tensorrt import triton as _tensorrt_triton
-from gpt_optuna.core.errors import UserError
+from gpt_optuna.core.engine_spec import is_composition
 from gpt_optuna.core.space import Candidate, Condition, Knob, Space, Value
 from gpt_optuna.graph.model import Feeds, ModelInfo, ShapeRange, TensorSpec
 
-BACKENDS = {
-    "onnxruntime": "gpt_optuna.backends.onnxruntime:OnnxRuntimeBackend",
-    "tensorrt": "gpt_optuna.backends.tensorrt:TensorRTBackend",
-    "tensorrt-rtx": "gpt_optuna.backends.tensorrt:TensorRTRTXBackend",
-    "inductor": "gpt_optuna.backends.inductor:InductorBackend",
-}
 DEPLOYMENTS = {
     "onnxruntime": Deployment(
         _onnxruntime_settings.side_file, 'backend: "onnxruntime"', "model.onnx", _onnxruntime_triton.triton_fields
@@ -74,19 +68,4 @@ __all__ = [
 def load_backend(spec: str) -> Backend:
     """Instantiate a backend from a registered name or a ``module:Class`` path; several engines
     (a comma list of those, or ``auto``) as one :class:`~.engine_choice.EngineChoice`."""
-    from gpt_optuna.backends.engine_choice import EngineChoice, is_composition
-
-    if is_composition(spec):
-        return EngineChoice.of(spec)
-    target = BACKENDS.get(spec, spec)
-    if ":" not in target:
-        raise UserError(f"unknown backend {spec!r}; choose one of: {', '.join(BACKENDS)} (or module:Class)")
-    module_name, _, class_name = target.partition(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise UserError(f"cannot import backend module {module_name!r}: {exc}") from exc
-    cls = getattr(module, class_name, None)
-    if cls is None or not (isinstance(cls, type) and issubclass(cls, Backend)):
-        raise UserError(f"{target!r} is not a gpt_optuna Backend class")
-    return cls()
+    return EngineChoice.of(spec) if is_composition(spec) else load_engine(spec)

@@ -15,40 +15,21 @@ from pathlib import Path
 from typing import Any
 
 from gpt_optuna.backends.base import Backend, BuildError, Built, KnobLimit, NodeTime, Runner
+from gpt_optuna.backends.registry import BACKENDS, load_engine
+from gpt_optuna.core.engine_spec import AUTO, ENGINE_KNOB, engine_specs, is_composition
 from gpt_optuna.core.errors import MissingDependencyError, UserError
 from gpt_optuna.core.space import Candidate, Condition, Knob, Space, Value
 from gpt_optuna.graph.fusion import FUSION_KNOB
 from gpt_optuna.graph.model import Feeds, ModelInfo, ShapeRange
 from gpt_optuna.graph.precision import PRECISIONS, PrecisionSetting
 
-ENGINE_KNOB = "engine"
-AUTO = "auto"
-
-
-def is_composition(spec: str | None) -> bool:
-    """Whether a backend spec names several engines (a comma list, or ``auto``)."""
-    return spec is not None and ("," in spec or spec.strip() == AUTO)
-
-
-def engine_specs(spec: str) -> list[str]:
-    """The engines a comma list names, in order; a UserError for an empty name or a duplicate."""
-    parts = [p.strip() for p in spec.split(",")]
-    if not all(parts):
-        raise UserError(f"--backend {spec!r}: an empty engine name; give names separated by commas")
-    repeated = next((p for i, p in enumerate(parts) if p in parts[:i]), None)
-    if repeated is not None:
-        raise UserError(f"--backend {spec!r} names {repeated} twice; name each engine once")
-    return parts
-
 
 def choose_engines() -> tuple[list[str], str]:
     """``auto``: every registered engine whose library is installed and that can run here, with
     one line saying which were chosen and why each other one was left out."""
-    from gpt_optuna.backends import BACKENDS, load_backend
-
     chosen, left_out = [], []
     for name in BACKENDS:
-        backend = load_backend(name)
+        backend = load_engine(name)
         why = backend.missing_library() or backend.cannot_run_here()
         if why is None:
             chosen.append(name)
@@ -63,8 +44,6 @@ def choose_engines() -> tuple[list[str], str]:
 def resolved_spec(spec: str) -> tuple[str, str]:
     """The backend spec a study records: ``auto`` as the engines chosen here (one engine alone:
     its name), a comma list checked and written without spaces; with ``auto``'s line ("" otherwise)."""
-    from gpt_optuna.backends import BACKENDS
-
     if spec.strip() == AUTO:
         chosen, line = choose_engines()
         return ",".join(chosen), line
@@ -79,19 +58,7 @@ def resolved_spec(spec: str) -> tuple[str, str]:
 
 def engine_label(spec: str, backend: Backend) -> str:
     """What the ``engine`` knob calls an engine: its registered name, else the class's ``name``."""
-    from gpt_optuna.backends import BACKENDS
-
     return spec if spec in BACKENDS else backend.name or type(backend).__name__
-
-
-def trial_engine(backend: str | None, params: Mapping[str, Any]) -> str | None:
-    """The engine a trial ran: its ``engine`` knob in a study of several engines, else the
-    study's backend (None where unknown)."""
-    if backend is None or not is_composition(backend):
-        return backend
-    if ENGINE_KNOB in params:
-        return str(params[ENGINE_KNOB])
-    return EngineChoice.of(backend).first
 
 
 def _first_value(engines: list[Backend], ask: Any) -> Any:
@@ -119,11 +86,9 @@ class EngineChoice(Backend):
     @classmethod
     def of(cls, spec: str) -> EngineChoice:
         """The engines ``spec`` (a comma list, or ``auto``) names, loaded."""
-        from gpt_optuna.backends import load_backend
-
         engines: dict[str, Backend] = {}
         for name in resolved_spec(spec)[0].split(","):
-            backend = load_backend(name)
+            backend = load_engine(name)
             label = engine_label(name, backend)
             if label in engines:
                 raise UserError(f"--backend {spec!r}: two engines are called {label}; name each engine once")

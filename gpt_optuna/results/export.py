@@ -14,7 +14,7 @@ from optuna.trial import FrozenTrial
 
 from gpt_optuna.backends import DEPLOYMENTS
 from gpt_optuna.backends.base import ExportedTrial
-from gpt_optuna.backends.engine_choice import trial_engine
+from gpt_optuna.core.engine_spec import trial_engine
 from gpt_optuna.core.errors import UserError
 from gpt_optuna.core.files import Staging, roll_back_dead
 from gpt_optuna.graph.feeds import relative_spec

@@ -29,7 +29,7 @@ import optuna
 
 from gpt_optuna.backends import DEPLOYMENTS
 from gpt_optuna.backends.base import Deployment
-from gpt_optuna.backends.engine_choice import trial_engine
+from gpt_optuna.core.engine_spec import trial_engine
 from gpt_optuna.core.errors import UserError
 from gpt_optuna.core.files import STAGING_SUFFIX, atomic_write, dead_stagings, staging_folder
 from gpt_optuna.graph.interface import describe_changes

@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from gpt_optuna.backends import BACKENDS
-from gpt_optuna.backends.engine_choice import is_composition, resolved_spec
+from gpt_optuna.backends.engine_choice import resolved_spec
+from gpt_optuna.core.engine_spec import is_composition
 from gpt_optuna.core.errors import UserError
 from gpt_optuna.core.space import Value
 from gpt_optuna.graph.feeds import absolute_spec

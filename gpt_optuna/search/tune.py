@@ -16,8 +16,9 @@ import optuna
 from optuna.artifacts import FileSystemArtifactStore
 
 from gpt_optuna.backends import Backend, load_backend
-from gpt_optuna.backends.engine_choice import engine_defaults, trial_engine
+from gpt_optuna.backends.engine_choice import engine_defaults
 from gpt_optuna.core import interrupts
+from gpt_optuna.core.engine_spec import trial_engine
 from gpt_optuna.core.errors import EXIT_NO_FEASIBLE, UserError
 from gpt_optuna.core.space import Candidate, CandidateKey, Space, candidate_key
 from gpt_optuna.core.words import counted

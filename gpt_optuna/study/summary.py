@@ -11,7 +11,7 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from gpt_optuna.backends.engine_choice import is_composition, trial_engine
+from gpt_optuna.core.engine_spec import is_composition, trial_engine
 from gpt_optuna.study.confirmation import Confirmation, YoursConfirmed
 from gpt_optuna.study.evidence import significant
 from gpt_optuna.study.record import CONFIRMED_ATTR, HOST_ATTR, MEASURE_ATTR, SPACE_ATTR, StudyRecord

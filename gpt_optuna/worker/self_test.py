@@ -16,12 +16,22 @@ from gpt_optuna.graph.program import onnx_of_program
 from gpt_optuna.protocol.jobs import SelfTestJob
 from gpt_optuna.protocol.process import gpu_names
 from gpt_optuna.protocol.timing import MeasureSettings
-from gpt_optuna.testing.tiny_program import tiny_program
 from gpt_optuna.worker.evaluate import backend_of
 from gpt_optuna.worker.measure import measure
 
 TINY_MODEL = Path(__file__).resolve().parent.parent / "data" / "small_cnn.onnx"
 """The model every engine is tried on: the small CNN shipped with the package."""
+
+
+def tiny_program(path: Path) -> Path:
+    """The program an engine of PyTorch programs is tried on: a seeded two-layer network on a
+    [4, 16] input, exported and saved at ``path``."""
+    import torch
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 8)).eval()
+    torch.export.save(torch.export.export(model, (torch.randn(4, 16),)), str(path))
+    return path
 
 
 def self_test(job: SelfTestJob) -> dict[str, Any]:

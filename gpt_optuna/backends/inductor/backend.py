@@ -16,7 +16,8 @@ from typing import Any
 import numpy as np
 
 from gpt_optuna.backends.base import Backend, BuildError, Built, ExportedTrial, KnobLimit, Runner, TritonFields
-from gpt_optuna.backends.inductor.deploy import SECTION, CompiledProgram
+from gpt_optuna.backends.inductor.deploy import CACHE_SUFFIX, SECTION, CompiledProgram
+from gpt_optuna.backends.inductor.fresh import compiled_fresh
 from gpt_optuna.backends.inductor.knobs import (
     CUDAGRAPHS,
     FREEZING,
@@ -29,6 +30,7 @@ from gpt_optuna.core.errors import MissingDependencyError, UserError
 from gpt_optuna.core.space import Candidate, Space
 from gpt_optuna.graph.model import Feeds, ModelInfo, ShapeRange, one_line
 from gpt_optuna.graph.program import load_program, program_of
+from gpt_optuna.study.artifacts import INPUTS_FILE
 
 CALLS_IN_BUILD = 3
 """Calls made while building: the compile happens at the first, CUDA graphs are recorded by the third."""
@@ -72,7 +74,7 @@ def _cache_in(workdir: Path) -> Iterator[None]:
     """Inductor's caches in the study folder while compiling, and the saved-caches record emptied
     first, so that what is saved after is this compile's."""
     previous = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
-    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(workdir / CACHE_FOLDER)
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str((workdir / CACHE_FOLDER).resolve())  # compilers run elsewhere
     with contextlib.suppress(ImportError):  # a torch without saved caches compiles all the same
         from torch.compiler._cache import CacheArtifactManager
 
@@ -217,10 +219,15 @@ class InductorRunner(Runner):
 
 
 def side_file(trial: ExportedTrial) -> dict[str, Any]:
-    """What :func:`~gpt_optuna.backends.inductor.deploy.load` compiles the exported program with:
-    the trial's settings, on the device it was tuned on."""
+    """What :func:`~gpt_optuna.backends.inductor.deploy.load` compiles the exported program with
+    (the trial's settings, on the device it was tuned on), and what that compile took and its latency
+    in a fresh process (:func:`compiled_fresh`, which writes the caches shipped beside it)."""
     device = "cuda" if CUDAGRAPHS in trial.params else "cpu"  # the knob is offered on the GPU alone
-    return {SECTION: settings_of(dict(trial.params), device)}
+    settings = settings_of(dict(trial.params), device)
+    study = trial.models.parent
+    cache = trial.out.with_name(trial.out.name + CACHE_SUFFIX)
+    fresh = compiled_fresh(trial.out, settings, study / INPUTS_FILE, study / CACHE_FOLDER, cache)
+    return {SECTION: settings, "fresh_process": fresh}
 
 
 def triton_fields(side: dict[str, Any]) -> TritonFields:

@@ -45,6 +45,7 @@ class CompiledProgram:
             module = module.to(self.dtype)
         options = dict(self.settings.get("options", {}))
         self.cudagraphs = bool(options.get("triton.cudagraphs", False))
+        self.compiled = False
         self.function = torch.compile(module, backend="inductor", options=options, fullgraph=True, dynamic=False)
 
     def inputs(self, values: list[Any]) -> list[Any]:
@@ -87,18 +88,51 @@ class CompiledProgram:
 
     def run(self, inputs: list[Any]) -> list[Any]:
         """One call on inputs :meth:`inputs` made; the outputs as the program returns them (no copy:
-        with CUDA graphs they are overwritten by the next call)."""
+        with CUDA graphs they are overwritten by the next call). The first compiles, with cache
+        keys that do not depend on the process's imports (:func:`stable_cache_keys`)."""
         import torch
         from torch.utils import _pytree
 
         if self.cudagraphs:
             torch.compiler.cudagraph_mark_step_begin()
-        return list(_pytree.tree_leaves(self.function(*inputs)))
+        if self.compiled:
+            return list(_pytree.tree_leaves(self.function(*inputs)))
+        with stable_cache_keys():
+            outputs = list(_pytree.tree_leaves(self.function(*inputs)))
+        self.compiled = True
+        return outputs
 
     def __call__(self, *values: Any) -> list[Any]:
         with self.context():
             outputs = self.run(self.inputs(list(values)))
             return [o.float() if self.dtype is not None and o.is_floating_point() else o.clone() for o in outputs]
+
+
+def _memory_format(name: str) -> Any:
+    import torch
+
+    return getattr(torch, name)
+
+
+@contextlib.contextmanager
+def stable_cache_keys() -> Iterator[None]:
+    """Memory formats pickled by name while Inductor hashes a graph for its caches. Pickle finds a
+    memory format under the first imported module holding ``torch``, so without this a compile
+    keys its caches by the process's import order, and the caches an export ships miss in a service
+    that imported its modules in another order."""
+    import copyreg
+
+    import torch
+
+    before = copyreg.dispatch_table.get(torch.memory_format)
+    copyreg.dispatch_table[torch.memory_format] = lambda fmt: (_memory_format, (str(fmt).removeprefix("torch."),))
+    try:
+        yield
+    finally:
+        if before is None:
+            del copyreg.dispatch_table[torch.memory_format]
+        else:
+            copyreg.dispatch_table[torch.memory_format] = before
 
 
 def load(path: str | Path) -> CompiledProgram:
