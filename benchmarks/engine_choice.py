@@ -1,6 +1,7 @@
 """The engine chosen per model: ``tune --backend auto`` on PyTorch programs, beside torch.compile.
 
-For each ``.pt2`` model, from a scratch folder: a search of every installed engine
+For each ``.pt2`` model, from a scratch folder (the winner's confirmed latency, and for an
+inductor winner the latency its export measured in a fresh process at export): a search of every installed engine
 (``tune MODEL --backend auto --timeout T``), the winner exported, then in one fresh process, by
 the tuner's own protocol (:func:`gpt_optuna.worker.measure.measure`, CUDA events on the GPU) in
 alternating blocks: ``torch.compile(mode="reduce-overhead")`` in fp16 (the inductor engine's
@@ -93,10 +94,10 @@ def main() -> None:
     parser.add_argument("--logs", type=Path, help="a folder to keep each search's output in (MODEL.txt)")
     args = parser.parse_args()
     print(
-        "| model | engine chosen | winner vs first engine's defaults | vs each engine's defaults |"
-        " export ms (fresh process) | reduce-overhead fp16 ms | export vs reduce-overhead |"
+        "| model | engine chosen | winner vs first engine's defaults | vs each engine's defaults | winner ms |"
+        " export at export time | export ms | reduce-overhead fp16 ms | export vs reduce-overhead |"
     )
-    print("| --- | --- | --- | --- | --- | --- | --- |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for model in args.models:
         with tempfile.TemporaryDirectory() as tmp:
             record = tune_and_export(model.resolve(), args.timeout, Path(tmp))
@@ -113,10 +114,14 @@ def main() -> None:
                 str(record.get("engine") or record.get("backend")),
                 f"{speedup:.2f}x ({record.get('measurement')})" if speedup else "-",
                 versus or "-",
+                f"{record['latency_ms']:.4g}" if record.get("latency_ms") else "-",
             ]
             if record["export"] is None:
-                print("| " + " | ".join([*row, "not exported", "-", "-"]) + " |")
+                print("| " + " | ".join([*row, "not exported", "-", "-", "-"]) + " |")
                 continue
+            side = json.loads(Path(record["export"] + ".json").read_text())
+            fresh = (side.get("fresh_process") or {}).get("latency", {}).get("median_ms")
+            row.append(f"{fresh:.4g} ms ({fresh / record['latency_ms']:.3f}x the winner's)" if fresh else "-")
             timed = fresh_timing(model.resolve(), record["export"])
             ours, theirs = timed["export"], timed["torch.compile reduce-overhead fp16"]
             print("| " + " | ".join([*row, f"{ours:.4g}", f"{theirs:.4g}", f"{theirs / ours:.2f}x"]) + " |")
