@@ -16,7 +16,7 @@ from gpt_optuna.backends.onnxruntime.backend import OnnxRuntimeBackend
 from gpt_optuna.cli import main
 from gpt_optuna.core.engine_spec import ENGINE_KNOB
 from gpt_optuna.core.errors import UserError
-from gpt_optuna.core.space import Condition, Knob
+from gpt_optuna.core.space import Condition, Knob, Space
 from gpt_optuna.graph.model import load_model_info
 from gpt_optuna.search.config import TuneConfig
 
@@ -120,3 +120,24 @@ def test_onnxruntime_and_inductor_are_searched_in_one_study_of_a_pt2_model(tmp_p
     study = load("tiny-onnxruntime_inductor")
     assert study.trials[1].params[ENGINE_KNOB] == "inductor" and study.trials[1].state.name == "COMPLETE"
     assert study.user_attrs["confirmed"]["engines"]["inductor"]["number"] == 1
+
+
+def test_each_engine_gets_a_seed_with_its_own_speed_features_on() -> None:
+    from gpt_optuna.search.seeds import speed_seeds
+
+    engine = Knob(ENGINE_KNOB, ("onnxruntime", "inductor"), "onnxruntime", selects_engine=True)
+    graph = Knob("mem_pattern", (True, False), True, requires=(Condition(ENGINE_KNOB, ("onnxruntime",)),))
+    cudagraphs = Knob("cudagraphs", (False, True), False, requires=(Condition(ENGINE_KNOB, ("inductor",)),))
+    space = Space([engine, graph, cudagraphs])
+
+    class Engines(OnnxRuntimeBackend):  # the composed engines' speed values: only the mapping is tested
+        speed_values = {"mem_pattern": (False,), "cudagraphs": (True,)}
+
+        def runs_on_cpu(self, space: Space) -> bool:
+            return False
+
+    seeds = dict((why, seed) for seed, why in speed_seeds(space, Engines()))
+    assert seeds == {
+        "every speed feature of onnxruntime on": {ENGINE_KNOB: "onnxruntime", "mem_pattern": False},
+        "every speed feature of inductor on": {ENGINE_KNOB: "inductor", "cudagraphs": True},
+    }

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import math
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -14,6 +15,7 @@ import optuna
 from optuna.trial import TrialState
 
 from gpt_optuna.backends.base import Backend
+from gpt_optuna.core.engine_spec import ENGINE_KNOB
 from gpt_optuna.core.errors import UserError
 from gpt_optuna.core.space import Candidate, CandidateKey, Space, Value, candidate_key
 from gpt_optuna.core.words import counted
@@ -39,11 +41,22 @@ WARM_LIMIT = 6
 most of them agree on, then the largest speedups over their own baselines."""
 
 
-def speed_seed(space: Space, backend: Backend) -> Candidate | None:
+def speed_seeds(space: Space, backend: Backend) -> list[tuple[Candidate, str]]:
+    """:func:`speed_seed` of each engine the space offers (one, or each value of its ``engine``
+    knob), with why it is tried."""
+    engine = next((k for k in space.knobs if k.name == ENGINE_KNOB), None)
+    if engine is None:
+        seed = speed_seed(space, backend)
+        return [] if seed is None else [(seed, "every speed feature on")]
+    seeds = ((speed_seed(space, backend, {ENGINE_KNOB: name}), name) for name in engine.search_choices)
+    return [(seed, f"every speed feature of {name} on") for seed, name in seeds if seed is not None]
+
+
+def speed_seed(space: Space, backend: Backend, fixed: Mapping[str, Value] | None = None) -> Candidate | None:
     """Every speed feature the space searches switched on (the graph transforms' and the
     backend's :attr:`Backend.speed_values`; reduced precision only off the CPU, where it is slow),
-    every other knob at a value the search tries; None where no speed feature is searched away
-    from its default."""
+    every other knob at a value the search tries, but those ``fixed``; None where no speed feature
+    is searched away from its default."""
     on_cpu = backend.runs_on_cpu(space)
     speed_values = {**SPEED_VALUES, **backend.speed_values}
     values: dict[str, Value] = {}
@@ -55,7 +68,7 @@ def speed_seed(space: Space, backend: Backend) -> Candidate | None:
         values[knob.name] = searched if preferred is None else preferred  # a value the search tries
         if preferred is not None and preferred != knob.default:
             turned_on.add(knob.name)
-    seed = space.fitted(values)
+    seed = space.fitted({**values, **(fixed or {})})
     return seed if any(seed.get(name) == values[name] for name in turned_on) else None
 
 

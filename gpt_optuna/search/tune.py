@@ -43,7 +43,7 @@ from gpt_optuna.search.phases import Phases
 from gpt_optuna.search.preparation import Prepared, check_resumable, fingerprint, load_inputs, prepare
 from gpt_optuna.search.progress import Progress
 from gpt_optuna.search.sampling import FreshSampler, check_sampler, make_sampler
-from gpt_optuna.search.seeds import WarmStart, speed_seed, warm_start
+from gpt_optuna.search.seeds import WarmStart, speed_seeds, warm_start
 from gpt_optuna.search.session import SearchSession, begin_search
 from gpt_optuna.search.time_budget import (
     FILL_ROUNDS,
@@ -324,9 +324,8 @@ def first_candidates(
         assert config.baseline_config is not None
         seeds.append((yours, {SEEDED: "your configuration", YOURS_ATTR: config.baseline_config.name}))
     seeds += [(space.fitted(values), {SEEDED: why}) for values, why in config.seeds]
-    speed = None if config.no_seeds else speed_seed(space, backend)
-    if speed is not None:
-        seeds.append((speed, {SEEDED: "every speed feature on"}))
+    if not config.no_seeds:
+        seeds += [(speed, {SEEDED: why}) for speed, why in speed_seeds(space, backend)]
     seeds = once_each(seeds)
     if not config.warm_start:
         return seeds, WarmStart([], {}, {}, {})

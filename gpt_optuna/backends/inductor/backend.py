@@ -93,7 +93,7 @@ class InductorBackend(Backend):
 
     name = "inductor"
     takes_programs = True
-    speed_values = MappingProxyType({CUDAGRAPHS: (True,), FREEZING: (True,), PRECISION: ("fp16", "bf16", "tf32")})
+    speed_values = MappingProxyType({CUDAGRAPHS: (True,), FREEZING: (True,), PRECISION: ("fp16", "tf32")})
 
     def missing_library(self) -> MissingDependencyError | None:
         import importlib.util
