@@ -30,7 +30,6 @@ from gpt_optuna.core.errors import MissingDependencyError, UserError
 from gpt_optuna.core.space import Candidate, Space
 from gpt_optuna.graph.model import Feeds, ModelInfo, ShapeRange, one_line
 from gpt_optuna.graph.program import load_program, program_of
-from gpt_optuna.study.artifacts import INPUTS_FILE
 
 CALLS_IN_BUILD = 3
 """Calls made while building: the compile happens at the first, CUDA graphs are recorded by the third."""
@@ -222,6 +221,8 @@ def side_file(trial: ExportedTrial) -> dict[str, Any]:
     """What :func:`~gpt_optuna.backends.inductor.deploy.load` compiles the exported program with
     (the trial's settings, on the device it was tuned on), and what that compile took and its latency
     in a fresh process (:func:`compiled_fresh`, which writes the caches shipped beside it)."""
+    from gpt_optuna.study.artifacts import INPUTS_FILE  # here: the command line's start imports no Optuna
+
     device = "cuda" if CUDAGRAPHS in trial.params else "cpu"  # the knob is offered on the GPU alone
     settings = settings_of(dict(trial.params), device)
     study = trial.models.parent
