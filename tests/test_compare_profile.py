@@ -44,7 +44,7 @@ def test_compare_times_two_sides_interleaved_and_checks_their_outputs(
     assert main(["compare", "0", "12", *STORAGE]) == 2
     assert "has no trial 12 (it has 3)" in capsys.readouterr().err
     assert main(["compare", "0", "nowhere.onnx", *STORAGE]) == 2
-    assert "give a trial number, baseline, yours, or an ONNX model file" in capsys.readouterr().err
+    assert "give a trial number, baseline, yours, or a model file (.onnx, .pt2)" in capsys.readouterr().err
 
 
 def test_profile_lists_operator_times_beside_the_baseline(searched: Path, capsys: pytest.CaptureFixture[str]) -> None:

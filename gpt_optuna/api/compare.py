@@ -25,6 +25,7 @@ import optuna
 from gpt_optuna.core.errors import UserError
 from gpt_optuna.core.log import logger, tell
 from gpt_optuna.graph import model as model_io
+from gpt_optuna.graph.program import onnx_model
 from gpt_optuna.graph.transforms import is_transform_knob
 from gpt_optuna.protocol.jobs import EvaluateJob
 from gpt_optuna.protocol.outcome import Outcome, TrialResult
@@ -149,10 +150,11 @@ def side(study: optuna.Study, template: EvaluateJob, text: str) -> Side:
 
 
 def _model_side(template: EvaluateJob, path: Path) -> Side:
-    """An ONNX model, run as its export record says where one is beside it, else with the defaults."""
+    """A model (ONNX, or a PyTorch program: its ONNX model), run as its export record says where one
+    is beside it, else with the defaults."""
     if not path.is_file():
-        raise UserError(f"{path}: give a trial number, baseline, yours, or an ONNX model file")
-    info = model_io.load_model_info(path)
+        raise UserError(f"{path}: give a trial number, baseline, yours, or a model file (.onnx, .pt2)")
+    info = model_io.load_model_info(onnx_model(path, EVALUATE_TIMEOUT_S))
     if [i.name for i in info.inputs] != [i.name for i in template.model.inputs]:
         raise UserError(f"{path} takes other inputs than the study's model; compare models of one interface")
     record_path = Path(f"{path}.json")
