@@ -77,13 +77,18 @@ def test_duplicate_unknown_and_empty_engines_are_refused_in_one_line(spec: str, 
 
 
 def test_auto_names_every_registered_engine_chosen_or_left_out_with_why() -> None:
-    chosen, line = choose_engines()
+    chosen, line = choose_engines(Path("m.onnx"))
     assert "onnxruntime" in chosen  # installed wherever the tuner is
+    assert "inductor" not in chosen  # it compiles PyTorch programs, and an ONNX model is none
+    assert "inductor: it compiles PyTorch programs, and m.onnx is none (give the model as a .pt2)" in line
     left_out = [name for name in BACKENDS if name not in chosen]
     assert line.startswith(f"--backend auto: {', '.join(chosen)}")
     assert all(f"{name}: " in line for name in left_out)
     config = TuneConfig(Path("m.onnx"), backend="auto")
-    assert config.backend == resolved_spec("auto")[0] == ",".join(chosen) and config.engines_chosen == line
+    assert config.backend == resolved_spec("auto", Path("m.onnx"))[0] == ",".join(chosen)
+    assert config.engines_chosen == line
+    program, _ = choose_engines(Path("m.pt2"))
+    assert ("inductor" in program) == (load_backend("inductor").missing_library() is None)
 
 
 @pytest.mark.slow

@@ -22,15 +22,19 @@ from gpt_optuna.core.space import Candidate, Condition, Knob, Space, Value
 from gpt_optuna.graph.fusion import FUSION_KNOB
 from gpt_optuna.graph.model import Feeds, ModelInfo, ShapeRange
 from gpt_optuna.graph.precision import PRECISIONS, PrecisionSetting
+from gpt_optuna.graph.program import is_program
 
 
-def choose_engines() -> tuple[list[str], str]:
-    """``auto``: every registered engine whose library is installed and that can run here, with
-    one line saying which were chosen and why each other one was left out."""
+def choose_engines(model: Path | None = None) -> tuple[list[str], str]:
+    """``auto``: every registered engine whose library is installed, that can run here and that
+    takes ``model`` (an engine of PyTorch programs takes a ``.pt2`` alone), with one line saying
+    which were chosen and why each other one was left out."""
     chosen, left_out = [], []
     for name in BACKENDS:
         backend = load_engine(name)
         why = backend.missing_library() or backend.cannot_run_here()
+        if why is None and backend.takes_programs and model is not None and not is_program(model):
+            why = f"it compiles PyTorch programs, and {model.name} is none (give the model as a .pt2)"
         if why is None:
             chosen.append(name)
         else:
@@ -41,11 +45,12 @@ def choose_engines() -> tuple[list[str], str]:
     return chosen, line
 
 
-def resolved_spec(spec: str) -> tuple[str, str]:
-    """The backend spec a study records: ``auto`` as the engines chosen here (one engine alone:
-    its name), a comma list checked and written without spaces; with ``auto``'s line ("" otherwise)."""
+def resolved_spec(spec: str, model: Path | None = None) -> tuple[str, str]:
+    """The backend spec a study of ``model`` records: ``auto`` as the engines chosen here for it
+    (one engine alone: its name), a comma list checked and written without spaces; with ``auto``'s
+    line ("" otherwise)."""
     if spec.strip() == AUTO:
-        chosen, line = choose_engines()
+        chosen, line = choose_engines(model)
         return ",".join(chosen), line
     if not is_composition(spec):
         return spec, ""

@@ -171,7 +171,7 @@ class TuneConfig:
                 f"unknown backend {self.backend!r}; choose one of: {', '.join(BACKENDS)}, auto, a comma list of"
                 " those (or module:Class)"
             )
-        backend, chosen = resolved_spec(self.backend)
+        backend, chosen = resolved_spec(self.backend, self.model)
         if backend != self.backend:
             self._fill("backend", backend)
             self._fill("engines_chosen", chosen)
