@@ -127,9 +127,9 @@ def _child_main(conn: Connection, log_path: str, env: dict[str, str]) -> None:
 
 
 _POLL_S = 0.2
+"""How often a job's wait looks for a Ctrl-C pressed while another thread holds the terminal."""
 CLOSE_S = 5.0
 """How long a closed worker's child has to end as a process ends before it is killed."""
-"""How often a job's wait looks for a Ctrl-C pressed while another thread holds the terminal."""
 
 
 class Worker:
