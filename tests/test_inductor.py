@@ -134,3 +134,23 @@ def test_on_the_gpu_cuda_graphs_replay_on_the_runners_stream_and_cuda_events_tim
             assert np.allclose(outputs, reference["out"], atol=2e-2)
             stats = measure(runner, MeasureSettings(budget_s=0.2, min_samples=5))
             assert stats.median_ms > 0 and stats.samples >= 5
+
+
+def test_profiled_events_are_told_apart_by_what_made_them() -> None:
+    from gpt_optuna.backends.inductor.profiling import kind_of
+
+    assert kind_of("graph_0_cpp_fused_mean_silu_1") == kind_of("triton_poi_fused_add_0") == "generated kernel"
+    assert kind_of("TorchDynamo Cache Lookup") == "torch.compile runtime"
+    assert kind_of("aten::addmm") == "aten operator" and kind_of("sm90_xmma_gemm_f16f16") == "kernel"
+
+
+@pytest.mark.slow
+def test_profile_names_the_kernels_a_trial_compiled(program: Path) -> None:
+    info = load_model_info(onnx_of_program(program, 120))
+    shapes = resolve_shapes(info, {})
+    backend = load_backend("inductor")
+    x = {"input": np.random.default_rng(0).standard_normal((4, 16)).astype(np.float32)}
+    template = {info.outputs[0].name: np.zeros((4, 8), np.float32)}
+    times = backend.layer_times(info, backend.space(info, shapes).default(), program.parent, shapes, x, template, 5)
+    assert any(t.op_type == "generated kernel" and t.median_ms > 0 for t in times)
+    assert times == sorted(times, key=lambda t: -t.median_ms)

@@ -15,7 +15,16 @@ from typing import Any
 
 import numpy as np
 
-from gpt_optuna.backends.base import Backend, BuildError, Built, ExportedTrial, KnobLimit, Runner, TritonFields
+from gpt_optuna.backends.base import (
+    Backend,
+    BuildError,
+    Built,
+    ExportedTrial,
+    KnobLimit,
+    NodeTime,
+    Runner,
+    TritonFields,
+)
 from gpt_optuna.backends.inductor.deploy import CACHE_SUFFIX, SECTION, CompiledProgram
 from gpt_optuna.backends.inductor.fresh import compiled_fresh
 from gpt_optuna.backends.inductor.knobs import (
@@ -26,6 +35,7 @@ from gpt_optuna.backends.inductor.knobs import (
     compile_options,
     inductor_knobs,
 )
+from gpt_optuna.backends.inductor.profiling import profiled_kernels
 from gpt_optuna.core.errors import MissingDependencyError, UserError
 from gpt_optuna.core.space import Candidate, Space
 from gpt_optuna.graph.model import Feeds, ModelInfo, ShapeRange, one_line
@@ -133,12 +143,21 @@ class InductorBackend(Backend):
         load_program(needs_program(model))  # a compile is a trial's work: compile errors fail that trial
         return []
 
-    def build(self, model: ModelInfo, candidate: Candidate, workdir: Path, shapes: dict[str, ShapeRange]) -> Built:
+    def build(
+        self,
+        model: ModelInfo,
+        candidate: Candidate,
+        workdir: Path,
+        shapes: dict[str, ShapeRange],
+        extra_options: dict[str, Any] | None = None,
+    ) -> Built:
+        """The candidate compiled (``extra_options``: Inductor options besides the candidate's)."""
         import torch
 
         program = load_program(needs_program(model))
         device = self._device()
         settings = settings_of(candidate, device)
+        settings["options"] |= extra_options or {}
         torch._dynamo.reset()  # the previous candidate's compiled code and guards
         start = time.perf_counter()
         try:
@@ -157,6 +176,24 @@ class InductorBackend(Backend):
                 f"torch.compile failed: {type(exc).__name__}: {one_line(exc)}", traceback.format_exc()
             ) from None
         return Built((compiled, saved[0] if saved else None), time.perf_counter() - start)
+
+    def layer_times(
+        self,
+        model: ModelInfo,
+        candidate: Candidate,
+        workdir: Path,
+        shapes: dict[str, ShapeRange],
+        feeds: Feeds,
+        outputs: Feeds,
+        runs: int,
+    ) -> list[NodeTime]:
+        """The candidate compiled as a trial compiles it, but without CUDA graphs (whose replays the
+        profiler does not see) and with Inductor's C++ kernels named to the profiler, then
+        :func:`profiled_kernels`."""
+        profiled = {**candidate, CUDAGRAPHS: False} if CUDAGRAPHS in candidate else dict(candidate)
+        built = self.build(model, profiled, workdir, shapes, {"cpp.enable_kernel_profile": True})
+        with self.open(built, feeds, outputs) as runner:
+            return profiled_kernels(runner, runs, self._device() == "cuda")
 
     def open(self, built: Built, feeds: Feeds, outputs: Feeds) -> Runner:
         compiled, _ = built.engine
