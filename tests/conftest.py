@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +69,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def inductor_caches(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """One folder of Inductor's caches for the whole run: the tests' compiles of the same small
+    programs are warm after the first (the tuner uses the folder TORCHINDUCTOR_CACHE_DIR names)."""
+    folder = tmp_path_factory.mktemp("inductor-caches")
+    before = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(folder)
+    yield folder
+    if before is None:
+        os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
+    else:
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = before
 
 
 @pytest.fixture(autouse=True)

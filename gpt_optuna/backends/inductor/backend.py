@@ -46,6 +46,15 @@ CALLS_IN_BUILD = 3
 CACHE_FOLDER = "inductor"
 """Inductor's caches (compiled graphs, kernels, autotuning results), in the study folder: trials of
 one configuration compile once, and a resumed study finds them."""
+CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
+
+
+def inductor_caches(study: Path) -> Path:
+    """Where a study's compiles keep Inductor's caches: the folder ``TORCHINDUCTOR_CACHE_DIR``
+    names where it is set (the user's own, shared), else :data:`CACHE_FOLDER` in the study folder;
+    absolute, since Inductor's compilers run in other folders."""
+    given = os.environ.get(CACHE_ENV)
+    return (Path(given) if given else study / CACHE_FOLDER).resolve()
 
 
 def needs_program(model: ModelInfo) -> Path:
@@ -80,10 +89,10 @@ def _graph_targets(program: Any) -> set[str]:
 
 @contextlib.contextmanager
 def _cache_in(workdir: Path) -> Iterator[None]:
-    """Inductor's caches in the study folder while compiling, and the saved-caches record emptied
-    first, so that what is saved after is this compile's."""
-    previous = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
-    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str((workdir / CACHE_FOLDER).resolve())  # compilers run elsewhere
+    """Inductor's caches where the study keeps them (:func:`inductor_caches`) while compiling, and
+    the saved-caches record emptied first, so that what is saved after is this compile's."""
+    previous = os.environ.get(CACHE_ENV)
+    os.environ[CACHE_ENV] = str(inductor_caches(workdir))
     with contextlib.suppress(ImportError):  # a torch without saved caches compiles all the same
         from torch.compiler._cache import CacheArtifactManager
 
@@ -92,9 +101,9 @@ def _cache_in(workdir: Path) -> Iterator[None]:
         yield
     finally:
         if previous is None:
-            os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
+            os.environ.pop(CACHE_ENV, None)
         else:
-            os.environ["TORCHINDUCTOR_CACHE_DIR"] = previous
+            os.environ[CACHE_ENV] = previous
 
 
 class InductorBackend(Backend):
@@ -264,7 +273,7 @@ def side_file(trial: ExportedTrial) -> dict[str, Any]:
     settings = settings_of(dict(trial.params), device)
     study = trial.models.parent
     cache = trial.out.with_name(trial.out.name + CACHE_SUFFIX)
-    fresh = compiled_fresh(trial.out, settings, study / INPUTS_FILE, study / CACHE_FOLDER, cache)
+    fresh = compiled_fresh(trial.out, settings, study / INPUTS_FILE, inductor_caches(study), cache)
     return {SECTION: settings, "fresh_process": fresh}
 
 

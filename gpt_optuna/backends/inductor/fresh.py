@@ -28,7 +28,7 @@ def compiled_fresh(program: Path, settings: dict[str, Any], inputs: Path, caches
     the caches of that compile at ``out`` and time it on the first sample of ``inputs``: the child's
     ``compile_s`` and ``latency`` (:class:`~gpt_optuna.protocol.timing.LatencyStats` as a dict)."""
     command = [sys.executable, "-m", CHILD, str(program), json.dumps(settings), str(inputs), str(out)]
-    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(caches.resolve())}
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(caches)}
     try:
         done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=FRESH_TIMEOUT_S, check=False)
     except subprocess.TimeoutExpired:
