@@ -19,6 +19,7 @@ from gpt_optuna.core.errors import UserError
 from gpt_optuna.core.space import Condition, Knob, Space
 from gpt_optuna.graph.model import load_model_info
 from gpt_optuna.search.config import TuneConfig
+from gpt_optuna.worker.self_test import tiny_program
 
 TWIN = "twin_backend:TwinBackend"
 
@@ -115,9 +116,8 @@ def test_one_study_searches_two_engines_and_states_the_winner_against_each(cnn_p
 
 @pytest.mark.slow
 def test_onnxruntime_and_inductor_are_searched_in_one_study_of_a_pt2_model(tmp_path: Path) -> None:
-    torch = pytest.importorskip("torch")
-    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 8)).eval()
-    torch.export.save(torch.export.export(model, (torch.randn(2, 16),)), str(tmp_path / "tiny.pt2"))
+    pytest.importorskip("torch")
+    tiny_program(tmp_path / "tiny.pt2")
     config = tmp_path / "tune.toml"
     config.write_text("[measure]\nbudget_s = 0.05\nmin_samples = 5\n")
     args = ["--backend", "onnxruntime,inductor", "--config", str(config), "--n-trials", "2", "--confirm-top", "1"]

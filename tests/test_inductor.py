@@ -27,6 +27,7 @@ from gpt_optuna.core.errors import UserError
 from gpt_optuna.core.space import Space
 from gpt_optuna.graph.model import load_model_info, resolve_shapes
 from gpt_optuna.graph.program import onnx_of_program, program_of
+from gpt_optuna.worker.self_test import tiny_program
 
 
 def test_the_defaults_are_torch_compiles_own_and_the_gpu_offers_cuda_graphs_and_attention() -> None:
@@ -43,12 +44,8 @@ def test_the_defaults_are_torch_compiles_own_and_the_gpu_offers_cuda_graphs_and_
 
 @pytest.fixture
 def program(tmp_path: Path) -> Path:
-    torch = pytest.importorskip("torch")
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 8)).eval()
-    path = tmp_path / "tiny.pt2"
-    torch.export.save(torch.export.export(model, (torch.randn(4, 16),)), str(path))
-    return path
+    pytest.importorskip("torch")
+    return tiny_program(tmp_path / "tiny.pt2")  # the program doctor tries the engine on
 
 
 def test_a_programs_onnx_model_keeps_its_interface_and_leads_back_to_it(program: Path) -> None:

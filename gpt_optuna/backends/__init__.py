@@ -35,7 +35,7 @@ DEPLOYMENTS = {
         None,
         "model.pt2",
         _inductor_deployment.triton_fields,
-        shipped=_inductor_deployment.needs_program_file,
+        shipped=_inductor_deployment.needs_program,
         engine_beside=_inductor_cache_suffix,
         suffix=".pt2",
     ),

@@ -192,9 +192,10 @@ def export_trial(
     if out.suffix in (".json", ".npz"):
         kind = "engine" if artifact else "model"
         raise UserError(f"-o names the {kind} file to write; its record FILE.json is written beside it")
+    engine = trial_engine(record.backend, trial.params)
     if not out.suffix:
-        out = out.with_name(out.name + export_suffix(trial, trial_engine(record.backend, trial.params)))
-    files = written_files(out, artifact is not None, trial_engine(record.backend, trial.params), samples_dir)
+        out = out.with_name(out.name + export_suffix(trial, engine))
+    files = written_files(out, artifact is not None, engine, samples_dir)
     StudySources.of(study, storage).refuse(files, "export to")
     side_path = out.with_name(out.name + ".json")
     roll_back_dead(side_path)  # an export of the same files killed midway: back to what was there
@@ -230,12 +231,12 @@ def _write_export(
     """The files of :func:`export_trial`, each into ``staging``."""
     artifact = TrialRecord(trial).engine_artifact
     record, source, out, workdir = where.record, where.source, where.out, where.workdir
-    staged = staging.path(out)
+    staged = engine_file = staging.path(out)
     deployment = DEPLOYMENTS.get(trial_engine(record.backend, trial.params) or "")
     shipped = deployment.shipped if artifact is not None and deployment is not None else None
     if shipped is not None:  # the engine (inductor's caches) beside the file shipped (its program)
         shutil.copyfile(shipped(source), staged)
-        staged = staging.path(out.with_name(out.name + deployment.engine_beside))  # type: ignore[union-attr]
+        engine_file = staging.path(out.with_name(out.name + deployment.engine_beside))  # type: ignore[union-attr]
     if artifact is not None:
         from optuna.artifacts import FileSystemArtifactStore, download_artifact
         from optuna.artifacts.exceptions import ArtifactNotFound
@@ -244,13 +245,12 @@ def _write_export(
             download_artifact(
                 artifact_store=FileSystemArtifactStore(artifact_folder(study)),
                 artifact_id=artifact,
-                file_path=str(staged),
+                file_path=str(engine_file),
             )
         except ArtifactNotFound:
             raise UserError(not_kept(trial, "faster candidates took its place")) from None
     else:  # ONNX Runtime builds no engine file: the model it ran, with the options in the side file
         copy_model(source, staged)
-    staged = staging.path(out)
     samples = _samples(out, where.samples_dir)
     confirmation = summary.confirmation
     confirmed = next((r for r in confirmation.ranking if r.number == trial.number), None) if confirmation else None
@@ -270,11 +270,7 @@ def _write_export(
         "confirmed": confirmed.stored if confirmed is not None else None,
         "confirmed_baseline": confirmation.baseline.stored if confirmed and confirmation.baseline else None,
         "versions": record.versions,
-        "file": "engine"
-        if artifact is not None and shipped is None
-        else "pytorch program"
-        if shipped
-        else "onnx model",
+        "file": "pytorch program" if shipped else "engine" if artifact is not None else "onnx model",
         "model_sha256": file_sha256(staged),
     }
     if deployment is not None:

@@ -50,6 +50,10 @@ class YoursConfirmed:
     median_ms: float
     versus: tuple[ConfirmedRow, ...]
 
+    def row(self, number: int) -> ConfirmedRow | None:
+        """Trial ``number`` beside it, where the confirmation re-measured both."""
+        return next((r for r in self.versus if r.number == number), None)
+
 
 @dataclass(frozen=True)
 class Confirmation:
@@ -127,24 +131,11 @@ class Confirmation:
         rows = [self.baseline, *self.ranking] if self.baseline is not None else []
         return next((r for r in rows if r.number == number), None)
 
-    def versus_yours(self, number: int) -> ConfirmedRow | None:
-        """Trial ``number`` beside the user's own configuration, where it re-measured both."""
-        return _row_of(self.yours, number)
-
-    def versus_engine(self, engine: str, number: int) -> ConfirmedRow | None:
-        """Trial ``number`` beside ``engine``'s defaults, where it re-measured both."""
-        return _row_of(self.engines.get(engine), number)
-
 
 def _against(stored: Mapping[str, Any]) -> YoursConfirmed:
     return YoursConfirmed(
         int(stored["number"]), float(stored["median_ms"]), tuple(ConfirmedRow.of(r) for r in stored["versus"])
     )
-
-
-def _row_of(reference: YoursConfirmed | None, number: int) -> ConfirmedRow | None:
-    rows = reference.versus if reference is not None else ()
-    return next((r for r in rows if r.number == number), None)
 
 
 def _fastest_first(row: ConfirmedRow) -> float:

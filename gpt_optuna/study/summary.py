@@ -186,7 +186,7 @@ class StudySummary:
     def _versus(self, reference: FrozenTrial, confirmed: YoursConfirmed | None, trial: FrozenTrial) -> Figures | None:
         """The trial beside ``reference``: re-measured together (``confirmed``), else the search's."""
         confirmation = self.confirmation
-        row = next((r for r in confirmed.versus if r.number == trial.number), None) if confirmed else None
+        row = confirmed.row(trial.number) if confirmed else None
         if confirmation is not None and confirmed is not None and row is not None:
             theirs_ms, which, processes = confirmed.median_ms, confirmation.measurement, confirmation.processes
             return Figures(trial.number, which, row.median_ms, theirs_ms, row.ci, row.process_ms, processes)

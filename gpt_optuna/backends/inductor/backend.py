@@ -24,6 +24,7 @@ from gpt_optuna.backends.base import (
     NodeTime,
     Runner,
     TritonFields,
+    import_cupy,
 )
 from gpt_optuna.backends.inductor.deploy import CACHE_SUFFIX, SECTION, CompiledProgram
 from gpt_optuna.backends.inductor.fresh import compiled_fresh
@@ -57,20 +58,16 @@ def inductor_caches(study: Path) -> Path:
     return (Path(given) if given else study / CACHE_FOLDER).resolve()
 
 
-def needs_program(model: ModelInfo) -> Path:
-    """The program ``model`` was exported from; a UserError where it is an ONNX model of its own."""
-    program = program_of(model.path)
+def needs_program(onnx_path: Path) -> Path:
+    """The program the ONNX model at ``onnx_path`` was exported from (what an export ships); a
+    UserError where it is an ONNX model of its own."""
+    program = program_of(onnx_path)
     if program is None:
         raise UserError(
             "the inductor engine compiles PyTorch programs: give the model as a .pt2 file (torch.export.save of"
             " torch.export.export(model, example_inputs)); an ONNX model has none"
         )
     return program
-
-
-def needs_program_file(onnx_path: Path) -> Path:
-    """:func:`needs_program` of the ONNX model at ``onnx_path`` (what an export ships)."""
-    return needs_program(ModelInfo(onnx_path, "", 0, (), ()))
 
 
 def settings_of(candidate: Candidate, device: str) -> dict[str, Any]:
@@ -141,7 +138,7 @@ class InductorBackend(Backend):
         return ("fp32",)  # the program's own precision is a knob of the engine, not an ONNX graph's
 
     def space(self, model: ModelInfo, shapes: dict[str, ShapeRange]) -> Space:
-        targets = _graph_targets(load_program(needs_program(model)))
+        targets = _graph_targets(load_program(needs_program(model.path)))
         attention = any("scaled_dot_product" in t for t in targets)
         convolution = any("convolution" in t or "conv2d" in t or "conv1d" in t for t in targets)
         return Space(inductor_knobs(self._device() == "cuda", attention, convolution))
@@ -149,7 +146,7 @@ class InductorBackend(Backend):
     def check_model(
         self, model: ModelInfo, space: Space, candidate: Candidate, workdir: Path, shapes: dict[str, ShapeRange]
     ) -> list[KnobLimit]:
-        load_program(needs_program(model))  # a compile is a trial's work: compile errors fail that trial
+        load_program(needs_program(model.path))  # a compile is a trial's work: compile errors fail that trial
         return []
 
     def build(
@@ -163,7 +160,7 @@ class InductorBackend(Backend):
         """The candidate compiled (``extra_options``: Inductor options besides the candidate's)."""
         import torch
 
-        program = load_program(needs_program(model))
+        program = load_program(needs_program(model.path))
         device = self._device()
         settings = settings_of(candidate, device)
         settings["options"] |= extra_options or {}
@@ -227,10 +224,8 @@ class InductorRunner(Runner):
         self.inputs = compiled.inputs([feeds[n] for n in self.names])
         self.torch_stream = None
         if compiled.device.type == "cuda":
-            import cupy
-
             self.torch_stream = torch.cuda.Stream()
-            self.stream = cupy.cuda.ExternalStream(self.torch_stream.cuda_stream)
+            self.stream = import_cupy().cuda.ExternalStream(self.torch_stream.cuda_stream)
 
     @contextlib.contextmanager
     def _on_stream(self) -> Iterator[None]:

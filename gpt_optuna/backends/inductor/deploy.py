@@ -95,9 +95,7 @@ class CompiledProgram:
 
         if self.cudagraphs:
             torch.compiler.cudagraph_mark_step_begin()
-        if self.compiled:
-            return list(_pytree.tree_leaves(self.function(*inputs)))
-        with stable_cache_keys():
+        with contextlib.nullcontext() if self.compiled else stable_cache_keys():
             outputs = list(_pytree.tree_leaves(self.function(*inputs)))
         self.compiled = True
         return outputs

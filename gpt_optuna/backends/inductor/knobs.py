@@ -26,8 +26,6 @@ SDPA_BACKEND = "sdpa_backend"
 
 GPU_PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
 CPU_PRECISIONS = ("fp32", "bf16")
-REDUCED = {"fp16": "float16", "bf16": "bfloat16"}
-"""The precisions that cast the weights and floating inputs (to the torch dtype named)."""
 SDPA_BACKENDS = ("default", "flash", "efficient", "cudnn", "math")
 DEFAULT_GEMM_BACKENDS = "ATEN,TRITON,CPP"
 DEFAULT_CONV_BACKENDS = "ATEN,TRITON"
