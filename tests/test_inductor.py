@@ -26,7 +26,8 @@ from gpt_optuna.cli import main
 from gpt_optuna.core.errors import UserError
 from gpt_optuna.core.space import Space
 from gpt_optuna.graph.model import load_model_info, resolve_shapes
-from gpt_optuna.graph.program import onnx_of_program, program_of
+from gpt_optuna.graph.program import load_program, onnx_of_program, program_of
+from gpt_optuna.study.trial_record import REBUILD_S
 from gpt_optuna.worker.self_test import tiny_program
 
 
@@ -107,6 +108,29 @@ def test_a_search_of_a_program_exports_what_a_fresh_process_compiles_and_runs(pr
     cosine = float(np.dot(produced.ravel(), reference[name][0].ravel()))
     cosine /= float(np.linalg.norm(produced) * np.linalg.norm(reference[name][0]))
     assert cosine >= 0.999  # the outputs of the trial's settings, compiled anew
+
+
+def test_a_long_compile_is_timed_again_from_the_caches_it_left(program: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from gpt_optuna.backends.inductor import backend as inductor
+
+    onnx_path = onnx_of_program(program, 120)
+    info = load_model_info(onnx_path)
+    shapes = resolve_shapes(info, {})
+    engine = load_backend("inductor")
+    candidate = engine.space(info, shapes).default()
+    monkeypatch.setattr(inductor, "REBUILD_CHECK_S", float("inf"))
+    assert REBUILD_S not in engine.build(info, candidate, program.parent, shapes).attrs  # a short compile
+    monkeypatch.setattr(inductor, "REBUILD_CHECK_S", 0.0)
+    built = engine.build(info, candidate, program.parent, shapes)
+    assert built.attrs[REBUILD_S] > 0
+    x = np.random.default_rng(0).standard_normal((4, 16)).astype(np.float32)
+    template = {info.outputs[0].name: np.zeros((4, 8), np.float32)}
+    with engine.open(built, {"input": x}, template) as runner:  # the rebuilt program is the one run
+        outputs = runner.infer()[info.outputs[0].name]
+    import torch
+
+    expected = load_program(program).module()(torch.from_numpy(x))
+    assert np.allclose(outputs, expected.detach().numpy(), atol=1e-5)
 
 
 @pytest.mark.gpu

@@ -224,3 +224,10 @@ def test_a_timeout_too_short_for_two_processes_says_so_at_its_start_with_one_tha
     else:  # as the baseline was measured, before the search went on
         assert "trial 2 (" not in done.stderr[: said.start()] and int(said[1]) > 15, done.stderr
         assert len(study.trials) >= 2 and (confirmed is None or confirmed["processes"] >= MIN_PROCESSES)
+
+
+def test_a_build_timed_again_from_its_caches_is_what_a_confirmation_process_pays() -> None:
+    cold, warm = trial(1, 1.0, 60.0), trial(1, 1.0, 60.0, rebuild_s=4.0)
+    assert process_seconds([warm], SETTINGS, START_S) == pytest.approx(
+        process_seconds([cold], SETTINGS, START_S) - 56.0
+    )
