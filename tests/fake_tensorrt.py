@@ -65,7 +65,8 @@ class Strict:
         if self._kind(name) != "property_rw":
             raise AttributeError(f"{self._cls}.{name} is not writable in TensorRT {self._fake.version}")
         self._fake.calls.append((f"{self._cls}.{name}", value))
-        self._state[name] = value
+        if name != "build_route" or self._fake.takes_routes:
+            self._state[name] = value
 
     def __bytes__(self) -> bytes:
         return bytes(self._state["data"])
@@ -74,12 +75,16 @@ class Strict:
 class FakeTensorRT:
     """The module: enums with the version's members and values, and its classes."""
 
-    def __init__(self, version: str, build_ok: bool = True) -> None:
+    def __init__(self, version: str, build_ok: bool = True, takes_routes: bool = True, cache_fits: bool = True) -> None:
         self.version = version
         self.api = API[version]
         self.__version__ = self.api["version"]
         self.calls: list[tuple[str, Any]] = []
         self.build_ok = build_ok
+        self.takes_routes = takes_routes
+        """Whether a build route written reads back (a refused one reads back as before)."""
+        self.cache_fits = cache_fits
+        """Whether a timing cache file fits this GPU and version (``set_timing_cache`` says)."""
         for name, members in self.api["enum_values"].items():
             setattr(self, name, enum.IntEnum(name, members))
         fake = self
@@ -177,11 +182,12 @@ class FakeTensorRT:
         return 0
 
     def _IBuilderConfig_create_timing_cache(self, obj: Strict, data: bytes) -> Strict | None:
-        if data and not data.startswith(b"cache:"):
-            return None
-        return self._make("ITimingCache", entries=set(data[6:].split(b",")) - {b""} if data else set())
+        readable = data.startswith(b"cache:")  # an unreadable file gives an empty cache, as the library's does
+        return self._make("ITimingCache", entries=set(data[6:].split(b",")) - {b""} if readable else set())
 
     def _IBuilderConfig_set_timing_cache(self, obj: Strict, cache: Any, ignore_mismatch: bool) -> bool:
+        if cache._state["entries"] and not self.cache_fits:
+            return False
         cache._state["entries"].add(f"build{len(self.calls)}".encode())
         return True
 
@@ -226,8 +232,8 @@ class FakeTensorRT:
         return True
 
     def written(self, name: str) -> list[Any]:
-        """Values passed to a property write or method ``Class.member``, in order."""
-        return [value for called, value in self.calls if called == name]
+        """Values passed to a property write or method ``Class.member``, in order (reads left out)."""
+        return [value for called, value in self.calls if called == name and value != "get"]
 
 
 class FakeCuPy:
@@ -263,10 +269,20 @@ class FakeCuPy:
             self.captures += 1
 
         def end_capture(self) -> SimpleNamespace:
+            if FakeCuPy.capture_breaks:
+                raise RuntimeError("cudaErrorStreamCaptureInvalidated: operation failed due to a previous error")
             return SimpleNamespace(launch=lambda stream: None)
+
+    capture_breaks = False
+    """Whether ending a capture raises, as CuPy does where the work captured broke it."""
 
     def __init__(self) -> None:
         self.cuda = SimpleNamespace(Stream=FakeCuPy._Stream)
+        self.pool_frees = 0
+        self.get_default_memory_pool = lambda: SimpleNamespace(free_all_blocks=self._free_all_blocks)
+
+    def _free_all_blocks(self) -> None:
+        self.pool_frees += 1
 
     def asarray(self, array: np.ndarray) -> FakeCuPy._Array:
         return FakeCuPy._Array(np.ascontiguousarray(array))

@@ -55,7 +55,7 @@ def test_space_follows_what_each_version_has(fake: FakeTensorRT, cnn_path: Path)
     assert defaults["tactic.JIT_CONVOLUTIONS"] is True
     weak = {"flag.FP16", "flag.BF16"} & knobs.keys()
     if fake.version == "10.x":
-        assert weak == {"flag.FP16", "flag.BF16"} and "tactic.CUBLAS" in knobs
+        assert weak == {"flag.FP16", "flag.BF16"} and "tactic.CUBLAS" not in knobs  # not in the wheels
         assert "flag.INT8" not in knobs  # no Q/DQ in the graph: INT8 alone would be nonsense
     else:
         assert not weak and "tactic.CUBLAS" not in knobs
@@ -143,7 +143,7 @@ def test_builder_knobs_map_onto_config_calls(version: str, cnn_path: Path, tmp_p
 
 def test_weak_typing_flags_only_on_10x(cnn_path: Path, tmp_path: Path) -> None:
     fake = build_one(FakeTensorRT("10.x"), cnn_path, tmp_path, **{"flag.FP16": True})
-    assert [f.name for (f,) in fake.written("IBuilderConfig.set_flag")] == ["TF32", "FP16"]
+    assert [f.name for (f,) in fake.written("IBuilderConfig.set_flag")] == ["FP16"]  # TF32 is on already
     with pytest.raises(AttributeError, match="FP16"):
         FakeTensorRT("11.x").BuilderFlag.FP16  # noqa: B018
 
@@ -231,8 +231,99 @@ def test_timing_cache_is_shared_across_builds_and_a_corrupt_one_is_discarded(cnn
     assert set(first[6:].split(b",")) < set(second[6:].split(b","))  # loaded, then merged
     cache.write_bytes(b"\x00garbage")
     built = trt_backend.build(info, space.default(), tmp_path, {})
-    assert "discarded the unreadable timing cache" in built.attrs["build_log"]
+    assert "set the unreadable timing cache aside" in built.attrs["build_log"]
     assert cache.read_bytes().startswith(b"cache:")
+    assert (tmp_path / "timing.cache.corrupt").read_bytes() == b"\x00garbage"  # kept for a look, not used
+
+
+def test_a_timing_cache_of_another_gpu_or_version_is_left_as_it_is(cnn_path: Path, tmp_path: Path) -> None:
+    fake = FakeTensorRT("11.x")
+    info, space = space_of(fake, cnn_path)
+    backend(fake).build(info, space.default(), tmp_path, {})
+    cache = tmp_path / "timing.cache"
+    theirs = cache.read_bytes()
+    fake.cache_fits = False  # the study folder is used from another GPU or TensorRT version
+    built = backend(fake).build(info, space.default(), tmp_path, {})
+    assert "made on another GPU or TensorRT version" in built.attrs["build_log"]
+    assert cache.read_bytes() == theirs
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_networks_are_strongly_typed_unless_a_weak_typing_flag_is_set(
+    version: str, cnn_path: Path, tmp_path: Path
+) -> None:
+    fake = build_one(FakeTensorRT(version), cnn_path, tmp_path)
+    strongly = 1 << fake.api["enum_values"]["NetworkDefinitionCreationFlag"]["STRONGLY_TYPED"]
+    assert fake.written("Builder.create_network") == [(strongly,)]  # the graph's types are the engine's
+    if version == "10.x":
+        for flag in ("flag.FP16", "flag.BF16"):
+            assert build_one(FakeTensorRT(version), cnn_path, tmp_path, **{flag: True}).written(
+                "Builder.create_network"
+            ) == [(0,)]  # the flag picks precisions in a weakly typed network only
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_a_default_candidate_writes_no_setting_so_tensorrts_own_defaults_stay(
+    version: str, cnn_path: Path, tmp_path: Path
+) -> None:
+    fake = build_one(FakeTensorRT(version), cnn_path, tmp_path)
+    config_calls = {name for name, value in fake.calls if name.startswith("IBuilderConfig.") and value != "get"}
+    written = {n for n in config_calls if n.split(".")[1] not in ("get_flag", "get_tactic_sources")}
+    assert written <= {"IBuilderConfig.create_timing_cache", "IBuilderConfig.set_timing_cache"}
+    tiled = build_one(FakeTensorRT(version), cnn_path, tmp_path, tiling_optimization_level="FULL")
+    assert tiled.written("IBuilderConfig.l2_limit_for_tiling") == []  # tiling's L2 limit left to TensorRT
+    assert tiled.written("IBuilderConfig.max_aux_streams") == []
+
+
+def test_a_build_route_tensorrt_does_not_take_fails_the_build_instead_of_building_the_default(
+    cnn_path: Path, tmp_path: Path
+) -> None:
+    fake = FakeTensorRT("11.x", takes_routes=False)
+    info, space = space_of(fake, cnn_path)
+    candidate = configuration(space, {"route.kgen:tiling": "2"})
+    with pytest.raises(BuildError, match="did not take the build route '-kgen:tiling=2'"):
+        backend(fake).build(info, candidate, tmp_path, {})
+
+
+def test_a_broken_capture_runs_without_a_cuda_graph_and_says_so(
+    fake_cupy: FakeCuPy, cnn_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake = FakeTensorRT("11.x")
+    info, space = space_of(fake, cnn_path)
+    built = backend(fake).build(info, {**space.default(), "runtime.cuda_graph": True}, tmp_path, {})
+    monkeypatch.setattr(FakeCuPy, "capture_breaks", True)
+    runner = backend(fake).open(built, {"x": np.zeros((1, 3, 64, 64), np.float32)}, {"y": np.zeros((1, 10))})
+    assert runner.attrs["cuda_graph"].startswith("not capturable; ran without (RuntimeError: cudaErrorStream")
+    fake.calls.clear()
+    runner.launch()
+    assert fake.written("IExecutionContext.execute_async_v3") == [(runner.stream.ptr,)]  # a plain launch
+    runner.close()
+    assert fake_cupy.pool_frees == 1  # the blocks CuPy's pool kept for the runner's stream go back
+
+
+def test_one_logger_serves_every_builder_and_runtime(fake_cupy: FakeCuPy, cnn_path: Path, tmp_path: Path) -> None:
+    fake = FakeTensorRT("11.x")
+    info, space = space_of(fake, cnn_path)
+    trt_backend = backend(fake)
+    built = trt_backend.build(info, space.default(), tmp_path, {})
+    trt_backend.build(info, space.default(), tmp_path, {})
+    trt_backend.open(built, {"x": np.zeros((1, 3, 64, 64), np.float32)}, {"y": np.zeros((1, 10))}).close()
+    assert fake.written("ILogger.__init__") == [()]
+
+
+def test_tactic_sources_the_wheels_cannot_load_are_not_offered(cnn_path: Path) -> None:
+    _, space = space_of(FakeTensorRT("10.x"), cnn_path)
+    offered = {k.name for k in space.knobs if k.name.startswith("tactic.")}
+    assert offered == {"tactic.EDGE_MASK_CONVOLUTIONS", "tactic.JIT_CONVOLUTIONS"}
+
+
+def test_type_stubs_alone_are_no_tensorrt(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    stubs = tmp_path / "tensorrt"
+    stubs.mkdir()
+    (stubs / "__init__.pyi").write_text("class Builder: ...\n")  # what tensorrt-stubs installs
+    monkeypatch.syspath_prepend(str(tmp_path))
+    missing = TensorRTBackend().missing_library()
+    assert missing is not None and "pip install 'gpt-optuna[tensorrt]'" in str(missing)
 
 
 class TensorRT10Backend(TensorRTBackend):

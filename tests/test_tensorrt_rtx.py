@@ -13,7 +13,8 @@ from optuna.artifacts import FileSystemArtifactStore, download_artifact
 from optuna.trial import TrialState
 
 from gpt_optuna.backends.base import BuildError
-from gpt_optuna.backends.tensorrt.backend import TensorRTRTXBackend
+from gpt_optuna.backends.tensorrt.backend import TensorRTRTXBackend, _capturing_logger
+from gpt_optuna.backends.tensorrt.knobs import RouteKnob, configure
 from gpt_optuna.cli import main
 from gpt_optuna.graph import model as m
 
@@ -219,3 +220,31 @@ def test_every_graph_precision_builds_a_real_engine_in_a_dry_run(cnn_path: Path,
     interface = json.loads(Path("fp16.plan.json").read_text())["interface"]
     assert not interface["changed"] and interface["engine"] == fp16.user_attrs["engine_io"]
     assert [(t["name"], t["dtype"]) for t in interface["inputs"]] == [("input", "float32")]
+
+
+def test_the_network_is_strongly_typed_and_every_builder_shares_one_logger(cnn_path: Path, tmp_path: Path) -> None:
+    info = m.load_model_info(cnn_path)
+    rtx = TensorRTRTXBackend()
+    candidate = rtx.space(info, m.resolve_shapes(info, {})).default()
+    _, network, _, logger = rtx._parse(info, tmp_path, candidate)
+    assert network.get_flag(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED)
+    assert rtx._parse(info, tmp_path, candidate)[3] is logger
+
+
+def test_a_build_route_the_library_does_not_take_is_a_build_error() -> None:
+    config = trt.Builder(_capturing_logger(trt)).create_builder_config()
+    route = RouteKnob("-kgen:tiling", ("0", "2"), "0", open_ended=False)
+    with pytest.raises(BuildError, match="did not take the build route '-kgen:tiling=2'"):
+        configure(trt, config, {"route.kgen:tiling": "2"}, [route])  # RTX reads any route back as ''
+
+
+def test_an_unreadable_timing_cache_is_told_from_an_empty_one(tmp_path: Path) -> None:
+    config = trt.Builder(_capturing_logger(trt)).create_builder_config()
+    path = tmp_path / "timing.cache"
+    path.write_bytes(b"\x00garbage" * 64)  # the library makes an empty cache of it, not None
+    logger = _capturing_logger(trt)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # RTX's timing cache calls are no-ops
+        TensorRTRTXBackend._load_timing_cache(config, path, logger)
+    assert not path.exists() and (tmp_path / "timing.cache.corrupt").is_file()
+    assert any("set the unreadable timing cache aside" in line for line in logger.messages)

@@ -34,7 +34,14 @@ from gpt_optuna.backends.base import (
     nvidia_gpu_seen,
 )
 from gpt_optuna.backends.tensorrt import trtexec_flags
-from gpt_optuna.backends.tensorrt.knobs import RouteKnob, configure, discover_knobs, parse_build_routes, route_string
+from gpt_optuna.backends.tensorrt.knobs import (
+    WEAK_TYPING_KNOBS,
+    RouteKnob,
+    configure,
+    discover_knobs,
+    parse_build_routes,
+    route_string,
+)
 from gpt_optuna.core.errors import MissingDependencyError
 from gpt_optuna.core.files import atomic_write, locked
 from gpt_optuna.core.space import Candidate, Space, Value
@@ -59,21 +66,41 @@ def optimization_profile(builder: Any, model: ModelInfo, shapes: dict[str, Shape
     return profile
 
 
+_LOGGERS: dict[int, Any] = {}
+
+
 def _capturing_logger(trt: ModuleType) -> Any:
-    class CapturingLogger(trt.ILogger):  # type: ignore[name-defined, misc]
-        """Keeps TensorRT's warnings and errors, for the trial's log; passes every message on as
-        debug detail (``-v``: the worker log has it)."""
+    """The process's one logger for ``trt`` (TensorRT warns when builders and runtimes are given
+    several), its kept messages emptied: each build or load reads what it caused."""
+    logger = _LOGGERS.get(id(trt))
+    if logger is None:
 
-        def __init__(self) -> None:
-            trt.ILogger.__init__(self)
-            self.messages: list[str] = []
+        class CapturingLogger(trt.ILogger):  # type: ignore[name-defined, misc]
+            """Keeps TensorRT's warnings and errors, for the trial's log; passes every message on as
+            debug detail (``-v``: the worker log has it)."""
 
-        def log(self, severity: Any, msg: str) -> None:
-            _TENSORRT_LOG.debug("[%s] %s", getattr(severity, "name", severity), msg)
-            if getattr(severity, "name", "") in _LOGGED:
-                self.messages.append(f"[{severity.name}] {msg}")
+            def __init__(self) -> None:
+                trt.ILogger.__init__(self)
+                self.messages: list[str] = []
 
-    return CapturingLogger()
+            def log(self, severity: Any, msg: str) -> None:
+                _TENSORRT_LOG.debug("[%s] %s", getattr(severity, "name", severity), msg)
+                if getattr(severity, "name", "") in _LOGGED:
+                    self.messages.append(f"[{severity.name}] {msg}")
+
+        logger = _LOGGERS[id(trt)] = CapturingLogger()
+    logger.messages = []
+    return logger
+
+
+def network_flags(trt: ModuleType, candidate: Candidate) -> int:
+    """``create_network``'s flags: strongly typed wherever the library offers it and the candidate
+    sets no weak-typing flag, so that the graph's own types (an fp16 graph, Q/DQ) are what the
+    engine runs, not hints a 10.x builder may build in FP32."""
+    strongly = trt.NetworkDefinitionCreationFlag.__members__.get("STRONGLY_TYPED")
+    if strongly is None or any(candidate.get(k) for k in WEAK_TYPING_KNOBS):
+        return 0
+    return 1 << int(strongly)
 
 
 def _has_qdq(model: ModelInfo) -> bool:
@@ -92,6 +119,13 @@ def _device_l2_bytes() -> int | None:
         return None
 
 
+def _installed(name: str) -> bool:
+    """Whether module ``name`` is a library: type stubs alone (``tensorrt-stubs`` installs a folder
+    of ``.pyi`` files that imports as an empty namespace package) are not."""
+    spec = importlib.util.find_spec(name)
+    return spec is not None and spec.origin not in (None, "namespace") and not spec.origin.endswith(".pyi")
+
+
 @dataclass
 class _Engine:
     plan: bytes
@@ -107,7 +141,7 @@ class TensorRTBackend(Backend):
     library = "TensorRT"
     extra = "tensorrt"
     timing_cache = True
-    weak_typing_knobs = frozenset({"flag.FP16", "flag.BF16", "flag.INT8"})
+    weak_typing_knobs = WEAK_TYPING_KNOBS
 
     reports_device_memory = True
     speed_values = MappingProxyType(
@@ -126,13 +160,15 @@ class TensorRTBackend(Backend):
         return None if nvidia_gpu_seen() else "it runs on an NVIDIA GPU and none is seen here"
 
     def missing_library(self) -> MissingDependencyError | None:
-        found = any(importlib.util.find_spec(name) is not None for name in self.modules)
+        found = any(_installed(name) for name in self.modules)
         return None if found else MissingDependencyError(self.library, self.extra)
 
     @property
     def trt(self) -> ModuleType:
         if self._trt is None:
             for name in self.modules:
+                if not _installed(name):
+                    continue
                 try:
                     self._trt = importlib.import_module(name)
                     break
@@ -162,14 +198,15 @@ class TensorRTBackend(Backend):
         dynamic = any(not spec.is_static for spec in model.inputs)
         return Space(discover_knobs(trt, config, has_qdq=_has_qdq(model), dynamic=dynamic, l2_bytes=_device_l2_bytes()))
 
-    def _parse(self, model: ModelInfo, workdir: Path) -> tuple[Any, Any, Any, Any]:
-        """Builder, network, parser and logger with the model parsed (its constant subgraphs folded
-        first, a copy kept in ``workdir/models``); BuildError naming the nodes TensorRT refused."""
+    def _parse(self, model: ModelInfo, workdir: Path, candidate: Candidate) -> tuple[Any, Any, Any, Any]:
+        """Builder, network (typed as :func:`network_flags` says), parser and logger with the model
+        parsed (its constant subgraphs folded first, a copy kept in ``workdir/models``); BuildError
+        naming the nodes TensorRT refused."""
         trt = self.trt
         model = folded(model, StudyFolder(workdir).models)
         logger = _capturing_logger(trt)
         builder = trt.Builder(logger)
-        network = builder.create_network(0)
+        network = builder.create_network(network_flags(trt, candidate))
         parser = trt.OnnxParser(network, logger)
         if not parser.parse_from_file(str(model.path)):
             errors = [parser.get_error(i) for i in range(parser.num_errors)]
@@ -190,7 +227,7 @@ class TensorRTBackend(Backend):
 
     def build(self, model: ModelInfo, candidate: Candidate, workdir: Path, shapes: dict[str, ShapeRange]) -> Built:
         trt = self.trt
-        builder, network, _parser, logger = self._parse(model, workdir)
+        builder, network, _parser, logger = self._parse(model, workdir, candidate)
         config = builder.create_builder_config()
         routes = parse_build_routes(config.all_build_routes) if hasattr(config, "all_build_routes") else []
         configure(trt, config, candidate, routes)
@@ -198,7 +235,7 @@ class TensorRTBackend(Backend):
         if profile is not None and config.add_optimization_profile(profile) < 0:
             raise BuildError("TensorRT refused the optimization profile", "\n".join(logger.messages))
         cache_path = StudyFolder(workdir).timing_cache
-        cache = self._load_timing_cache(config, cache_path, logger) if self.timing_cache else None
+        cache, shared = self._load_timing_cache(config, cache_path, logger) if self.timing_cache else (None, False)
         start = time.perf_counter()
         plan = builder.build_serialized_network(network, config)
         build_s = time.perf_counter() - start
@@ -206,7 +243,7 @@ class TensorRTBackend(Backend):
             errors = [m for m in logger.messages if m.startswith(("[ERROR]", "[INTERNAL_ERROR]"))]
             reason = f": {errors[0].split('] ', 1)[1][:300]}" if errors else ""
             raise BuildError(f"TensorRT built no engine{reason}", "\n".join(logger.messages))
-        if cache is not None:
+        if cache is not None and shared:
             self._merge_timing_cache(config, cache, cache_path)
         data = bytes(plan)
         attrs: dict[str, Any] = {"engine_bytes": len(data), "engine_sha256": hashlib.sha256(data).hexdigest()}
@@ -221,20 +258,32 @@ class TensorRTBackend(Backend):
         return built.engine.plan  # type: ignore[no-any-return]
 
     @staticmethod
-    def _load_timing_cache(config: Any, path: Path, logger: Any) -> Any:
-        """The study's timing cache, or an empty one when it is missing or corrupt (never fatal)."""
-        data = b""
-        if path.is_file():
-            data = path.read_bytes()
-        cache = config.create_timing_cache(data) if data else None
-        if data and (cache is None or not config.set_timing_cache(cache, False)):
-            logger.messages.append(f"[WARNING] discarded the unreadable timing cache {path}")
-            path.unlink(missing_ok=True)
-            cache = None
-        if cache is None:
-            cache = config.create_timing_cache(b"")
-            config.set_timing_cache(cache, False)
-        return cache
+    def _load_timing_cache(config: Any, path: Path, logger: Any) -> tuple[Any, bool]:
+        """The study's timing cache set on ``config``, and whether this build's timings go back
+        into its file. Never fatal: a file TensorRT cannot read (it returns an empty cache for
+        one, not None) is set aside as ``.corrupt`` and started anew; one made on another GPU or
+        TensorRT version is left as it is for the builds it fits, and this build starts empty."""
+        empty = config.create_timing_cache(b"")
+        data = path.read_bytes() if path.is_file() else b""
+        if not data:
+            config.set_timing_cache(empty, False)
+            return empty, True
+        blank = bytes(empty.serialize())
+        cache = config.create_timing_cache(data)
+        if cache is None or (data != blank and bytes(cache.serialize()) == blank):
+            aside = path.with_name(path.name + ".corrupt")
+            path.replace(aside)
+            logger.messages.append(f"[WARNING] set the unreadable timing cache aside as {aside}; started a new one")
+            config.set_timing_cache(empty, False)
+            return empty, True
+        if not config.set_timing_cache(cache, False):
+            logger.messages.append(
+                f"[WARNING] the timing cache {path} was made on another GPU or TensorRT version: left as it is,"
+                " and this build timed without it"
+            )
+            config.set_timing_cache(empty, False)
+            return empty, False
+        return cache, True
 
     @staticmethod
     def _merge_timing_cache(config: Any, cache: Any, path: Path) -> None:
@@ -403,14 +452,22 @@ class TensorRTRunner(Runner):
             raise RuntimeError("execute_async_v3 failed")
 
     def _capture(self) -> Any:
-        """Capture one enqueue in a CUDA graph; fall back to plain enqueues where TensorRT cannot."""
+        """Capture one enqueue in a CUDA graph; fall back to plain enqueues, said in the trial's
+        ``cuda_graph`` attr, where TensorRT cannot (its enqueue refused, or the capture broken: then
+        ending it raises)."""
         self._enqueue()  # one-time setup must not be captured
         self.stream.synchronize()
         self.stream.begin_capture()
-        ok = self._context.execute_async_v3(self.stream.ptr)
-        graph = self.stream.end_capture()
-        if not ok:
-            self.attrs["cuda_graph"] = "not capturable; ran without"
+        try:
+            ok = self._context.execute_async_v3(self.stream.ptr)
+        finally:
+            try:
+                graph = self.stream.end_capture()
+                broken = ""
+            except Exception as exc:  # CuPy's error for an invalidated capture
+                graph, broken = None, f" ({type(exc).__name__}: {exc})"
+        if not ok or graph is None:
+            self.attrs["cuda_graph"] = f"not capturable; ran without{broken}"
             return None
         return graph
 
@@ -431,8 +488,11 @@ class TensorRTRunner(Runner):
         self.stream.synchronize()
 
     def close(self) -> None:
+        """Release the engine and its buffers, and the blocks CuPy's pool keeps for this runner's
+        streams (kept per stream, they would pile up over the trials of one worker)."""
         self.stream.synchronize()
         self._graph = None
         self._buffers.clear()
         self._context = None
         self._engine = None
+        import_cupy().get_default_memory_pool().free_all_blocks()

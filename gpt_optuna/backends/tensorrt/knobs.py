@@ -23,6 +23,12 @@ SPEED_FLAGS = ("TF32", "SPARSE_WEIGHTS")
 
 
 WEAK_TYPING_FLAGS = ("FP16", "BF16")
+WEAK_TYPING_KNOBS = frozenset({"flag.FP16", "flag.BF16", "flag.INT8"})
+"""Builder flags that let a weakly typed network pick lower precisions; a strongly typed one refuses them."""
+
+UNSHIPPED_TACTICS = ("CUBLAS", "CUBLAS_LT", "CUDNN")
+"""Tactic sources of 10.x that need cuBLAS or cuDNN libraries TensorRT's Python wheels do not ship:
+offered only where the library has them on by default."""
 
 
 def _with_default(default: int, others: tuple[int, ...]) -> tuple[int, ...]:
@@ -100,6 +106,8 @@ def discover_knobs(trt: ModuleType, config: Any, *, has_qdq: bool, dynamic: bool
     sources = int(config.get_tactic_sources())
     for name, member in trt.TacticSource.__members__.items():
         default = bool(sources & (1 << int(member)))
+        if name in UNSHIPPED_TACTICS and not default:
+            continue
         knobs.append(Knob(f"tactic.{name}", (default, not default), default))
     knobs.append(Knob("workspace_mib", WORKSPACE_MIB, "default", "workspace memory-pool limit"))
     if hasattr(config, "all_build_routes"):
@@ -122,27 +130,29 @@ def _route_choices(route: RouteKnob) -> tuple[str, ...]:
 
 
 def configure(trt: ModuleType, config: Any, candidate: Candidate, routes: list[RouteKnob]) -> None:
-    """Apply a candidate's build knobs to an ``IBuilderConfig``; knobs absent stay at defaults."""
+    """Apply a candidate's build knobs to an ``IBuilderConfig``: a setting is written only where the
+    candidate's value differs from the fresh configuration's, so TensorRT's own default (which a
+    written default value can change: an L2 limit of 0, say) stays wherever the candidate keeps it.
+    A build route TensorRT does not take is a BuildError, never a silent default build."""
     simple = ("builder_optimization_level", "max_aux_streams", "max_num_tactics", "avg_timing_iterations")
-    for name in simple:
-        if name in candidate:
+    for name in (*simple, "l2_limit_for_tiling"):
+        if name in candidate and int(candidate[name]) != int(getattr(config, name)):
             setattr(config, name, int(candidate[name]))
-    if "tiling_optimization_level" in candidate:
-        config.tiling_optimization_level = getattr(
-            trt.TilingOptimizationLevel, str(candidate["tiling_optimization_level"])
-        )
-    if "l2_limit_for_tiling" in candidate:
-        config.l2_limit_for_tiling = int(candidate["l2_limit_for_tiling"])
+    tiling = candidate.get("tiling_optimization_level")
+    if tiling is not None and str(tiling) != config.tiling_optimization_level.name:
+        config.tiling_optimization_level = getattr(trt.TilingOptimizationLevel, str(tiling))
     for name, value in candidate.items():
         if name.startswith("flag."):
             flag = getattr(trt.BuilderFlag, name.removeprefix("flag."))
-            config.set_flag(flag) if value else config.clear_flag(flag)
-    sources = int(config.get_tactic_sources())
+            if bool(value) != bool(config.get_flag(flag)):
+                config.set_flag(flag) if value else config.clear_flag(flag)
+    before = int(config.get_tactic_sources())
+    sources = before
     for name, value in candidate.items():
         if name.startswith("tactic."):
             bit = 1 << int(getattr(trt.TacticSource, name.removeprefix("tactic.")))
             sources = sources | bit if value else sources & ~bit
-    if any(name.startswith("tactic.") for name in candidate) and not config.set_tactic_sources(sources):
+    if sources != before and not config.set_tactic_sources(sources):
         raise BuildError(f"TensorRT refused tactic sources {sources:#x}")
     workspace = candidate.get("workspace_mib", "default")
     if workspace != "default":
@@ -150,3 +160,9 @@ def configure(trt: ModuleType, config: Any, candidate: Candidate, routes: list[R
     route = route_string(candidate, routes)
     if route:
         config.build_route = route
+        taken = str(config.build_route)
+        if taken.split() != route.split():
+            raise BuildError(
+                f"TensorRT {getattr(trt, '__version__', '')} did not take the build route {route!r}"
+                f" (it reads back {taken!r}): the candidate would have built the default route"
+            )
