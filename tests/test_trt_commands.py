@@ -11,7 +11,7 @@ import pytest
 from fake_tensorrt import FakeTensorRT
 from test_tensorrt_api import one_change_candidates, space_of
 
-from gpt_optuna.backends.tensorrt.commands import polygraphy, trtexec
+from gpt_optuna.backends.tensorrt.commands import polygraphy, trtexec, trtexec_major
 
 FLAGS = json.loads((Path(__file__).parent / "data" / "trt_tool_flags.json").read_text())
 SHAPES = {"x": [[1, 3, 64, 64], [8, 3, 64, 64], [16, 3, 64, 64]]}
@@ -34,6 +34,17 @@ def test_every_knob_value_becomes_a_documented_flag_or_is_named(version: str, cn
             line = make("m.onnx", "m.plan", candidate, defaults, SHAPES)
             assert set(flags_of(line.text())) <= known, (tool, candidate, line.text())
             assert line.arguments != base[tool] or line.no_flag, (tool, changed)  # nothing silently lost
+
+
+def test_the_trtexec_line_says_the_trials_cuda_graph_as_its_trtexec_reads_it() -> None:
+    defaults = {"builder_optimization_level": 3, "runtime.cuda_graph": False}
+    captured = {**defaults, "runtime.cuda_graph": True}
+    for major, plain, graph in ((10, [], ["--useCudaGraph"]), (11, ["--noCudaGraph"], [])):
+        for params, expected in ((defaults, plain), (captured, graph)):
+            arguments = trtexec("m.onnx", "m.plan", params, defaults, {}, major).arguments
+            assert arguments[2:] == expected, (major, params)
+            assert set(flags_of(" ".join(arguments))) <= set(FLAGS["trtexec"][str(major)])
+    assert trtexec_major({"tensorrt": "11.4.0.106"}) == 11 and trtexec_major({"tensorrt_rtx": "1.7"}) is None
 
 
 def test_the_lines_read_as_a_user_would_type_them() -> None:

@@ -86,6 +86,12 @@ def test_trtexec_flags_map_to_the_builder_knobs() -> None:
             trtexec_values([bad], "f")
 
 
+def test_trtexec_flags_read_as_the_installed_trtexec_reads_them() -> None:
+    assert "runtime.cuda_graph" not in trtexec_values(["--fp16"], "f", major=10)  # trtexec 10: no graph
+    assert trtexec_values(["--fp16"], "f", major=11)["runtime.cuda_graph"] is True  # trtexec 11's default
+    assert trtexec_values(["--noCudaGraph"], "f", major=11)["runtime.cuda_graph"] is False
+
+
 def test_a_value_the_space_does_not_offer_is_added_for_the_configuration_alone() -> None:
     space = Space(
         [

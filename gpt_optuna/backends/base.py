@@ -64,8 +64,8 @@ where checking the space keeps a knob out."""
 @dataclass(frozen=True)
 class ExportedTrial:
     """A trial as ``export`` writes it: the ONNX model it ran, the file written (``out``: the engine
-    or the model), its params over the space's defaults, the study's input shapes and the study's
-    folder of transformed models."""
+    or the model), its params over the space's defaults, the study's input shapes, the study's
+    folder of transformed models and the library versions the study ran (module -> version)."""
 
     model: Path
     out: Path
@@ -73,6 +73,7 @@ class ExportedTrial:
     defaults: Mapping[str, Any]
     shapes: Mapping[str, Any]
     models: Path
+    versions: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

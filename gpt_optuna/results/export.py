@@ -276,7 +276,7 @@ def _write_export(
     if deployment is not None:
         models = StudyFolder.of(study).models
         side |= deployment.side_file(
-            ExportedTrial(source, staged, trial.params, record.defaults, record.shapes or {}, models)
+            ExportedTrial(source, staged, trial.params, record.defaults, record.shapes or {}, models, record.versions)
         )
     for kind, path in samples.items():  # what a later `gpt-optuna check` compares a changed model on
         shutil.copyfile(workdir / f"{kind}.npz", staging.path(path))

@@ -34,6 +34,7 @@ from gpt_optuna.backends.base import (
     nvidia_gpu_seen,
 )
 from gpt_optuna.backends.tensorrt import trtexec_flags
+from gpt_optuna.backends.tensorrt.commands import trtexec_major
 from gpt_optuna.backends.tensorrt.knobs import (
     WEAK_TYPING_KNOBS,
     RouteKnob,
@@ -179,7 +180,8 @@ class TensorRTBackend(Backend):
         return self._trt
 
     def baseline_values(self, path: Path) -> dict[str, Value]:
-        return trtexec_flags.knob_values(trtexec_flags.read_flags(path), f"--baseline-config {path.name}")
+        flags = trtexec_flags.read_flags(path)
+        return trtexec_flags.knob_values(flags, f"--baseline-config {path.name}", trtexec_major(self.versions()))
 
     def fit_baseline(self, values: Mapping[str, Value], space: Space) -> dict[str, Value]:
         return trtexec_flags.fitted_to(dict(values), {k.name for k in space.knobs})

@@ -36,10 +36,31 @@ def _shape_text(dims: list[int], joiner: str) -> str:
     return joiner.join(str(d) for d in dims)
 
 
+GRAPH_BY_DEFAULT_SINCE = 11
+"""trtexec's major version from which CUDA graphs (and spin-waits, and timing without data
+transfers) are its defaults: ``--noCudaGraph`` turns the graph off there."""
+
+
+def trtexec_major(versions: Mapping[str, str]) -> int | None:
+    """TensorRT's major version among a study's library versions (None: unknown, or TensorRT-RTX,
+    whose tool is not trtexec)."""
+    for module in ("tensorrt", "tensorrt_bindings"):
+        head = str(versions.get(module, "")).split(".")[0]
+        if head.isdigit():
+            return int(head)
+    return None
+
+
 def trtexec(
-    onnx_path: str, engine_path: str, params: Mapping[str, Any], defaults: Mapping[str, Any], shapes: dict[str, Any]
+    onnx_path: str,
+    engine_path: str,
+    params: Mapping[str, Any],
+    defaults: Mapping[str, Any],
+    shapes: dict[str, Any],
+    major: int | None = None,
 ) -> CommandLine:
-    """``trtexec --onnx=... --saveEngine=...`` with the trial's non-default builder settings."""
+    """``trtexec --onnx=... --saveEngine=...`` with the trial's non-default builder settings, and
+    its CUDA-graph setting as trtexec ``major`` reads it (graphs are trtexec 11's default)."""
     line = CommandLine("trtexec", [f"--onnx={onnx_path}", f"--saveEngine={engine_path}"])
     for flag, index in (("--minShapes", 0), ("--optShapes", 1), ("--maxShapes", 2)):
         if shapes:
@@ -51,10 +72,21 @@ def trtexec(
     routes = [f"-{n.removeprefix('route.')}={v}" for n, v in changed.items() if n.startswith("route.")]
     if routes:
         line.arguments.append("--setBuildRoute=" + " ".join(routes))
+    graphs_by_default = major is not None and major >= GRAPH_BY_DEFAULT_SINCE
     for name, value in changed.items():
-        if not name.startswith(("tactic.", "route.")):
+        if not name.startswith(("tactic.", "route.")) and not (graphs_by_default and name in GRAPH_KNOBS):
             _add(line, name, value, _trtexec_argument(name, value))
+    if graphs_by_default and not _captures(params):
+        line.arguments.append("--noCudaGraph")
     return line
+
+
+GRAPH_KNOBS = ("runtime.cuda_graph", "runtime.cuda_graph_strategy")
+
+
+def _captures(params: Mapping[str, Any]) -> bool:
+    """Whether the trial ran its engine as a CUDA graph."""
+    return bool(params.get("runtime.cuda_graph")) or params.get("runtime.cuda_graph_strategy", "DISABLED") != "DISABLED"
 
 
 def _add(line: CommandLine, name: str, value: Any, argument: list[str] | str | None) -> None:
@@ -86,8 +118,8 @@ def _trtexec_argument(name: str, value: Any) -> str | None:
         return "--sparsity=enable" if value else "--sparsity=disable"
     if name in ("flag.FP16", "flag.BF16", "flag.INT8") and value:
         return f"--{name.removeprefix('flag.').lower()}"
-    if name in ("runtime.cuda_graph", "runtime.cuda_graph_strategy"):
-        return "--useCudaGraph"
+    if name in GRAPH_KNOBS:
+        return "--useCudaGraph" if _captures({name: value}) else None
     return None
 
 
@@ -138,9 +170,10 @@ def build_commands(trial: ExportedTrial) -> dict[str, Any]:
 
     parsed = trial.out.with_name(trial.out.name + ".onnx")
     copy_model(folded(load_model_info(trial.model), trial.models).path, parsed)
+    params, defaults, shapes = dict(trial.params), dict(trial.defaults), dict(trial.shapes)
     lines = [
-        make(parsed.name, trial.out.name, dict(trial.params), dict(trial.defaults), dict(trial.shapes))
-        for make in (trtexec, polygraphy)
+        trtexec(parsed.name, trial.out.name, params, defaults, shapes, trtexec_major(trial.versions)),
+        polygraphy(parsed.name, trial.out.name, params, defaults, shapes),
     ]
     return {line.tool: line.text() for line in lines} | {f"{line.tool}_no_flag": line.no_flag for line in lines}
 

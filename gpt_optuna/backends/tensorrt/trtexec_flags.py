@@ -12,7 +12,7 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
-from gpt_optuna.backends.tensorrt.commands import TILING_LEVELS
+from gpt_optuna.backends.tensorrt.commands import GRAPH_BY_DEFAULT_SINCE, TILING_LEVELS
 from gpt_optuna.core.errors import UserError
 from gpt_optuna.core.space import Value
 
@@ -29,6 +29,7 @@ _SWITCHES = {
     "--int8": ("flag.INT8", True),
     "--noTF32": ("flag.TF32", False),
     "--useCudaGraph": ("runtime.cuda_graph", True),
+    "--noCudaGraph": ("runtime.cuda_graph", False),
 }
 _THE_STUDYS = frozenset(
     {
@@ -53,10 +54,13 @@ def read_flags(path: Path) -> list[str]:
         raise UserError(f"--baseline-config {path}: {exc}") from None
 
 
-def knob_values(flags: list[str], where: str) -> dict[str, Value]:
-    """The knobs (name -> value) that set what trtexec ``flags`` ask for; a UserError naming the
-    first flag no knob sets."""
+def knob_values(flags: list[str], where: str, major: int | None = None) -> dict[str, Value]:
+    """The knobs (name -> value) that set what trtexec ``flags`` ask for, read as trtexec ``major``
+    reads them (from 11 on, a CUDA graph unless ``--noCudaGraph``); a UserError naming the first
+    flag no knob sets."""
     values: dict[str, Value] = {}
+    if major is not None and major >= GRAPH_BY_DEFAULT_SINCE:
+        values["runtime.cuda_graph"] = True
     for flag in flags:
         name, _, text = flag.partition("=")
         if name in _THE_STUDYS:
