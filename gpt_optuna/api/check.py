@@ -49,7 +49,14 @@ from gpt_optuna.protocol.jobs import MetricJob, reference_outputs
 from gpt_optuna.protocol.timing import BLOCK
 from gpt_optuna.results.export import export_trial
 from gpt_optuna.search.config import TuneConfig, check_study_name, default_storage, study_flags
-from gpt_optuna.search.finalists import CPU_SETTLE_S, interleave, process_seconds, quiet_seconds, round_seconds
+from gpt_optuna.search.finalists import (
+    CPU_SETTLE_S,
+    interleave,
+    kept_evaluations,
+    process_seconds,
+    quiet_seconds,
+    round_seconds,
+)
 from gpt_optuna.search.options import DEFAULT_CHECK_BUDGET, DEFAULT_TOLERANCE
 from gpt_optuna.study.evidence import speedups
 from gpt_optuna.study.folder import StudyFolder
@@ -310,7 +317,7 @@ def judge_latency(
         model=model_io.load_model_info(exported),
         candidate={k: v for k, v in record["params"].items() if not is_transform_knob(k)},
     )
-    evaluations = [exported_job, *(replace(template, candidate=dict(t.params)) for t in trials)]
+    evaluations = [exported_job, *kept_evaluations(template, study, trials, tell)]
     tell(
         f"timing the record's model {exported.name} beside the changed model, interleaved, in"
         f" {config.confirm_processes} fresh processes ..."

@@ -33,6 +33,7 @@ from gpt_optuna.protocol.process import JobFailure, Worker
 from gpt_optuna.protocol.timing import BLOCK, ROUNDS
 from gpt_optuna.search.finalists import QUIET_S, WORKER_START_S, ConfirmationFailed, interleave, template_from_study
 from gpt_optuna.search.options import DEFAULT_PROCESSES
+from gpt_optuna.study.artifacts import kept_engine
 from gpt_optuna.study.evidence import Speedup, judge, speedups, widened_by
 from gpt_optuna.study.folder import StudyFolder
 from gpt_optuna.study.taxonomy import baseline_trial, your_trial
@@ -146,7 +147,9 @@ def side(study: optuna.Study, template: EvaluateJob, text: str) -> Side:
         return _model_side(template, Path(text))
     if not trial.params:
         raise UserError(f"trial {trial.number} holds no candidate (it ended before one was chosen)")
-    return Side(f"trial {trial.number}", replace(template, candidate=dict(trial.params)))
+    saved, gone = kept_engine(study, trial)
+    label = f"trial {trial.number}" + (" (built again: its kept engine is gone)" if gone else "")
+    return Side(label, replace(template, candidate=dict(trial.params), saved_engine=saved))
 
 
 def _model_side(template: EvaluateJob, path: Path) -> Side:

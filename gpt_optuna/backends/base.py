@@ -297,6 +297,11 @@ class Backend(abc.ABC):
         """The engine as a file to keep, for backends that produce one."""
         return None
 
+    def load(self, model: ModelInfo, candidate: Candidate, engine: bytes) -> Built | None:
+        """The engine :meth:`serialize` kept for ``candidate``, ready to :meth:`open` as it was
+        built (None where the kept file is no engine to run as it is: the candidate is built again)."""
+        return None
+
 
 def read_record(path: str | Path) -> dict[str, Any]:
     """The side file ``PATH.json`` that ``gpt-optuna export`` wrote beside ``PATH``."""

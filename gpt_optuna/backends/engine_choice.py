@@ -159,6 +159,11 @@ class EngineChoice(Backend):
         engine, inner = self._inner(built)
         return engine.serialize(inner)
 
+    def load(self, model: ModelInfo, candidate: Candidate, engine: bytes) -> Built | None:
+        loaded = self.engine(candidate).load(model, candidate, engine)
+        label = str(candidate.get(ENGINE_KNOB, self.first))
+        return None if loaded is None else EngineBuilt(loaded.engine, loaded.build_s, loaded.attrs, label, loaded)
+
     def check_model(
         self, model: ModelInfo, space: Space, candidate: Candidate, workdir: Path, shapes: dict[str, ShapeRange]
     ) -> list[KnobLimit]:

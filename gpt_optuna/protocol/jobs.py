@@ -129,6 +129,9 @@ class EvaluateJob(Job):
     """Every knob's default: a knob inactive in ``candidate`` is at its default for the engine."""
     metric: str | None = None
     """The user's metric function (``module:function``), called on every sample's outputs."""
+    saved_engine: Path | None = None
+    """The engine the trial built and kept: a re-measurement loads it where the engine can
+    (:meth:`Backend.load`) instead of building the candidate again."""
 
     @classmethod
     def in_study(

@@ -33,7 +33,7 @@ from gpt_optuna.protocol.jobs import ConfirmJob, EvaluateJob, RoundTimed
 from gpt_optuna.protocol.process import FailureKind, JobFailure, Worker
 from gpt_optuna.protocol.timing import BLOCK, MIN_ROUNDS, ROUNDS, ROUNDS_BUDGET_S, MeasureSettings, block_for
 from gpt_optuna.search.options import DEFAULT_PROCESSES, DEFAULT_TOP
-from gpt_optuna.study.artifacts import INPUTS_FILE, REFERENCE_FILE
+from gpt_optuna.study.artifacts import INPUTS_FILE, REFERENCE_FILE, kept_engine
 from gpt_optuna.study.evidence import LEVEL, Speedup, significant, speedups
 from gpt_optuna.study.record import CONFIRMED_ATTR, StudyRecord
 from gpt_optuna.study.taxonomy import baseline_trial, engine_default_trials, search_ranking, your_trial
@@ -112,6 +112,21 @@ def finalists(study: optuna.Study, top: int) -> tuple[FrozenTrial | None, list[F
         baseline = None  # nothing measured to compare with
     best = [t for t in search_ranking(trials) if baseline is None or t.number != baseline.number][:top]
     return baseline, best
+
+
+def kept_evaluations(
+    template: EvaluateJob, study: optuna.Study, trials: list[FrozenTrial], say: Callable[[str], None]
+) -> list[EvaluateJob]:
+    """``template`` for each of ``trials``, with the engine each kept (:func:`kept_engine`), so that
+    what is re-measured is what was measured and what an export ships; a kept engine that is gone
+    is said, and that candidate built again."""
+    found = []
+    for trial in trials:
+        path, gone = kept_engine(study, trial)
+        if gone is not None:
+            say(f"  {gone}")
+        found.append(replace(template, candidate=dict(trial.params), saved_engine=path))
+    return found
 
 
 def with_references(trials: list[FrozenTrial], every: list[FrozenTrial]) -> list[FrozenTrial]:
@@ -346,7 +361,7 @@ def confirm(
     every = study.get_trials(deepcopy=False)
     yours = your_trial(every)
     trials = with_references([baseline, *best], every)
-    evaluations = [replace(template, candidate=dict(t.params)) for t in trials]
+    evaluations = kept_evaluations(template, study, trials, say)
     expected = process_seconds(trials, template.settings, start_s, min(rounds, MIN_ROUNDS))
     quiet = quiet_seconds(trials, template.settings)
     block = block_of(trials)

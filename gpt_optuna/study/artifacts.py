@@ -15,6 +15,7 @@ from gpt_optuna.core.errors import UserError
 from gpt_optuna.core.files import atomic_path
 from gpt_optuna.study.folder import StudyFolder
 from gpt_optuna.study.record import ARTIFACTS_ATTR, DATA_ATTR
+from gpt_optuna.study.trial_record import TrialRecord
 
 INPUTS_FILE, REFERENCE_FILE, CALIBRATION_FILE = "inputs.npz", "reference.npz", "calibration.npz"
 """What a study folder caches: the inputs, the fp32 reference outputs, the calibration samples."""
@@ -28,6 +29,18 @@ def artifact_folder(study: optuna.Study, given: Path | None = None) -> Path:
         return given.resolve()
     recorded = study.user_attrs.get(ARTIFACTS_ATTR)
     return Path(recorded) if recorded else StudyFolder.of(study).artifacts
+
+
+def kept_engine(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> tuple[Path | None, str | None]:
+    """The engine file the trial kept in the study's store (None where it kept none), and where
+    it kept one that is gone, why it is built again instead (said to the user)."""
+    artifact = TrialRecord(trial).engine_artifact
+    if artifact is None:
+        return None, None
+    path = artifact_folder(study) / artifact
+    if not path.is_file():
+        return None, f"trial {trial.number}'s kept engine ({path}) is gone: it is built again"
+    return path, None
 
 
 def _sha256(path: Path) -> str:

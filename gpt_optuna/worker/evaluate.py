@@ -13,7 +13,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from gpt_optuna.backends import Backend, BuildError, Runner, load_backend
+from gpt_optuna.backends import Backend, BuildError, Built, Runner, load_backend
 from gpt_optuna.backends.base import CANNOT_RUN
 from gpt_optuna.core.errors import UserError
 from gpt_optuna.core.files import atomic_write
@@ -126,7 +126,7 @@ def _evaluate(job: EvaluateJob) -> TrialResult:
     if isinstance(model, TrialResult):
         return model
     try:
-        built = backend.build(model, job.engine_candidate, job.workdir, job.shapes)
+        built = built_or_loaded(backend, model, job)
     except BuildError as exc:
         return build_failure(exc)
     if model is not job.model:
@@ -227,12 +227,22 @@ def templates_of(job: EvaluateJob, model: ModelInfo) -> Feeds:
 
 
 def open_candidate(job: EvaluateJob) -> Runner:
-    """Build the candidate and open it on the first sample, raising on any failure (for
-    re-measuring finalists)."""
+    """Load the candidate's kept engine (where the job names one the engine can load), else build
+    the candidate, and open it on the first sample, raising on any failure (for re-measuring
+    finalists)."""
     backend = backend_of(job.backend)
     model = transformed_model(job)
-    built = backend.build(model, job.engine_candidate, job.workdir, job.shapes)
+    built = built_or_loaded(backend, model, job)
     return backend.open(built, samples_of(job, model)[0], templates_of(job, model))
+
+
+def built_or_loaded(backend: Backend, model: ModelInfo, job: EvaluateJob) -> Built:
+    """The job's kept engine, loaded where it names one the engine can load, else the candidate built."""
+    if job.saved_engine is not None:
+        loaded = backend.load(model, job.engine_candidate, job.saved_engine.read_bytes())
+        if loaded is not None:
+            return loaded
+    return backend.build(model, job.engine_candidate, job.workdir, job.shapes)
 
 
 def transformed_model(job: EvaluateJob) -> ModelInfo:

@@ -259,6 +259,11 @@ class TensorRTBackend(Backend):
     def serialize(self, built: Built) -> bytes | None:
         return built.engine.plan  # type: ignore[no-any-return]
 
+    def load(self, model: ModelInfo, candidate: Candidate, engine: bytes) -> Built | None:
+        """The trial's saved plan: builds of one configuration differ, so the engine re-measured
+        is the one the trial measured and the export ships."""
+        return Built(_Engine(engine, [], candidate), 0.0, {"engine_sha256": hashlib.sha256(engine).hexdigest()})
+
     @staticmethod
     def _load_timing_cache(config: Any, path: Path, logger: Any) -> tuple[Any, bool]:
         """The study's timing cache set on ``config``, and whether this build's timings go back
