@@ -107,6 +107,12 @@ class FakeTensorRT:
                 raise NotImplementedError
 
         self.IProfiler = IProfiler
+        self.tensor_types: dict[str, str] = {}
+        """An engine tensor's ``DataType`` member name, by tensor (FLOAT where not named)."""
+        self.host_tensors: set[str] = set()
+        """The engine's tensors in host memory (shape tensors)."""
+        self.output_shape: tuple[int, ...] = (1, 10)
+        """What the context says of the output's shape (-1 where data-dependent)."""
         self.layers = [("node_of_c0 + node_of_r0", 0.25), ("Reformatting CopyNode for Output Tensor 0", 0.01)]
         """The layers an execution reports to a context's profiler: (name, ms)."""
 
@@ -208,7 +214,10 @@ class FakeTensorRT:
         return self.TensorIOMode.INPUT if name == "x" else self.TensorIOMode.OUTPUT  # type: ignore[attr-defined]
 
     def _ICudaEngine_get_tensor_dtype(self, obj: Strict, name: str) -> Any:
-        return self.DataType.FLOAT  # type: ignore[attr-defined]
+        return getattr(self.DataType, self.tensor_types.get(name, "FLOAT"))  # type: ignore[attr-defined]
+
+    def _ICudaEngine_get_tensor_location(self, obj: Strict, name: str) -> Any:
+        return self.TensorLocation.HOST if name in self.host_tensors else self.TensorLocation.DEVICE  # type: ignore[attr-defined]
 
     def _ICudaEngine_create_runtime_config(self, obj: Strict) -> Strict:
         return self._make("IRuntimeConfig")
@@ -220,7 +229,7 @@ class FakeTensorRT:
         return True
 
     def _IExecutionContext_get_tensor_shape(self, obj: Strict, name: str) -> tuple[int, ...]:
-        return (1, 10)
+        return self.output_shape
 
     def _IExecutionContext_set_tensor_address(self, obj: Strict, name: str, ptr: int) -> bool:
         return True
@@ -247,6 +256,10 @@ class FakeCuPy:
 
         def get(self, stream: Any = None) -> np.ndarray:
             return self.array.copy()
+
+        def set(self, array: np.ndarray, stream: Any = None) -> None:
+            assert array.dtype == self.array.dtype and array.shape == self.array.shape
+            self.array[...] = array
 
     class _Stream:
         count = 0

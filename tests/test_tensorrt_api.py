@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
+import ml_dtypes
 import numpy as np
 import pytest
 from fake_tensorrt import ROUTES_JSON, VERSIONS, FakeCuPy, FakeTensorRT
@@ -372,3 +374,47 @@ def test_layer_times_come_from_the_profiler_with_the_onnx_operators_of_each_laye
         assert len(fake.written("IExecutionContext.execute_async_v3")) == 3  # no CUDA graph: each run profiled
         if version == "rtx":
             assert [s.name for s in fake.written("IRuntimeConfig.cuda_graph_strategy")] == ["DISABLED"]
+
+
+def opened(fake: FakeTensorRT, cnn_path: Path, tmp_path: Path, x: np.ndarray) -> Any:
+    info, space = space_of(fake, cnn_path)
+    built = backend(fake).build(info, space.default(), tmp_path, {})
+    return backend(fake).open(built, {"x": x}, {"y": np.zeros((1, 10))})
+
+
+def test_bf16_and_fp8_engine_io_is_held_as_bits_and_read_back_as_its_type(
+    fake_cupy: FakeCuPy, cnn_path: Path, tmp_path: Path
+) -> None:
+    fake = FakeTensorRT("10.x")
+    fake.tensor_types = {"x": "BF16", "y": "FP8"}
+    x = np.array([[1.0, -2.5, 3.140625]], np.float32)
+    runner = opened(fake, cnn_path, tmp_path, x)
+    held = runner._buffers["x"].array
+    assert held.dtype == np.uint16 and np.array_equal(held.view(ml_dtypes.bfloat16).astype(np.float32), x)
+    out = runner.infer()["y"]
+    assert out.dtype == np.dtype(ml_dtypes.float8_e4m3fn) and out.shape == (1, 10)
+    runner.set_inputs({"x": 2 * x})
+    assert np.array_equal(runner._buffers["x"].array.view(ml_dtypes.bfloat16).astype(np.float32), 2 * x)
+
+
+def test_engines_no_runner_can_feed_say_why_in_one_line(fake_cupy: FakeCuPy, cnn_path: Path, tmp_path: Path) -> None:
+    x = np.zeros((1, 3, 64, 64), np.float32)
+    packed = FakeTensorRT("11.x")
+    packed.tensor_types = {"y": "FP4"}
+    with pytest.raises(RuntimeError, match="'y' is fp4, a packed type"):
+        opened(packed, cnn_path, tmp_path, x)
+    data_dependent = FakeTensorRT("11.x")
+    data_dependent.output_shape = (-1, 4)  # a NonZero's, say
+    with pytest.raises(RuntimeError, match="'y' has a data-dependent shape"):
+        opened(data_dependent, cnn_path, tmp_path, x)
+
+
+def test_a_shape_tensor_input_is_given_in_host_memory(fake_cupy: FakeCuPy, cnn_path: Path, tmp_path: Path) -> None:
+    fake = FakeTensorRT("11.x")
+    fake.host_tensors = {"x"}
+    fake.tensor_types = {"x": "INT64"}
+    runner = opened(fake, cnn_path, tmp_path, np.array([2, 3], np.int64))
+    addresses = dict(fake.written("IExecutionContext.set_tensor_address"))
+    assert addresses["x"] == runner._host["x"].ctypes.data and "x" not in runner._buffers
+    runner.set_inputs({"x": np.array([4, 5], np.int64)})
+    assert runner._host["x"].tolist() == [4, 5]

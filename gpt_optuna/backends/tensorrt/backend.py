@@ -35,6 +35,7 @@ from gpt_optuna.backends.base import (
 )
 from gpt_optuna.backends.tensorrt import trtexec_flags
 from gpt_optuna.backends.tensorrt.commands import trtexec_major
+from gpt_optuna.backends.tensorrt.io_dtypes import ENGINE_DTYPES, device_dtype, engine_dtype, on_device
 from gpt_optuna.backends.tensorrt.knobs import (
     WEAK_TYPING_KNOBS,
     RouteKnob,
@@ -357,10 +358,8 @@ def network_io(trt: Any, network: Any) -> dict[str, dict[str, str]]:
     engine takes and returns (``{"inputs": {...}, "outputs": {...}}``)."""
 
     def dtype_name(dtype: Any) -> str:
-        try:
-            return np.dtype(trt.nptype(dtype)).name
-        except TypeError:  # a type numpy has none for (bfloat16, fp8)
-            return str(dtype).rpartition(".")[2].lower()
+        name = str(getattr(dtype, "name", dtype)).rpartition(".")[2]
+        return ENGINE_DTYPES[name].name if name in ENGINE_DTYPES else name.lower()
 
     inputs = (network.get_input(i) for i in range(network.num_inputs))
     outputs = (network.get_output(i) for i in range(network.num_outputs))
@@ -419,17 +418,31 @@ class TensorRTRunner(Runner):
         self.stream = cupy.cuda.Stream(non_blocking=True)
         inputs, outputs = io_tensors(trt, self._engine)
         self._buffers: dict[str, Any] = {}
+        self._dtypes = {n: engine_dtype(self._engine.get_tensor_dtype(n).name, n) for n in (*inputs, *outputs)}
+        self._host: dict[str, np.ndarray] = {}
+        """Inputs TensorRT reads from host memory (shape tensors), by name."""
         with self.stream:
             for name in inputs:
-                self._buffers[name] = cupy.asarray(feeds[name])
+                if self._engine.get_tensor_location(name) == trt.TensorLocation.HOST:
+                    self._host[name] = np.ascontiguousarray(feeds[name].astype(self._dtypes[name]))
+                else:
+                    self._buffers[name] = cupy.asarray(on_device(feeds[name], self._dtypes[name]))
                 if not self._context.set_input_shape(name, tuple(feeds[name].shape)):
                     raise RuntimeError(f"TensorRT refused shape {feeds[name].shape} for input {name!r}")
             for name in outputs:
-                dtype = np.dtype(trt.nptype(self._engine.get_tensor_dtype(name)))
-                self._buffers[name] = cupy.empty(tuple(self._context.get_tensor_shape(name)), dtype)
+                shape = tuple(self._context.get_tensor_shape(name))
+                if any(d < 0 for d in shape):
+                    raise RuntimeError(
+                        f"the engine's output {name!r} has a data-dependent shape {shape} (known only as it"
+                        " runs): running such engines is not supported"
+                    )
+                self._buffers[name] = cupy.empty(shape, device_dtype(self._dtypes[name]))
         self._outputs = outputs
-        for name, buffer in self._buffers.items():
-            if not self._context.set_tensor_address(name, buffer.data.ptr):
+        addresses = {n: b.data.ptr for n, b in self._buffers.items()} | {
+            n: a.ctypes.data for n, a in self._host.items()
+        }
+        for name, address in addresses.items():
+            if not self._context.set_tensor_address(name, address):
                 raise RuntimeError(f"TensorRT refused the address of tensor {name!r}")
         self._aux_streams: list[Any] = []
         if candidate.get("runtime.aux_streams") and self._engine.num_aux_streams > 0:
@@ -487,11 +500,14 @@ class TensorRTRunner(Runner):
     def infer(self) -> dict[str, np.ndarray]:
         self.launch()
         self.stream.synchronize()
-        return {name: self._buffers[name].get(stream=self.stream) for name in self._outputs}
+        return {name: self._buffers[name].get(stream=self.stream).view(self._dtypes[name]) for name in self._outputs}
 
     def set_inputs(self, feeds: Feeds) -> None:
         for name, array in feeds.items():  # the addresses stay: a captured CUDA graph replays them
-            self._buffers[name].set(array, stream=self.stream)
+            if name in self._host:
+                self._host[name][...] = array
+            else:
+                self._buffers[name].set(on_device(array, self._dtypes[name]), stream=self.stream)
         self.stream.synchronize()
 
     def close(self) -> None:
