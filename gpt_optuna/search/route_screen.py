@@ -1,0 +1,244 @@
+"""Which of TensorRT's build-route knobs matter, learnt from a few builds instead of one per value.
+
+TensorRT 11.1+ offers about two hundred route knobs (``IBuilderConfig.all_build_routes``), of which
+a few change a model's latency. trtexec's Global Performance Tuner sweeps them one value at a time
+(``fast``), a build per value, once each. This screen builds random routes instead, every knob at
+its default or one of its other values with even odds, and fits log latency to the knobs'
+values by forward selection: the knob whose values explain the most of what is left is taken
+while its F statistic clears :data:`F_MIN` (a bar for about two hundred knobs tested at once), so a
+knob is kept on evidence against the noise, not on one lucky measurement. Builds come in batches
+until two fits in a row keep the same knobs, and never more than one-at-a-time's count. The
+knobs kept, with their fitted effects, are what a search over routes then searches.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+F_MIN = 13.0
+"""The F statistic a knob's values must reach to be kept: about p < 0.0005 for one value, a bar
+for two hundred knobs tested at once (false keeps stay under one in ten screens)."""
+FIRST_BATCH = 32
+BATCH = 16
+MAX_KEPT = 12
+PARTNERS = 24
+"""The knobs left out of the fit, those it leaves most to explain, tried as partners of a kept
+one: a knob that acts only together with another shows half its pair's effect on its own."""
+"""The most knobs a screen keeps (a search over more is no longer small)."""
+
+
+@dataclass(frozen=True)
+class RouteKnobValues:
+    """A route knob and its values, its default first."""
+
+    name: str
+    values: tuple[str, ...]
+
+    @property
+    def default(self) -> str:
+        return self.values[0]
+
+
+Route = dict[str, str]
+"""A knob's value by knob name; a knob left out is at its default."""
+Pair = tuple[tuple[str, str], tuple[str, str]]
+"""Two knobs' values, ``((knob, value), (knob, value))``."""
+
+
+@dataclass(frozen=True)
+class Screened:
+    """What a screen found: each kept knob's fitted effect of each value against its default, as a
+    latency ratio (0.95: 5 % faster), the residual spread of log latency, and the builds it took."""
+
+    effects: dict[str, dict[str, float]]
+    residual_sd: float
+    builds: int
+    pairs: dict[Pair, float] = field(default_factory=dict)
+    """Two kept knobs' values that act together: the ratio beyond their own effects."""
+
+    def predicted(self, route: Route) -> float:
+        """The fit's latency ratio of ``route`` to the default route."""
+        ratio = 1.0
+        for knob, value in route.items():
+            ratio *= self.effects.get(knob, {}).get(value, 1.0)
+        for ((a, va), (b, vb)), effect in self.pairs.items():
+            if route.get(a) == va and route.get(b) == vb:
+                ratio *= effect
+        return ratio
+
+    def best_route(self) -> Route:
+        """Each kept knob at its value the fit says is fastest (its default where none beats it)."""
+        route = {}
+        for knob, effects in self.effects.items():
+            value, ratio = min(effects.items(), key=lambda item: item[1])
+            if ratio < 1.0:
+                route[knob] = value
+        return route
+
+
+def random_routes(knobs: Sequence[RouteKnobValues], count: int, rng: np.random.Generator) -> list[Route]:
+    """``count`` routes with every knob at its default or, with even odds, one of its other values."""
+    routes = []
+    for _ in range(count):
+        route = {}
+        for knob in knobs:
+            if len(knob.values) > 1 and rng.random() < 0.5:
+                route[knob.name] = knob.values[1 + int(rng.integers(len(knob.values) - 1))]
+        routes.append(route)
+    return routes
+
+
+def _columns(knob: RouteKnobValues, routes: Sequence[Route]) -> np.ndarray:
+    """One indicator column per non-default value of ``knob``."""
+    return np.array([[route.get(knob.name) == value for value in knob.values[1:]] for route in routes], float)
+
+
+def _gains(y: np.ndarray, design: np.ndarray, terms: dict[object, np.ndarray]) -> tuple[float, dict[object, float]]:
+    """What ``design`` leaves of ``y`` (its residual sum of squares), and how much of that each
+    term's columns would explain beside it."""
+    q, _ = np.linalg.qr(design)
+    rest = y - q @ (q.T @ y)
+    gains = {}
+    for key, columns in terms.items():
+        apart = columns - q @ (q.T @ columns)
+        gains[key] = float(rest @ (apart @ np.linalg.lstsq(apart, rest, rcond=None)[0]))
+    return float(rest @ rest), gains
+
+
+def _forward(
+    y: np.ndarray, design: np.ndarray, terms: dict[object, np.ndarray], limit: int
+) -> tuple[list[tuple[object, int]], np.ndarray]:
+    """Terms (groups of columns) added to ``design`` one at a time, the one whose columns explain
+    most of what is left first, while its F statistic reaches :data:`F_MIN`, at most ``limit``;
+    each term with where its columns start, and the design grown."""
+    n = len(y)
+    chosen: list[tuple[object, int]] = []
+    left = dict(terms)
+    while len(chosen) < limit and left:
+        rss, gains = _gains(y, design, left)
+        free = {key: n - design.shape[1] - columns.shape[1] for key, columns in left.items()}
+        f = {
+            key: (gains[key] / left[key].shape[1]) / max((rss - gains[key]) / max(free[key], 1), 1e-18)
+            for key in left
+        }
+        key = max(f, key=f.__getitem__)
+        if free[key] < 2 or f[key] < F_MIN:
+            break
+        chosen.append((key, design.shape[1]))
+        design = np.hstack([design, left.pop(key)])
+    return chosen, design
+
+
+def fit(knobs: Sequence[RouteKnobValues], routes: Sequence[Route], latencies: Sequence[float]) -> Screened:
+    """Forward selection (:data:`F_MIN`) of the knobs whose values explain log latency (at most
+    :data:`MAX_KEPT`), then of the pairs of their values that act together beyond their own effects."""
+    y = np.log(np.asarray(latencies, float))
+    by_name = {knob.name: knob for knob in knobs if len(knob.values) > 1}
+    mains = {name: _columns(knob, routes) for name, knob in by_name.items()}
+    kept, design = _forward(y, np.ones((len(y), 1)), dict(mains), MAX_KEPT)
+    names = [str(name) for name, _ in kept]
+    _, gains = _gains(y, design, {n: c for n, c in mains.items() if n not in names})
+    partners = [*names, *sorted(gains, key=gains.__getitem__, reverse=True)[:PARTNERS]]
+    pairs: dict[object, np.ndarray] = {}
+    for a in names:
+        for b in partners:
+            knob = by_name[str(b)]
+            if b == a or (b in names and names.index(str(b)) < names.index(a)):
+                continue
+            b = str(b)
+            for va in by_name[a].values[1:]:
+                for vb in knob.values[1:]:
+                    both = np.array([[route.get(a) == va and route.get(b) == vb] for route in routes], float)
+                    first, second = sorted(((a, va), (b, vb)))
+                    # a knob that acts only with a kept one joins with its own values too
+                    pairs[(first, second)] = both if b in names else np.hstack([both, mains[b]])
+    acting, design = _forward(y, design, pairs, MAX_KEPT)
+    starts: dict[str, list[int]] = {name: [start] for name, start in ((str(n), s) for n, s in kept)}
+    for pair, start in acting:
+        for knob, _ in pair:  # type: ignore[attr-defined]
+            if knob not in names:  # its values' columns follow the pair's (another pair may repeat them)
+                starts.setdefault(knob, []).append(start + 1)
+    coefficients = np.linalg.lstsq(design, y, rcond=None)[0]
+    effects = {
+        name: {
+            value: float(np.exp(sum(coefficients[start + i] for start in at)))
+            for i, value in enumerate(by_name[name].values[1:])
+        }
+        for name, at in starts.items()
+    }
+    together = {pair: float(np.exp(coefficients[start])) for pair, start in acting}  # type: ignore[misc]
+    residual = y - design @ coefficients
+    residual_sd = float(np.sqrt(np.sum(residual**2) / max(len(y) - design.shape[1], 1)))
+    return Screened(effects, residual_sd, len(y), together)  # type: ignore[arg-type]
+
+
+def one_at_a_time_builds(knobs: Sequence[RouteKnobValues]) -> int:
+    """What trtexec's ``fast`` sweep builds: the default route and each other value of each knob."""
+    return 1 + sum(len(knob.values) - 1 for knob in knobs)
+
+
+def screen(
+    knobs: Sequence[RouteKnobValues],
+    measure: Callable[[Route], float],
+    rng: np.random.Generator,
+    noise_sd: float,
+) -> tuple[Screened, list[tuple[Route, float]]]:
+    """Random routes built and measured (``measure``: a route's latency) in batches until two fits
+    in a row keep the same knobs and leave no more spread than the measurement's own
+    (``noise_sd``: its relative standard deviation, :data:`EXPLAINED`), never more than
+    :func:`one_at_a_time_builds` (or two batches, where the knobs are so few that one-at-a-time
+    builds fewer: a fit needs more builds than it has values); the last fit, and every route
+    measured."""
+    cap = max(one_at_a_time_builds(knobs), FIRST_BATCH + BATCH)
+    measured: list[tuple[Route, float]] = []
+    previous: set[str] | None = None
+    batch = min(FIRST_BATCH, cap)
+    while True:
+        for route in random_routes(knobs, batch, rng):
+            measured.append((route, measure(route)))
+        found = fit(knobs, [r for r, _ in measured], [t for _, t in measured])
+        kept = set(found.effects)
+        if (kept == previous and found.residual_sd <= EXPLAINED * noise_sd) or len(measured) >= cap:
+            return found, measured
+        previous = kept
+        batch = min(BATCH, cap - len(measured))
+
+
+EXPLAINED = 1.5
+"""A screen ends once what its fit leaves unexplained is within this factor of the measurement's
+own spread: a larger rest is a knob not found yet."""
+
+
+REFINE_LIMIT = 64
+"""The most routes of the kept knobs built after a screen."""
+
+
+def kept_routes(screened: Screened, limit: int = REFINE_LIMIT) -> list[Route]:
+    """Routes over the kept knobs' values (every other knob at its default), the fit's fastest
+    first (:meth:`Screened.predicted`): all of them where they number ``limit`` or fewer (so what
+    the kept knobs do together is measured, not assumed), else the fit's ``limit`` fastest."""
+    routes: list[Route] = [{}]
+    for knob, effects in screened.effects.items():
+        grown = [dict(route) for route in routes]
+        grown += [{**route, knob: value} for route in routes for value in effects]
+        routes = sorted(grown, key=screened.predicted)[: max(limit, 1) * 4]
+    return sorted(routes, key=screened.predicted)[:limit]
+
+
+def chosen(
+    measured: Sequence[tuple[Route, float]], again: Callable[[Route], float], top: int = 3, repeats: int = 2
+) -> Route:
+    """The route with the lowest mean latency among the ``top`` fastest measured, each measured
+    ``repeats`` times more (``again``: another measurement of a built route): one measurement's
+    luck does not pick the winner."""
+    best: dict[str, tuple[Route, list[float]]] = {}
+    for route, latency in measured:
+        key = repr(sorted(route.items()))
+        best.setdefault(key, (route, []))[1].append(latency)
+    finalists = sorted(best.values(), key=lambda item: min(item[1]))[:top]
+    for route, latencies in finalists:
+        latencies += [again(route) for _ in range(repeats)]
+    return min(finalists, key=lambda item: float(np.mean(item[1])))[0]
