@@ -121,8 +121,7 @@ def _forward(
         rss, gains = _gains(y, design, left)
         free = {key: n - design.shape[1] - columns.shape[1] for key, columns in left.items()}
         f = {
-            key: (gains[key] / left[key].shape[1]) / max((rss - gains[key]) / max(free[key], 1), 1e-18)
-            for key in left
+            key: (gains[key] / left[key].shape[1]) / max((rss - gains[key]) / max(free[key], 1), 1e-18) for key in left
         }
         key = max(f, key=f.__getitem__)
         if free[key] < 2 or f[key] < F_MIN:
