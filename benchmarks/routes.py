@@ -14,13 +14,15 @@ not. The strategies, as trtexec defines them:
 - ``mixed``: ``fast``, then every combination of the knobs whose one-off variant beat the default
   (their values that did; at most ten knobs, the largest gains), each measured once.
 - ``tuner``: the screen's random routes until two fits keep the same knobs and explain all but
-  the noise (the measurement's spread, which the tuner's timer knows), the kept knobs'
-  routes the fit ranks fastest (:func:`route_screen.kept_routes`), the three fastest measured
-  twice more and the lowest mean kept.
+  the noise (the measurement's spread, which the tuner's timer knows), then the kept knobs'
+  routes the fit ranks fastest (:func:`route_screen.kept_routes`).
 
-A strategy's winner after each build is the fastest route it has measured (by its own rule); the
-builds it needs are those after which that winner stays within 1 % of the landscape's fastest (the
-noise-free latencies), "never" where its last winner is not. Prints one row per landscape and
+Every strategy ends alike: its three fastest routes are measured twice more and the lowest mean of
+those is its winner.
+
+A strategy's winner after each build is the fastest route it has measured so far; the builds it
+needs are those after which that winner stays within 1 % of the landscape's fastest (the
+noise-free latencies), "never" where its final winner is not. Prints one row per landscape and
 the medians::
 
     python -m benchmarks.routes [--landscapes 20] [--small 5] [--seed 0]
@@ -135,13 +137,14 @@ def mixed(land: Landscape) -> Trace:
     return trace
 
 
-def tuner(land: Landscape) -> tuple[Trace, Route]:
-    screened, trace = route_screen.screen(land.knobs, land.build_and_measure, np.random.default_rng(1), NOISE_SD)
+def tuner(land: Landscape, seed: int) -> Trace:
+    design = np.random.default_rng(seed)
+    screened, trace = route_screen.screen(land.knobs, land.build_and_measure, design, NOISE_SD)
     built = {repr(sorted(r.items())) for r, _ in trace}
     for route in route_screen.kept_routes(screened):
         if repr(sorted(route.items())) not in built:
             trace.append((route, land.build_and_measure(route)))
-    return trace, route_screen.chosen(trace, land.measure_again)
+    return trace
 
 
 def builds_to_reach(
@@ -172,19 +175,19 @@ class Row:
     """Strategy -> (builds made, builds to come within 1 %, the last winner's noise-free latency)."""
 
 
-def replay(name: str, make: Callable[[], Landscape], strategies: tuple[str, ...]) -> Row:
+def replay(name: str, seed: int, make: Callable[[], Landscape], strategies: tuple[str, ...]) -> Row:
+    """Each strategy on a fresh copy of the landscape, every one ending alike: its three fastest
+    routes measured twice more and the lowest mean of those kept (:func:`route_screen.chosen`)."""
     results = {}
     best = make().best()
     for strategy in strategies:
         land = make()
-        final = None
         if strategy == "tuner":
-            trace, final = tuner(land)
+            trace = tuner(land, seed)
         else:
             trace = {"fast": fast, "full": full, "mixed": mixed}[strategy](land)
-        reach = builds_to_reach(trace, land.truth, best, final)
-        last = final if final is not None else min(trace, key=lambda item: item[1])[0]
-        results[strategy] = (land.builds, reach, land.truth(last))
+        final = route_screen.chosen(trace, land.measure_again)
+        results[strategy] = (land.builds, builds_to_reach(trace, land.truth, best, final), land.truth(final))
     return Row(name, best, results)
 
 
@@ -204,10 +207,12 @@ def main() -> None:
     rows = []
     for i in range(args.small):
         seed = args.seed + 1000 + i
-        rows.append(replay(f"small-{i}", lambda s=seed: landscape(s, 8, 3, 1), ("fast", "full", "mixed", "tuner")))
+        make = lambda s=seed: landscape(s, 8, 3, 1)  # noqa: E731
+        rows.append(replay(f"small-{i}", seed, make, ("fast", "full", "mixed", "tuner")))
     for i in range(args.landscapes):
         seed = args.seed + i
-        rows.append(replay(f"large-{i}", lambda s=seed: landscape(s, 200, 8, 3), ("fast", "mixed", "tuner")))
+        make = lambda s=seed: landscape(s, 200, 8, 3)  # noqa: E731
+        rows.append(replay(f"large-{i}", seed, make, ("fast", "mixed", "tuner")))
     strategies = ("fast", "full", "mixed", "tuner")
     print("builds to come within 1 % of the fastest route, of the builds made (the last winner / the fastest)")
     print("| landscape | " + " | ".join(strategies) + " |")
@@ -227,9 +232,13 @@ def main() -> None:
         worse = sum(r.results["tuner"][2] > r.results["mixed"][2] for r in these)
         beyond = sum(r.results["tuner"][2] > r.results["mixed"][2] * WITHIN for r in these)
         text = ", ".join(f"{s} {m:g}" for s, m in medians.items())
-        ratio = medians["tuner"] / medians["mixed"]
+        ratio = (
+            "n/a (mixed's median is never)"
+            if medians["mixed"] == float("inf")
+            else f"{medians['tuner'] / medians['mixed']:.2f}"
+        )
         print(
-            f"{size}: median builds to within 1 %: {text}; tuner / mixed {ratio:.2f}; landscapes where the"
+            f"{size}: median builds to within 1 %: {text}; tuner / mixed {ratio}; landscapes where the"
             f" tuner's winner is slower than mixed's: {worse} of {len(these)}, by over 1 %: {beyond}"
         )
 

@@ -84,6 +84,8 @@ class FakeTensorRT:
         self.takes_routes = takes_routes
         """Whether a build route written reads back (a refused one reads back as before)."""
         self.cache_fits = cache_fits
+        self.loads_plans = True
+        """Whether a plan deserializes (False: one of another GPU architecture or version)."""
         """Whether a timing cache file fits this GPU and version (``set_timing_cache`` says)."""
         for name, members in self.api["enum_values"].items():
             setattr(self, name, enum.IntEnum(name, members))
@@ -204,7 +206,9 @@ class FakeTensorRT:
         obj._state["entries"] |= other._state["entries"]
         return True
 
-    def _Runtime_deserialize_cuda_engine(self, obj: Strict, plan: bytes) -> Strict:
+    def _Runtime_deserialize_cuda_engine(self, obj: Strict, plan: bytes) -> Strict | None:
+        if not self.loads_plans:
+            return None
         return self._make("ICudaEngine", num_io_tensors=2, device_memory_size_v2=4096, num_aux_streams=2)
 
     def _ICudaEngine_get_tensor_name(self, obj: Strict, index: int) -> str:
@@ -290,7 +294,7 @@ class FakeCuPy:
     """Whether ending a capture raises, as CuPy does where the work captured broke it."""
 
     def __init__(self) -> None:
-        self.cuda = SimpleNamespace(Stream=FakeCuPy._Stream)
+        self.cuda = SimpleNamespace(Stream=FakeCuPy._Stream, runtime=SimpleNamespace(getLastError=lambda: 0))
         self.pool_frees = 0
         self.get_default_memory_pool = lambda: SimpleNamespace(free_all_blocks=self._free_all_blocks)
 

@@ -416,5 +416,30 @@ def test_a_shape_tensor_input_is_given_in_host_memory(fake_cupy: FakeCuPy, cnn_p
     runner = opened(fake, cnn_path, tmp_path, np.array([2, 3], np.int64))
     addresses = dict(fake.written("IExecutionContext.set_tensor_address"))
     assert addresses["x"] == runner._host["x"].ctypes.data and "x" not in runner._buffers
-    runner.set_inputs({"x": np.array([4, 5], np.int64)})
-    assert runner._host["x"].tolist() == [4, 5]
+    runner.set_inputs({"x": np.array([2, 3], np.int64)})  # the same values: the outputs fit
+    with pytest.raises(RuntimeError, match="shape tensor 'x' changed"):
+        runner.set_inputs({"x": np.array([4, 5], np.int64)})
+    calls = [name for name, _ in fake.calls]
+    first_shape = calls.index("IExecutionContext.get_tensor_shape")
+    assert calls.index("IExecutionContext.set_tensor_address") < first_shape  # its values size the outputs
+
+
+def test_a_kept_plan_is_loaded_without_a_build_and_one_this_gpu_cannot_load_is_built_again(
+    cnn_path: Path, tmp_path: Path
+) -> None:
+    from types import SimpleNamespace
+
+    from gpt_optuna.worker.evaluate import built_or_loaded
+
+    fake = FakeTensorRT("11.x")
+    info, space = space_of(fake, cnn_path)
+    plan = tmp_path / "kept.plan"
+    plan.write_bytes(b"the trial's plan")
+    job = SimpleNamespace(saved_engine=plan, engine_candidate=space.default(), workdir=tmp_path, shapes={})
+    fake.calls.clear()
+    loaded = built_or_loaded(backend(fake), info, job)  # type: ignore[arg-type]
+    assert backend(fake).serialize(loaded) == b"the trial's plan"
+    assert fake.written("Builder.build_serialized_network") == []
+    fake.loads_plans = False  # a plan of another GPU architecture or TensorRT version
+    rebuilt = built_or_loaded(backend(fake), info, job)  # type: ignore[arg-type]
+    assert backend(fake).serialize(rebuilt) == b"fake plan" and fake.written("Builder.build_serialized_network")

@@ -39,11 +39,14 @@ def test_every_knob_value_becomes_a_documented_flag_or_is_named(version: str, cn
 def test_the_trtexec_line_says_the_trials_cuda_graph_as_its_trtexec_reads_it() -> None:
     defaults = {"builder_optimization_level": 3, "runtime.cuda_graph": False}
     captured = {**defaults, "runtime.cuda_graph": True}
-    for major, plain, graph in ((10, [], ["--useCudaGraph"]), (11, ["--noCudaGraph"], [])):
+    strong = ["--stronglyTyped"]  # trtexec 10 builds weakly typed networks unless told
+    for major, plain, graph in ((10, strong, ["--useCudaGraph", *strong]), (11, ["--noCudaGraph"], [])):
         for params, expected in ((defaults, plain), (captured, graph)):
             arguments = trtexec("m.onnx", "m.plan", params, defaults, {}, major).arguments
             assert arguments[2:] == expected, (major, params)
             assert set(flags_of(" ".join(arguments))) <= set(FLAGS["trtexec"][str(major)])
+    weak = {**defaults, "flag.FP16": True}
+    assert "--stronglyTyped" not in trtexec("m.onnx", "m.plan", weak, defaults, {}, 10).arguments
     assert trtexec_major({"tensorrt": "11.4.0.106"}) == 11 and trtexec_major({"tensorrt_rtx": "1.7"}) is None
 
 

@@ -19,17 +19,13 @@ from dataclasses import dataclass, field
 import numpy as np
 
 F_MIN = 13.0
-"""The F statistic a knob's values must reach to be kept: about p < 0.0005 for one value, a bar
-for two hundred knobs tested at once (false keeps stay under one in ten screens)."""
+"""The F statistic a term must reach to be kept: p of about 0.001 for one value at 30 builds, less
+with more. Over a hundred knobs a fit may still keep a knob that does nothing; that costs the
+search over the kept knobs routes, not the answer."""
 FIRST_BATCH = 32
 BATCH = 16
 MAX_KEPT = 12
-PARTNERS = 24
-"""The knobs left out of the fit, those it leaves most to explain, tried as partners of a kept
-one: a knob that acts only together with another shows half its pair's effect on its own."""
-"""The most knobs a screen keeps (a search over more is no longer small)."""
-
-
+"""The most knobs (and, beside them, pairs) a screen keeps: a search over more is no longer small."""
 @dataclass(frozen=True)
 class RouteKnobValues:
     """A route knob and its values, its default first."""
@@ -99,7 +95,8 @@ def _columns(knob: RouteKnobValues, routes: Sequence[Route]) -> np.ndarray:
 def _gains(y: np.ndarray, design: np.ndarray, terms: dict[object, np.ndarray]) -> tuple[float, dict[object, float]]:
     """What ``design`` leaves of ``y`` (its residual sum of squares), and how much of that each
     term's columns would explain beside it."""
-    q, _ = np.linalg.qr(design)
+    u, singular, _ = np.linalg.svd(design, full_matrices=False)
+    q = u[:, singular > 1e-9 * singular[0]]  # a basis of what the design spans (a never-drawn value adds nothing)
     rest = y - q @ (q.T @ y)
     gains = {}
     for key, columns in terms.items():
@@ -139,8 +136,7 @@ def fit(knobs: Sequence[RouteKnobValues], routes: Sequence[Route], latencies: Se
     mains = {name: _columns(knob, routes) for name, knob in by_name.items()}
     kept, design = _forward(y, np.ones((len(y), 1)), dict(mains), MAX_KEPT)
     names = [str(name) for name, _ in kept]
-    _, gains = _gains(y, design, {n: c for n, c in mains.items() if n not in names})
-    partners = [*names, *sorted(gains, key=gains.__getitem__, reverse=True)[:PARTNERS]]
+    partners = [*names, *(name for name in by_name if name not in names)]
     pairs: dict[object, np.ndarray] = {}
     for a in names:
         for b in partners:
@@ -231,13 +227,12 @@ def chosen(
     measured: Sequence[tuple[Route, float]], again: Callable[[Route], float], top: int = 3, repeats: int = 2
 ) -> Route:
     """The route with the lowest mean latency among the ``top`` fastest measured, each measured
-    ``repeats`` times more (``again``: another measurement of a built route): one measurement's
-    luck does not pick the winner."""
-    best: dict[str, tuple[Route, list[float]]] = {}
+    ``repeats`` times more (``again``: another measurement of a built route), the mean of those
+    alone: the luck that made a route look fastest does not pick the winner."""
+    best: dict[str, tuple[Route, float]] = {}
     for route, latency in measured:
         key = repr(sorted(route.items()))
-        best.setdefault(key, (route, []))[1].append(latency)
-    finalists = sorted(best.values(), key=lambda item: min(item[1]))[:top]
-    for route, latencies in finalists:
-        latencies += [again(route) for _ in range(repeats)]
-    return min(finalists, key=lambda item: float(np.mean(item[1])))[0]
+        if key not in best or latency < best[key][1]:
+            best[key] = (route, latency)
+    finalists = sorted(best.values(), key=lambda item: item[1])[:top]
+    return min(finalists, key=lambda item: float(np.mean([again(item[0]) for _ in range(repeats)])))[0]

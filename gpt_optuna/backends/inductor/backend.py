@@ -44,10 +44,10 @@ from gpt_optuna.graph.program import load_program, program_of
 from gpt_optuna.study.trial_record import REBUILD_S
 
 CALLS_IN_BUILD = 3
+"""Calls made while building: the compile happens at the first, CUDA graphs are recorded by the third."""
 REBUILD_CHECK_S = 10.0
 """A compile longer than this is done again from the caches it left, timed: what a confirmation
 process or a service pays for it (a shorter one is taken to cost as much again)."""
-"""Calls made while building: the compile happens at the first, CUDA graphs are recorded by the third."""
 CACHE_FOLDER = "inductor"
 """Inductor's caches (compiled graphs, kernels, autotuning results), in the study folder: trials of
 one configuration compile once, and a resumed study finds them."""

@@ -8,6 +8,7 @@ checked against the API names of every version, without the library.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib
 import importlib.util
@@ -262,7 +263,10 @@ class TensorRTBackend(Backend):
 
     def load(self, model: ModelInfo, candidate: Candidate, engine: bytes) -> Built | None:
         """The trial's saved plan: builds of one configuration differ, so the engine re-measured
-        is the one the trial measured and the export ships."""
+        is the one the trial measured and the export ships. None where this GPU or library cannot
+        deserialize it (a plan of another architecture or version): it is built again."""
+        if self.trt.Runtime(_capturing_logger(self.trt)).deserialize_cuda_engine(engine) is None:
+            return None
         return Built(_Engine(engine, [], candidate), 0.0, {"engine_sha256": hashlib.sha256(engine).hexdigest()})
 
     @staticmethod
@@ -280,7 +284,8 @@ class TensorRTBackend(Backend):
         cache = config.create_timing_cache(data)
         if cache is None or (data != blank and bytes(cache.serialize()) == blank):
             aside = path.with_name(path.name + ".corrupt")
-            path.replace(aside)
+            with contextlib.suppress(FileNotFoundError):  # another worker set it aside first
+                path.replace(aside)
             logger.messages.append(f"[WARNING] set the unreadable timing cache aside as {aside}; started a new one")
             config.set_timing_cache(empty, False)
             return empty, True
@@ -425,6 +430,9 @@ class TensorRTRunner(Runner):
             for name in inputs:
                 if self._engine.get_tensor_location(name) == trt.TensorLocation.HOST:
                     self._host[name] = np.ascontiguousarray(feeds[name].astype(self._dtypes[name]))
+                    # its values size the outputs: TensorRT reads them once their address is set
+                    if not self._context.set_tensor_address(name, self._host[name].ctypes.data):
+                        raise RuntimeError(f"TensorRT refused the address of tensor {name!r}")
                 else:
                     self._buffers[name] = cupy.asarray(on_device(feeds[name], self._dtypes[name]))
                 if not self._context.set_input_shape(name, tuple(feeds[name].shape)):
@@ -438,11 +446,8 @@ class TensorRTRunner(Runner):
                     )
                 self._buffers[name] = cupy.empty(shape, device_dtype(self._dtypes[name]))
         self._outputs = outputs
-        addresses = {n: b.data.ptr for n, b in self._buffers.items()} | {
-            n: a.ctypes.data for n, a in self._host.items()
-        }
-        for name, address in addresses.items():
-            if not self._context.set_tensor_address(name, address):
+        for name, buffer in self._buffers.items():
+            if not self._context.set_tensor_address(name, buffer.data.ptr):
                 raise RuntimeError(f"TensorRT refused the address of tensor {name!r}")
         self._aux_streams: list[Any] = []
         if candidate.get("runtime.aux_streams") and self._engine.num_aux_streams > 0:
@@ -487,6 +492,7 @@ class TensorRTRunner(Runner):
             except Exception as exc:  # CuPy's error for an invalidated capture
                 graph, broken = None, f" ({type(exc).__name__}: {exc})"
         if not ok or graph is None:
+            import_cupy().cuda.runtime.getLastError()  # the capture's error, cleared for the plain launches
             self.attrs["cuda_graph"] = f"not capturable; ran without{broken}"
             return None
         return graph
@@ -505,7 +511,8 @@ class TensorRTRunner(Runner):
     def set_inputs(self, feeds: Feeds) -> None:
         for name, array in feeds.items():  # the addresses stay: a captured CUDA graph replays them
             if name in self._host:
-                self._host[name][...] = array
+                if not np.array_equal(self._host[name], array):
+                    raise RuntimeError(f"shape tensor {name!r} changed: the engine's outputs were sized for its values")
             else:
                 self._buffers[name].set(on_device(array, self._dtypes[name]), stream=self.stream)
         self.stream.synchronize()

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpt_optuna.backends.base import ExportedTrial
+from gpt_optuna.backends.tensorrt.knobs import WEAK_TYPING_KNOBS
 
 TILING_LEVELS = {"NONE": 0, "FAST": 1, "MODERATE": 2, "FULL": 3}
 """trtexec takes ``--tilingOptimizationLevel`` as the enum's integer."""
@@ -78,7 +79,19 @@ def trtexec(
             _add(line, name, value, _trtexec_argument(name, value))
     if graphs_by_default and not _captures(params):
         line.arguments.append("--noCudaGraph")
+    if major == WEAKLY_TYPED_BY_DEFAULT and strongly_typed(params):
+        line.arguments.append("--stronglyTyped")
     return line
+
+
+WEAKLY_TYPED_BY_DEFAULT = 10
+"""trtexec's major version that builds weakly typed networks unless ``--stronglyTyped`` (from 11
+every network is strongly typed)."""
+
+
+def strongly_typed(params: Mapping[str, Any]) -> bool:
+    """Whether the trial's network was strongly typed: no weak-typing flag set."""
+    return not any(params.get(flag) for flag in WEAK_TYPING_KNOBS)
 
 
 GRAPH_KNOBS = ("runtime.cuda_graph", "runtime.cuda_graph_strategy")

@@ -78,6 +78,11 @@ def route_string(candidate: Candidate, routes: list[RouteKnob]) -> str:
     return " ".join(tokens)
 
 
+def _tokens(route: str) -> dict[str, str]:
+    """A build route's ``-name=value`` tokens as a mapping, their order aside."""
+    return dict(token.partition("=")[::2] for token in route.split())
+
+
 def discover_knobs(trt: ModuleType, config: Any, *, has_qdq: bool, dynamic: bool, l2_bytes: int | None) -> list[Knob]:
     """The search space the installed library offers, with defaults read from a fresh config."""
     knobs = [Knob("builder_optimization_level", BUILDER_LEVELS, int(config.builder_optimization_level))]
@@ -161,7 +166,7 @@ def configure(trt: ModuleType, config: Any, candidate: Candidate, routes: list[R
     if route:
         config.build_route = route
         taken = str(config.build_route)
-        if taken.split() != route.split():
+        if _tokens(taken) != _tokens(route):
             raise BuildError(
                 f"TensorRT {getattr(trt, '__version__', '')} did not take the build route {route!r}"
                 f" (it reads back {taken!r}): the candidate would have built the default route"

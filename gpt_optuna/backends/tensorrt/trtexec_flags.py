@@ -37,9 +37,11 @@ _THE_STUDYS = frozenset(
         "--timingCacheFile", "--verbose", "--dumpProfile", "--dumpLayerInfo", "--exportProfile",
         "--exportLayerInfo", "--profilingVerbosity", "--separateProfileRun", "--iterations", "--duration",
         "--warmUp", "--avgRuns", "--skipInference", "--device", "--noDataTransfers", "--useSpinWait",
+        "--stronglyTyped",
     }
 )  # fmt: skip
-"""Flags of files, shapes, devices and trtexec's own timing and output: the study sets its own."""
+"""Flags of files, shapes, devices and trtexec's own timing and output: the study sets its own
+(networks are strongly typed unless a weak-typing flag is given, so ``--stronglyTyped`` is too)."""
 
 
 def read_flags(path: Path) -> list[str]:
