@@ -86,7 +86,7 @@ def test_every_transform_the_space_can_offer_passes_the_checker_and_loads(name: 
             }
             assert all(np.isfinite(o.astype(np.float64)).all() for o in session.run(None, inputs)), setting
         elif not fused_ops:
-            rtx._parse(m.load_model_info(out), tmp_path)
+            rtx._parse(m.load_model_info(out), tmp_path, {})  # a strongly typed network, as builds make
     assert made >= 8
     assert not list((tmp_path / "models").glob("*.tmp*"))
 
