@@ -74,6 +74,7 @@ def test_a_note_is_written_above_the_progress_bar(capsys: pytest.CaptureFixture[
 
 def test_tune_says_its_notes_at_every_verbosity_but_qq(cnn_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
     argv = ["tune", str(cnn_path), "--backend", SYNTHETIC, "--n-trials", "2", "--confirm-top", "0"]
+    argv += ["--trial-timeout", "60"]  # a trial that hangs (seen after tests/test_layers.py) costs a minute, not ten
     assert main([*argv, "--study-name", "a", "-q", "--log-file", "a.log"]) == 0
     said = capfd.readouterr()
     assert "new study a" in said.err and "verdict: " in said.out
