@@ -26,6 +26,8 @@ FIRST_BATCH = 32
 BATCH = 16
 MAX_KEPT = 12
 """The most knobs (and, beside them, pairs) a screen keeps: a search over more is no longer small."""
+
+
 @dataclass(frozen=True)
 class RouteKnobValues:
     """A route knob and its values, its default first."""
