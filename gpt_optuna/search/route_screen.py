@@ -67,15 +67,6 @@ class Screened:
                 ratio *= effect
         return ratio
 
-    def best_route(self) -> Route:
-        """Each kept knob at its value the fit says is fastest (its default where none beats it)."""
-        route = {}
-        for knob, effects in self.effects.items():
-            value, ratio = min(effects.items(), key=lambda item: item[1])
-            if ratio < 1.0:
-                route[knob] = value
-        return route
-
 
 def random_routes(knobs: Sequence[RouteKnobValues], count: int, rng: np.random.Generator) -> list[Route]:
     """``count`` routes with every knob at its default or, with even odds, one of its other values."""

@@ -44,6 +44,7 @@ from gpt_optuna.backends.tensorrt.knobs import (
     discover_knobs,
     parse_build_routes,
     route_string,
+    strongly_typed,
 )
 from gpt_optuna.core.errors import MissingDependencyError
 from gpt_optuna.core.files import atomic_write, locked
@@ -101,7 +102,7 @@ def network_flags(trt: ModuleType, candidate: Candidate) -> int:
     sets no weak-typing flag, so that the graph's own types (an fp16 graph, Q/DQ) are what the
     engine runs, not hints a 10.x builder may build in FP32."""
     strongly = trt.NetworkDefinitionCreationFlag.__members__.get("STRONGLY_TYPED")
-    if strongly is None or any(candidate.get(k) for k in WEAK_TYPING_KNOBS):
+    if strongly is None or not strongly_typed(candidate):
         return 0
     return 1 << int(strongly)
 

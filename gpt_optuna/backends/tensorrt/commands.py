@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpt_optuna.backends.base import ExportedTrial
-from gpt_optuna.backends.tensorrt.knobs import WEAK_TYPING_KNOBS
+from gpt_optuna.backends.tensorrt.knobs import strongly_typed
 
 TILING_LEVELS = {"NONE": 0, "FAST": 1, "MODERATE": 2, "FULL": 3}
 """trtexec takes ``--tilingOptimizationLevel`` as the enum's integer."""
@@ -87,11 +87,6 @@ def trtexec(
 WEAKLY_TYPED_BY_DEFAULT = 10
 """trtexec's major version that builds weakly typed networks unless ``--stronglyTyped`` (from 11
 every network is strongly typed)."""
-
-
-def strongly_typed(params: Mapping[str, Any]) -> bool:
-    """Whether the trial's network was strongly typed: no weak-typing flag set."""
-    return not any(params.get(flag) for flag in WEAK_TYPING_KNOBS)
 
 
 GRAPH_KNOBS = ("runtime.cuda_graph", "runtime.cuda_graph_strategy")

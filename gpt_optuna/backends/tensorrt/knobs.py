@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
@@ -25,6 +26,12 @@ SPEED_FLAGS = ("TF32", "SPARSE_WEIGHTS")
 WEAK_TYPING_FLAGS = ("FP16", "BF16")
 WEAK_TYPING_KNOBS = frozenset({"flag.FP16", "flag.BF16", "flag.INT8"})
 """Builder flags that let a weakly typed network pick lower precisions; a strongly typed one refuses them."""
+
+
+def strongly_typed(candidate: Mapping[str, Any]) -> bool:
+    """Whether a candidate's network is strongly typed: it sets no weak-typing flag."""
+    return not any(candidate.get(flag) for flag in WEAK_TYPING_KNOBS)
+
 
 UNSHIPPED_TACTICS = ("CUBLAS", "CUBLAS_LT", "CUDNN")
 """Tactic sources of 10.x that need cuBLAS or cuDNN libraries TensorRT's Python wheels do not ship:
