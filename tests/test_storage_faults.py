@@ -118,10 +118,12 @@ def test_an_sqlite_storage_on_a_file_that_is_not_sqlite_is_refused_and_the_file_
 
 
 def broken(made_db: Path, folder: Path, fault: str) -> Path:
-    """A copy of the study's database that is random bytes, cut to half its length, or empty."""
+    """A copy of the study's database that is random bytes (after a short line of text, as random bytes
+    may start), cut to half its length, or empty."""
     db = folder / f"{fault}.db"
     whole = made_db.read_bytes()
-    db.write_bytes({"corrupt": os.urandom(len(whole)), "truncated": whole[: len(whole) // 2], "empty": b""}[fault])
+    corrupt = b"x\n" + os.urandom(len(whole))
+    db.write_bytes({"corrupt": corrupt, "truncated": whole[: len(whole) // 2], "empty": b""}[fault])
     return db
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import itertools
 import json
@@ -122,18 +123,18 @@ def _file_kind(path: Path) -> str | None:
     if _is_sqlite(path):
         return "an SQLite database"
     with path.open("rb") as file:
-        first = file.readline(1 << 16)  # a journal's first record is far shorter
+        head = file.read(1 << 16)  # a journal's first record is far shorter
     try:
-        record = json.loads(first)
+        record = json.loads(head.split(b"\n", 1)[0])
     except ValueError:  # not JSON, or not text at all
         record = None
     if isinstance(record, dict) and "op_code" in record:
         return "an Optuna journal"
-    try:
-        first.decode("utf-8")
+    try:  # the whole head, not its first line: random bytes may start with a short valid one
+        codecs.getincrementaldecoder("utf-8")().decode(head, final=False)
     except UnicodeDecodeError:
         return None
-    return "a text file"
+    return None if b"\0" in head else "a text file"
 
 
 def _is_sqlite(path: Path) -> bool:
