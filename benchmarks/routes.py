@@ -129,10 +129,10 @@ def mixed(land: Landscape) -> Trace:
     if len(gains) < 2:
         return trace
     kept = sorted(gains, key=lambda n: min(t for _, t in gains[n]))[:MIXED_KEPT]
-    built = {repr(sorted(r.items())) for r, _ in trace}
+    built = {route_screen.route_key(r) for r, _ in trace}
     for combo in itertools.product(*([None, *(v for v, _ in gains[n])] for n in kept)):
         route = {n: v for n, v in zip(kept, combo, strict=True) if v is not None}
-        if repr(sorted(route.items())) not in built:
+        if route_screen.route_key(route) not in built:
             trace.append((route, land.build_and_measure(route)))
     return trace
 
@@ -140,9 +140,9 @@ def mixed(land: Landscape) -> Trace:
 def tuner(land: Landscape, seed: int) -> Trace:
     design = np.random.default_rng(seed)
     screened, trace = route_screen.screen(land.knobs, land.build_and_measure, design, NOISE_SD)
-    built = {repr(sorted(r.items())) for r, _ in trace}
+    built = {route_screen.route_key(r) for r, _ in trace}
     for route in route_screen.kept_routes(screened):
-        if repr(sorted(route.items())) not in built:
+        if route_screen.route_key(route) not in built:
             trace.append((route, land.build_and_measure(route)))
     return trace
 
@@ -201,7 +201,7 @@ def cell(result: tuple[int, int | None, float] | None, best: float) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--landscapes", type=int, default=20, help="landscapes of about 200 knobs")
-    parser.add_argument("--small", type=int, default=5, help="landscapes of 8 knobs, where full is finite")
+    parser.add_argument("--small", type=int, default=10, help="landscapes of 8 knobs, where full is finite")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     rows = []

@@ -8,8 +8,12 @@ import numpy as np
 from gpt_optuna.search.route_screen import (
     RouteKnobValues,
     chosen,
+    fit,
     kept_routes,
+    next_route,
     one_at_a_time_builds,
+    progress,
+    random_routes,
     screen,
 )
 
@@ -49,3 +53,39 @@ def test_the_winner_is_the_lowest_mean_of_the_fastest_measured_again() -> None:
     again = {"k0": iter([1.10, 1.10]), "k1": iter([0.96, 0.96]), "": iter([1.0, 1.0])}
     measured = [(lucky, 0.90), (steady, 0.97), ({}, 1.0)]
     assert chosen(measured, lambda r: next(again[next(iter(r), "")])) == steady
+
+
+def test_two_large_effects_drawn_together_do_not_hide_each_other() -> None:
+    """k2 makes a route 0.6x, k5 1.6x; of sixteen routes six happen to set both, so neither alone
+    explains enough of the rest to be kept: the pair is tried together."""
+    space = [RouteKnobValues(f"k{i}", ("0", "1")) for i in range(12)]
+    both = [(0, 1), (0, 0), (1, 0), (0, 0), (0, 0), (1, 0), (1, 0), (0, 0), *[(1, 1)] * 6, (1, 0), (0, 0)]
+    routes = random_routes(space, len(both), np.random.default_rng(0))
+    for route, (k2, k5) in zip(routes, both, strict=True):
+        route.pop("k2", None), route.pop("k5", None)
+        route |= {"k2": "1"} if k2 else {}
+        route |= {"k5": "1"} if k5 else {}
+    latencies = [0.6 ** ("k2" in r) * 1.6 ** ("k5" in r) * (1 + 1e-4 * (i % 3)) for i, r in enumerate(routes)]
+    found = fit(space, routes, latencies, NOISE)
+    assert set(found.effects) == {"k2", "k5"}
+    assert abs(found.effects["k2"]["1"] - 0.6) < 0.01 and abs(found.effects["k5"]["1"] - 1.6) < 0.01
+
+
+def test_the_screen_stands_where_its_measurements_put_it_and_builds_what_it_learnt() -> None:
+    """A resumed search finds the screen where it stood: its state is a function of the routes
+    measured, whatever fits were kept between calls; after a fit, the next route is the fit's
+    fastest not yet built."""
+    space = knobs(30)
+    noise = np.random.default_rng(1)
+    measured = [(r, truth(r) * (1 + noise.normal(0, NOISE))) for r in random_routes(space, 64, noise)]
+    fits: dict = {}
+    states = [progress(space, measured[:n], NOISE, fits) for n in range(1, len(measured) + 1)]
+    for n in (15, 32, 50, 64):
+        fresh = progress(space, measured[:n], NOISE)
+        assert (fresh.done, fresh.found) == (states[n - 1].done, states[n - 1].found)
+    assert states[14].found is None and not states[14].done  # before the first fit
+    found = states[31].found
+    assert found is not None and {"k1", "k4", "k6"} <= set(found.effects)
+    best, second = kept_routes(found)[:2]
+    assert next_route(space, found, lambda r: False, noise) == best
+    assert next_route(space, found, lambda r: r == best, noise) == second

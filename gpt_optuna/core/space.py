@@ -94,6 +94,9 @@ class Knob:
     minimum: int | None = None
     """The least number a ``[space]`` value (or the user's configuration) may give it (a count of
     threads: 0); None: any number."""
+    screened: bool = False
+    """One of many knobs of which few change latency (TensorRT's build routes): the search screens
+    them for the few that do (:mod:`~gpt_optuna.search.route_plan`) and tries only those."""
 
     def __post_init__(self) -> None:
         if not self.choices:
@@ -262,6 +265,7 @@ class Space:
                 "selects_engine": k.selects_engine,
                 "host_sensitive": k.host_sensitive,
                 "open_ended": k.open_ended,
+                "screened": k.screened,
             }
             for k in self.knobs
         ]
@@ -289,6 +293,7 @@ class Space:
                     item["selects_engine"],
                     item.get("host_sensitive", ""),
                     item.get("open_ended", False),
+                    screened=item.get("screened", False),
                 )
             )
         return cls(knobs)

@@ -167,6 +167,14 @@ class StudyLedger:
         with self._lock:
             return self._first.get(key)
 
+    def proposed(self, source: str) -> tuple[list[FrozenTrial], list[FrozenTrial]]:
+        """The trials whose candidate came from ``source`` (:attr:`TrialRecord.proposed_by`): those
+        holding their own result, and those running or queued, each in number order."""
+        with self._lock:
+            held = [self._trials[n] for n in sorted(self._own) if TrialRecord(self._trials[n]).proposed_by == source]
+            waiting = [self._open[n] for n in sorted(self._open) if TrialRecord(self._open[n]).proposed_by == source]
+            return held, waiting
+
     def refusal_causes(self) -> list[Key]:
         """The settings that the candidates the engine refused with one same error all share, where
         no candidate it ran has them (:func:`refusal_causes`)."""

@@ -23,6 +23,7 @@ F_MIN = 13.0
 with more. Over a hundred knobs a fit may still keep a knob that does nothing; that costs the
 search over the kept knobs routes, not the answer."""
 FIRST_BATCH = 32
+MIN_FIRST_BATCH = 16
 BATCH = 16
 MAX_KEPT = 12
 """The most knobs (and, beside them, pairs) a screen keeps: a search over more is no longer small."""
@@ -98,36 +99,63 @@ def _gains(y: np.ndarray, design: np.ndarray, terms: dict[object, np.ndarray]) -
     return float(rest @ rest), gains
 
 
+def _f_statistics(
+    y: np.ndarray, design: np.ndarray, terms: dict[object, np.ndarray], noise_sd: float
+) -> dict[object, tuple[float, int]]:
+    """Each term's F statistic for joining ``design`` (against what would be left unexplained, never
+    less than the measurement's own spread ``noise_sd``: a term smaller than the noise is not kept
+    because a few builds happened to agree), with the degrees of freedom it would leave."""
+    rss, gains = _gains(y, design, terms)
+    found = {}
+    for key, columns in terms.items():
+        free = len(y) - design.shape[1] - columns.shape[1]
+        rest = max((rss - gains[key]) / max(free, 1), noise_sd**2, 1e-18)
+        found[key] = ((gains[key] / columns.shape[1]) / rest, free)
+    return found
+
+
+LOOKAHEAD = 8
+"""Where no term alone clears the bar, the pairs of the terms this many best alone are tried together:
+two large effects drawn together in a few builds can hide each other."""
+
+
 def _forward(
-    y: np.ndarray, design: np.ndarray, terms: dict[object, np.ndarray], limit: int
+    y: np.ndarray, design: np.ndarray, terms: dict[object, np.ndarray], limit: int, noise_sd: float
 ) -> tuple[list[tuple[object, int]], np.ndarray]:
     """Terms (groups of columns) added to ``design`` one at a time, the one whose columns explain
-    most of what is left first, while its F statistic reaches :data:`F_MIN`, at most ``limit``;
-    each term with where its columns start, and the design grown."""
-    n = len(y)
+    most of what is left first, while its F statistic reaches :data:`F_MIN` (:func:`_f_statistics`),
+    else two together where a pair of the :data:`LOOKAHEAD` best does; at most ``limit``; each
+    term with where its columns start, and the design grown."""
     chosen: list[tuple[object, int]] = []
     left = dict(terms)
     while len(chosen) < limit and left:
-        rss, gains = _gains(y, design, left)
-        free = {key: n - design.shape[1] - columns.shape[1] for key, columns in left.items()}
-        f = {
-            key: (gains[key] / left[key].shape[1]) / max((rss - gains[key]) / max(free[key], 1), 1e-18) for key in left
-        }
-        key = max(f, key=f.__getitem__)
-        if free[key] < 2 or f[key] < F_MIN:
+        f = _f_statistics(y, design, left, noise_sd)
+        ranked = sorted(left, key=lambda key: -f[key][0])
+        taken = [ranked[0]] if f[ranked[0]][1] >= 2 and f[ranked[0]][0] >= F_MIN else []
+        if not taken and len(chosen) + 2 <= limit:
+            best = ranked[:LOOKAHEAD]
+            pairs = {(a, b): np.hstack([left[a], left[b]]) for i, a in enumerate(best) for b in best[i + 1 :]}
+            joint = _f_statistics(y, design, pairs, noise_sd) if pairs else {}
+            pair = max(joint, key=lambda key: joint[key][0], default=None)
+            if pair is not None and joint[pair][1] >= 2 and joint[pair][0] >= F_MIN:
+                taken = list(pair)  # type: ignore[arg-type]
+        if not taken:
             break
-        chosen.append((key, design.shape[1]))
-        design = np.hstack([design, left.pop(key)])
+        for key in taken:
+            chosen.append((key, design.shape[1]))
+            design = np.hstack([design, left.pop(key)])
     return chosen, design
 
 
-def fit(knobs: Sequence[RouteKnobValues], routes: Sequence[Route], latencies: Sequence[float]) -> Screened:
+def fit(
+    knobs: Sequence[RouteKnobValues], routes: Sequence[Route], latencies: Sequence[float], noise_sd: float = 0.0
+) -> Screened:
     """Forward selection (:data:`F_MIN`) of the knobs whose values explain log latency (at most
     :data:`MAX_KEPT`), then of the pairs of their values that act together beyond their own effects."""
     y = np.log(np.asarray(latencies, float))
     by_name = {knob.name: knob for knob in knobs if len(knob.values) > 1}
     mains = {name: _columns(knob, routes) for name, knob in by_name.items()}
-    kept, design = _forward(y, np.ones((len(y), 1)), dict(mains), MAX_KEPT)
+    kept, design = _forward(y, np.ones((len(y), 1)), dict(mains), MAX_KEPT, noise_sd)
     names = [str(name) for name, _ in kept]
     partners = [*names, *(name for name in by_name if name not in names)]
     pairs: dict[object, np.ndarray] = {}
@@ -143,7 +171,7 @@ def fit(knobs: Sequence[RouteKnobValues], routes: Sequence[Route], latencies: Se
                     first, second = sorted(((a, va), (b, vb)))
                     # a knob that acts only with a kept one joins with its own values too
                     pairs[(first, second)] = both if b in names else np.hstack([both, mains[b]])
-    acting, design = _forward(y, design, pairs, MAX_KEPT)
+    acting, design = _forward(y, design, pairs, MAX_KEPT, noise_sd)
     starts: dict[str, list[int]] = {name: [start] for name, start in ((str(n), s) for n, s in kept)}
     for pair, start in acting:
         for knob, _ in pair:  # type: ignore[attr-defined]
@@ -168,36 +196,105 @@ def one_at_a_time_builds(knobs: Sequence[RouteKnobValues]) -> int:
     return 1 + sum(len(knob.values) - 1 for knob in knobs)
 
 
+def first_batch(knobs: Sequence[RouteKnobValues]) -> int:
+    """The builds before the first fit: about one per value to fit, between 16 and :data:`FIRST_BATCH`."""
+    return max(MIN_FIRST_BATCH, min(FIRST_BATCH, one_at_a_time_builds(knobs)))
+
+
+def build_cap(knobs: Sequence[RouteKnobValues]) -> int:
+    """The most builds a screen makes: :func:`one_at_a_time_builds` (or two batches, where the knobs
+    are so few that one-at-a-time builds fewer: a fit needs more builds than it has values)."""
+    return max(one_at_a_time_builds(knobs), FIRST_BATCH + BATCH)
+
+
+@dataclass(frozen=True)
+class Progress:
+    """Where a screen stands after the routes measured so far: the fit at the last checkpoint
+    (None before the first), and whether the screen is over."""
+
+    found: Screened | None
+    done: bool
+
+
+FitCache = dict[int, tuple[tuple[object, ...], Screened]]
+"""Fits by checkpoint, with the noise, routes and latencies each was fitted to."""
+
+
+def progress(
+    knobs: Sequence[RouteKnobValues],
+    measured: Sequence[tuple[Route, float]],
+    noise_sd: float,
+    fits: FitCache | None = None,
+) -> Progress:
+    """The screen's state after ``measured`` (in the order built), fitted at its checkpoints (the
+    first batch, then every :data:`BATCH`): over once two checkpoints in a row keep the same knobs
+    and leave no more spread than the measurement's own (``noise_sd``: its relative standard
+    deviation, :data:`EXPLAINED`), or at :func:`build_cap`. A function of what was measured alone,
+    so that a resumed search finds the screen where it stood. ``fits`` keeps the checkpoints'
+    fits between calls: one is fitted again only where what it was fitted to changed."""
+    cap, checkpoint = build_cap(knobs), first_batch(knobs)
+    found, previous = None, None
+    fits = {} if fits is None else fits
+    while checkpoint <= len(measured):
+        upto = measured[:checkpoint]
+        data = (noise_sd, *((route_key(r), t) for r, t in upto))
+        if checkpoint not in fits or fits[checkpoint][0] != data:
+            fits[checkpoint] = (data, fit(knobs, [r for r, _ in upto], [t for _, t in upto], noise_sd))
+        found = fits[checkpoint][1]
+        kept = set(found.effects)
+        if (kept == previous and found.residual_sd <= EXPLAINED * noise_sd) or checkpoint >= cap:
+            return Progress(found, True)
+        previous = kept
+        checkpoint = min(checkpoint + BATCH, cap)
+    return Progress(found, False)
+
+
+def next_route(
+    knobs: Sequence[RouteKnobValues], found: Screened | None, taken: Callable[[Route], bool], rng: np.random.Generator
+) -> Route:
+    """The screen's next route: the last fit's fastest route (:func:`kept_routes`) not yet
+    ``taken`` (built or being built), so that what the fit has learnt is built while it learns
+    more; else a random route (:func:`random_routes`)."""
+    if found is not None:
+        for route in kept_routes(found, EXPLOITED):
+            if not taken(route):
+                return route
+    return random_routes(knobs, 1, rng)[0]
+
+
 def screen(
     knobs: Sequence[RouteKnobValues],
     measure: Callable[[Route], float],
     rng: np.random.Generator,
     noise_sd: float,
 ) -> tuple[Screened, list[tuple[Route, float]]]:
-    """Random routes built and measured (``measure``: a route's latency) in batches until two fits
-    in a row keep the same knobs and leave no more spread than the measurement's own
-    (``noise_sd``: its relative standard deviation, :data:`EXPLAINED`), never more than
-    :func:`one_at_a_time_builds` (or two batches, where the knobs are so few that one-at-a-time
-    builds fewer: a fit needs more builds than it has values); the last fit, and every route
-    measured."""
-    cap = max(one_at_a_time_builds(knobs), FIRST_BATCH + BATCH)
+    """Routes built and measured one after the other (``measure``: a route's latency;
+    :func:`next_route`) until :func:`progress` says the screen is over; the last fit, and every
+    route measured."""
     measured: list[tuple[Route, float]] = []
-    previous: set[str] | None = None
-    batch = min(FIRST_BATCH, cap)
-    while True:
-        for route in random_routes(knobs, batch, rng):
-            measured.append((route, measure(route)))
-        found = fit(knobs, [r for r, _ in measured], [t for _, t in measured])
-        kept = set(found.effects)
-        if (kept == previous and found.residual_sd <= EXPLAINED * noise_sd) or len(measured) >= cap:
-            return found, measured
-        previous = kept
-        batch = min(BATCH, cap - len(measured))
+    built: set[str] = set()
+    state, fits = Progress(None, False), {}
+    while not state.done:
+        route = next_route(knobs, state.found, lambda r: route_key(r) in built, rng)
+        built.add(route_key(route))
+        measured.append((route, measure(route)))
+        state = progress(knobs, measured, noise_sd, fits)
+    assert state.found is not None
+    return state.found, measured
+
+
+def route_key(route: Route) -> str:
+    """A route as a hashable value, its order aside."""
+    return repr(sorted(route.items()))
 
 
 EXPLAINED = 1.5
 """A screen ends once what its fit leaves unexplained is within this factor of the measurement's
 own spread: a larger rest is a knob not found yet."""
+
+
+EXPLOITED = 2
+"""The fit's fastest routes the screen builds after each checkpoint, before random ones."""
 
 
 REFINE_LIMIT = 64
@@ -224,7 +321,7 @@ def chosen(
     alone: the luck that made a route look fastest does not pick the winner."""
     best: dict[str, tuple[Route, float]] = {}
     for route, latency in measured:
-        key = repr(sorted(route.items()))
+        key = route_key(route)
         if key not in best or latency < best[key][1]:
             best[key] = (route, latency)
     finalists = sorted(best.values(), key=lambda item: item[1])[:top]

@@ -40,13 +40,15 @@ from gpt_optuna.core.space import Candidate, Space
 from gpt_optuna.graph.transforms import is_transform_knob
 from gpt_optuna.search.coverage import Coverage
 from gpt_optuna.search.ledger import Key, StudyLedger, key_of
+from gpt_optuna.search.route_plan import SCREEN, RoutePlan
 from gpt_optuna.study.trial_record import TrialRecord
 
 RANDOM_TRIES = 200
 """Random candidates tried, in a space too large to list, before accepting a repeat."""
-SOURCES = ("sampler", "neighbour", "nearest", "random", "repeat")
-"""Where a proposal came from: the wrapped sampler, one knob changed, the fewest knobs changed
-(a listed space), a random candidate, or a candidate the study holds (a covered space)."""
+SOURCES = (SCREEN, "sampler", "neighbour", "nearest", "random", "repeat")
+"""Where a proposal came from: the build-route screen (:mod:`~gpt_optuna.search.route_plan`), the
+wrapped sampler, one knob changed, the fewest knobs changed (a listed space), a random candidate,
+or a candidate the study holds (a covered space)."""
 
 
 class FreshSampler(BaseSampler):
@@ -77,7 +79,8 @@ class FreshSampler(BaseSampler):
         self.coverage = Coverage(space, self.ledger, self._ruled_out)
         self.sources: dict[int, str] = {}
         """Where each trial's candidate came from (:data:`SOURCES`), until the trial ends."""
-        self._single = {k.name: k.search_choices[0] for k in space.knobs if len(k.search_choices) == 1}
+        self.routes = RoutePlan(space, seed)
+        """The screened knobs' values tried, as the screen has found them."""
 
     def reseed_rng(self) -> None:
         self.base.reseed_rng()
@@ -93,6 +96,7 @@ class FreshSampler(BaseSampler):
             return {}
         with self._lock:
             self.read(study._get_trials(deepcopy=False, use_cache=True))  # the read the wrapped sampler shares
+            self.routes.update(self.ledger)
             proposal, source = self._propose(study, trial)
             self.sources[trial.number] = source
             self._reserved[trial.number] = key_of(proposal)
@@ -136,9 +140,16 @@ class FreshSampler(BaseSampler):
             return self._searched(candidate, suggested) and all(candidate.get(k) == v for k, v in suggested.items())
 
         def fresh(candidate: Candidate) -> bool:
-            key = key_of(candidate)
-            return not self.ledger.has_result(key) and key not in busy and not self._ruled_out(key) and fits(candidate)
+            return new(candidate) and fits(candidate)
 
+        def new(candidate: Candidate) -> bool:
+            key = key_of(candidate)
+            return not self.ledger.has_result(key) and key not in busy and not self._ruled_out(key)
+
+        if self.routes.wants_screen(sum(self.ledger.counts()), suggested):
+            route = self.routes.screen_candidate(lambda c: not new(c), suggested)
+            if new(route):
+                return route, SCREEN
         first = self._ask(study, trial, suggested)  # once: a second answer costs a second fit
         if fresh(first):
             return first, "sampler"
@@ -180,12 +191,13 @@ class FreshSampler(BaseSampler):
         for knob in self.space.knobs:
             if not knob.active(candidate):
                 continue
+            tried = self.routes.choices(knob)
             if knob.name in suggested:
                 candidate[knob.name] = suggested[knob.name]
+            elif len(tried) == 1:
+                candidate[knob.name] = tried[0]
             elif knob.name in relative and knob.name in relative_space:
                 candidate[knob.name] = relative[knob.name]
-            elif knob.name in self._single:
-                candidate[knob.name] = self._single[knob.name]
             else:
                 distribution = CategoricalDistribution(knob.choices)
                 candidate[knob.name] = self.base.sample_independent(study, trial, knob.name, distribution)
@@ -195,7 +207,7 @@ class FreshSampler(BaseSampler):
         """Whether every value the sampler chose is one the search tries (a ``[space]`` restriction
         keeps the engine's default among the choices for the baseline only)."""
         return all(
-            candidate[k.name] in k.search_choices
+            candidate[k.name] in self.routes.choices(k)
             for k in self.space.knobs
             if k.name in candidate and k.name not in suggested
         )
@@ -211,7 +223,7 @@ class FreshSampler(BaseSampler):
             if knob.name in candidate and knob.name not in suggested:
                 found += [
                     self._complete({**candidate, knob.name: v})
-                    for v in knob.search_choices
+                    for v in self.routes.choices(knob)
                     if v != candidate[knob.name]
                 ]
         self._rng.shuffle(found)
@@ -223,7 +235,7 @@ class FreshSampler(BaseSampler):
         for knob in self.space.knobs:
             if knob.active(candidate):
                 candidate[knob.name] = (
-                    partial[knob.name] if knob.name in partial else self._rng.choice(knob.search_choices)
+                    partial[knob.name] if knob.name in partial else self._rng.choice(self.routes.choices(knob))
                 )
         return candidate
 

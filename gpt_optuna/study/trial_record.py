@@ -151,6 +151,11 @@ class TrialRecord:
         return self._text(ENGINE_DEFAULTS_ATTR)
 
     @property
+    def proposed_by(self) -> str | None:
+        """Where the sampler's candidate came from (``sampler``, ``screen``, ...); None for a queued one."""
+        return self._text(PROPOSED_ATTR)
+
+    @property
     def is_yours(self) -> bool:
         return YOURS_ATTR in self._attrs
 

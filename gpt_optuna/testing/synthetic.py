@@ -87,6 +87,26 @@ class SyntheticBackend(Backend):
         return _SyntheticRunner(candidate, path, feeds)
 
 
+ROUTE_EFFECTS = {("route.r2", "1"): 0.6, ("route.r5", "1"): 1.6}
+"""What :class:`RoutedSyntheticBackend`'s route knobs do to the delay; the others do nothing."""
+
+
+class RoutedSyntheticBackend(SyntheticBackend):
+    """The synthetic backend with twelve screened route knobs (``route.r0`` to ``route.r11``, ``0`` or
+    ``1``), as TensorRT's build routes are: two change the delay (:data:`ROUTE_EFFECTS`)."""
+
+    name = "synthetic-routes"
+
+    def space(self, model: ModelInfo, shapes: dict[str, ShapeRange]) -> Space:
+        routes = [Knob(f"route.r{i}", ("0", "1"), "0", screened=True) for i in range(12)]
+        return Space([*super().space(model, shapes).knobs, *routes])
+
+    def build(self, model: ModelInfo, candidate: Candidate, workdir: Path, shapes: dict[str, ShapeRange]) -> Built:
+        factor = float(np.prod([ROUTE_EFFECTS.get(item, 1.0) for item in candidate.items()]))
+        slowed = {**candidate, "delay_us": int(int(candidate["delay_us"]) * factor)}
+        return super().build(model, slowed, workdir, shapes)
+
+
 @functools.cache
 def _session(path: Path) -> Any:
     import onnxruntime as ort

@@ -124,8 +124,10 @@ def discover_knobs(trt: ModuleType, config: Any, *, has_qdq: bool, dynamic: bool
     knobs.append(Knob("workspace_mib", WORKSPACE_MIB, "default", "workspace memory-pool limit"))
     if hasattr(config, "all_build_routes"):
         for route in parse_build_routes(config.all_build_routes):
-            choices = (route.default,) if route.open_ended else _route_choices(route)
-            knobs.append(Knob(route.knob_name, choices, route.default, route.help, open_ended=route.open_ended))
+            fixed = route.open_ended
+            choices = (route.default,) if fixed else _route_choices(route)
+            about = route.help
+            knobs.append(Knob(route.knob_name, choices, route.default, about, open_ended=fixed, screened=not fixed))
     if hasattr(trt, "CudaGraphStrategy"):
         knobs.append(Knob("runtime.cuda_graph_strategy", tuple(trt.CudaGraphStrategy.__members__), "DISABLED"))
     else:

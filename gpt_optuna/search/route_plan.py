@@ -1,0 +1,159 @@
+"""A search's screened knobs (TensorRT 11.1+'s build routes): screened first for the few that change
+latency, then searched beside the other knobs.
+
+The screened knobs (:attr:`~gpt_optuna.core.space.Knob.screened`) are too many to search as
+dimensions of their own, and few of them matter. Until the screen is over
+(:func:`~gpt_optuna.search.route_screen.progress`), every other candidate the sampler proposes is a
+screen route: the engine's defaults (where the knobs apply) with the route
+:func:`~gpt_optuna.search.route_screen.next_route` gives; the sampler's own candidates keep every
+screened knob at its default meanwhile. Once it is over, the search tries the kept knobs' values
+beside the other knobs, and the other screened knobs stay at their defaults. The screen is read
+from the study's trials (those proposed by :data:`SCREEN`, in number order), so a resumed or
+joined search finds it where it stood.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from gpt_optuna.core.log import LOGGER
+from gpt_optuna.core.space import Candidate, Knob, Space, Value
+from gpt_optuna.search.ledger import StudyLedger
+from gpt_optuna.search.route_screen import (
+    FitCache,
+    Progress,
+    Route,
+    RouteKnobValues,
+    build_cap,
+    first_batch,
+    next_route,
+    progress,
+)
+from gpt_optuna.study.taxonomy import trial_status
+from gpt_optuna.study.trial_record import TrialRecord
+
+SCREEN = "screen"
+"""The source (``proposed_by``) of a screen route's trial."""
+NOISE_FLOOR = 0.005
+"""The least relative spread a build's latency is taken to have: a measurement's own confidence
+interval leaves out how builds of one route differ."""
+MEASURED = ("feasible", "infeasible")
+"""The trials whose latency a fit takes (:func:`~gpt_optuna.study.taxonomy.trial_status`): an
+engine that built and ran."""
+
+
+def _screened(space: Space) -> list[Knob]:
+    """The knobs screened: marked so, with values to try, and not restricted by ``[space]`` (the
+    values a user lists are searched as they are)."""
+    return [k for k in space.knobs if k.screened and k.searched is None and len(k.choices) > 1]
+
+
+class RoutePlan:
+    """Which values of the screened knobs the search tries, and the screen's next route."""
+
+    def __init__(self, space: Space, seed: int | None) -> None:
+        self.space = space
+        knobs = _screened(space)
+        self.knobs = [RouteKnobValues(k.name, tuple(str(v) for v in (k.default, *_others(k)))) for k in knobs]
+        self._values = {k.name: {str(v): v for v in k.choices} for k in knobs}
+        self._defaults = {k.name: k.default for k in knobs}
+        self._where = _conditions_met(knobs[0]) if knobs else {}
+        self._rng = np.random.default_rng(seed)
+        self._fits: FitCache = {}
+        self.state = Progress(None, False)
+        self.screens = 0
+        """The screen's trials, measured, running or queued."""
+        self._told = False
+
+    def __bool__(self) -> bool:
+        return bool(self.knobs)
+
+    def update(self, ledger: StudyLedger) -> None:
+        """Read the screen's trials: the fit of those measured, in number order, up to the first
+        still running (a trial that ends late does not change a fit already made)."""
+        if not self.knobs:
+            return
+        held, waiting = ledger.proposed(SCREEN)
+        self.screens = len(held) + len(waiting)
+        first_open = min((t.number for t in waiting), default=None)
+        measured: list[tuple[Route, float]] = []
+        spreads = []
+        for trial in held:
+            if first_open is not None and trial.number > first_open:
+                break
+            record = TrialRecord(trial)
+            if trial_status(trial) in MEASURED and record.latency_ms:
+                measured.append(({k: str(v) for k, v in trial.params.items() if k in self._values}, record.latency_ms))
+                spreads.append(record.latency_rel_ci / 1.96)
+        first = spreads[: first_batch(self.knobs)]  # fixed once measured: a fit made stays made
+        noise = max(NOISE_FLOOR, float(np.median(first)) if first else 0.0)
+        self.state = progress(self.knobs, _routes_only(measured, self._defaults), noise, self._fits)
+        if self.state.done and not self._told:
+            self._told = True
+            LOGGER.info(self.summary(len(measured)))
+
+    def summary(self, builds: int) -> str:
+        """One line on what the screen found."""
+        found = self.state.found
+        if found is None or not found.effects:
+            return f"route screen: {builds} builds; no route knob changes latency beyond the noise: all stay at default"
+        kept = ", ".join(
+            f"{name} ({', '.join(f'{value} {ratio:.3g}x' for value, ratio in effects.items())})"
+            for name, effects in found.effects.items()
+        )
+        return (
+            f"route screen: {builds} builds; {len(found.effects)} of {len(self.knobs)} route knobs change latency:"
+            f" {kept}; the search now tries their values, the others stay at their defaults"
+        )
+
+    def choices(self, knob: Knob) -> tuple[Value, ...]:
+        """The values of ``knob`` the sampler's own candidates may take now."""
+        if knob.name not in self._values:
+            return knob.search_choices
+        found = self.state.found
+        if not self.state.done or found is None or knob.name not in found.effects:
+            return (knob.default,)
+        return knob.choices
+
+    def wants_screen(self, trials: int, fixed: Candidate) -> bool:
+        """Whether the next candidate is a screen route: the screen is not over, it has not every
+        build it may make under way, it has at most as many trials as the rest of the ``trials``
+        the study holds (measured, running or queued), and the trial does not hold values of
+        the screened knobs already (``fixed``: a retried trial's)."""
+        return (
+            bool(self.knobs)
+            and not self.state.done
+            and self.screens < build_cap(self.knobs)
+            and self.screens <= trials - self.screens
+            and not any(name in fixed for name in self._values)
+        )
+
+    def screen_candidate(self, taken: Callable[[Candidate], bool], fixed: Candidate) -> Candidate:
+        """The screen's next route (:func:`next_route`) as a candidate: the engine's defaults where
+        the screened knobs apply, with the values the trial holds already (``fixed``: the knobs
+        the search tries one value of); ``taken``: a candidate the study holds, runs or queues."""
+
+        def candidate(route: Route) -> Candidate:
+            values = {name: self._values[name][value] for name, value in route.items()}
+            return self.space.default({**self._where, **fixed, **values})
+
+        return candidate(next_route(self.knobs, self.state.found, lambda r: taken(candidate(r)), self._rng))
+
+
+def _others(knob: Knob) -> list[Value]:
+    return [v for v in knob.choices if v != knob.default]
+
+
+def _conditions_met(knob: Knob) -> dict[str, Value]:
+    """Values of the knobs a screened knob's conditions read that make it apply (the first such)."""
+    fixed: dict[str, Value] = {}
+    for condition in knob.conditions:
+        fixed.update(zip(condition.parents, condition.combos()[0], strict=True))
+    return fixed
+
+
+def _routes_only(measured: list[tuple[Route, float]], defaults: dict[str, Value]) -> list[tuple[Route, float]]:
+    """Each route with its knobs at their defaults left out, as the screen writes routes."""
+    return [({k: v for k, v in route.items() if v != str(defaults[k])}, t) for route, t in measured]

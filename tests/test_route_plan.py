@@ -1,0 +1,71 @@
+"""The build-route screen inside a real search: a synthetic engine with twelve screened route knobs,
+two of which change its latency, tuned with a real worker and SQLite storage. The screen's routes
+run at the engine's defaults, the sampler's own candidates leave every route knob at its default
+until the screen is over and then try only the kept knobs, and a resumed search reads the screen
+back from the study instead of screening again."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import optuna
+import pytest
+from conftest import save, synthetic_config
+
+from gpt_optuna.cli import main
+from gpt_optuna.core.space import Space
+from gpt_optuna.search.ledger import StudyLedger
+from gpt_optuna.search.route_plan import SCREEN, RoutePlan
+from gpt_optuna.study.trial_record import TrialRecord
+from gpt_optuna.testing.small_cnn import small_cnn
+from gpt_optuna.testing.synthetic import ROUTE_EFFECTS
+
+BACKEND = "gpt_optuna.testing.synthetic:RoutedSyntheticBackend"
+NAME = "cnn-routedsyntheticbackend"
+ROUTES = [f"route.r{i}" for i in range(12)]
+ACTING = {name for name, _ in ROUTE_EFFECTS}
+
+
+def tune(folder: Path, trials: int) -> int:
+    model = save(small_cnn(), folder / "cnn.onnx")
+    config = synthetic_config(folder, 'mode = "ok"\nbuild_ms = [0]\ndelay_us = [200, 100]\na = [0]\nb = [0]\nc = ["x"]')
+    args = ["--config", str(config), "--n-trials", str(trials), "--confirm-top", "0", "--seed", "3"]
+    return main(["tune", str(model), "--backend", BACKEND, *args])
+
+
+def study_trials(folder: Path) -> tuple[list[optuna.trial.FrozenTrial], RoutePlan]:
+    """The study's trials, and the route plan a sampler reads from them."""
+    study = optuna.load_study(study_name=NAME, storage=f"sqlite:///{folder / 'studies' / f'{NAME}.db'}")
+    trials = study.get_trials(deepcopy=False)
+    ledger = StudyLedger()
+    ledger.update(trials)
+    plan = RoutePlan(Space.from_record(study.user_attrs["space_record"]), None)
+    plan.update(ledger)
+    return trials, plan
+
+
+def test_a_search_screens_the_route_knobs_then_tries_only_those_that_matter(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert tune(tmp_path, 90) == 0
+    said = capsys.readouterr().err
+    trials, plan = study_trials(tmp_path)
+    assert plan.state.done and plan.state.found is not None
+    kept = set(plan.state.found.effects)
+    assert ACTING <= kept, kept
+    (line,) = [line for line in said.splitlines() if line.startswith("route screen: ")]
+    assert all(name in line for name in ACTING) and f"of {len(ROUTES)} route knobs change latency" in line
+    screens = [t for t in trials if TrialRecord(t).proposed_by == SCREEN]
+    assert 16 <= len(screens) <= 48  # the first fit's builds at least, the cap at most
+    for trial in screens:  # a route on the engine's defaults
+        assert trial.params["delay_us"] == 200 and any(trial.params[r] != "0" for r in ROUTES)
+    others = [t for t in trials if t.number and TrialRecord(t).proposed_by not in (SCREEN, None)]
+    assert others and all(t.params[r] == "0" for t in others for r in ROUTES if r not in kept)
+    best = min((t for t in trials if t.values), key=lambda t: t.values[0])
+    assert (best.params["delay_us"], best.params["route.r2"], best.params["route.r5"]) == (100, "1", "0")
+
+    assert tune(tmp_path, 100) == 0  # resumed: the screen is read back, not made again
+    again, _ = study_trials(tmp_path)
+    assert [t.number for t in again if TrialRecord(t).proposed_by == SCREEN] == [t.number for t in screens]
+    assert any(line.startswith("route screen: ") for line in capsys.readouterr().err.splitlines())
