@@ -66,6 +66,8 @@ def test_space_follows_what_each_version_has(fake: FakeTensorRT, cnn_path: Path)
         assert routes["route.kgen:tiling"].choices == ("0", "1", "2")
         assert routes["route.conv_use_long_w"].choices == ("off", "on")
         assert routes["route.cask_fusion:num_tactics"].choices == ("10",)  # open-ended: fixed unless listed
+        screened = {name for name, knob in knobs.items() if knob.screened}  # the route screen's knobs
+        assert screened == {"route.kgen:tiling", "route.conv_use_long_w"}
     else:
         assert not routes
     if fake.version == "rtx":

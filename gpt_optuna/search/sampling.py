@@ -9,10 +9,12 @@ study holds that candidate (evaluated, being evaluated or queued), it shares the
 of a candidate whose transform failed, or it holds the settings that the candidates the engine
 refused with one same error all share (and no candidate it ran has: their likely cause), the
 nearest candidate no trial holds is taken instead: one knob changed, else (a space small enough
-to list, :mod:`coverage`) the fewest knobs changed, else random candidates. The wrapped sampler
-is asked once a trial (its fit grows with the study, and a second answer costs a second fit; on
-the replayed landscapes, asking again did not find the best sooner). A listed space
-whose every candidate is held is covered: :meth:`FreshSampler.covered` says so before a trial
+to list, :mod:`coverage`) the fewest knobs changed, else random candidates. A space with
+screened knobs (TensorRT's build routes) has them screened first, every other candidate a screen
+route, and then searched as far as the screen kept them (:mod:`~gpt_optuna.search.route_plan`).
+The wrapped sampler is asked once a trial (its fit grows with the study, and a second answer
+costs a second fit; on the replayed landscapes, asking again did not find the best sooner). A
+listed space whose every candidate is held is covered: :meth:`FreshSampler.covered` says so before a trial
 starts, and the search ends there.
 
 What the study holds is read once per trial, through Optuna's own per-trial cache of the study's
