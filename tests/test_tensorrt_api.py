@@ -376,6 +376,21 @@ def test_layer_times_come_from_the_profiler_with_the_onnx_operators_of_each_laye
         assert len(fake.written("IExecutionContext.execute_async_v3")) == 3  # no CUDA graph: each run profiled
         if version == "rtx":
             assert [s.name for s in fake.written("IRuntimeConfig.cuda_graph_strategy")] == ["DISABLED"]
+        assert fake.written("Builder.build_serialized_network")  # no plan given: built
+
+
+def test_layer_times_profile_the_trials_kept_plan_without_a_build(
+    fake_cupy: FakeCuPy, cnn_path: Path, tmp_path: Path
+) -> None:
+    fake = FakeTensorRT("11.x")
+    fake.layers = [("Conv_0", 0.25)]
+    info, space = space_of(fake, cnn_path)
+    feeds, outputs = {"x": np.zeros((1, 3, 64, 64), np.float32)}, {"y": np.zeros((1, 10))}
+    shapes = m.resolve_shapes(info, {})
+    fake.calls.clear()
+    found = backend(fake).layer_times(info, space.default(), tmp_path, shapes, feeds, outputs, 2, b"the trial's plan")
+    assert [n.median_ms for n in found] == [0.25]
+    assert fake.written("Builder.build_serialized_network") == []
 
 
 def opened(fake: FakeTensorRT, cnn_path: Path, tmp_path: Path, x: np.ndarray) -> Any:

@@ -255,9 +255,12 @@ class Backend(abc.ABC):
         feeds: Feeds,
         outputs: Feeds,
         runs: int,
+        saved: bytes | None = None,
     ) -> list[NodeTime]:
         """Build ``candidate`` and run it ``runs`` times on ``feeds`` under the engine's own
-        profiler: each operator's or layer's median time, slowest first."""
+        profiler: each operator's or layer's median time, slowest first. ``saved``: the engine the
+        trial kept, which an engine that loads its builds (:meth:`load`) profiles instead of
+        building again; the others make their profiling session anew."""
         raise UserError(f"backend {self.name!r} has no profiler gpt-optuna reads")
 
     def baseline_values(self, path: Path) -> dict[str, Value]:

@@ -178,8 +178,9 @@ class EngineChoice(Backend):
         feeds: Feeds,
         outputs: Feeds,
         runs: int,
+        saved: bytes | None = None,
     ) -> list[NodeTime]:
-        return self.engine(candidate).layer_times(model, candidate, workdir, shapes, feeds, outputs, runs)
+        return self.engine(candidate).layer_times(model, candidate, workdir, shapes, feeds, outputs, runs, saved)
 
     def refused_run(self, error: Exception) -> str | None:
         return _first_value(list(self.engines.values()), lambda e: e.refused_run(error))

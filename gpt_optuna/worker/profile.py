@@ -1,6 +1,6 @@
 """Where a candidate's time goes, operator by operator or layer by layer, in a worker: the
-candidate built as a trial builds it and run under the engine's own profiler
-(:meth:`Backend.layer_times`)."""
+trial's kept engine where the engine loads it, else the candidate built as a trial builds it, run
+under the engine's own profiler (:meth:`Backend.layer_times`)."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ def profile(job: ProfileJob) -> list[NodeTime]:
     model = transformed_model(evaluation)
     backend = backend_of(evaluation.backend)
     feeds, outputs = samples_of(evaluation, model)[0], templates_of(evaluation, model)
+    saved = None if evaluation.saved_engine is None else evaluation.saved_engine.read_bytes()
     return backend.layer_times(
-        model, evaluation.engine_candidate, evaluation.workdir, evaluation.shapes, feeds, outputs, job.runs
+        model, evaluation.engine_candidate, evaluation.workdir, evaluation.shapes, feeds, outputs, job.runs, saved
     )

@@ -197,6 +197,7 @@ class InductorBackend(Backend):
         feeds: Feeds,
         outputs: Feeds,
         runs: int,
+        saved: bytes | None = None,
     ) -> list[NodeTime]:
         """The candidate compiled as a trial compiles it, but without CUDA graphs (whose replays the
         profiler does not see) and with Inductor's C++ kernels named to the profiler, then

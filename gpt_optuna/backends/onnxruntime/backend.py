@@ -104,6 +104,7 @@ class OnnxRuntimeBackend(Backend):
         feeds: Feeds,
         outputs: Feeds,
         runs: int,
+        saved: bytes | None = None,
     ) -> list[NodeTime]:
         return profiled_nodes(model.path, candidate, workdir, feeds, runs)
 

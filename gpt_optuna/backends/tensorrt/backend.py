@@ -322,16 +322,19 @@ class TensorRTBackend(Backend):
         feeds: Feeds,
         outputs: Feeds,
         runs: int,
+        saved: bytes | None = None,
     ) -> list[NodeTime]:
         """Each layer's median time by TensorRT's ``IProfiler``, the engine run without a CUDA graph
-        (a graph's launches are not profiled layer by layer); a layer's type is the ONNX operators
-        it was made of, by the node names TensorRT gives its layers."""
+        (a graph's launches are not profiled layer by layer), the trial's ``saved`` plan where it
+        loads (builds differ); a layer's type is the ONNX operators it was made of, by the node
+        names TensorRT gives its layers."""
         plain = dict(candidate)
         if "runtime.cuda_graph" in plain:
             plain["runtime.cuda_graph"] = False
         if "runtime.cuda_graph_strategy" in plain:
             plain["runtime.cuda_graph_strategy"] = "DISABLED"
-        runner = self.open(self.build(model, plain, workdir, shapes), feeds, outputs)
+        loaded = None if saved is None else self.load(model, plain, saved)
+        runner = self.open(loaded or self.build(model, plain, workdir, shapes), feeds, outputs)
         assert isinstance(runner, TensorRTRunner)
         try:
             times = runner.layer_times(runs)
