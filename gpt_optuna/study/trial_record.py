@@ -38,8 +38,9 @@ ACCURACY = "accuracy"
 """The accuracy metrics against the reference outputs."""
 BUILD_S = "build_s"
 REBUILD_S = "rebuild_s"
-"""Seconds a build took again from the caches the first one left (an engine whose compiles are
-cached, where the first took long): what a confirmation process pays for it."""
+"""What a confirmation process pays for the trial's engine instead of its build: a build again
+from the caches the first one left (Inductor, where the first took long), or loading the kept
+plan (TensorRT)."""
 INFEASIBLE = "infeasible"
 """Why the candidate missed the accuracy criterion."""
 FAILURE = "failure"

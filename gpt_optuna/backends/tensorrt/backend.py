@@ -52,7 +52,7 @@ from gpt_optuna.core.space import Candidate, Space, Value
 from gpt_optuna.graph.constant_folding import folded
 from gpt_optuna.graph.model import Feeds, ModelInfo, ShapeRange
 from gpt_optuna.study.folder import StudyFolder
-from gpt_optuna.study.trial_record import ENGINE_IO
+from gpt_optuna.study.trial_record import ENGINE_IO, REBUILD_S
 
 _LOGGED = ("INTERNAL_ERROR", "ERROR", "WARNING")
 _TENSORRT_LOG = logging.getLogger(__name__)
@@ -257,7 +257,18 @@ class TensorRTBackend(Backend):
             attrs["build_route"] = route_string(candidate, routes)
         if logger.messages:
             attrs["build_log"] = "\n".join(logger.messages)[-2000:]
+        load_s = self._load_seconds(data, logger)
+        if load_s is not None:
+            attrs[REBUILD_S] = load_s
         return Built(_Engine(data, routes, candidate), build_s, attrs)
+
+    def _load_seconds(self, plan: bytes, logger: Any) -> float | None:
+        """What loading the plan costs: what a confirmation pays for it, since it loads the kept plan
+        rather than building again (:meth:`load`); None where this process cannot load it (RTX
+        without a GPU)."""
+        start = time.perf_counter()
+        engine = self.trt.Runtime(logger).deserialize_cuda_engine(plan)
+        return None if engine is None else time.perf_counter() - start
 
     def serialize(self, built: Built) -> bytes | None:
         return built.engine.plan  # type: ignore[no-any-return]
