@@ -17,8 +17,9 @@ not. The strategies, as trtexec defines them:
   the noise (the measurement's spread, which the tuner's timer knows), then the kept knobs'
   routes the fit ranks fastest (:func:`route_screen.kept_routes`).
 
-Every strategy ends alike: its three fastest routes are measured twice more and the lowest mean of
-those is its winner.
+Every strategy ends alike, as a study's confirmation ends a search: its five fastest routes
+(``--confirm-top``'s default) are measured 15 times more (five processes of three rounds) and the
+lowest mean of those is its winner.
 
 A strategy's winner after each build is the fastest route it has measured so far; the builds it
 needs are those after which that winner stays within 1 % of the landscape's fastest (the
@@ -37,7 +38,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from gpt_optuna.protocol.timing import MIN_ROUNDS
 from gpt_optuna.search import route_screen
+from gpt_optuna.search.options import DEFAULT_PROCESSES, DEFAULT_TOP
 from gpt_optuna.search.route_screen import Route, RouteKnobValues
 
 NOISE_SD = 0.005
@@ -176,8 +179,9 @@ class Row:
 
 
 def replay(name: str, seed: int, make: Callable[[], Landscape], strategies: tuple[str, ...]) -> Row:
-    """Each strategy on a fresh copy of the landscape, every one ending alike: its three fastest
-    routes measured twice more and the lowest mean of those kept (:func:`route_screen.chosen`)."""
+    """Each strategy on a fresh copy of the landscape, every one ending alike: its fastest routes
+    measured again as a study's confirmation measures its finalists, and the lowest mean of those
+    kept (:func:`route_screen.chosen`)."""
     results = {}
     best = make().best()
     for strategy in strategies:
@@ -186,7 +190,7 @@ def replay(name: str, seed: int, make: Callable[[], Landscape], strategies: tupl
             trace = tuner(land, seed)
         else:
             trace = {"fast": fast, "full": full, "mixed": mixed}[strategy](land)
-        final = route_screen.chosen(trace, land.measure_again)
+        final = route_screen.chosen(trace, land.measure_again, DEFAULT_TOP, DEFAULT_PROCESSES * MIN_ROUNDS)
         results[strategy] = (land.builds, builds_to_reach(trace, land.truth, best, final), land.truth(final))
     return Row(name, best, results)
 
