@@ -13,9 +13,10 @@ not. The strategies, as trtexec defines them:
 - ``full``: every combination, each measured once (only for the small landscapes, where it is finite).
 - ``mixed``: ``fast``, then every combination of the knobs whose one-off variant beat the default
   (their values that did; at most ten knobs, the largest gains), each measured once.
-- ``tuner``: the screen's random routes until two fits keep the same knobs and explain all but
-  the noise (the measurement's spread, which the tuner's timer knows), then the kept knobs'
-  routes the fit ranks fastest (:func:`route_screen.kept_routes`).
+- ``tuner``: the screen (:func:`route_screen.screen`: random routes, and the last fit's fastest
+  routes after each fit) until two fits keep the same knobs and explain all but the noise (the
+  measurement's spread, which the tuner's timer knows), then the kept knobs' routes the fit ranks
+  fastest (:func:`route_screen.kept_routes`), which stand for a study's search over the kept knobs.
 
 Every strategy ends alike, as a study's confirmation ends a search: its five fastest routes
 (``--confirm-top``'s default) are measured 15 times more (five processes of three rounds) and the
@@ -26,7 +27,7 @@ needs are those after which that winner stays within 1 % of the landscape's fast
 noise-free latencies), "never" where its final winner is not. Prints one row per landscape and
 the medians::
 
-    python -m benchmarks.routes [--landscapes 20] [--small 5] [--seed 0]
+    python -m benchmarks.routes [--landscapes 20] [--small 10] [--seed 0]
 """
 
 from __future__ import annotations

@@ -28,7 +28,8 @@ ACTING = {name for name, _ in ROUTE_EFFECTS}
 
 def tune(folder: Path, trials: int) -> int:
     model = save(small_cnn(), folder / "cnn.onnx")
-    config = synthetic_config(folder, 'mode = "ok"\nbuild_ms = [0]\ndelay_us = [200, 100]\na = [0]\nb = [0]\nc = ["x"]')
+    # the default delay (200 us) left out: the screen runs the first delay the search tries
+    config = synthetic_config(folder, 'mode = "ok"\nbuild_ms = [0]\ndelay_us = [100, 50]\na = [0]\nb = [0]\nc = ["x"]')
     args = ["--config", str(config), "--n-trials", str(trials), "--confirm-top", "0", "--seed", "3"]
     return main(["tune", str(model), "--backend", BACKEND, *args])
 
@@ -40,7 +41,7 @@ def study_trials(folder: Path) -> tuple[list[optuna.trial.FrozenTrial], RoutePla
     ledger = StudyLedger()
     ledger.update(trials)
     plan = RoutePlan(Space.from_record(study.user_attrs["space_record"]), None)
-    plan.update(ledger)
+    plan.update(ledger, {})
     return trials, plan
 
 
@@ -58,14 +59,68 @@ def test_a_search_screens_the_route_knobs_then_tries_only_those_that_matter(
     assert all(name in line for name in ACTING) and f"of {len(ROUTES)} route knobs change latency" in line
     screens = [t for t in trials if TrialRecord(t).proposed_by == SCREEN]
     assert 16 <= len(screens) <= 48  # the first fit's builds at least, the cap at most
-    for trial in screens:  # a route on the engine's defaults
-        assert trial.params["delay_us"] == 200 and any(trial.params[r] != "0" for r in ROUTES)
+    for trial in screens:  # a route on the settings the search tries first
+        assert trial.params["delay_us"] == 100 and any(trial.params[r] != "0" for r in ROUTES)
     others = [t for t in trials if t.number and TrialRecord(t).proposed_by not in (SCREEN, None)]
     assert others and all(t.params[r] == "0" for t in others for r in ROUTES if r not in kept)
+    during = [t for t in trials if t.number and t.number <= screens[-1].number]
+    assert all(t.params[r] == "0" for t in during if t not in screens for r in ROUTES)  # routes wait for the screen
+    taking_turns = [TrialRecord(t).proposed_by == SCREEN for t in during]
+    assert taking_turns == [i % 2 == 0 for i in range(len(during))]
     best = min((t for t in trials if t.values), key=lambda t: t.values[0])
-    assert (best.params["delay_us"], best.params["route.r2"], best.params["route.r5"]) == (100, "1", "0")
+    assert (best.params["delay_us"], best.params["route.r2"], best.params["route.r5"]) == (50, "1", "0")
 
     assert tune(tmp_path, 100) == 0  # resumed: the screen is read back, not made again
     again, _ = study_trials(tmp_path)
     assert [t.number for t in again if TrialRecord(t).proposed_by == SCREEN] == [t.number for t in screens]
     assert any(line.startswith("route screen: ") for line in capsys.readouterr().err.splitlines())
+
+
+def screen_trial(routes: dict[str, str], number: int, **attrs: object) -> optuna.trial.FrozenTrial:
+    """A finished screen trial of the routed synthetic space, as a study holds one."""
+    params = {name: routes.get(name, "0") for name in ROUTES}
+    trial = optuna.trial.create_trial(
+        params=params,
+        distributions={name: optuna.distributions.CategoricalDistribution(("0", "1")) for name in ROUTES},
+        user_attrs={"proposed_by": SCREEN, **attrs},
+        state=optuna.trial.TrialState.PRUNED,
+    )
+    trial.number = number
+    return trial
+
+
+def routed_space() -> Space:
+    from gpt_optuna.core.space import Knob
+
+    return Space([Knob("level", (3, 5), 3), *(Knob(r, ("0", "1"), "0", screened=True) for r in ROUTES)])
+
+
+@pytest.mark.parametrize("outcome", ["build_error", "dry_run"])
+def test_a_screen_whose_builds_measure_nothing_ends_instead_of_waiting_for_them(outcome: str) -> None:
+    """Builds that all fail (a route TensorRT refuses) or a dry run that times nothing: the screen
+    ends with every route knob at its default, and the sampler searches the rest."""
+    space = routed_space()
+    plan = RoutePlan(space, 0)
+    attrs = {"outcome": outcome, "failure": "refused"} if outcome == "build_error" else {"outcome": outcome}
+    trials = [screen_trial({"route.r1": "1"}, n, **attrs) for n in range(60)]
+    for count in (10, 16):
+        ledger = StudyLedger()
+        ledger.update(trials[:count])
+        plan.update(ledger, {})
+        assert plan.state.done == (count == 16)
+    assert all(plan.choices(k) == (k.default,) for k in space.knobs if k.screened)
+    assert not plan.wants_screen({})
+
+
+def test_screen_routes_keep_the_users_space_and_a_resumed_screen_builds_no_route_twice() -> None:
+    space = routed_space().with_overrides({"level": [5], "route.r3": ["0", "1"]})
+    plan = RoutePlan(space, 0)
+    assert "route.r3" not in {k.name for k in plan.knobs}  # listed in [space]: searched as listed
+    built: set[tuple] = set()
+    for _ in range(20):
+        candidate = plan.screen_candidate(lambda c: tuple(sorted(c.items())) in built, {})
+        assert candidate["level"] == 5  # the user's [space], not the engine's default
+        built.add(tuple(sorted(candidate.items())))
+    again = RoutePlan(space, 0)  # a resumed search, seeded alike, draws the same routes first
+    candidate = again.screen_candidate(lambda c: tuple(sorted(c.items())) in built, {})
+    assert tuple(sorted(candidate.items())) not in built

@@ -379,18 +379,14 @@ def test_layer_times_come_from_the_profiler_with_the_onnx_operators_of_each_laye
         assert fake.written("Builder.build_serialized_network")  # no plan given: built
 
 
-def test_a_build_times_loading_its_plan_which_is_what_a_confirmation_pays_for_it(
-    cnn_path: Path, tmp_path: Path
+def test_a_runner_times_loading_its_plan_which_is_what_a_confirmation_pays_for_it(
+    fake_cupy: FakeCuPy, cnn_path: Path, tmp_path: Path
 ) -> None:
     from gpt_optuna.study.trial_record import REBUILD_S
 
-    for version in ("10.x", "11.x"):
-        fake = FakeTensorRT(version)
-        info, space = space_of(fake, cnn_path)
-        built = backend(fake).build(info, space.default(), tmp_path, {})
-        assert built.attrs[REBUILD_S] >= 0 and fake.written("Runtime.deserialize_cuda_engine")
-        fake.loads_plans = False  # a process that cannot load it (RTX without a GPU): nothing planned from it
-        assert REBUILD_S not in backend(fake).build(info, space.default(), tmp_path, {}).attrs
+    for version in VERSIONS:
+        runner = opened(FakeTensorRT(version), cnn_path, tmp_path, np.zeros((1, 3, 64, 64), np.float32))
+        assert runner.attrs[REBUILD_S] >= 0
 
 
 def test_layer_times_profile_the_trials_kept_plan_without_a_build(

@@ -265,7 +265,7 @@ class Space:
                 "selects_engine": k.selects_engine,
                 "host_sensitive": k.host_sensitive,
                 "open_ended": k.open_ended,
-                "screened": k.screened,
+                **({"screened": True} if k.screened else {}),  # absent: records written before it read alike
             }
             for k in self.knobs
         ]
@@ -343,9 +343,9 @@ class Space:
                 _check_value(knob, value, self._described(knob))
             if knob.default in values or knob.selects_engine:
                 default = knob.default if knob.default in values else values[0]
-                knobs.append(replace(knob, choices=values, default=default, searched=None))
+                knobs.append(replace(knob, choices=values, default=default, searched=None, screened=False))
             else:
-                knobs.append(replace(knob, choices=(knob.default, *values), searched=values))
+                knobs.append(replace(knob, choices=(knob.default, *values), searched=values, screened=False))
         return Space(knobs)
 
     def _described(self, knob: Knob) -> set[Any]:

@@ -167,12 +167,12 @@ class StudyLedger:
         with self._lock:
             return self._first.get(key)
 
-    def proposed(self, source: str) -> tuple[list[FrozenTrial], list[FrozenTrial]]:
-        """The trials whose candidate came from ``source`` (:attr:`TrialRecord.proposed_by`): those
-        holding their own result, and those running or queued, each in number order."""
+    def proposed(self) -> tuple[dict[int, FrozenTrial], dict[int, FrozenTrial]]:
+        """The trials that say where their candidate came from (:attr:`TrialRecord.proposed_by`):
+        those holding their own result, and those running or queued, by number."""
         with self._lock:
-            held = [self._trials[n] for n in sorted(self._own) if TrialRecord(self._trials[n]).proposed_by == source]
-            waiting = [self._open[n] for n in sorted(self._open) if TrialRecord(self._open[n]).proposed_by == source]
+            held = {n: self._trials[n] for n in sorted(self._own) if TrialRecord(self._trials[n]).proposed_by}
+            waiting = {n: t for n, t in sorted(self._open.items()) if TrialRecord(t).proposed_by}
             return held, waiting
 
     def refusal_causes(self) -> list[Key]:

@@ -14,7 +14,7 @@ joined search finds it where it stood.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import numpy as np
 
@@ -28,6 +28,7 @@ from gpt_optuna.search.route_screen import (
     RouteKnobValues,
     build_cap,
     first_batch,
+    fit,
     next_route,
     progress,
 )
@@ -59,29 +60,44 @@ class RoutePlan:
         self.knobs = [RouteKnobValues(k.name, tuple(str(v) for v in (k.default, *_others(k)))) for k in knobs]
         self._values = {k.name: {str(v): v for v in k.choices} for k in knobs}
         self._defaults = {k.name: k.default for k in knobs}
+        self._base = {
+            k.name: k.default if k.default in k.search_choices else k.search_choices[0]
+            for k in space.knobs
+            if k.name not in self._values
+        }
+        """The screen's other settings: each knob's default where the search tries it, else the
+        first value it tries (a ``[space]`` list without the default)."""
         self._where = _conditions_met(knobs[0]) if knobs else {}
         self._rng = np.random.default_rng(seed)
         self._fits: FitCache = {}
         self.state = Progress(None, False)
         self.screens = 0
-        """The screen's trials, measured, running or queued."""
+        """The screen's trials: measured, failed, running, queued or being proposed."""
+        self.sampled = 0
+        """The trials the sampler proposed otherwise, as counted in :attr:`screens`."""
         self._told = False
 
-    def __bool__(self) -> bool:
-        return bool(self.knobs)
-
-    def update(self, ledger: StudyLedger) -> None:
+    def update(self, ledger: StudyLedger, proposing: Mapping[int, str]) -> None:
         """Read the screen's trials: the fit of those measured, in number order, up to the first
-        still running (a trial that ends late does not change a fit already made)."""
+        still running (a trial that ends late does not change a fit already made). ``proposing``:
+        the source of each trial this process proposed whose source the study may not hold yet.
+        The screen is over too where its every build ended and it may make no more (the fit of
+        what was measured), or where its first batch measured nothing (a dry run, or a route
+        every build of which fails): it has nothing to learn from."""
         if not self.knobs:
             return
-        held, waiting = ledger.proposed(SCREEN)
-        self.screens = len(held) + len(waiting)
-        first_open = min((t.number for t in waiting), default=None)
+        held, waiting = ledger.proposed()
+        sources = {n: str(TrialRecord(t).proposed_by) for n, t in (*held.items(), *waiting.items())}
+        sources.update(proposing)
+        self.screens = sum(source == SCREEN for source in sources.values())
+        self.sampled = len(sources) - self.screens
+        open_screens = [n for n, source in sources.items() if source == SCREEN and n not in held]
         measured: list[tuple[Route, float]] = []
         spreads = []
-        for trial in held:
-            if first_open is not None and trial.number > first_open:
+        for number, trial in held.items():
+            if TrialRecord(trial).proposed_by != SCREEN:
+                continue
+            if open_screens and number > min(open_screens):
                 break
             record = TrialRecord(trial)
             if trial_status(trial) in MEASURED and record.latency_ms:
@@ -89,7 +105,15 @@ class RoutePlan:
                 spreads.append(record.latency_rel_ci / 1.96)
         first = spreads[: first_batch(self.knobs)]  # fixed once measured: a fit made stays made
         noise = max(NOISE_FLOOR, float(np.median(first)) if first else 0.0)
-        self.state = progress(self.knobs, _routes_only(measured, self._defaults), noise, self._fits)
+        routes = _routes_only(measured, self._defaults)
+        self.state = progress(self.knobs, routes, noise, self._fits)
+        ended = self.screens - len(open_screens)
+        if not self.state.done and not open_screens:
+            if ended >= build_cap(self.knobs):
+                found = fit(self.knobs, [r for r, _ in routes], [t for _, t in routes], noise) if routes else None
+                self.state = Progress(found, True)
+            elif ended >= first_batch(self.knobs) and not measured:
+                self.state = Progress(None, True)
         if self.state.done and not self._told:
             self._told = True
             LOGGER.info(self.summary(len(measured)))
@@ -117,27 +141,27 @@ class RoutePlan:
             return (knob.default,)
         return knob.choices
 
-    def wants_screen(self, trials: int, fixed: Candidate) -> bool:
+    def wants_screen(self, fixed: Candidate) -> bool:
         """Whether the next candidate is a screen route: the screen is not over, it has not every
-        build it may make under way, it has at most as many trials as the rest of the ``trials``
-        the study holds (measured, running or queued), and the trial does not hold values of
-        the screened knobs already (``fixed``: a retried trial's)."""
+        build it may make under way, it has had no more trials than the sampler's own (so they
+        take turns), and the trial holds no values of the screened knobs already (``fixed``)."""
         return (
             bool(self.knobs)
             and not self.state.done
             and self.screens < build_cap(self.knobs)
-            and self.screens <= trials - self.screens
+            and self.screens <= self.sampled
             and not any(name in fixed for name in self._values)
         )
 
     def screen_candidate(self, taken: Callable[[Candidate], bool], fixed: Candidate) -> Candidate:
-        """The screen's next route (:func:`next_route`) as a candidate: the engine's defaults where
-        the screened knobs apply, with the values the trial holds already (``fixed``: the knobs
-        the search tries one value of); ``taken``: a candidate the study holds, runs or queues."""
+        """The screen's next route (:func:`next_route`) as a candidate: the settings the search
+        tries first (each knob's default where it is tried) where the screened knobs apply, with
+        the values the trial holds already (``fixed``); ``taken``: a candidate the study holds,
+        runs or queues."""
 
         def candidate(route: Route) -> Candidate:
             values = {name: self._values[name][value] for name, value in route.items()}
-            return self.space.default({**self._where, **fixed, **values})
+            return self.space.default({**self._base, **self._where, **fixed, **values})
 
         return candidate(next_route(self.knobs, self.state.found, lambda r: taken(candidate(r)), self._rng))
 
@@ -147,7 +171,8 @@ def _others(knob: Knob) -> list[Value]:
 
 
 def _conditions_met(knob: Knob) -> dict[str, Value]:
-    """Values of the knobs a screened knob's conditions read that make it apply (the first such)."""
+    """Values of the knobs a screened knob's conditions read that make it apply (the first such):
+    the screened knobs of a space share their conditions (TensorRT's routes: its engine chosen)."""
     fixed: dict[str, Value] = {}
     for condition in knob.conditions:
         fixed.update(zip(condition.parents, condition.combos()[0], strict=True))

@@ -6,9 +6,11 @@ a few change a model's latency. trtexec's Global Performance Tuner sweeps them o
 its default or one of its other values with even odds, and fits log latency to the knobs'
 values by forward selection: the knob whose values explain the most of what is left is taken
 while its F statistic clears :data:`F_MIN` (a bar for about two hundred knobs tested at once), so a
-knob is kept on evidence against the noise, not on one lucky measurement. Builds come in batches
-until two fits in a row keep the same knobs, and never more than one-at-a-time's count. The
-knobs kept, with their fitted effects, are what a search over routes then searches.
+knob is kept on evidence against the noise, not on one lucky measurement. A fit is made after a
+first batch and then every :data:`BATCH` builds, and the fit's fastest routes are built before
+more random ones (:func:`next_route`). The screen ends once two fits in a row keep the same
+knobs, or at one-at-a-time's count (:func:`build_cap`). The knobs kept, with their fitted effects,
+are what a search over routes then searches.
 """
 
 from __future__ import annotations
@@ -259,7 +261,12 @@ def next_route(
         for route in kept_routes(found, EXPLOITED):
             if not taken(route):
                 return route
-    return random_routes(knobs, 1, rng)[0]
+    route: Route = {}
+    for _ in range(RANDOM_TRIES):  # a resumed screen draws the routes it built again
+        route = random_routes(knobs, 1, rng)[0]
+        if not taken(route):
+            break
+    return route
 
 
 def screen(
@@ -295,6 +302,8 @@ own spread: a larger rest is a knob not found yet."""
 
 EXPLOITED = 2
 """The fit's fastest routes the screen builds after each checkpoint, before random ones."""
+RANDOM_TRIES = 100
+"""Random routes drawn before one that is taken is given (a screen of few knobs may have built them all)."""
 
 
 REFINE_LIMIT = 64

@@ -98,7 +98,7 @@ class FreshSampler(BaseSampler):
             return {}
         with self._lock:
             self.read(study._get_trials(deepcopy=False, use_cache=True))  # the read the wrapped sampler shares
-            self.routes.update(self.ledger)
+            self.routes.update(self.ledger, self.sources)
             proposal, source = self._propose(study, trial)
             self.sources[trial.number] = source
             self._reserved[trial.number] = key_of(proposal)
@@ -148,7 +148,7 @@ class FreshSampler(BaseSampler):
             key = key_of(candidate)
             return not self.ledger.has_result(key) and key not in busy and not self._ruled_out(key)
 
-        if self.routes.wants_screen(sum(self.ledger.counts()), suggested):
+        if self.routes.wants_screen(suggested):
             route = self.routes.screen_candidate(lambda c: not new(c), suggested)
             if new(route):
                 return route, SCREEN

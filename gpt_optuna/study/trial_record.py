@@ -20,7 +20,7 @@ candidate, a random one, or a repeat in a covered space)."""
 ENGINE_DEFAULTS_ATTR = "engine_defaults"
 """On the trial of an engine's defaults in a study of several engines (not the baseline's engine):
 that engine's name."""
-WHY_TRIED = (BASELINE, SEEDED, WARM_START_ATTR, YOURS_ATTR, ENGINE_DEFAULTS_ATTR)
+WHY_TRIED = (BASELINE, SEEDED, WARM_START_ATTR, YOURS_ATTR, ENGINE_DEFAULTS_ATTR, PROPOSED_ATTR)
 """The attrs that say why a candidate was tried: a retry keeps them."""
 
 OWNER = "owner"

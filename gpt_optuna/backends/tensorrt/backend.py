@@ -257,18 +257,7 @@ class TensorRTBackend(Backend):
             attrs["build_route"] = route_string(candidate, routes)
         if logger.messages:
             attrs["build_log"] = "\n".join(logger.messages)[-2000:]
-        load_s = self._load_seconds(data, logger)
-        if load_s is not None:
-            attrs[REBUILD_S] = load_s
         return Built(_Engine(data, routes, candidate), build_s, attrs)
-
-    def _load_seconds(self, plan: bytes, logger: Any) -> float | None:
-        """What loading the plan costs: what a confirmation pays for it, since it loads the kept plan
-        rather than building again (:meth:`load`); None where this process cannot load it (RTX
-        without a GPU)."""
-        start = time.perf_counter()
-        engine = self.trt.Runtime(logger).deserialize_cuda_engine(plan)
-        return None if engine is None else time.perf_counter() - start
 
     def serialize(self, built: Built) -> bytes | None:
         return built.engine.plan  # type: ignore[no-any-return]
@@ -416,7 +405,9 @@ class TensorRTRunner(Runner):
         logger = _capturing_logger(trt)
         self._trt = trt
         self._runtime = trt.Runtime(logger)
+        start = time.perf_counter()
         self._engine = self._runtime.deserialize_cuda_engine(engine.plan)
+        load_s = time.perf_counter() - start
         if self._engine is None:
             raise RuntimeError("TensorRT could not deserialize the engine: " + " ".join(logger.messages))
         candidate = engine.candidate
@@ -469,7 +460,8 @@ class TensorRTRunner(Runner):
             self._aux_streams = [cupy.cuda.Stream(non_blocking=True) for _ in range(self._engine.num_aux_streams)]
             self._context.set_aux_streams([s.ptr for s in self._aux_streams])
         self.stream.synchronize()
-        self.attrs: dict[str, Any] = {"device_memory_bytes": int(self._engine.device_memory_size_v2)}
+        # loading the plan is what a confirmation pays for the engine: it loads the kept plan, not a build
+        self.attrs: dict[str, Any] = {"device_memory_bytes": int(self._engine.device_memory_size_v2), REBUILD_S: load_s}
         self._graph = self._capture() if candidate.get("runtime.cuda_graph") else None
 
     def layer_times(self, runs: int) -> dict[str, list[float]]:
