@@ -124,8 +124,9 @@ class RoutePlan:
         if found is None or not found.effects:
             return f"route screen: {builds} builds; no route knob changes latency beyond the noise: all stay at default"
         kept = ", ".join(
-            f"{name} ({', '.join(f'{value} {ratio:.3g}x' for value, ratio in effects.items())})"
+            f"{name}={value} {ratio:.3g}x"
             for name, effects in found.effects.items()
+            for value, ratio in effects.items()
         )
         return (
             f"route screen: {builds} builds; {len(found.effects)} of {len(self.knobs)} route knobs change latency:"
