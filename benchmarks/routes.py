@@ -47,6 +47,9 @@ from gpt_optuna.search.route_screen import Route, RouteKnobValues
 NOISE_SD = 0.005
 WITHIN = 1.01
 MIXED_KEPT = 10
+TIE = 1 + 1e-9
+"""Two winners this close are one latency (routes that differ in knobs that do nothing, their
+effects multiplied in another order)."""
 
 
 @dataclass
@@ -234,7 +237,7 @@ def main() -> None:
                 medians[s] = float(np.median(finite))
         if not these:
             continue
-        worse = sum(r.results["tuner"][2] > r.results["mixed"][2] for r in these)
+        worse = sum(r.results["tuner"][2] > r.results["mixed"][2] * TIE for r in these)
         beyond = sum(r.results["tuner"][2] > r.results["mixed"][2] * WITHIN for r in these)
         text = ", ".join(f"{s} {m:g}" for s, m in medians.items())
         ratio = (
