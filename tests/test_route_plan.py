@@ -95,6 +95,11 @@ def routed_space() -> Space:
     return Space([Knob("level", (3, 5), 3), *(Knob(r, ("0", "1"), "0", screened=True) for r in ROUTES)])
 
 
+def test_the_space_listing_says_which_knobs_are_screened() -> None:
+    rows = routed_space().table().splitlines()
+    assert all(("screened first" in row) == row.startswith("route.") for row in rows[:-1])
+
+
 @pytest.mark.parametrize("outcome", ["build_error", "dry_run"])
 def test_a_screen_whose_builds_measure_nothing_ends_instead_of_waiting_for_them(outcome: str) -> None:
     """Builds that all fail (a route TensorRT refuses) or a dry run that times nothing: the screen

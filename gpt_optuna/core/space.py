@@ -311,7 +311,8 @@ class Space:
                 else str(tried[0])
             )
             when = "".join(f"  when {c.key} in {c.describe()}" for c in knob.conditions)
-            rows.append(f"{knob.name:<44} default {knob.default!s:<20} {values}{when}")
+            screened = "  (screened first: searched only where the screen keeps it)" if knob.screened else ""
+            rows.append(f"{knob.name:<44} default {knob.default!s:<20} {values}{when}{screened}")
         size, active = self._count()
         searched = len(self._searched(active))
         return "\n".join([*rows, f"{len(self.knobs)} knobs, {searched} searched, {size:,} candidates"])
