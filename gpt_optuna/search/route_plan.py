@@ -3,10 +3,10 @@ latency, then searched beside the other knobs.
 
 The screened knobs (:attr:`~gpt_optuna.core.space.Knob.screened`) are too many to search as
 dimensions of their own, and few of them matter. Until the screen is over
-(:func:`~gpt_optuna.search.route_screen.progress`), every other candidate the sampler proposes is a
-screen route: the engine's defaults (where the knobs apply) with the route
-:func:`~gpt_optuna.search.route_screen.next_route` gives; the sampler's own candidates keep every
-screened knob at its default meanwhile. Once it is over, the search tries the kept knobs' values
+(:func:`~gpt_optuna.search.route_screen.progress`), screen routes and the sampler's own
+candidates take turns: a screen route is the settings the search tries first (where the knobs
+apply) with the route :func:`~gpt_optuna.search.route_screen.next_route` gives; the sampler's own
+candidates keep every screened knob at its default meanwhile. Once it is over, the search tries the kept knobs' values
 beside the other knobs, and the other screened knobs stay at their defaults. The screen is read
 from the study's trials (those proposed by :data:`SCREEN`, in number order), so a resumed or
 joined search finds it where it stood.
