@@ -95,22 +95,23 @@ class RoutePlan:
         measured: list[tuple[Route, float]] = []
         spreads = []
         for number, trial in held.items():
-            if TrialRecord(trial).proposed_by != SCREEN:
+            record = TrialRecord(trial)
+            if record.proposed_by != SCREEN:
                 continue
             if open_screens and number > min(open_screens):
                 break
-            record = TrialRecord(trial)
             if trial_status(trial) in MEASURED and record.latency_ms:
-                measured.append(({k: str(v) for k, v in trial.params.items() if k in self._values}, record.latency_ms))
+                # the route as the screen writes routes: its knobs at their defaults left out
+                route = {k: str(v) for k, v in trial.params.items() if k in self._values and v != self._defaults[k]}
+                measured.append((route, record.latency_ms))
                 spreads.append(record.latency_rel_ci / 1.96)
         first = spreads[: first_batch(self.knobs)]  # fixed once measured: a fit made stays made
         noise = max(NOISE_FLOOR, float(np.median(first)) if first else 0.0)
-        routes = _routes_only(measured, self._defaults)
-        self.state = progress(self.knobs, routes, noise, self._fits)
+        self.state = progress(self.knobs, measured, noise, self._fits)
         ended = self.screens - len(open_screens)
         if not self.state.done and not open_screens:
             if ended >= build_cap(self.knobs):
-                found = fit(self.knobs, [r for r, _ in routes], [t for _, t in routes], noise) if routes else None
+                found = fit(self.knobs, [r for r, _ in measured], [t for _, t in measured], noise) if measured else None
                 self.state = Progress(found, True)
             elif ended >= first_batch(self.knobs) and not measured:
                 self.state = Progress(None, True)
@@ -178,8 +179,3 @@ def _conditions_met(knob: Knob) -> dict[str, Value]:
     for condition in knob.conditions:
         fixed.update(zip(condition.parents, condition.combos()[0], strict=True))
     return fixed
-
-
-def _routes_only(measured: list[tuple[Route, float]], defaults: dict[str, Value]) -> list[tuple[Route, float]]:
-    """Each route with its knobs at their defaults left out, as the screen writes routes."""
-    return [({k: v for k, v in route.items() if v != str(defaults[k])}, t) for route, t in measured]

@@ -126,8 +126,9 @@ def discover_knobs(trt: ModuleType, config: Any, *, has_qdq: bool, dynamic: bool
         for route in parse_build_routes(config.all_build_routes):
             fixed = route.open_ended
             choices = (route.default,) if fixed else _route_choices(route)
-            about = route.help
-            knobs.append(Knob(route.knob_name, choices, route.default, about, open_ended=fixed, screened=not fixed))
+            knobs.append(
+                Knob(route.knob_name, choices, route.default, route.help, open_ended=fixed, screened=not fixed)
+            )
     if hasattr(trt, "CudaGraphStrategy"):
         knobs.append(Knob("runtime.cuda_graph_strategy", tuple(trt.CudaGraphStrategy.__members__), "DISABLED"))
     else:
