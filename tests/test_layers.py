@@ -179,3 +179,46 @@ def test_the_boundary_check_catches_a_worker_import(tmp_path: Path) -> None:
     tuner = tmp_path / "tuner.py"
     tuner.write_text("def f():\n    from gpt_optuna.worker.evaluate import evaluate\n")
     assert "gpt_optuna.worker.evaluate" in imports(tuner)
+
+
+OPTUNA_INTERNALS = "gpt_optuna.study.optuna_internals"
+PUBLIC_UNDERSCORED = {"torch._dynamo"}
+"""Underscored names other libraries document as their API (``torch._dynamo.reset``, its config)."""
+
+
+def private_reaches(path: Path) -> list[str]:
+    """Where ``path`` names another object's private part: ``X._name`` for X not ``self`` or ``cls``,
+    and an import from a private module of Optuna."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
+            owner = node.value
+            if not (isinstance(owner, ast.Name) and owner.id in ("self", "cls")):
+                found.append(ast.unparse(node))
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "optuna":
+            named = [f"{node.module}.{alias.name}" for alias in node.names]
+            found += [name for name in named if any(part.startswith("_") for part in name.split("."))]
+        elif isinstance(node, ast.Import):
+            found += [a.name for a in node.names if a.name.startswith("optuna.") and "._" in a.name]
+    return [name for name in found if name not in PUBLIC_UNDERSCORED]
+
+
+@pytest.mark.parametrize("module", sorted(m for m in MODULES if m != OPTUNA_INTERNALS))
+def test_only_the_adapter_names_optunas_private_parts(module: str) -> None:
+    reached = private_reaches(MODULES[module])
+    assert reached == [], f"{module} names private parts {reached}: go through {OPTUNA_INTERNALS}"
+
+
+def test_the_private_parts_check_catches_each_kind_of_reach(tmp_path: Path) -> None:
+    reader = tmp_path / "reader.py"
+    reader.write_text(
+        "import optuna.storages._rdb.models\n"
+        "from optuna.study._frozen import FrozenStudy\n"
+        "def f(study, self):\n    return study._storage, self._own, optuna.storages._CachedStorage, torch._dynamo\n"
+    )
+    assert private_reaches(reader) == [
+        "optuna.storages._rdb.models",
+        "optuna.study._frozen.FrozenStudy",
+        "study._storage",
+        "optuna.storages._CachedStorage",
+    ]

@@ -16,7 +16,6 @@ optuna-dashboard was installed gets them from the next of those, or from ``gpt-o
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass
 from typing import Any
 
 import optuna
@@ -24,6 +23,7 @@ import optuna
 from gpt_optuna.core.errors import UserError
 from gpt_optuna.results.export import figures_record
 from gpt_optuna.results.summary_text import headline
+from gpt_optuna.study.optuna_internals import note_target, storage_of, study_id
 from gpt_optuna.study.record import DASHBOARD_ATTR, FORMER_VERDICT_ATTR, VERDICT_ATTR, WINNER_ATTR, StudyRecord
 from gpt_optuna.study.summary import StudySummary, summarize_study
 from gpt_optuna.study.summary_record import SUMMARY_ATTR, summary_record
@@ -73,16 +73,6 @@ def record_winner(study: optuna.Study) -> StudySummary:
     if study.user_attrs.get(SUMMARY_ATTR) != recorded:
         study.set_user_attr(SUMMARY_ATTR, recorded)
     return summary
-
-
-@dataclass(frozen=True)
-class NoteTarget:
-    """A finished trial as optuna-dashboard's ``save_note`` reads one: its storage, study and id
-    (an ``optuna.Trial`` of a finished trial would call the sampler's hooks)."""
-
-    storage: optuna.storages.BaseStorage
-    study: optuna.Study
-    _trial_id: int
 
 
 DASHBOARD_FIGURE = "gpt-optuna-winner"
@@ -149,7 +139,7 @@ def dashboard_written(study: optuna.Study, record: dict[str, Any] | None = None)
 
 def _shown(study: optuna.Study) -> Any:
     """The winner record whose figure and notes optuna-dashboard holds (None: none written)."""
-    return study._storage.get_study_system_attrs(study._study_id).get(DASHBOARD_ATTR)
+    return storage_of(study).get_study_system_attrs(study_id(study)).get(DASHBOARD_ATTR)
 
 
 def write_dashboard(study: optuna.Study) -> StudySummary:
@@ -188,10 +178,10 @@ def _dashboard_notes(study: optuna.Study, summary: StudySummary, record: dict[st
         save_plotly_graph_object(study, winner_figure(summary), graph_object_id=DASHBOARD_FIGURE)
 
     def note(number: int, body: str) -> None:
-        save_note(NoteTarget(study._storage, study, summary.trials[number]._trial_id), body)
+        save_note(note_target(study, summary.trials[number]), body)
 
     if former is not None and former != summary.best.number and former < len(summary.trials):
         note(former, "")
     heading = "The study's winner" if "winner" in named else "The best finalist, not shown faster: not deployed"
     note(summary.best.number, f"## {heading}\n\n{text}")
-    study._storage.set_study_system_attr(study._study_id, DASHBOARD_ATTR, record)
+    storage_of(study).set_study_system_attr(study_id(study), DASHBOARD_ATTR, record)

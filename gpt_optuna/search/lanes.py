@@ -31,6 +31,7 @@ from gpt_optuna.search.ledger import StudyLedger
 from gpt_optuna.search.objective import CandidateFailed, Lane, Objective, SearchTimeUp
 from gpt_optuna.search.sampling import FreshSampler
 from gpt_optuna.study.folder import StudyFolder
+from gpt_optuna.study.optuna_internals import storage_of, trial_id
 from gpt_optuna.study.recovery import fail_as_interrupted, has_orphans, recover_interrupted, requeue, retry_trial
 from gpt_optuna.study.storage import count_by_state
 from gpt_optuna.study.taxonomy import baseline_trial, has_own_result, is_interrupted, retried_numbers
@@ -243,7 +244,7 @@ class TrialBudget:
         """Mark a trial started beyond the target as interrupted before it ran and, where it came
         from the queue (enqueued or a retry), queue it again as it was."""
         trial.set_user_attr(INTERRUPTED, f"not run: other workers took the study's {self.target} trials")
-        frozen = self.study._storage.get_trial(trial._trial_id)
+        frozen = storage_of(self.study).get_trial(trial_id(trial))
         if TrialRecord(frozen).queued:
             requeue(self.study, frozen)
 
@@ -322,7 +323,7 @@ def run_lanes(
     The lanes share the budget's study's storage, and so its cache of the trials: one copy of a
     large study in memory, not one per lane and one more for the budget."""
     errors: list[BaseException] = []
-    shared = budget.study._storage
+    shared = storage_of(budget.study)
 
     def lane_main(lane: Lane) -> None:
         study = optuna.load_study(study_name=budget.study.study_name, storage=shared, sampler=sampler)

@@ -30,6 +30,7 @@ from gpt_optuna.search.engines import KEPT_ENGINES, EngineKeeper
 from gpt_optuna.search.ledger import StudyLedger, key_of
 from gpt_optuna.search.sampling import FreshSampler
 from gpt_optuna.study import trial_record
+from gpt_optuna.study.optuna_internals import shared_trials
 from gpt_optuna.study.recovery import PROCESS
 from gpt_optuna.study.storage import one_transaction, set_trial_attrs
 from gpt_optuna.study.taxonomy import own_results
@@ -148,7 +149,7 @@ class Objective:
                 trial_record.GPU: lane.device,
             }
             attrs |= {PROPOSED_ATTR: source} if source else {}
-        self.ledger.update(trial.study._get_trials(deepcopy=False, use_cache=True))  # the sampler's read of this trial
+        self.ledger.update(shared_trials(trial.study))  # the sampler's read of this trial
         earlier = self.ledger.evaluated(key_of(candidate)) or self._await_twin(trial, candidate)
         if earlier is not None:
             return self._reuse(trial, earlier)

@@ -43,6 +43,7 @@ from gpt_optuna.graph.transforms import is_transform_knob
 from gpt_optuna.search.coverage import Coverage
 from gpt_optuna.search.ledger import Key, StudyLedger, key_of
 from gpt_optuna.search.route_plan import SCREEN, RoutePlan
+from gpt_optuna.study.optuna_internals import shared_trials
 from gpt_optuna.study.trial_record import TrialRecord
 
 RANDOM_TRIES = 200
@@ -97,7 +98,7 @@ class FreshSampler(BaseSampler):
         if TrialRecord(trial).enqueued:  # an enqueued candidate: it is what it is
             return {}
         with self._lock:
-            self.read(study._get_trials(deepcopy=False, use_cache=True))  # the read the wrapped sampler shares
+            self.read(shared_trials(study))  # the read the wrapped sampler shares
             self.routes.update(self.ledger, self.sources)
             proposal, source = self._propose(study, trial)
             self.sources[trial.number] = source

@@ -17,6 +17,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from gpt_optuna.core.files import is_held, locked
 from gpt_optuna.study.folder import StudyFolder
+from gpt_optuna.study.optuna_internals import storage_of, trial_id
 from gpt_optuna.study.taxonomy import (
     is_interrupted,
     own_results,
@@ -191,9 +192,10 @@ def fail_as_interrupted(study: optuna.Study, trial: FrozenTrial, reason: str) ->
     """Fail a RUNNING trial whose candidate was not evaluated as interrupted (``reason``), so that
     its candidate is retried; false where another process ended the trial first."""
     try:
-        study._storage.set_trial_user_attr(trial._trial_id, INTERRUPTED_BY, PROCESS)
-        study._storage.set_trial_user_attr(trial._trial_id, INTERRUPTED, reason)
-        study._storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)
+        storage, number = storage_of(study), trial_id(trial)
+        storage.set_trial_user_attr(number, INTERRUPTED_BY, PROCESS)
+        storage.set_trial_user_attr(number, INTERRUPTED, reason)
+        storage.set_trial_state_values(number, TrialState.FAIL)
     except optuna.exceptions.UpdateFinishedTrialError:
         return False
     return True

@@ -29,11 +29,11 @@ from typing import Any
 from optuna.distributions import BaseDistribution, json_to_distribution
 from optuna.storages import BaseStorage
 from optuna.study import StudyDirection
-from optuna.study._frozen import FrozenStudy
 from optuna.trial import FrozenTrial, TrialState
 
 from gpt_optuna.core.errors import UserError
 from gpt_optuna.core.log import logger
+from gpt_optuna.study.optuna_internals import FrozenStudy
 
 SCHEMA_VERSION = 12
 """The schema of Optuna's database storage (``version_info.schema_version``) this reader knows."""

@@ -16,10 +16,20 @@ from pathlib import Path
 from typing import Any
 
 import optuna
-from optuna.distributions import BaseDistribution
 
 from gpt_optuna.core.errors import MissingDependencyError, UserError
 from gpt_optuna.core.log import RESULT, logger, tell
+from gpt_optuna.study.optuna_internals import (
+    CONSTRAINTS_KEY,
+    UPSERTS,
+    count_in_database,
+    database,
+    is_cached,
+    params_held,
+    storage_of,
+    study_id,
+    write_running_trial,
+)
 from gpt_optuna.study.recovery import retry_trial
 
 _HEARTBEAT_S = 30
@@ -299,7 +309,7 @@ def set_trial_attrs(trial: optuna.Trial, attrs: dict[str, Any], constraints: dic
     Elsewhere, through Optuna one by one.
     """
     constraints = constraints or {}
-    backend = _database(trial.storage)
+    backend = database(trial.storage)
     if backend is None or backend.engine.name not in UPSERTS:
         for key, value in attrs.items():
             trial.set_user_attr(key, value)
@@ -307,7 +317,7 @@ def set_trial_attrs(trial: optuna.Trial, attrs: dict[str, Any], constraints: dic
             trial.set_constraint(key, value)
         return
     system = {f"{CONSTRAINTS_KEY}:{key}": float(value) for key, value in constraints.items()}
-    _write(trial, backend, attrs, system, [])
+    write_running_trial(trial, backend, attrs, system, [])
 
 
 @contextmanager
@@ -319,91 +329,16 @@ def one_transaction(trial: optuna.Trial) -> Iterator[dict[str, Any]]:
     params as Optuna writes them and the attrs as :func:`set_trial_attrs` does."""
     attrs: dict[str, Any] = {}
     cached = trial.storage
-    backend = _database(cached)
-    if backend is None or backend.engine.name not in UPSERTS or not isinstance(cached, optuna.storages._CachedStorage):
+    backend = database(cached)
+    if backend is None or backend.engine.name not in UPSERTS or not is_cached(cached):
         yield attrs
         set_trial_attrs(trial, attrs)
         return
-    params: list[tuple[str, float, BaseDistribution]] = []
-    trial.storage = _HeldParams(cached, params)
     try:
-        yield attrs
+        with params_held(trial) as params:
+            yield attrs
     finally:
-        trial.storage = cached
-        _write(trial, backend, attrs, {}, params)  # what was given before an error too: the trial's record
-
-
-class _HeldParams:
-    """A trial's storage that holds the params it is given, for :func:`one_transaction` to write."""
-
-    def __init__(self, storage: optuna.storages.BaseStorage, held: list[tuple[str, float, BaseDistribution]]) -> None:
-        self._storage = storage
-        self._held = held
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._storage, name)
-
-    def set_trial_param(self, trial_id: int, name: str, value: float, distribution: BaseDistribution) -> None:
-        self._held.append((name, value, distribution))
-
-
-def _write(
-    trial: optuna.Trial,
-    backend: optuna.storages.RDBStorage,
-    attrs: dict[str, Any],
-    system: dict[str, Any],
-    params: list[tuple[str, float, BaseDistribution]],
-) -> None:
-    """A running trial's params, user and system attrs in one transaction, a statement per kind."""
-    if not (attrs or system or params):
-        return
-    import importlib
-    import json
-
-    import sqlalchemy
-    from optuna.distributions import check_distribution_compatibility, distribution_to_json
-    from optuna.storages._rdb import models
-    from optuna.storages._rdb.storage import _create_scoped_session
-
-    insert = importlib.import_module(UPSERTS[backend.engine.name]).insert
-    cached = trial.storage
-    known: dict[str, BaseDistribution] = {}
-    if params:  # what this process knows of each param's distribution, read before the database's write
-        assert isinstance(cached, optuna.storages._CachedStorage)  # lock is taken (a lane holding this lock
-        with cached._lock:  # may be waiting for that one)
-            known = dict(cached._studies[trial.study._study_id].param_distribution)
-    new = {name: distribution for name, _, distribution in params if name not in known}
-    with _create_scoped_session(backend.scoped_session) as session:
-        state = models.TrialModel.find_or_raise_by_id(trial._trial_id, session).state
-        backend.check_trial_is_updatable(trial._trial_id, state)
-        rows = []
-        for name, value, distribution in params:
-            if name in new:  # new to this process: Optuna's own check against the study's trials
-                backend._set_trial_param_without_commit(session, trial._trial_id, name, value, distribution)
-                continue
-            check_distribution_compatibility(known[name], distribution)
-            rows.append(
-                {
-                    "trial_id": trial._trial_id,
-                    "param_name": name,
-                    "param_value": value,
-                    "distribution_json": distribution_to_json(distribution),
-                }
-            )
-        if rows:
-            session.execute(sqlalchemy.insert(models.TrialParamModel), rows)
-        for model, values in ((models.TrialUserAttributeModel, attrs), (models.TrialSystemAttributeModel, system)):
-            if values:
-                statement = insert(model)
-                statement = statement.on_conflict_do_update(
-                    index_elements=[model.trial_id, model.key], set_={"value_json": statement.excluded.value_json}
-                )
-                rows = [{"trial_id": trial._trial_id, "key": k, "value_json": json.dumps(v)} for k, v in values.items()]
-                session.execute(statement, rows)
-    if new:
-        assert isinstance(cached, optuna.storages._CachedStorage)
-        with cached._lock:
-            cached._studies[trial.study._study_id].param_distribution.update(new)
+        write_running_trial(trial, backend, attrs, {}, params)  # given before an error too: the trial's record
 
 
 def count_by_state(study: optuna.Study) -> dict[optuna.trial.TrialState, int] | None:
@@ -411,35 +346,11 @@ def count_by_state(study: optuna.Study) -> dict[optuna.trial.TrialState, int] | 
     then only reading every trial tells)."""
     from gpt_optuna.study.sqlite_reader import SQLiteReader
 
-    if isinstance(study._storage, SQLiteReader):
-        return study._storage.count_by_state(study._study_id)
-    backend = _database(study._storage)
-    if backend is None:
-        return None
-    import sqlalchemy
-    from optuna.storages._rdb import models
-    from optuna.storages._rdb.storage import _create_scoped_session
-
-    with _create_scoped_session(backend.scoped_session) as session:
-        rows = (
-            session.query(models.TrialModel.state, sqlalchemy.func.count())
-            .filter(models.TrialModel.study_id == study._study_id)
-            .group_by(models.TrialModel.state)
-            .all()
-        )
-    return {state: count for state, count in rows}
-
-
-def _database(storage: optuna.storages.BaseStorage) -> optuna.storages.RDBStorage | None:
-    """The database storage behind ``storage`` (Optuna's cache over it), None for any other."""
-    backend = storage._backend if isinstance(storage, optuna.storages._CachedStorage) else storage
-    return backend if isinstance(backend, optuna.storages.RDBStorage) else None
-
-
-UPSERTS = {"sqlite": "sqlalchemy.dialects.sqlite", "postgresql": "sqlalchemy.dialects.postgresql"}
-"""The databases whose insert-or-update :func:`set_trial_attrs` writes in one statement."""
-CONSTRAINTS_KEY = "constraints"
-"""The trial system attrs' prefix under which ``optuna.Trial.set_constraint`` stores a constraint."""
+    storage = storage_of(study)
+    if isinstance(storage, SQLiteReader):
+        return storage.count_by_state(study_id(study))
+    backend = database(storage)
+    return None if backend is None else count_in_database(backend, study)
 
 
 def load_study(

@@ -16,6 +16,7 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from gpt_optuna.study.optuna_internals import storage_of, study_id
 from gpt_optuna.study.record import CONFIRMED_ATTR, HOST_ATTR
 from gpt_optuna.study.storage import count_by_state
 from gpt_optuna.study.summary import Stability, StudySummary, summarize_study
@@ -100,5 +101,5 @@ def trial_by_number(study: optuna.Study, number: int | None) -> FrozenTrial | No
     """One trial of the study, read alone (None for None)."""
     if number is None:
         return None
-    storage = study._storage
-    return storage.get_trial(storage.get_trial_id_from_study_id_trial_number(study._study_id, number))
+    storage = storage_of(study)
+    return storage.get_trial(storage.get_trial_id_from_study_id_trial_number(study_id(study), number))
