@@ -195,7 +195,7 @@ def test_fused_fp16_encoder_runs_on_the_cuda_provider_through_a_cuda_graph(minil
         results[fusion] = job()
         assert results[fusion].outcome is Outcome.OK, results[fusion].detail
     fused = results["transformer"]
-    assert fused.attrs["transformed_model"].startswith("fp16-")
+    assert fused.build.transformed_model.startswith("fp16-")
     print({f: (r.latency.median_ms, r.verdict.metrics["cosine"]) for f, r in results.items()})
 
 

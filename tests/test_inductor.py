@@ -27,7 +27,6 @@ from gpt_optuna.core.errors import UserError
 from gpt_optuna.core.space import Space
 from gpt_optuna.graph.model import load_model_info, resolve_shapes
 from gpt_optuna.graph.program import load_program, onnx_of_program, program_of
-from gpt_optuna.study.trial_record import REBUILD_S
 from gpt_optuna.worker.self_test import tiny_program
 
 
@@ -119,10 +118,10 @@ def test_a_long_compile_is_timed_again_from_the_caches_it_left(program: Path, mo
     engine = load_backend("inductor")
     candidate = engine.space(info, shapes).default()
     monkeypatch.setattr(inductor, "REBUILD_CHECK_S", float("inf"))
-    assert REBUILD_S not in engine.build(info, candidate, program.parent, shapes).attrs  # a short compile
+    assert engine.build(info, candidate, program.parent, shapes).facts.rebuild_s is None  # a short compile
     monkeypatch.setattr(inductor, "REBUILD_CHECK_S", 0.0)
     built = engine.build(info, candidate, program.parent, shapes)
-    assert built.attrs[REBUILD_S] > 0
+    assert built.facts.rebuild_s > 0
     x = np.random.default_rng(0).standard_normal((4, 16)).astype(np.float32)
     template = {info.outputs[0].name: np.zeros((4, 8), np.float32)}
     with engine.open(built, {"input": x}, template) as runner:  # the rebuilt program is the one run

@@ -57,7 +57,7 @@ def test_the_shared_trials_are_the_studys_trials_not_copied(study: optuna.Study)
         study.tell(study.ask(), value)
     shared = internals.shared_trials(study)
     assert [t.value for t in shared] == [t.value for t in study.get_trials()] == [1.0, 2.0]
-    assert all(a is b for a, b in zip(shared, internals.shared_trials(study)))
+    assert all(a is b for a, b in zip(shared, internals.shared_trials(study), strict=True))
 
 
 def test_the_database_is_found_behind_the_cache_and_nowhere_else(study: optuna.Study, tmp_path: Path) -> None:

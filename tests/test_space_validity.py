@@ -417,7 +417,7 @@ class _LoadsEverything:
 
     def run(self, job: CheckJob, timeout: float | None, on_progress: object = None) -> TrialResult:
         self.checked.append((job.job.candidate["graph_fusion"], job.job.candidate["precision"]))
-        return TrialResult(Outcome.OK, attrs={"limits": []})
+        return TrialResult(Outcome.OK, limits=())
 
 
 class _LoadsWithLimits(_LoadsEverything):
@@ -432,7 +432,7 @@ class _LoadsWithLimits(_LoadsEverything):
             limits.append(KnobLimit("sdpa", None, "no Attention operator runs in this graph", by_operators=True))
         if precision == "int8":
             limits.append(KnobLimit("cuda_graph", Condition("level", ("basic",)), "level=all: nodes on the CPU"))
-        return TrialResult(Outcome.OK, attrs={"limits": limits})
+        return TrialResult(Outcome.OK, limits=tuple(limits))
 
 
 def test_a_pair_not_checked_is_offered_a_limited_knob_where_its_checked_graphs_allow_it(cnn_path: Path) -> None:

@@ -105,11 +105,11 @@ def test_every_knob_value_touches_only_names_the_version_has(
     assert len(candidates) > 20
     for candidate in candidates:
         built = trt_backend.build(info, candidate, tmp_path, shapes)
-        assert built.attrs["engine_bytes"] == len(b"fake plan")
+        assert built.facts.engine_bytes == len(b"fake plan")
         with trt_backend.open(built, feeds, {"y": np.zeros((1, 10), np.float32)}) as runner:
             assert runner.infer()["y"].shape == (1, 10)
             runner.launch()
-            assert runner.attrs["device_memory_bytes"] == 4096
+            assert runner.facts.device_memory_bytes == 4096
 
 
 def build_one(fake: FakeTensorRT, path: Path, tmp_path: Path, **changes: object) -> FakeTensorRT:
@@ -235,7 +235,7 @@ def test_timing_cache_is_shared_across_builds_and_a_corrupt_one_is_discarded(cnn
     assert set(first[6:].split(b",")) < set(second[6:].split(b","))  # loaded, then merged
     cache.write_bytes(b"\x00garbage")
     built = trt_backend.build(info, space.default(), tmp_path, {})
-    assert "set the unreadable timing cache aside" in built.attrs["build_log"]
+    assert "set the unreadable timing cache aside" in built.facts.build_log
     assert cache.read_bytes().startswith(b"cache:")
     assert (tmp_path / "timing.cache.corrupt").read_bytes() == b"\x00garbage"  # kept for a look, not used
 
@@ -248,7 +248,7 @@ def test_a_timing_cache_of_another_gpu_or_version_is_left_as_it_is(cnn_path: Pat
     theirs = cache.read_bytes()
     fake.cache_fits = False  # the study folder is used from another GPU or TensorRT version
     built = backend(fake).build(info, space.default(), tmp_path, {})
-    assert "made on another GPU or TensorRT version" in built.attrs["build_log"]
+    assert "made on another GPU or TensorRT version" in built.facts.build_log
     assert cache.read_bytes() == theirs
 
 
@@ -297,7 +297,7 @@ def test_a_broken_capture_runs_without_a_cuda_graph_and_says_so(
     built = backend(fake).build(info, {**space.default(), "runtime.cuda_graph": True}, tmp_path, {})
     monkeypatch.setattr(FakeCuPy, "capture_breaks", True)
     runner = backend(fake).open(built, {"x": np.zeros((1, 3, 64, 64), np.float32)}, {"y": np.zeros((1, 10))})
-    assert runner.attrs["cuda_graph"].startswith("not capturable; ran without (RuntimeError: cudaErrorStream")
+    assert runner.facts.cuda_graph.startswith("not capturable; ran without (RuntimeError: cudaErrorStream")
     fake.calls.clear()
     runner.launch()
     assert fake.written("IExecutionContext.execute_async_v3") == [(runner.stream.ptr,)]  # a plain launch
@@ -382,11 +382,9 @@ def test_layer_times_come_from_the_profiler_with_the_onnx_operators_of_each_laye
 def test_a_runner_times_loading_its_plan_which_is_what_a_confirmation_pays_for_it(
     fake_cupy: FakeCuPy, cnn_path: Path, tmp_path: Path
 ) -> None:
-    from gpt_optuna.study.trial_record import REBUILD_S
-
     for version in VERSIONS:
         runner = opened(FakeTensorRT(version), cnn_path, tmp_path, np.zeros((1, 3, 64, 64), np.float32))
-        assert runner.attrs[REBUILD_S] >= 0
+        assert runner.facts.rebuild_s >= 0
 
 
 def test_layer_times_profile_the_trials_kept_plan_without_a_build(

@@ -50,7 +50,7 @@ def test_engine_runs_on_cupy_buffers_with_and_without_cuda_graphs(name: str, cnn
             np.testing.assert_allclose(runner.infer()["logits"], reference["logits"], rtol=1e-2, atol=1e-3)
             stats = measure(runner, MeasureSettings(budget_s=0.5))
             assert 0 < stats.median_ms < 50
-            assert runner.attrs["device_memory_bytes"] >= 0
+            assert runner.facts.device_memory_bytes >= 0
 
 
 def test_the_whole_tensorrt_path_confirms_exports_and_checks_the_plan_the_trial_built(

@@ -52,8 +52,8 @@ def test_many_sampled_candidates_build_real_engines(cnn_path: Path, tmp_path: Pa
             continue
         built = backend.build(info, candidate, tmp_path, shapes)
         plan = backend.serialize(built)
-        assert plan is not None and len(plan) == built.attrs["engine_bytes"] > 1000
-        assert built.attrs["engine_sha256"] == hashlib.sha256(plan).hexdigest()
+        assert plan is not None and len(plan) == built.facts.engine_bytes > 1000
+        assert built.facts.engine_sha256 == hashlib.sha256(plan).hexdigest()
         sizes.add(len(plan))
         study.tell(trial, built.build_s)
     assert sizes
@@ -86,7 +86,7 @@ def test_dynamic_batch_builds_with_one_profile(mlp_path: Path, tmp_path: Path) -
     backend = TensorRTRTXBackend()
     space = backend.space(info, shapes)
     assert "runtime.dynamic_shapes_kernel_specialization" in {k.name for k in space.knobs}
-    assert backend.build(info, space.default(), tmp_path, shapes).attrs["engine_bytes"] > 0
+    assert backend.build(info, space.default(), tmp_path, shapes).facts.engine_bytes > 0
 
 
 def dry_run(cnn_path: Path, *flags: str) -> int:

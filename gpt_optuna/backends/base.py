@@ -20,11 +20,12 @@ import shutil
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import MappingProxyType, TracebackType
+from types import TracebackType
 from typing import Any, ClassVar
 
 import numpy as np
 
+from gpt_optuna.core.engine_facts import BuildFacts, RunFacts
 from gpt_optuna.core.errors import GptOptunaError, MissingDependencyError, UserError
 from gpt_optuna.core.space import Candidate, Condition, Knob, Space, Value
 from gpt_optuna.graph.model import Feeds, ModelInfo, ShapeRange
@@ -113,7 +114,7 @@ class Built:
 
     engine: Any
     build_s: float
-    attrs: dict[str, Any] = field(default_factory=dict)
+    facts: BuildFacts = BuildFacts()
 
 
 @dataclass(frozen=True)
@@ -146,9 +147,8 @@ class Runner(abc.ABC):
     """
 
     stream: Any = None
-    attrs: Mapping[str, Any] = MappingProxyType({})
-    """Facts learnt when the engine was opened (e.g. its device memory), recorded with the trial.
-    A runner with facts of its own assigns its own dict; the shared default cannot be written to."""
+    facts: RunFacts = RunFacts()
+    """Facts learnt when the engine was opened or run (e.g. its device memory), recorded with the trial."""
 
     @abc.abstractmethod
     def infer(self) -> dict[str, np.ndarray]:

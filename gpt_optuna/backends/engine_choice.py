@@ -145,7 +145,7 @@ class EngineChoice(Backend):
         if fusion != "none" and fusion not in engine.fusions():
             raise BuildError(f"the {label} engine does not run the {fusion} graph fusion")
         built = engine.build(model, candidate, workdir, shapes)
-        return EngineBuilt(built.engine, built.build_s, built.attrs, label, built)
+        return EngineBuilt(built.engine, built.build_s, built.facts, label, built)
 
     def _inner(self, built: Built) -> tuple[Backend, Built]:
         assert isinstance(built, EngineBuilt) and built.inner is not None, "built by another backend"
@@ -162,7 +162,7 @@ class EngineChoice(Backend):
     def load(self, model: ModelInfo, candidate: Candidate, engine: bytes) -> Built | None:
         loaded = self.engine(candidate).load(model, candidate, engine)
         label = str(candidate.get(ENGINE_KNOB, self.first))
-        return None if loaded is None else EngineBuilt(loaded.engine, loaded.build_s, loaded.attrs, label, loaded)
+        return None if loaded is None else EngineBuilt(loaded.engine, loaded.build_s, loaded.facts, label, loaded)
 
     def check_model(
         self, model: ModelInfo, space: Space, candidate: Candidate, workdir: Path, shapes: dict[str, ShapeRange]

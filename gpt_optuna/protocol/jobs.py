@@ -189,7 +189,7 @@ class EvaluateJob(Job):
 @dataclass(frozen=True)
 class CheckJob(Job):
     """Make the candidate's graph and have the engine load it, without building or running it (see
-    :meth:`Backend.check_model`): OK with the knob limits in ``attrs["limits"]``, or the transform or
+    :meth:`Backend.check_model`): OK with the knob limits in its ``limits``, or the transform or
     build error (in the worker: a library that crashes on a graph takes the worker with it, not the
     tuner)."""
 

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
+from gpt_optuna.core.engine_facts import BuildFacts, RunFacts
 from gpt_optuna.protocol.accuracy import Verdict
 from gpt_optuna.protocol.timing import LatencyStats
+
+if TYPE_CHECKING:
+    from gpt_optuna.backends.base import KnobLimit
 
 
 class Outcome(enum.StrEnum):
@@ -44,6 +48,13 @@ class TrialResult:
     latency: LatencyStats | None = None
     verdict: Verdict | None = None
     build_s: float | None = None
-    attrs: dict[str, Any] = field(default_factory=dict)
+    build: BuildFacts = BuildFacts()
+    run: RunFacts = RunFacts()
+    eval_s: float | None = None
+    """The whole evaluation's time in the worker."""
+    measure_s: float | None = None
+    """The latency protocol's time."""
     log: str = ""
     engine_path: Path | None = None
+    limits: tuple[KnobLimit, ...] = ()
+    """A check's knobs the graph cannot use everywhere (:class:`CheckJob`)."""

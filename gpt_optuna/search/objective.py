@@ -37,15 +37,18 @@ from gpt_optuna.study.taxonomy import own_results
 from gpt_optuna.study.trial_record import (
     ACCURACY,
     BUILD_S,
+    EVAL_S,
     FAILURE,
     INFEASIBLE,
     INTERRUPTED,
     LATENCY,
     LOG,
+    MEASURE_S,
     OUTCOME,
     PROPOSED_ATTR,
     REUSED_FROM,
     TrialRecord,
+    facts_attrs,
 )
 
 HOST = socket.gethostname()
@@ -85,7 +88,9 @@ class SearchTimeUp(Exception):
 
 
 def result_attrs(result: TrialResult) -> dict[str, Any]:
-    attrs: dict[str, Any] = {OUTCOME: result.outcome.value, **result.attrs}
+    attrs: dict[str, Any] = {OUTCOME: result.outcome.value, **facts_attrs(result.build, result.run)}
+    timed = {EVAL_S: result.eval_s, MEASURE_S: result.measure_s}
+    attrs |= {name: seconds for name, seconds in timed.items() if seconds is not None}
     if result.build_s is not None:
         attrs[BUILD_S] = result.build_s
     if result.latency is not None:
@@ -173,7 +178,7 @@ class Objective:
         if result.outcome is Outcome.TIMEOUT and timeout < self.trial_timeout_s:
             self._stop(trial, "stopped: the search's share of --timeout was spent")
             raise SearchTimeUp
-        if result.outcome is Outcome.OK and "memory" in self.objectives and "device_memory_bytes" not in result.attrs:
+        if result.outcome is Outcome.OK and "memory" in self.objectives and result.run.device_memory_bytes is None:
             self._stop(trial, "stopped: no device memory figure")
             raise UserError(
                 f"backend {self.job.backend!r} does not report engine device memory; drop memory from --objectives"
@@ -224,7 +229,7 @@ class Objective:
         figures = {
             "latency": result.latency.median_ms,
             "error": self.job.criterion.error(result.verdict.metrics),
-            "memory": result.attrs.get("device_memory_bytes", 0) / (1 << 20),
+            "memory": (result.run.device_memory_bytes or 0) / (1 << 20),
             "build_s": result.build_s or 0.0,
         }
         return tuple(figures[name] for name in self.objectives)

@@ -80,7 +80,7 @@ def check_space(
         result = run_evaluation(worker, CheckJob(job, space), timeout)
         took[precision] = last_s = time.monotonic() - now
         if result.outcome is Outcome.OK:
-            loaded[(fusion, precision)] = result.attrs["limits"]
+            loaded[(fusion, precision)] = list(result.limits)
         else:
             failed[(fusion, precision)] = _why(result)
     checked = len(loaded) + len(failed)

@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Protocol
 
+from gpt_optuna.core.engine_facts import BuildFacts, RunFacts
+
 BASELINE = "baseline"
 """The engine's default configuration: queued first in every study."""
 SEEDED = "seeded"
@@ -54,6 +56,16 @@ TRANSFORMED_MODEL = "transformed_model"
 """The file name of the candidate's transformed model in the study folder's model cache."""
 ENGINE_IO = "engine_io"
 """The dtypes the engine itself was built to take and return."""
+ENGINE_BYTES = "engine_bytes"
+ENGINE_SHA256 = "engine_sha256"
+BUILD_ROUTE = "build_route"
+BUILD_LOG = "build_log"
+DEVICE_MEMORY = "device_memory_bytes"
+CUDA_GRAPH = "cuda_graph"
+"""Why the engine ran without the CUDA graph it was asked for."""
+EVAL_S = "eval_s"
+"""The whole evaluation's time in the worker."""
+MEASURE_S = "measure_s"
 ENGINE_ARTIFACT = "engine_artifact"
 """The artifact id of the kept engine."""
 ENGINE_DROPPED = "engine_dropped"
@@ -93,6 +105,23 @@ FAILED_TRIAL = "failed_trial"
 """Optuna's system attr of a retry: the first trial of its candidate that was interrupted."""
 QUEUED_MARKS = frozenset({FIXED_PARAMS, RETRY_HISTORY})
 """The system attrs of a trial that came from the queue (enqueued, or a retry)."""
+
+
+def facts_attrs(build: BuildFacts, run: RunFacts) -> dict[str, Any]:
+    """The attrs a trial records of its engine: each fact its build and run learnt, by its name."""
+    named = {
+        ENGINE_BYTES: build.engine_bytes,
+        ENGINE_SHA256: build.engine_sha256,
+        ENGINE_IO: build.engine_io,
+        BUILD_ROUTE: build.build_route,
+        BUILD_LOG: build.build_log,
+        TRANSFORMED_MODEL: build.transformed_model,
+        IO_CHANGE_ATTR: build.io_changes,
+        DEVICE_MEMORY: run.device_memory_bytes,
+        CUDA_GRAPH: run.cuda_graph,
+        REBUILD_S: run.rebuild_s if run.rebuild_s is not None else build.rebuild_s,
+    }
+    return {name: value for name, value in named.items() if value is not None}
 
 
 class _Trial(Protocol):

@@ -28,7 +28,6 @@ from gpt_optuna.protocol.jobs import CheckJob, EvaluateJob, SpaceJob, WarmUpJob
 from gpt_optuna.protocol.outcome import Outcome, TrialResult
 from gpt_optuna.protocol.process import gpu_names, report_progress
 from gpt_optuna.study.folder import StudyFolder
-from gpt_optuna.study.trial_record import IO_CHANGE_ATTR, TRANSFORMED_MODEL
 from gpt_optuna.worker.failures import MetricFailed, build_failure, failure
 from gpt_optuna.worker.measure import measure
 from gpt_optuna.worker.sensitivity import rank_sensitive_nodes
@@ -117,7 +116,7 @@ def evaluate(job: EvaluateJob) -> TrialResult:
     """The candidate built, its outputs checked and (where feasible) timed; the evaluation's time in ``eval_s``."""
     start = time.perf_counter()
     result = _evaluate(job)
-    return replace(result, attrs={**result.attrs, "eval_s": time.perf_counter() - start})
+    return replace(result, eval_s=time.perf_counter() - start)
 
 
 def _evaluate(job: EvaluateJob) -> TrialResult:
@@ -130,13 +129,11 @@ def _evaluate(job: EvaluateJob) -> TrialResult:
     except BuildError as exc:
         return build_failure(exc)
     if model is not job.model:
-        built.attrs[TRANSFORMED_MODEL] = model.path.name
-        changes = dtype_changes(job.model, model)
-        if changes:
-            built.attrs[IO_CHANGE_ATTR] = changes
+        changes = dtype_changes(job.model, model) or None
+        built.facts = replace(built.facts, transformed_model=model.path.name, io_changes=changes)
     engine = _save_engine(job, backend.serialize(built))
     if job.dry_run:
-        return TrialResult(Outcome.OK, "", build_s=built.build_s, attrs=built.attrs, engine_path=engine)
+        return TrialResult(Outcome.OK, "", build_s=built.build_s, build=built.facts, engine_path=engine)
     references = unstack(_npz(job.reference_path))
     samples = samples_of(job, model)
     with backend.open(built, samples[0], templates_of(job, model)) as runner:
@@ -156,16 +153,26 @@ def _evaluate(job: EvaluateJob) -> TrialResult:
         except MetricFailed as exc:
             return failure(Outcome.METRIC_ERROR, str(exc), exc.log)
         verdict = replace(verdict, metrics={**verdict.metrics, "samples": len(samples)})
-        latency, timing = None, {}
+        latency, measure_s = None, None
         if verdict.feasible or job.measure_infeasible:
             if len(samples) > 1:
                 runner.set_inputs(samples[0])  # timed on the first sample, as every candidate is
             started = time.perf_counter()
             latency = measure(runner, job.settings)
-            timing = {"measure_s": time.perf_counter() - started}
-        attrs = {**built.attrs, **runner.attrs, **timing}
+            measure_s = time.perf_counter() - started
+        run = runner.facts
     outcome = Outcome.OK if verdict.feasible else Outcome.INFEASIBLE
-    return TrialResult(outcome, verdict.reason, latency, verdict, built.build_s, attrs, engine_path=engine)
+    return TrialResult(
+        outcome,
+        verdict.reason,
+        latency,
+        verdict,
+        built.build_s,
+        built.facts,
+        run,
+        measure_s=measure_s,
+        engine_path=engine,
+    )
 
 
 def _user_metric(
@@ -198,7 +205,7 @@ def check(job: CheckJob) -> TrialResult:
         limits = backend.check_model(model, job.space, candidate, evaluation.workdir, evaluation.shapes)
     except BuildError as exc:
         return build_failure(exc)
-    return TrialResult(Outcome.OK, attrs={"limits": limits})
+    return TrialResult(Outcome.OK, limits=tuple(limits))
 
 
 def _made_model(job: EvaluateJob) -> ModelInfo | TrialResult:

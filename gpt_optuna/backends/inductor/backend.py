@@ -37,11 +37,11 @@ from gpt_optuna.backends.inductor.knobs import (
     inductor_knobs,
 )
 from gpt_optuna.backends.inductor.profiling import profiled_kernels
+from gpt_optuna.core.engine_facts import BuildFacts
 from gpt_optuna.core.errors import MissingDependencyError, UserError
 from gpt_optuna.core.space import Candidate, Space
 from gpt_optuna.graph.model import Feeds, ModelInfo, ShapeRange, one_line
 from gpt_optuna.graph.program import load_program, program_of
-from gpt_optuna.study.trial_record import REBUILD_S
 
 CALLS_IN_BUILD = 3
 """Calls made while building: the compile happens at the first, CUDA graphs are recorded by the third."""
@@ -185,8 +185,7 @@ class InductorBackend(Backend):
             raise BuildError(
                 f"torch.compile failed: {type(exc).__name__}: {one_line(exc)}", traceback.format_exc()
             ) from None
-        attrs = {REBUILD_S: rebuild_s} if rebuild_s is not None else {}
-        return Built((compiled, saved[0] if saved else None), build_s, attrs)
+        return Built((compiled, saved[0] if saved else None), build_s, BuildFacts(rebuild_s=rebuild_s))
 
     def layer_times(
         self,

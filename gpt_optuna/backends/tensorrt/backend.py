@@ -17,7 +17,7 @@ import re
 import statistics
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import MappingProxyType, ModuleType
 from typing import Any
@@ -46,13 +46,13 @@ from gpt_optuna.backends.tensorrt.knobs import (
     route_string,
     strongly_typed,
 )
+from gpt_optuna.core.engine_facts import BuildFacts, RunFacts
 from gpt_optuna.core.errors import MissingDependencyError
 from gpt_optuna.core.files import atomic_write, locked
 from gpt_optuna.core.space import Candidate, Space, Value
 from gpt_optuna.graph.constant_folding import folded
 from gpt_optuna.graph.model import Feeds, ModelInfo, ShapeRange
 from gpt_optuna.study.folder import StudyFolder
-from gpt_optuna.study.trial_record import ENGINE_IO, REBUILD_S
 
 _LOGGED = ("INTERNAL_ERROR", "ERROR", "WARNING")
 _TENSORRT_LOG = logging.getLogger(__name__)
@@ -251,13 +251,14 @@ class TensorRTBackend(Backend):
         if cache is not None and shared:
             self._merge_timing_cache(config, cache, cache_path)
         data = bytes(plan)
-        attrs: dict[str, Any] = {"engine_bytes": len(data), "engine_sha256": hashlib.sha256(data).hexdigest()}
-        attrs[ENGINE_IO] = network_io(trt, network)
-        if routes:
-            attrs["build_route"] = route_string(candidate, routes)
-        if logger.messages:
-            attrs["build_log"] = "\n".join(logger.messages)[-2000:]
-        return Built(_Engine(data, routes, candidate), build_s, attrs)
+        facts = BuildFacts(
+            engine_bytes=len(data),
+            engine_sha256=hashlib.sha256(data).hexdigest(),
+            engine_io=network_io(trt, network),
+            build_route=route_string(candidate, routes) if routes else None,
+            build_log="\n".join(logger.messages)[-2000:] if logger.messages else None,
+        )
+        return Built(_Engine(data, routes, candidate), build_s, facts)
 
     def serialize(self, built: Built) -> bytes | None:
         return built.engine.plan  # type: ignore[no-any-return]
@@ -268,7 +269,7 @@ class TensorRTBackend(Backend):
         deserialize it (a plan of another architecture or version): it is built again."""
         if self.trt.Runtime(_capturing_logger(self.trt)).deserialize_cuda_engine(engine) is None:
             return None
-        return Built(_Engine(engine, [], candidate), 0.0, {"engine_sha256": hashlib.sha256(engine).hexdigest()})
+        return Built(_Engine(engine, [], candidate), 0.0, BuildFacts(engine_sha256=hashlib.sha256(engine).hexdigest()))
 
     @staticmethod
     def _load_timing_cache(config: Any, path: Path, logger: Any) -> tuple[Any, bool]:
@@ -461,7 +462,7 @@ class TensorRTRunner(Runner):
             self._context.set_aux_streams([s.ptr for s in self._aux_streams])
         self.stream.synchronize()
         # loading the plan is what a confirmation pays for the engine: it loads the kept plan, not a build
-        self.attrs: dict[str, Any] = {"device_memory_bytes": int(self._engine.device_memory_size_v2), REBUILD_S: load_s}
+        self.facts = RunFacts(device_memory_bytes=int(self._engine.device_memory_size_v2), rebuild_s=load_s)
         self._graph = self._capture() if candidate.get("runtime.cuda_graph") else None
 
     def layer_times(self, runs: int) -> dict[str, list[float]]:
@@ -500,7 +501,7 @@ class TensorRTRunner(Runner):
                 graph, broken = None, f" ({type(exc).__name__}: {exc})"
         if not ok or graph is None:
             import_cupy().cuda.runtime.getLastError()  # the capture's error, cleared for the plain launches
-            self.attrs["cuda_graph"] = f"not capturable; ran without{broken}"
+            self.facts = replace(self.facts, cuda_graph=f"not capturable; ran without{broken}")
             return None
         return graph
 
