@@ -152,7 +152,7 @@ import json, sys
 import numpy as np
 from pathlib import Path
 import torch
-from gpt_optuna.backends import load_backend
+from gpt_optuna.backends import EnginePaths, load_backend
 from gpt_optuna.backends.inductor import backend as inductor, knobs as K
 from gpt_optuna.graph.model import load_model_info, resolve_shapes
 from gpt_optuna.graph.program import load_program, onnx_of_program
@@ -182,7 +182,7 @@ def compiled(mode, precision):
     unknown = set(options) - set(names)
     assert not unknown, f"{mode} sets options the engine has no knob for: {unknown}"
     knobs = {**space.default(), **{names[o]: v for o, v in options.items()}, K.PRECISION: precision}
-    return backend.open(backend.build(info, knobs, Path("."), shapes), feeds, templates)
+    return backend.open(backend.build(info, knobs, EnginePaths.under(Path(".")), shapes), feeds, templates)
 runners = {mode: compiled(mode, "fp16") for mode in ("reduce-overhead", "max-autotune")}
 cosines = {mode: cosine(runner) for mode, runner in runners.items()}
 if cosines["reduce-overhead"] < COSINE:  # fp16 misses the criterion: also the mode as it comes
@@ -197,7 +197,7 @@ else:  # the exported ONNX model, run as the trials run it (its outputs bound on
     ort = load_backend("onnxruntime")
     exported = load_model_info(Path(export))
     knobs = {k: v for k, v in side["params"].items() if k not in ("engine", "precision", "graph_fusion")}
-    runners["export"] = ort.open(ort.build(exported, knobs, Path("."), shapes), feeds, templates)
+    runners["export"] = ort.open(ort.build(exported, knobs, EnginePaths.under(Path(".")), shapes), feeds, templates)
 settings = MeasureSettings(budget_s=1.0)
 found = {name: [] for name in runners}
 for _ in range(ROUNDS):

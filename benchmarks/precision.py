@@ -21,6 +21,7 @@ import numpy as np
 
 from benchmarks.models import minilm_onnx, mobilenet_v2_onnx
 from gpt_optuna.backends.onnxruntime.backend import OnnxRuntimeBackend
+from gpt_optuna.core.engine_paths import EnginePaths
 from gpt_optuna.graph import feeds as mf
 from gpt_optuna.graph import model as m
 from gpt_optuna.graph.precision import PrecisionSetting, transform
@@ -63,7 +64,7 @@ def bench(name: str, path: Path, shapes: list[str], workdir: Path) -> None:
         vinfo = m.load_model_info(variant)
         vfeeds = {s.name: feeds[s.name].astype(s.dtype) for s in vinfo.inputs}
         templates = {s.name: reference[s.name].astype(s.dtype) for s in vinfo.outputs}
-        built = backend.build(vinfo, base, workdir, ranges)
+        built = backend.build(vinfo, base, EnginePaths.under(workdir), ranges)
         with backend.open(built, vfeeds, templates) as runner:
             metrics = CRITERION.evaluate(runner.infer(), reference).metrics
             stats = measure(runner, MeasureSettings(budget_s=3.0))

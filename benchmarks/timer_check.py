@@ -24,6 +24,7 @@ from benchmarks import child_env
 
 def open_runner(model: Path, shape_args: list[str]):  # noqa: ANN201
     from gpt_optuna.backends.onnxruntime.backend import OnnxRuntimeBackend
+    from gpt_optuna.core.engine_paths import EnginePaths
     from gpt_optuna.graph import feeds as mf
     from gpt_optuna.graph import model as m
     from gpt_optuna.worker.reference import fp32_outputs
@@ -34,7 +35,7 @@ def open_runner(model: Path, shape_args: list[str]):  # noqa: ANN201
     backend = OnnxRuntimeBackend()
     candidate = backend.space(info, shapes).default()
     outputs = fp32_outputs(info, [feeds])[0]
-    return backend.open(backend.build(info, candidate, Path("."), shapes), feeds, outputs)
+    return backend.open(backend.build(info, candidate, EnginePaths.under(Path(".")), shapes), feeds, outputs)
 
 
 def one_process(model: Path, shape_args: list[str]) -> dict[str, float]:

@@ -9,19 +9,19 @@ Its ``check_model`` crashes the process (SIGSEGV) on fp16 graphs, refuses graphs
 from __future__ import annotations
 
 import ctypes
-from pathlib import Path
 
 import onnx
 
 from gpt_optuna.backends import BuildError, KnobLimit
 from gpt_optuna.backends.onnxruntime.backend import OnnxRuntimeBackend
+from gpt_optuna.core.engine_paths import EnginePaths
 from gpt_optuna.core.space import Candidate, Condition, Space
 from gpt_optuna.graph.model import ModelInfo, ShapeRange
 
 
 class PickyBackend(OnnxRuntimeBackend):
     def check_model(
-        self, model: ModelInfo, space: Space, candidate: Candidate, workdir: Path, shapes: dict[str, ShapeRange]
+        self, model: ModelInfo, space: Space, candidate: Candidate, paths: EnginePaths, shapes: dict[str, ShapeRange]
     ) -> list[KnobLimit]:
         graph = onnx.load(str(model.path)).graph
         ops = {node.op_type for node in graph.node}
@@ -29,5 +29,5 @@ class PickyBackend(OnnxRuntimeBackend):
             ctypes.string_at(0)
         if "QuantizeLinear" in ops:
             raise BuildError("no int8 kernels here")
-        super().check_model(model, space, candidate, workdir, shapes)
+        super().check_model(model, space, candidate, paths, shapes)
         return [KnobLimit("mem_pattern", Condition("graph_optimization_level", ("ORT_ENABLE_ALL",)), "picky")]

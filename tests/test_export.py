@@ -13,6 +13,7 @@ from conftest import load, tune
 import gpt_optuna
 from gpt_optuna.backends.onnxruntime.backend import OnnxRuntimeBackend
 from gpt_optuna.cli import main
+from gpt_optuna.core.engine_paths import EnginePaths
 from gpt_optuna.core.errors import UserError
 from gpt_optuna.graph import feeds as mf
 from gpt_optuna.graph import model as m
@@ -52,7 +53,7 @@ def test_an_onnxruntime_export_opens_as_the_trial_ran_and_reproduces_its_outputs
     feeds = {spec.name: stored[spec.name].astype(spec.dtype) for spec in info.inputs}  # fp16 where keep_io is off
     backend = OnnxRuntimeBackend()
     candidate = {knob["name"]: knob["default"] for knob in study.user_attrs["gpt_optuna"]["space"]} | trial.params
-    built = backend.build(info, candidate, tmp_path, {})
+    built = backend.build(info, candidate, EnginePaths.under(tmp_path), {})
     with backend.open(built, feeds, {}) as runner:
         expected = runner.infer()
     (name,) = expected

@@ -23,6 +23,7 @@ from gpt_optuna.backends.inductor.knobs import (
     inductor_knobs,
 )
 from gpt_optuna.cli import main
+from gpt_optuna.core.engine_paths import EnginePaths
 from gpt_optuna.core.errors import UserError
 from gpt_optuna.core.space import Space
 from gpt_optuna.graph.model import load_model_info, resolve_shapes
@@ -118,9 +119,11 @@ def test_a_long_compile_is_timed_again_from_the_caches_it_left(program: Path, mo
     engine = load_backend("inductor")
     candidate = engine.space(info, shapes).default()
     monkeypatch.setattr(inductor, "REBUILD_CHECK_S", float("inf"))
-    assert engine.build(info, candidate, program.parent, shapes).facts.rebuild_s is None  # a short compile
+    assert (
+        engine.build(info, candidate, EnginePaths.under(program.parent), shapes).facts.rebuild_s is None
+    )  # a short compile
     monkeypatch.setattr(inductor, "REBUILD_CHECK_S", 0.0)
-    built = engine.build(info, candidate, program.parent, shapes)
+    built = engine.build(info, candidate, EnginePaths.under(program.parent), shapes)
     assert built.facts.rebuild_s > 0
     x = np.random.default_rng(0).standard_normal((4, 16)).astype(np.float32)
     template = {info.outputs[0].name: np.zeros((4, 8), np.float32)}
@@ -145,7 +148,7 @@ def test_on_the_gpu_cuda_graphs_replay_on_the_runners_stream_and_cuda_events_tim
     x = np.random.default_rng(0).standard_normal((4, 16)).astype(np.float32)
     reference = {}
     for candidate in (space.default(), {**space.default(), CUDAGRAPHS: True, "compute_precision": "fp16"}):
-        built = backend.build(info, candidate, program.parent, shapes)
+        built = backend.build(info, candidate, EnginePaths.under(program.parent), shapes)
         template = {info.outputs[0].name: np.zeros((4, 8), np.float32)}
         with backend.open(built, {"input": x}, template) as runner:
             assert runner.stream is not None  # timed by CUDA events on the runner's stream
@@ -171,6 +174,8 @@ def test_profile_names_the_kernels_a_trial_compiled(program: Path) -> None:
     backend = load_backend("inductor")
     x = {"input": np.random.default_rng(0).standard_normal((4, 16)).astype(np.float32)}
     template = {info.outputs[0].name: np.zeros((4, 8), np.float32)}
-    times = backend.layer_times(info, backend.space(info, shapes).default(), program.parent, shapes, x, template, 5)
+    times = backend.layer_times(
+        info, backend.space(info, shapes).default(), EnginePaths.under(program.parent), shapes, x, template, 5
+    )
     assert any(t.op_type == "generated kernel" and t.median_ms > 0 for t in times)
     assert times == sorted(times, key=lambda t: -t.median_ms)

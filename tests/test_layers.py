@@ -222,3 +222,9 @@ def test_the_private_parts_check_catches_each_kind_of_reach(tmp_path: Path) -> N
         "study._storage",
         "optuna.storages._CachedStorage",
     ]
+
+
+@pytest.mark.parametrize("module", sorted(m for m in MODULES if layer_of(m) in ("worker", "backends")))
+def test_the_engines_and_the_worker_import_nothing_of_the_study(module: str) -> None:
+    reached = sorted(t for t in imports(MODULES[module]) if layer_of(t) == "study")
+    assert reached == [], f"{module} imports {reached}: take what crosses from the job (gpt_optuna.protocol)"

@@ -28,6 +28,7 @@ from gpt_optuna.backends.onnxruntime.settings import (
     thread_choices,
     usable_providers,
 )
+from gpt_optuna.core.engine_paths import EnginePaths
 from gpt_optuna.core.space import Space
 from gpt_optuna.graph import feeds as mf
 from gpt_optuna.graph import model as m
@@ -248,7 +249,7 @@ def test_every_sampled_cpu_candidate_builds_runs_and_matches_the_reference(cnn_p
     criterion = parse_criterion("cosine>=0.99999 and max_abs<=1e-3")
     seen = set()
     for candidate in [space.default()] + [space.suggest(study.ask()) for _ in range(12)]:
-        built = backend.build(info, candidate, tmp_path, shapes)
+        built = backend.build(info, candidate, EnginePaths.under(tmp_path), shapes)
         assert built.build_s > 0
         with backend.open(built, feeds, reference) as runner:
             verdict = criterion.evaluate(runner.infer(), reference)
@@ -275,7 +276,7 @@ def test_unsupported_model_is_a_build_error(tmp_path: Path) -> None:
     info = m.load_model_info(path)
     backend = OnnxRuntimeBackend()
     with pytest.raises(BuildError, match="could not create the session"):
-        backend.build(info, backend.space(info, {}).default(), tmp_path, {})
+        backend.build(info, backend.space(info, {}).default(), EnginePaths.under(tmp_path), {})
 
 
 def out_of_bounds_gather(path: Path) -> Path:
@@ -355,7 +356,7 @@ def test_cuda_candidates_run_on_cupy_buffers_and_stream(cnn_path: Path, tmp_path
         {**base, "cuda.prefer_nhwc": True, "cuda.use_tf32": False},
     ]
     for candidate in variants:
-        built = backend.build(info, candidate, tmp_path, shapes)
+        built = backend.build(info, candidate, EnginePaths.under(tmp_path), shapes)
         with backend.open(built, feeds, reference) as runner:
             assert isinstance(runner.stream, cupy.cuda.Stream) and runner.stream.ptr != 0
             verdict = criterion.evaluate(runner.infer(), reference)
@@ -377,7 +378,7 @@ def test_the_installed_version_has_the_extra_cuda_options_and_each_value_runs(cn
     assert {k.name for k in offered} >= {"cuda.fuse_conv_bias", "cuda.unified_stream"}
     for knob in offered:
         for value in knob.choices:
-            built = backend.build(info, {**base, knob.name: value}, tmp_path, shapes)
+            built = backend.build(info, {**base, knob.name: value}, EnginePaths.under(tmp_path), shapes)
             with backend.open(built, feeds, reference) as runner:
                 verdict = criterion.evaluate(runner.infer(), reference)
                 assert verdict.feasible, (knob.name, value, verdict.reason)
@@ -392,7 +393,7 @@ def test_cuda_graph_replays_each_new_sample_not_the_first(cnn_path: Path, tmp_pa
     base = backend.space(info, {}).default()
     criterion = parse_criterion("cosine>=0.999 and max_abs<=1e-2")
     for candidate in (base, {**base, "cuda.enable_cuda_graph": True}):
-        built = backend.build(info, candidate, tmp_path, shapes)
+        built = backend.build(info, candidate, EnginePaths.under(tmp_path), shapes)
         with backend.open(built, samples[0], references[0]) as runner:
             outputs = []
             for feeds in samples:
@@ -421,5 +422,5 @@ def test_checking_a_plain_softmax_graph_on_cuda_drops_the_attention_kernel_setti
     backend = OnnxRuntimeBackend()
     space = backend.space(info, {})
     assert "cuda.sdpa_kernel" in {k.name for k in space.knobs}  # offered from the Softmax, then checked
-    limits = backend.check_model(info, space, space.default(), tmp_path, {})
+    limits = backend.check_model(info, space, space.default(), EnginePaths.under(tmp_path), {})
     assert [(x.knob, x.allowed) for x in limits if x.knob == "cuda.sdpa_kernel"] == [("cuda.sdpa_kernel", None)]

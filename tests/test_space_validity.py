@@ -19,6 +19,7 @@ from optuna.trial import TrialState
 from gpt_optuna.backends import BuildError, KnobLimit
 from gpt_optuna.backends.tensorrt.backend import TensorRTRTXBackend
 from gpt_optuna.cli import main
+from gpt_optuna.core.engine_paths import EnginePaths
 from gpt_optuna.core.space import Condition, Knob, Space
 from gpt_optuna.graph import feeds as mf
 from gpt_optuna.graph import model as m
@@ -86,7 +87,9 @@ def test_every_transform_the_space_can_offer_passes_the_checker_and_loads(name: 
             }
             assert all(np.isfinite(o.astype(np.float64)).all() for o in session.run(None, inputs)), setting
         elif not fused_ops:
-            rtx._parse(m.load_model_info(out), tmp_path, {})  # a strongly typed network, as builds make
+            rtx._parse(
+                m.load_model_info(out), EnginePaths.under(tmp_path), {}
+            )  # a strongly typed network, as builds make
     assert made >= 8
     assert not list((tmp_path / "models").glob("*.tmp*"))
 
@@ -258,7 +261,7 @@ def test_cuda_graphs_are_offered_exactly_where_a_session_captures_one(name: str,
     space = backend.space(info, shapes)
     base = space.default()
     assert base["provider"] == CUDA
-    limits = backend.check_model(info, space, base, tmp_path, shapes)
+    limits = backend.check_model(info, space, base, EnginePaths.under(tmp_path), shapes)
     limit = next((x for x in limits if x.knob == CUDA_GRAPH), None)
     settings = list(itertools.product(space.choices(GRAPH_LEVEL), space.choices(NHWC)))
     offered = settings if limit is None else list(limit.allowed.combos() if limit.allowed else ())
@@ -267,9 +270,11 @@ def test_cuda_graphs_are_offered_exactly_where_a_session_captures_one(name: str,
         candidate = {**base, GRAPH_LEVEL: level, NHWC: nhwc, CUDA_GRAPH: True}
         if (level, nhwc) not in offered:
             with pytest.raises(BuildError):
-                backend.build(info, candidate, tmp_path, shapes)
+                backend.build(info, candidate, EnginePaths.under(tmp_path), shapes)
             continue
-        with backend.open(backend.build(info, candidate, tmp_path, shapes), feeds, reference) as runner:
+        with backend.open(
+            backend.build(info, candidate, EnginePaths.under(tmp_path), shapes), feeds, reference
+        ) as runner:
             for _ in range(3):  # the first run captures, the next ones replay
                 outputs = runner.infer()
             for key, value in reference.items():
@@ -327,15 +332,17 @@ def test_conv_bias_fusion_is_offered_exactly_where_a_session_runs_it(tmp_path: P
     space = backend.space(info, shapes)
     base = space.default()
     assert base["provider"] == CUDA and FUSE_CONV_BIAS in {k.name for k in space.knobs}
-    limits = backend.check_model(info, space, base, tmp_path, shapes)
+    limits = backend.check_model(info, space, base, EnginePaths.under(tmp_path), shapes)
     limit = next((x for x in limits if x.knob == FUSE_CONV_BIAS), None)
     layouts = space.choices(NHWC)
     offered = [n for n in layouts if limit is None or (limit.allowed is not None and limit.allowed.holds({NHWC: n}))]
     print("conv-bias fusion refused at", [n for n in layouts if n not in offered], limit)
     for nhwc in layouts:
-        session, _ = backend.build(info, {**base, NHWC: nhwc}, tmp_path, shapes).engine
+        session, _ = backend.build(info, {**base, NHWC: nhwc}, EnginePaths.under(tmp_path), shapes).engine
         (expected,) = session.run(None, feeds)
-        fused, _ = backend.build(info, {**base, NHWC: nhwc, FUSE_CONV_BIAS: True}, tmp_path, shapes).engine
+        fused, _ = backend.build(
+            info, {**base, NHWC: nhwc, FUSE_CONV_BIAS: True}, EnginePaths.under(tmp_path), shapes
+        ).engine
         if nhwc not in offered:
             with pytest.raises(Exception, match="Non-zero status code returned while running"):
                 fused.run(None, feeds)

@@ -21,6 +21,7 @@ from fake_tensorrt import ROUTES_JSON, VERSIONS, FakeCuPy, FakeTensorRT
 from gpt_optuna.backends.base import BuildError
 from gpt_optuna.backends.tensorrt.backend import TensorRTBackend, TensorRTRTXBackend
 from gpt_optuna.backends.tensorrt.knobs import MIB, parse_build_routes, route_string
+from gpt_optuna.core.engine_paths import EnginePaths
 from gpt_optuna.core.space import Space
 from gpt_optuna.graph import model as m
 
@@ -104,7 +105,7 @@ def test_every_knob_value_touches_only_names_the_version_has(
     candidates = one_change_candidates(space)
     assert len(candidates) > 20
     for candidate in candidates:
-        built = trt_backend.build(info, candidate, tmp_path, shapes)
+        built = trt_backend.build(info, candidate, EnginePaths.under(tmp_path), shapes)
         assert built.facts.engine_bytes == len(b"fake plan")
         with trt_backend.open(built, feeds, {"y": np.zeros((1, 10), np.float32)}) as runner:
             assert runner.infer()["y"].shape == (1, 10)
@@ -115,7 +116,7 @@ def test_every_knob_value_touches_only_names_the_version_has(
 def build_one(fake: FakeTensorRT, path: Path, tmp_path: Path, **changes: object) -> FakeTensorRT:
     info, space = space_of(fake, path)
     fake.calls.clear()
-    backend(fake).build(info, configuration(space, changes), tmp_path, m.resolve_shapes(info, {}))
+    backend(fake).build(info, configuration(space, changes), EnginePaths.under(tmp_path), m.resolve_shapes(info, {}))
     return fake
 
 
@@ -177,7 +178,7 @@ def test_dynamic_inputs_get_one_profile_from_the_shape_range(mlp_path: Path, tmp
     info = m.load_model_info(mlp_path)
     shapes = m.resolve_shapes(info, m.parse_shapes(["x:1x16/4x16/8x16"]))
     trt_backend = backend(fake)
-    trt_backend.build(info, trt_backend.space(info, shapes).default(), tmp_path, shapes)
+    trt_backend.build(info, trt_backend.space(info, shapes).default(), EnginePaths.under(tmp_path), shapes)
     assert fake.written("IOptimizationProfile.set_shape") == [("x", (1, 16), (4, 16), (8, 16))]
     assert len(fake.written("IBuilderConfig.add_optimization_profile")) == 1
 
@@ -192,7 +193,7 @@ def test_runtime_knobs_map_onto_context_calls(fake_cupy: FakeCuPy, cnn_path: Pat
         )
         candidate = {**space.default(), **graph, "runtime.aux_streams": True}
         trt_backend = backend(fake)
-        built = trt_backend.build(info, candidate, tmp_path, shapes)
+        built = trt_backend.build(info, candidate, EnginePaths.under(tmp_path), shapes)
         fake.calls.clear()
         runner = trt_backend.open(built, {"x": np.zeros((1, 3, 64, 64), np.float32)}, {"y": np.zeros((1, 10))})
         ((streams,),) = fake.written("IExecutionContext.set_aux_streams")
@@ -220,7 +221,7 @@ def test_a_build_without_engine_is_a_build_error(cnn_path: Path, tmp_path: Path)
     fake = FakeTensorRT("11.x", build_ok=False)
     info, space = space_of(fake, cnn_path)
     with pytest.raises(BuildError, match="TensorRT built no engine"):
-        backend(fake).build(info, space.default(), tmp_path, {})
+        backend(fake).build(info, space.default(), EnginePaths.under(tmp_path), {})
 
 
 def test_timing_cache_is_shared_across_builds_and_a_corrupt_one_is_discarded(cnn_path: Path, tmp_path: Path) -> None:
@@ -228,13 +229,13 @@ def test_timing_cache_is_shared_across_builds_and_a_corrupt_one_is_discarded(cnn
     info, space = space_of(fake, cnn_path)
     trt_backend = backend(fake)
     cache = tmp_path / "timing.cache"
-    trt_backend.build(info, space.default(), tmp_path, {})
+    trt_backend.build(info, space.default(), EnginePaths.under(tmp_path), {})
     first = cache.read_bytes()
-    trt_backend.build(info, space.default(), tmp_path, {})
+    trt_backend.build(info, space.default(), EnginePaths.under(tmp_path), {})
     second = cache.read_bytes()
     assert set(first[6:].split(b",")) < set(second[6:].split(b","))  # loaded, then merged
     cache.write_bytes(b"\x00garbage")
-    built = trt_backend.build(info, space.default(), tmp_path, {})
+    built = trt_backend.build(info, space.default(), EnginePaths.under(tmp_path), {})
     assert "set the unreadable timing cache aside" in built.facts.build_log
     assert cache.read_bytes().startswith(b"cache:")
     assert (tmp_path / "timing.cache.corrupt").read_bytes() == b"\x00garbage"  # kept for a look, not used
@@ -243,11 +244,11 @@ def test_timing_cache_is_shared_across_builds_and_a_corrupt_one_is_discarded(cnn
 def test_a_timing_cache_of_another_gpu_or_version_is_left_as_it_is(cnn_path: Path, tmp_path: Path) -> None:
     fake = FakeTensorRT("11.x")
     info, space = space_of(fake, cnn_path)
-    backend(fake).build(info, space.default(), tmp_path, {})
+    backend(fake).build(info, space.default(), EnginePaths.under(tmp_path), {})
     cache = tmp_path / "timing.cache"
     theirs = cache.read_bytes()
     fake.cache_fits = False  # the study folder is used from another GPU or TensorRT version
-    built = backend(fake).build(info, space.default(), tmp_path, {})
+    built = backend(fake).build(info, space.default(), EnginePaths.under(tmp_path), {})
     assert "made on another GPU or TensorRT version" in built.facts.build_log
     assert cache.read_bytes() == theirs
 
@@ -286,7 +287,7 @@ def test_a_build_route_tensorrt_does_not_take_fails_the_build_instead_of_buildin
     info, space = space_of(fake, cnn_path)
     candidate = configuration(space, {"route.kgen:tiling": "2"})
     with pytest.raises(BuildError, match="did not take the build route '-kgen:tiling=2'"):
-        backend(fake).build(info, candidate, tmp_path, {})
+        backend(fake).build(info, candidate, EnginePaths.under(tmp_path), {})
 
 
 def test_a_broken_capture_runs_without_a_cuda_graph_and_says_so(
@@ -294,7 +295,7 @@ def test_a_broken_capture_runs_without_a_cuda_graph_and_says_so(
 ) -> None:
     fake = FakeTensorRT("11.x")
     info, space = space_of(fake, cnn_path)
-    built = backend(fake).build(info, {**space.default(), "runtime.cuda_graph": True}, tmp_path, {})
+    built = backend(fake).build(info, {**space.default(), "runtime.cuda_graph": True}, EnginePaths.under(tmp_path), {})
     monkeypatch.setattr(FakeCuPy, "capture_breaks", True)
     runner = backend(fake).open(built, {"x": np.zeros((1, 3, 64, 64), np.float32)}, {"y": np.zeros((1, 10))})
     assert runner.facts.cuda_graph.startswith("not capturable; ran without (RuntimeError: cudaErrorStream")
@@ -309,8 +310,8 @@ def test_one_logger_serves_every_builder_and_runtime(fake_cupy: FakeCuPy, cnn_pa
     fake = FakeTensorRT("11.x")
     info, space = space_of(fake, cnn_path)
     trt_backend = backend(fake)
-    built = trt_backend.build(info, space.default(), tmp_path, {})
-    trt_backend.build(info, space.default(), tmp_path, {})
+    built = trt_backend.build(info, space.default(), EnginePaths.under(tmp_path), {})
+    trt_backend.build(info, space.default(), EnginePaths.under(tmp_path), {})
     trt_backend.open(built, {"x": np.zeros((1, 3, 64, 64), np.float32)}, {"y": np.zeros((1, 10))}).close()
     assert fake.written("ILogger.__init__") == [()]
 
@@ -369,7 +370,13 @@ def test_layer_times_come_from_the_profiler_with_the_onnx_operators_of_each_laye
         )
         feeds, outputs = {"x": np.zeros((1, 3, 64, 64), np.float32)}, {"y": np.zeros((1, 10))}
         found = backend(fake).layer_times(
-            info, {**space.default(), **graph}, tmp_path, m.resolve_shapes(info, {}), feeds, outputs, 3
+            info,
+            {**space.default(), **graph},
+            EnginePaths.under(tmp_path),
+            m.resolve_shapes(info, {}),
+            feeds,
+            outputs,
+            3,
         )
         assert [(n.op_type, n.median_ms) for n in found] == [("Conv+Relu", 0.25), ("Reformat", 0.01)]
         assert len(fake.written("IExecutionContext.profiler")) == 1
@@ -396,14 +403,16 @@ def test_layer_times_profile_the_trials_kept_plan_without_a_build(
     feeds, outputs = {"x": np.zeros((1, 3, 64, 64), np.float32)}, {"y": np.zeros((1, 10))}
     shapes = m.resolve_shapes(info, {})
     fake.calls.clear()
-    found = backend(fake).layer_times(info, space.default(), tmp_path, shapes, feeds, outputs, 2, b"the trial's plan")
+    found = backend(fake).layer_times(
+        info, space.default(), EnginePaths.under(tmp_path), shapes, feeds, outputs, 2, b"the trial's plan"
+    )
     assert [n.median_ms for n in found] == [0.25]
     assert fake.written("Builder.build_serialized_network") == []
 
 
 def opened(fake: FakeTensorRT, cnn_path: Path, tmp_path: Path, x: np.ndarray) -> Any:
     info, space = space_of(fake, cnn_path)
-    built = backend(fake).build(info, space.default(), tmp_path, {})
+    built = backend(fake).build(info, space.default(), EnginePaths.under(tmp_path), {})
     return backend(fake).open(built, {"x": x}, {"y": np.zeros((1, 10))})
 
 
@@ -460,7 +469,9 @@ def test_a_kept_plan_is_loaded_without_a_build_and_one_this_gpu_cannot_load_is_b
     info, space = space_of(fake, cnn_path)
     plan = tmp_path / "kept.plan"
     plan.write_bytes(b"the trial's plan")
-    job = SimpleNamespace(saved_engine=plan, engine_candidate=space.default(), workdir=tmp_path, shapes={})
+    job = SimpleNamespace(
+        saved_engine=plan, engine_candidate=space.default(), engine_paths=EnginePaths.under(tmp_path), shapes={}
+    )
     fake.calls.clear()
     loaded = built_or_loaded(backend(fake), info, job)  # type: ignore[arg-type]
     assert backend(fake).serialize(loaded) == b"the trial's plan"

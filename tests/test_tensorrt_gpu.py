@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from gpt_optuna.backends.tensorrt.backend import TensorRTBackend, TensorRTRTXBackend
+from gpt_optuna.core.engine_paths import EnginePaths
 from gpt_optuna.graph import feeds as mf
 from gpt_optuna.graph import model as m
 from gpt_optuna.protocol.timing import MeasureSettings
@@ -39,7 +40,7 @@ def test_engine_runs_on_cupy_buffers_with_and_without_cuda_graphs(name: str, cnn
     graph = [k for k in space.knobs if k.name in ("runtime.cuda_graph", "runtime.cuda_graph_strategy")][0]
     for value in graph.choices:
         candidate = {**space.default(), graph.name: value}
-        built = backend.build(info, candidate, tmp_path, shapes)
+        built = backend.build(info, candidate, EnginePaths.under(tmp_path), shapes)
         try:
             runner = backend.open(built, feeds, reference)
         except RuntimeError as exc:

@@ -16,6 +16,7 @@ from gpt_optuna.backends.base import BuildError
 from gpt_optuna.backends.tensorrt.backend import TensorRTRTXBackend, _capturing_logger
 from gpt_optuna.backends.tensorrt.knobs import RouteKnob, configure
 from gpt_optuna.cli import main
+from gpt_optuna.core.engine_paths import EnginePaths
 from gpt_optuna.graph import model as m
 from gpt_optuna.study.artifacts import kept_engine
 
@@ -50,7 +51,7 @@ def test_many_sampled_candidates_build_real_engines(cnn_path: Path, tmp_path: Pa
         candidate = space.suggest(trial)
         if candidate["workspace_mib"] != "default" and int(candidate["workspace_mib"]) < 256:
             continue
-        built = backend.build(info, candidate, tmp_path, shapes)
+        built = backend.build(info, candidate, EnginePaths.under(tmp_path), shapes)
         plan = backend.serialize(built)
         assert plan is not None and len(plan) == built.facts.engine_bytes > 1000
         assert built.facts.engine_sha256 == hashlib.sha256(plan).hexdigest()
@@ -77,7 +78,7 @@ def test_parse_error_names_the_node_and_op(tmp_path: Path) -> None:
     info = m.load_model_info(tmp_path / "odd.onnx")
     backend = TensorRTRTXBackend()
     with pytest.raises(BuildError, match=r"node 'odd' \(op Mystery\)"):
-        backend.build(info, backend.space(info, {}).default(), tmp_path, m.resolve_shapes(info, {}))
+        backend.build(info, backend.space(info, {}).default(), EnginePaths.under(tmp_path), m.resolve_shapes(info, {}))
 
 
 def test_dynamic_batch_builds_with_one_profile(mlp_path: Path, tmp_path: Path) -> None:
@@ -86,7 +87,7 @@ def test_dynamic_batch_builds_with_one_profile(mlp_path: Path, tmp_path: Path) -
     backend = TensorRTRTXBackend()
     space = backend.space(info, shapes)
     assert "runtime.dynamic_shapes_kernel_specialization" in {k.name for k in space.knobs}
-    assert backend.build(info, space.default(), tmp_path, shapes).facts.engine_bytes > 0
+    assert backend.build(info, space.default(), EnginePaths.under(tmp_path), shapes).facts.engine_bytes > 0
 
 
 def dry_run(cnn_path: Path, *flags: str) -> int:
@@ -233,9 +234,9 @@ def test_the_network_is_strongly_typed_and_every_builder_shares_one_logger(cnn_p
     info = m.load_model_info(cnn_path)
     rtx = TensorRTRTXBackend()
     candidate = rtx.space(info, m.resolve_shapes(info, {})).default()
-    _, network, _, logger = rtx._parse(info, tmp_path, candidate)
+    _, network, _, logger = rtx._parse(info, EnginePaths.under(tmp_path), candidate)
     assert network.get_flag(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED)
-    assert rtx._parse(info, tmp_path, candidate)[3] is logger
+    assert rtx._parse(info, EnginePaths.under(tmp_path), candidate)[3] is logger
 
 
 def test_a_build_route_the_library_does_not_take_is_a_build_error() -> None:

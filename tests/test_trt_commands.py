@@ -109,10 +109,18 @@ def test_a_real_study_trial_gets_its_lines_and_the_onnx_that_was_parsed(cnn_path
     study = optuna.load_study(study_name="cnn-tensorrt-rtx", storage="sqlite:///studies/cnn-tensorrt-rtx.db")
     defaults = {k["name"]: k["default"] for k in study.user_attrs["gpt_optuna"]["space"]}
     for trial in study.get_trials():
-        engine, models = Path(f"t{trial.number}.plan"), StudyFolder.of(study).models
+        engine, folder = Path(f"t{trial.number}.plan"), StudyFolder.of(study)
         shapes = study.user_attrs["gpt_optuna"].get("shapes", {})
         commands = build_commands(
-            ExportedTrial(trial_model(study, trial), engine, trial.params, defaults, shapes, models)
+            ExportedTrial(
+                trial_model(study, trial),
+                engine,
+                trial.params,
+                defaults,
+                shapes,
+                folder.engine_paths,
+                folder.root / "inputs.npz",
+            )
         )
         onnx.checker.check_model(f"t{trial.number}.plan.onnx")
         assert commands["trtexec"].startswith(

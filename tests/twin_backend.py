@@ -8,10 +8,10 @@ before ONNX Runtime builds the candidate; the sessions and runs are ONNX Runtime
 from __future__ import annotations
 
 from dataclasses import replace
-from pathlib import Path
 
 from gpt_optuna.backends import Built, KnobLimit
 from gpt_optuna.backends.onnxruntime.backend import OnnxRuntimeBackend
+from gpt_optuna.core.engine_paths import EnginePaths
 from gpt_optuna.core.space import Candidate, Condition, Space
 from gpt_optuna.graph.model import ModelInfo, ShapeRange
 
@@ -54,11 +54,11 @@ class TwinBackend(OnnxRuntimeBackend):
     def fusions(self) -> tuple[str, ...]:
         return ()
 
-    def build(self, model: ModelInfo, candidate: Candidate, workdir: Path, shapes: dict[str, ShapeRange]) -> Built:
-        return super().build(model, _own(candidate), workdir, shapes)
+    def build(self, model: ModelInfo, candidate: Candidate, paths: EnginePaths, shapes: dict[str, ShapeRange]) -> Built:
+        return super().build(model, _own(candidate), paths, shapes)
 
     def check_model(
-        self, model: ModelInfo, space: Space, candidate: Candidate, workdir: Path, shapes: dict[str, ShapeRange]
+        self, model: ModelInfo, space: Space, candidate: Candidate, paths: EnginePaths, shapes: dict[str, ShapeRange]
     ) -> list[KnobLimit]:
-        self.build(model, candidate, workdir, shapes)
+        self.build(model, candidate, paths, shapes)
         return []

@@ -1,7 +1,8 @@
 """Engines the tuner can drive, looked up by name or by ``package.module:Class`` import path.
 
 Everything a backend of one's own needs is importable from here: the :class:`Backend` base class and
-what its methods take and return (the space's knobs and candidates, the model's description).
+what its methods take and return (the space's knobs and candidates, the model's description, the
+files its builds share, the facts a build and a run learn).
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from gpt_optuna.backends.onnxruntime import triton as _onnxruntime_triton
 from gpt_optuna.backends.registry import BACKENDS, load_engine
 from gpt_optuna.backends.tensorrt import commands as _tensorrt_commands
 from gpt_optuna.backends.tensorrt import triton as _tensorrt_triton
+from gpt_optuna.core.engine_facts import BuildFacts, RunFacts
+from gpt_optuna.core.engine_paths import EnginePaths
 from gpt_optuna.core.engine_spec import is_composition
 from gpt_optuna.core.space import Candidate, Condition, Knob, Space, Value
 from gpt_optuna.graph.model import Feeds, ModelInfo, ShapeRange, TensorSpec
@@ -47,15 +50,18 @@ __all__ = [
     "BACKENDS",
     "Backend",
     "BuildError",
+    "BuildFacts",
     "Built",
     "Candidate",
     "DEPLOYMENTS",
     "Deployment",
     "Condition",
+    "EnginePaths",
     "Feeds",
     "Knob",
     "KnobLimit",
     "ModelInfo",
+    "RunFacts",
     "Runner",
     "ShapeRange",
     "Space",

@@ -3,7 +3,7 @@
 Backends know nothing of Optuna. The worker process calls them in this order for each
 candidate::
 
-    built = backend.build(model, candidate, workdir, shapes)  # may raise BuildError
+    built = backend.build(model, candidate, paths, shapes)    # may raise BuildError
     with backend.open(built, feeds, reference) as runner: # buffers bound to inputs and outputs
         outputs = runner.infer()                          # host copies, for the accuracy check
         runner.launch(); runner.synchronize()             # what the timer measures
@@ -26,6 +26,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from gpt_optuna.core.engine_facts import BuildFacts, RunFacts
+from gpt_optuna.core.engine_paths import EnginePaths
 from gpt_optuna.core.errors import GptOptunaError, MissingDependencyError, UserError
 from gpt_optuna.core.space import Candidate, Condition, Knob, Space, Value
 from gpt_optuna.graph.model import Feeds, ModelInfo, ShapeRange
@@ -65,15 +66,17 @@ where checking the space keeps a knob out."""
 @dataclass(frozen=True)
 class ExportedTrial:
     """A trial as ``export`` writes it: the ONNX model it ran, the file written (``out``: the engine
-    or the model), its params over the space's defaults, the study's input shapes, the study's
-    folder of transformed models and the library versions the study ran (module -> version)."""
+    or the model), its params over the space's defaults, the study's input shapes, the files the
+    study's builds share, its sample inputs and the library versions the study ran (module -> version)."""
 
     model: Path
     out: Path
     params: Mapping[str, Any]
     defaults: Mapping[str, Any]
     shapes: Mapping[str, Any]
-    models: Path
+    paths: EnginePaths
+    inputs: Path
+    """The study's sample inputs (``inputs.npz``)."""
     versions: Mapping[str, str] = field(default_factory=dict)
 
 
@@ -189,11 +192,11 @@ class Backend(abc.ABC):
         """The knobs worth searching for this model with the library installed here."""
 
     @abc.abstractmethod
-    def build(self, model: ModelInfo, candidate: Candidate, workdir: Path, shapes: dict[str, ShapeRange]) -> Built:
+    def build(self, model: ModelInfo, candidate: Candidate, paths: EnginePaths, shapes: dict[str, ShapeRange]) -> Built:
         """Build (compile, create a session for) one candidate; raise BuildError on failure.
 
-        ``workdir`` is the study folder (for caches shared across trials); ``shapes`` the range
-        of input shapes the engine must accept.
+        ``paths`` are the files the study's builds share (its model cache, caches); ``shapes`` the
+        range of input shapes the engine must accept.
         """
 
     @abc.abstractmethod
@@ -235,7 +238,7 @@ class Backend(abc.ABC):
         return None
 
     def check_model(
-        self, model: ModelInfo, space: Space, candidate: Candidate, workdir: Path, shapes: dict[str, ShapeRange]
+        self, model: ModelInfo, space: Space, candidate: Candidate, paths: EnginePaths, shapes: dict[str, ShapeRange]
     ) -> list[KnobLimit]:
         """Load a graph (the original or a transformed one) as ``candidate``, the space's default
         for it, would, cheaply; raise BuildError if the engine cannot take it at all. Return the
@@ -243,14 +246,14 @@ class Backend(abc.ABC):
 
         This default builds the candidate; backends with a cheaper check override it.
         """
-        self.build(model, candidate, workdir, shapes)
+        self.build(model, candidate, paths, shapes)
         return []
 
     def layer_times(
         self,
         model: ModelInfo,
         candidate: Candidate,
-        workdir: Path,
+        paths: EnginePaths,
         shapes: dict[str, ShapeRange],
         feeds: Feeds,
         outputs: Feeds,

@@ -16,6 +16,7 @@ from typing import Any
 
 from gpt_optuna.backends.base import Backend, BuildError, Built, KnobLimit, NodeTime, Runner
 from gpt_optuna.backends.registry import BACKENDS, load_engine
+from gpt_optuna.core.engine_paths import EnginePaths
 from gpt_optuna.core.engine_spec import AUTO, ENGINE_KNOB, engine_specs, is_composition
 from gpt_optuna.core.errors import MissingDependencyError, UserError
 from gpt_optuna.core.space import Candidate, Condition, Knob, Space, Value
@@ -136,7 +137,7 @@ class EngineChoice(Backend):
             gated.append(knob)
         return Space([knobs[0], *gated, *knobs[1:]])
 
-    def build(self, model: ModelInfo, candidate: Candidate, workdir: Path, shapes: dict[str, ShapeRange]) -> Built:
+    def build(self, model: ModelInfo, candidate: Candidate, paths: EnginePaths, shapes: dict[str, ShapeRange]) -> Built:
         engine, label = self.engine(candidate), str(candidate.get(ENGINE_KNOB, self.first))
         precision = PrecisionSetting.from_candidate(candidate).precision
         if precision not in engine.precisions():
@@ -144,7 +145,7 @@ class EngineChoice(Backend):
         fusion = candidate.get(FUSION_KNOB, "none")
         if fusion != "none" and fusion not in engine.fusions():
             raise BuildError(f"the {label} engine does not run the {fusion} graph fusion")
-        built = engine.build(model, candidate, workdir, shapes)
+        built = engine.build(model, candidate, paths, shapes)
         return EngineBuilt(built.engine, built.build_s, built.facts, label, built)
 
     def _inner(self, built: Built) -> tuple[Backend, Built]:
@@ -165,22 +166,22 @@ class EngineChoice(Backend):
         return None if loaded is None else EngineBuilt(loaded.engine, loaded.build_s, loaded.facts, label, loaded)
 
     def check_model(
-        self, model: ModelInfo, space: Space, candidate: Candidate, workdir: Path, shapes: dict[str, ShapeRange]
+        self, model: ModelInfo, space: Space, candidate: Candidate, paths: EnginePaths, shapes: dict[str, ShapeRange]
     ) -> list[KnobLimit]:
-        return self.engine(candidate).check_model(model, space, candidate, workdir, shapes)
+        return self.engine(candidate).check_model(model, space, candidate, paths, shapes)
 
     def layer_times(
         self,
         model: ModelInfo,
         candidate: Candidate,
-        workdir: Path,
+        paths: EnginePaths,
         shapes: dict[str, ShapeRange],
         feeds: Feeds,
         outputs: Feeds,
         runs: int,
         saved: bytes | None = None,
     ) -> list[NodeTime]:
-        return self.engine(candidate).layer_times(model, candidate, workdir, shapes, feeds, outputs, runs, saved)
+        return self.engine(candidate).layer_times(model, candidate, paths, shapes, feeds, outputs, runs, saved)
 
     def refused_run(self, error: Exception) -> str | None:
         return _first_value(list(self.engines.values()), lambda e: e.refused_run(error))

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gpt_optuna.core.engine_paths import EnginePaths
 from gpt_optuna.core.errors import UserError
 from gpt_optuna.core.space import Candidate, Space
 from gpt_optuna.graph.fusion import fusion_of
@@ -170,6 +171,16 @@ class EvaluateJob(Job):
     def engine_candidate(self) -> Candidate:
         """The candidate as the engine takes it: every knob set, inactive ones at their defaults."""
         return {**self.defaults, **self.candidate}
+
+    @property
+    def engine_paths(self) -> EnginePaths:
+        """The files the study's builds share (its model cache, caches), for the engine."""
+        return StudyFolder(self.workdir).engine_paths
+
+    @property
+    def engine_folder(self) -> Path:
+        """Where the worker writes the engine it built, for the tuner to keep."""
+        return StudyFolder(self.workdir).engines
 
     @property
     def transforms(self) -> str:

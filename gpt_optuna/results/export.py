@@ -23,7 +23,7 @@ from gpt_optuna.graph.model import file_sha256
 from gpt_optuna.graph.model_cache import intact
 from gpt_optuna.graph.model_copy import copy_model, external_data_file
 from gpt_optuna.results.summary_text import headline
-from gpt_optuna.study.artifacts import artifact_folder, verified
+from gpt_optuna.study.artifacts import INPUTS_FILE, artifact_folder, verified
 from gpt_optuna.study.folder import StudyFolder
 from gpt_optuna.study.record import StudyRecord
 from gpt_optuna.study.sources import StudySources, check_model, model_unchanged
@@ -274,10 +274,11 @@ def _write_export(
         "model_sha256": file_sha256(staged),
     }
     if deployment is not None:
-        models = StudyFolder.of(study).models
-        side |= deployment.side_file(
-            ExportedTrial(source, staged, trial.params, record.defaults, record.shapes or {}, models, record.versions)
+        paths, inputs = StudyFolder.of(study).engine_paths, workdir / INPUTS_FILE
+        exported = ExportedTrial(
+            source, staged, trial.params, record.defaults, record.shapes or {}, paths, inputs, record.versions
         )
+        side |= deployment.side_file(exported)
     for kind, path in samples.items():  # what a later `gpt-optuna check` compares a changed model on
         shutil.copyfile(workdir / f"{kind}.npz", staging.path(path))
     staging.path(out.with_name(out.name + ".json")).write_text(json.dumps(side, indent=2))

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from gpt_optuna.core.engine_paths import EnginePaths
 from gpt_optuna.study.record import FOLDER_ATTR, STUDIES
 
 if TYPE_CHECKING:
@@ -53,19 +54,19 @@ class StudyFolder:
         )
 
     @property
+    def engine_paths(self) -> EnginePaths:
+        """What the study's engines share across trials: the model cache, TensorRT's timing cache."""
+        return EnginePaths.under(self.root)
+
+    @property
     def models(self) -> Path:
         """Transformed models, each made once (``graph.model_cache``)."""
-        return self.root / "models"
+        return self.engine_paths.models
 
     @property
     def engines(self) -> Path:
         """Serialized engines a worker hands to the tuner."""
         return self.root / "engines"
-
-    @property
-    def timing_cache(self) -> Path:
-        """TensorRT's timing cache, shared by the study's builds."""
-        return self.root / "timing.cache"
 
     @property
     def artifacts(self) -> Path:

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from gpt_optuna.backends.base import Backend, BuildError, Built, Runner
+from gpt_optuna.core.engine_paths import EnginePaths
 from gpt_optuna.core.log import onnxruntime_options
 from gpt_optuna.core.space import Candidate, Knob, Space
 from gpt_optuna.graph.model import Feeds, ModelInfo, ShapeRange
@@ -66,7 +67,7 @@ class SyntheticBackend(Backend):
             ]
         )
 
-    def build(self, model: ModelInfo, candidate: Candidate, workdir: Path, shapes: dict[str, ShapeRange]) -> Built:
+    def build(self, model: ModelInfo, candidate: Candidate, paths: EnginePaths, shapes: dict[str, ShapeRange]) -> Built:
         start = time.perf_counter()
         time.sleep(int(candidate["build_ms"]) / 1000)
         mode = candidate["mode"]
@@ -101,10 +102,10 @@ class RoutedSyntheticBackend(SyntheticBackend):
         routes = [Knob(f"route.r{i}", ("0", "1"), "0", screened=True) for i in range(12)]
         return Space([*super().space(model, shapes).knobs, *routes])
 
-    def build(self, model: ModelInfo, candidate: Candidate, workdir: Path, shapes: dict[str, ShapeRange]) -> Built:
+    def build(self, model: ModelInfo, candidate: Candidate, paths: EnginePaths, shapes: dict[str, ShapeRange]) -> Built:
         factor = float(np.prod([ROUTE_EFFECTS.get(item, 1.0) for item in candidate.items()]))
         slowed = {**candidate, "delay_us": int(int(candidate["delay_us"]) * factor)}
-        return super().build(model, slowed, workdir, shapes)
+        return super().build(model, slowed, paths, shapes)
 
 
 @functools.cache

@@ -27,7 +27,6 @@ from gpt_optuna.graph.precision import QUANTIZED, PrecisionSetting, precision_kn
 from gpt_optuna.protocol.jobs import CheckJob, EvaluateJob, SpaceJob, WarmUpJob
 from gpt_optuna.protocol.outcome import Outcome, TrialResult
 from gpt_optuna.protocol.process import gpu_names, report_progress
-from gpt_optuna.study.folder import StudyFolder
 from gpt_optuna.worker.failures import MetricFailed, build_failure, failure
 from gpt_optuna.worker.measure import measure
 from gpt_optuna.worker.sensitivity import rank_sensitive_nodes
@@ -202,7 +201,7 @@ def check(job: CheckJob) -> TrialResult:
     try:
         candidate = evaluation.engine_candidate
         backend = backend_of(evaluation.backend)
-        limits = backend.check_model(model, job.space, candidate, evaluation.workdir, evaluation.shapes)
+        limits = backend.check_model(model, job.space, candidate, evaluation.engine_paths, evaluation.shapes)
     except BuildError as exc:
         return build_failure(exc)
     return TrialResult(Outcome.OK, limits=tuple(limits))
@@ -249,12 +248,12 @@ def built_or_loaded(backend: Backend, model: ModelInfo, job: EvaluateJob) -> Bui
         loaded = backend.load(model, job.engine_candidate, job.saved_engine.read_bytes())
         if loaded is not None:
             return loaded
-    return backend.build(model, job.engine_candidate, job.workdir, job.shapes)
+    return backend.build(model, job.engine_candidate, job.engine_paths, job.shapes)
 
 
 def transformed_model(job: EvaluateJob) -> ModelInfo:
     """The model the candidate runs: the original, or a cached copy fused and/or in another precision."""
-    cache = StudyFolder(job.workdir).models
+    cache = job.engine_paths.models
     fused = fused_path(job.model.path, job.model.sha256, fusion_of(job.candidate), cache)
     base = job.model if fused == job.model.path else _model_info(fused)
     check_interface(job.model, base, dtypes_may_change=False)
@@ -301,7 +300,7 @@ def _ranking(job: EvaluateJob, model: ModelInfo, path: Path) -> list[str]:
 def _save_engine(job: EvaluateJob, data: bytes | None) -> Path | None:
     if data is None:
         return None
-    folder = StudyFolder(job.workdir).engines
+    folder = job.engine_folder
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{uuid.uuid4().hex}.engine"
     try:

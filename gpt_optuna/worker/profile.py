@@ -17,5 +17,5 @@ def profile(job: ProfileJob) -> list[NodeTime]:
     feeds, outputs = samples_of(evaluation, model)[0], templates_of(evaluation, model)
     saved = None if evaluation.saved_engine is None else evaluation.saved_engine.read_bytes()
     return backend.layer_times(
-        model, evaluation.engine_candidate, evaluation.workdir, evaluation.shapes, feeds, outputs, job.runs, saved
+        model, evaluation.engine_candidate, evaluation.engine_paths, evaluation.shapes, feeds, outputs, job.runs, saved
     )

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from gpt_optuna.backends import Backend
+from gpt_optuna.backends import Backend, EnginePaths
 from gpt_optuna.graph.model import ModelInfo, load_model_info, resolve_shapes
 from gpt_optuna.graph.program import onnx_of_program
 from gpt_optuna.protocol.jobs import SelfTestJob
@@ -54,7 +54,7 @@ def _tried(backend: Backend, info: ModelInfo) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="gpt-optuna-doctor-") as workdir:
         started = time.perf_counter()
         shapes = resolve_shapes(info, {})
-        built = backend.build(info, space.defaults() | space.default(), Path(workdir), shapes)
+        built = backend.build(info, space.defaults() | space.default(), EnginePaths.under(Path(workdir)), shapes)
         found["build_s"] = time.perf_counter() - started
         rng = np.random.default_rng(0)
         feeds = {spec.name: rng.standard_normal(spec.shape).astype(spec.dtype) for spec in info.inputs}

@@ -38,6 +38,7 @@ from gpt_optuna.backends.inductor.knobs import (
 )
 from gpt_optuna.backends.inductor.profiling import profiled_kernels
 from gpt_optuna.core.engine_facts import BuildFacts
+from gpt_optuna.core.engine_paths import EnginePaths
 from gpt_optuna.core.errors import MissingDependencyError, UserError
 from gpt_optuna.core.space import Candidate, Space
 from gpt_optuna.graph.model import Feeds, ModelInfo, ShapeRange, one_line
@@ -54,12 +55,12 @@ one configuration compile once, and a resumed study finds them."""
 CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
 
 
-def inductor_caches(study: Path) -> Path:
+def inductor_caches(folder: Path) -> Path:
     """Where a study's compiles keep Inductor's caches: the folder ``TORCHINDUCTOR_CACHE_DIR``
-    names where it is set (the user's own, shared), else :data:`CACHE_FOLDER` in the study folder;
+    names where it is set (the user's own, shared), else :data:`CACHE_FOLDER` in ``folder`` (the engine's caches);
     absolute, since Inductor's compilers run in other folders."""
     given = os.environ.get(CACHE_ENV)
-    return (Path(given) if given else study / CACHE_FOLDER).resolve()
+    return (Path(given) if given else folder / CACHE_FOLDER).resolve()
 
 
 def needs_program(onnx_path: Path) -> Path:
@@ -89,11 +90,11 @@ def _graph_targets(program: Any) -> set[str]:
 
 
 @contextlib.contextmanager
-def _cache_in(workdir: Path) -> Iterator[None]:
+def _cache_in(folder: Path) -> Iterator[None]:
     """Inductor's caches where the study keeps them (:func:`inductor_caches`) while compiling, and
     the saved-caches record emptied first, so that what is saved after is this compile's."""
     previous = os.environ.get(CACHE_ENV)
-    os.environ[CACHE_ENV] = str(inductor_caches(workdir))
+    os.environ[CACHE_ENV] = str(inductor_caches(folder))
     with contextlib.suppress(ImportError):  # a torch without saved caches compiles all the same
         from torch.compiler._cache import CacheArtifactManager
 
@@ -148,7 +149,7 @@ class InductorBackend(Backend):
         return Space(inductor_knobs(self._device() == "cuda", attention, convolution))
 
     def check_model(
-        self, model: ModelInfo, space: Space, candidate: Candidate, workdir: Path, shapes: dict[str, ShapeRange]
+        self, model: ModelInfo, space: Space, candidate: Candidate, paths: EnginePaths, shapes: dict[str, ShapeRange]
     ) -> list[KnobLimit]:
         load_program(needs_program(model.path))  # a compile is a trial's work: compile errors fail that trial
         return []
@@ -157,7 +158,7 @@ class InductorBackend(Backend):
         self,
         model: ModelInfo,
         candidate: Candidate,
-        workdir: Path,
+        paths: EnginePaths,
         shapes: dict[str, ShapeRange],
         extra_options: dict[str, Any] | None = None,
     ) -> Built:
@@ -171,7 +172,7 @@ class InductorBackend(Backend):
         zeros = [np.zeros(shapes[spec.name].opt, spec.dtype) for spec in model.inputs]
         start = time.perf_counter()
         try:
-            with _cache_in(workdir):
+            with _cache_in(paths.caches):
                 compiled = _compiled_and_run(program, settings, zeros, device == "cuda")
                 saved = torch.compiler.save_cache_artifacts()
                 build_s = time.perf_counter() - start
@@ -191,7 +192,7 @@ class InductorBackend(Backend):
         self,
         model: ModelInfo,
         candidate: Candidate,
-        workdir: Path,
+        paths: EnginePaths,
         shapes: dict[str, ShapeRange],
         feeds: Feeds,
         outputs: Feeds,
@@ -202,7 +203,7 @@ class InductorBackend(Backend):
         profiler does not see) and with Inductor's C++ kernels named to the profiler, then
         :func:`profiled_kernels`."""
         profiled = {**candidate, CUDAGRAPHS: False} if CUDAGRAPHS in candidate else dict(candidate)
-        built = self.build(model, profiled, workdir, shapes, {"cpp.enable_kernel_profile": True})
+        built = self.build(model, profiled, paths, shapes, {"cpp.enable_kernel_profile": True})
         with self.open(built, feeds, outputs) as runner:
             return profiled_kernels(runner, runs, self._device() == "cuda")
 
@@ -286,13 +287,10 @@ def side_file(trial: ExportedTrial) -> dict[str, Any]:
     """What :func:`~gpt_optuna.backends.inductor.deploy.load` compiles the exported program with
     (the trial's settings, on the device it was tuned on), and what that compile took and its latency
     in a fresh process (:func:`compiled_fresh`, which writes the caches shipped beside it)."""
-    from gpt_optuna.study.artifacts import INPUTS_FILE  # here: the command line's start imports no Optuna
-
     device = "cuda" if CUDAGRAPHS in trial.params else "cpu"  # the knob is offered on the GPU alone
     settings = settings_of(dict(trial.params), device)
-    study = trial.models.parent
     cache = trial.out.with_name(trial.out.name + CACHE_SUFFIX)
-    fresh = compiled_fresh(trial.out, settings, study / INPUTS_FILE, inductor_caches(study), cache)
+    fresh = compiled_fresh(trial.out, settings, trial.inputs, inductor_caches(trial.paths.caches), cache)
     return {SECTION: settings, "fresh_process": fresh}
 
 

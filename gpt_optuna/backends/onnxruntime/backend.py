@@ -42,6 +42,7 @@ from gpt_optuna.backends.onnxruntime.settings import (
     usable_cores,
     usable_providers,
 )
+from gpt_optuna.core.engine_paths import EnginePaths
 from gpt_optuna.core.errors import MissingDependencyError
 from gpt_optuna.core.space import Candidate, Space, Value
 from gpt_optuna.graph.feeds import synthetic_feeds
@@ -99,14 +100,14 @@ class OnnxRuntimeBackend(Backend):
         self,
         model: ModelInfo,
         candidate: Candidate,
-        workdir: Path,
+        paths: EnginePaths,
         shapes: dict[str, ShapeRange],
         feeds: Feeds,
         outputs: Feeds,
         runs: int,
         saved: bytes | None = None,
     ) -> list[NodeTime]:
-        return profiled_nodes(model.path, candidate, workdir, feeds, runs)
+        return profiled_nodes(model.path, candidate, paths.caches, feeds, runs)
 
     def baseline_values(self, path: Path) -> dict[str, Value]:
         return user_settings.knob_values(user_settings.read_settings(path), f"--baseline-config {path.name}")
@@ -119,12 +120,12 @@ class OnnxRuntimeBackend(Backend):
         extras = applicable_cuda_options(keys, ort_version(), model_ops(model.path)) if keys else ()
         return Space(discover_knobs(providers, levels, usable_cores(), extras))
 
-    def build(self, model: ModelInfo, candidate: Candidate, workdir: Path, shapes: dict[str, ShapeRange]) -> Built:
+    def build(self, model: ModelInfo, candidate: Candidate, paths: EnginePaths, shapes: dict[str, ShapeRange]) -> Built:
         ort = ort_module()
         provider = str(candidate["provider"])
         stream = import_cupy().cuda.Stream(non_blocking=True) if provider in GPU_PROVIDERS else None
         options = session_options(candidate)
-        providers = [(provider, provider_options(candidate, stream.ptr if stream else None, workdir))]
+        providers = [(provider, provider_options(candidate, stream.ptr if stream else None, paths.caches))]
         start = time.perf_counter()
         try:
             session = ort.InferenceSession(str(model.path), options, providers=providers)
@@ -139,7 +140,7 @@ class OnnxRuntimeBackend(Backend):
         return Built((session, stream), build_s)
 
     def check_model(
-        self, model: ModelInfo, space: Space, candidate: Candidate, workdir: Path, shapes: dict[str, ShapeRange]
+        self, model: ModelInfo, space: Space, candidate: Candidate, paths: EnginePaths, shapes: dict[str, ShapeRange]
     ) -> list[KnobLimit]:
         """Create the default session; keep the CUDA settings that act on particular operators for
         the graphs that run one (after ONNX Runtime's optimizations); where the space offers CUDA
@@ -147,24 +148,24 @@ class OnnxRuntimeBackend(Backend):
         session can capture one: every node on the CUDA provider; where it offers cuDNN's conv-bias
         fusion for a graph with convolutions, find the layouts at which one inference runs with it
         (cuDNN's frontend finds no plan for some convolutions, and says so only when they run)."""
-        self.build(model, candidate, workdir, shapes)
+        self.build(model, candidate, paths, shapes)
         knobs = {k.name: k for k in space.knobs}
         if candidate.get("provider") != CUDA:
             return []
-        limits = operator_limits(space, optimized_ops(model, candidate, workdir))
+        limits = operator_limits(space, optimized_ops(model, candidate, paths.caches))
         limited = {limit.knob for limit in limits}
         base = {**candidate, CUDA_GRAPH: False} if CUDA_GRAPH in candidate else candidate
 
         def captures(setting: Candidate) -> str | None:
             try:
-                self.build(model, {**base, **setting, CUDA_GRAPH: True}, workdir, shapes)
+                self.build(model, {**base, **setting, CUDA_GRAPH: True}, paths, shapes)
             except BuildError as exc:
                 return str(exc).splitlines()[0]
             return None
 
         def runs_fused(setting: Candidate) -> str | None:
             try:
-                session, _ = self.build(model, {**base, **setting, FUSE_CONV_BIAS: True}, workdir, shapes).engine
+                session, _ = self.build(model, {**base, **setting, FUSE_CONV_BIAS: True}, paths, shapes).engine
                 session.run(None, synthetic_feeds(model, shapes))
             except BuildError as exc:
                 return str(exc).splitlines()[0]

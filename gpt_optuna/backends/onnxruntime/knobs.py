@@ -126,14 +126,14 @@ def applicable_cuda_options(
     )
 
 
-def optimized_ops(model: ModelInfo, candidate: Candidate, workdir: Path) -> frozenset[str]:
+def optimized_ops(model: ModelInfo, candidate: Candidate, caches: Path) -> frozenset[str]:
     """The operator types a session of ``model`` configured as ``candidate`` runs: the graph's own
     and those ONNX Runtime's optimizations make at session creation (``Gelu``, ``Attention``...);
     the graph's own alone where ONNX Runtime cannot write its optimized copy."""
     ort = ort_module()
     options = session_options(candidate)
-    providers = [(candidate["provider"], provider_options(candidate, None, workdir))]
-    with tempfile.TemporaryDirectory(dir=workdir) as folder:
+    providers = [(candidate["provider"], provider_options(candidate, None, caches))]
+    with tempfile.TemporaryDirectory(dir=caches) as folder:
         optimized = Path(folder) / "optimized.onnx"
         options.optimized_model_filepath = str(optimized)
         options.add_session_config_entry("session.optimized_model_external_initializers_file_name", "weights.bin")

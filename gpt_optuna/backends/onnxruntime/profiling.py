@@ -22,7 +22,7 @@ KERNEL = "_kernel_time"
 """The suffix of a node's kernel event in ONNX Runtime's trace."""
 
 
-def profiled_nodes(model_path: Path, candidate: Candidate, workdir: Path, feeds: Feeds, runs: int) -> list[NodeTime]:
+def profiled_nodes(model_path: Path, candidate: Candidate, caches: Path, feeds: Feeds, runs: int) -> list[NodeTime]:
     """Run the candidate's session ``runs`` times under ONNX Runtime's profiler; its node times.
     A CUDA graph is not captured: its replays run no node the profiler sees."""
     candidate = {**candidate, **{knob: False for knob in (CUDA_GRAPH, "trt.cuda_graph") if knob in candidate}}
@@ -30,7 +30,7 @@ def profiled_nodes(model_path: Path, candidate: Candidate, workdir: Path, feeds:
         options = session_options(candidate)
         options.enable_profiling = True
         options.profile_file_prefix = str(Path(folder) / "profile")
-        providers = [(str(candidate["provider"]), provider_options(candidate, None, workdir))]
+        providers = [(str(candidate["provider"]), provider_options(candidate, None, caches))]
         session = ort_module().InferenceSession(str(model_path), options, providers=providers)
         for _ in range(runs):
             session.run(None, feeds)

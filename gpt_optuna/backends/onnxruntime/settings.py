@@ -233,7 +233,7 @@ def session_options(candidate: Candidate) -> Any:
     return options
 
 
-def provider_options(candidate: Candidate, stream_ptr: int | None, workdir: Path) -> dict[str, str]:
+def provider_options(candidate: Candidate, stream_ptr: int | None, caches: Path) -> dict[str, str]:
     """Map a candidate's provider knobs onto the provider's option strings."""
     provider = candidate["provider"]
 
@@ -261,7 +261,7 @@ def provider_options(candidate: Candidate, stream_ptr: int | None, workdir: Path
             "trt_cuda_graph_enable": flag(candidate["trt.cuda_graph"]),
             "trt_auxiliary_streams": str(candidate["trt.auxiliary_streams"]),
             "trt_timing_cache_enable": "1",
-            "trt_timing_cache_path": str(workdir),
+            "trt_timing_cache_path": str(caches),
         }
     else:
         return {}

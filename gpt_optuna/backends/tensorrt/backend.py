@@ -47,12 +47,12 @@ from gpt_optuna.backends.tensorrt.knobs import (
     strongly_typed,
 )
 from gpt_optuna.core.engine_facts import BuildFacts, RunFacts
+from gpt_optuna.core.engine_paths import EnginePaths
 from gpt_optuna.core.errors import MissingDependencyError
 from gpt_optuna.core.files import atomic_write, locked
 from gpt_optuna.core.space import Candidate, Space, Value
 from gpt_optuna.graph.constant_folding import folded
 from gpt_optuna.graph.model import Feeds, ModelInfo, ShapeRange
-from gpt_optuna.study.folder import StudyFolder
 
 _LOGGED = ("INTERNAL_ERROR", "ERROR", "WARNING")
 _TENSORRT_LOG = logging.getLogger(__name__)
@@ -203,12 +203,12 @@ class TensorRTBackend(Backend):
         dynamic = any(not spec.is_static for spec in model.inputs)
         return Space(discover_knobs(trt, config, has_qdq=_has_qdq(model), dynamic=dynamic, l2_bytes=_device_l2_bytes()))
 
-    def _parse(self, model: ModelInfo, workdir: Path, candidate: Candidate) -> tuple[Any, Any, Any, Any]:
+    def _parse(self, model: ModelInfo, paths: EnginePaths, candidate: Candidate) -> tuple[Any, Any, Any, Any]:
         """Builder, network (typed as :func:`network_flags` says), parser and logger with the model
-        parsed (its constant subgraphs folded first, a copy kept in ``workdir/models``); BuildError
+        parsed (its constant subgraphs folded first, a copy kept in the model cache); BuildError
         naming the nodes TensorRT refused."""
         trt = self.trt
-        model = folded(model, StudyFolder(workdir).models)
+        model = folded(model, paths.models)
         logger = _capturing_logger(trt)
         builder = trt.Builder(logger)
         network = builder.create_network(network_flags(trt, candidate))
@@ -220,26 +220,26 @@ class TensorRTBackend(Backend):
         return builder, network, parser, logger
 
     def check_model(
-        self, model: ModelInfo, space: Space, candidate: Candidate, workdir: Path, shapes: dict[str, ShapeRange]
+        self, model: ModelInfo, space: Space, candidate: Candidate, paths: EnginePaths, shapes: dict[str, ShapeRange]
     ) -> list[KnobLimit]:
         """Build the candidate at the lowest optimization level: parsing alone misses what the
         builder refuses (a type it has no kernel for, say), and the lowest level builds quickly."""
         quick = (
             {**candidate, "builder_optimization_level": 0} if "builder_optimization_level" in candidate else candidate
         )
-        self.build(model, quick, workdir, shapes)
+        self.build(model, quick, paths, shapes)
         return []
 
-    def build(self, model: ModelInfo, candidate: Candidate, workdir: Path, shapes: dict[str, ShapeRange]) -> Built:
+    def build(self, model: ModelInfo, candidate: Candidate, paths: EnginePaths, shapes: dict[str, ShapeRange]) -> Built:
         trt = self.trt
-        builder, network, _parser, logger = self._parse(model, workdir, candidate)
+        builder, network, _parser, logger = self._parse(model, paths, candidate)
         config = builder.create_builder_config()
         routes = parse_build_routes(config.all_build_routes) if hasattr(config, "all_build_routes") else []
         configure(trt, config, candidate, routes)
         profile = optimization_profile(builder, model, shapes)
         if profile is not None and config.add_optimization_profile(profile) < 0:
             raise BuildError("TensorRT refused the optimization profile", "\n".join(logger.messages))
-        cache_path = StudyFolder(workdir).timing_cache
+        cache_path = paths.timing_cache
         cache, shared = self._load_timing_cache(config, cache_path, logger) if self.timing_cache else (None, False)
         start = time.perf_counter()
         plan = builder.build_serialized_network(network, config)
@@ -318,7 +318,7 @@ class TensorRTBackend(Backend):
         self,
         model: ModelInfo,
         candidate: Candidate,
-        workdir: Path,
+        paths: EnginePaths,
         shapes: dict[str, ShapeRange],
         feeds: Feeds,
         outputs: Feeds,
@@ -335,7 +335,7 @@ class TensorRTBackend(Backend):
         if "runtime.cuda_graph_strategy" in plain:
             plain["runtime.cuda_graph_strategy"] = "DISABLED"
         loaded = None if saved is None else self.load(model, plain, saved)
-        runner = self.open(loaded or self.build(model, plain, workdir, shapes), feeds, outputs)
+        runner = self.open(loaded or self.build(model, plain, paths, shapes), feeds, outputs)
         assert isinstance(runner, TensorRTRunner)
         try:
             times = runner.layer_times(runs)

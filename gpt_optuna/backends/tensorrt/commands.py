@@ -177,7 +177,7 @@ def build_commands(trial: ExportedTrial) -> dict[str, Any]:
     from gpt_optuna.graph.model_copy import copy_model
 
     parsed = trial.out.with_name(trial.out.name + ".onnx")
-    copy_model(folded(load_model_info(trial.model), trial.models).path, parsed)
+    copy_model(folded(load_model_info(trial.model), trial.paths.models).path, parsed)
     params, defaults, shapes = dict(trial.params), dict(trial.defaults), dict(trial.shapes)
     lines = [
         trtexec(parsed.name, trial.out.name, params, defaults, shapes, trtexec_major(trial.versions)),
