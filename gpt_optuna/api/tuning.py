@@ -9,7 +9,7 @@ timeout ends a trial, never the caller's Python.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +19,7 @@ from gpt_optuna.api.study import TunedStudy, load, storage_url
 from gpt_optuna.core import interrupts
 from gpt_optuna.core.errors import UserError
 from gpt_optuna.search.config import TuneConfig, absolute_storage, measure_settings, read_toml
-from gpt_optuna.search.options import optional_path, parse_duration
+from gpt_optuna.search.options import OPTIONS, Option, parse_duration
 from gpt_optuna.search.progress import Progress, in_notebook
 from gpt_optuna.search.tune import TuneEnd
 from gpt_optuna.search.tune import tune as run_search
@@ -57,6 +57,7 @@ def tune(
     warm_start: str | None = None,
     allow_io_change: bool | None = None,
     dry_run: bool | None = None,
+    baseline_config: str | Path | None = None,
     progress: bool = True,
 ) -> TunedStudy:
     """Run or resume a search for the fastest configuration of ``model`` that meets ``accuracy``,
@@ -71,39 +72,9 @@ def tune(
     Raises :class:`gpt_optuna.UserError` for what cannot run (a bad model, criterion or option),
     before anything is written.
     """
-    given: dict[str, Any] = {
-        "model": Path(model),
-        "inputs": optional_path(inputs),
-        "accuracy": accuracy,
-        "backend": backend,
-        "n_trials": n_trials,
-        "timeout_s": parse_duration(timeout) if timeout is not None else None,
-        "storage": storage_url(storage) if storage is not None else None,
-        "study_name": study_name,
-        "space": dict(space) if space is not None else None,
-        "metric": metric,
-        "samples": samples,
-        "calibration": optional_path(calibration),
-        "shapes": _shape_flags(shapes),
-        "sampler": sampler,
-        "seed": seed,
-        "objectives": objectives if objectives is None or isinstance(objectives, str) else tuple(objectives),
-        "measure": measure_settings("measure", measure) if measure is not None else None,
-        "trial_timeout_s": parse_duration(trial_timeout) if trial_timeout is not None else None,
-        "confirm_top": confirm_top,
-        "confirm_processes": confirm_processes,
-        "workers": workers,
-        "gpus": gpus,
-        "artifacts": optional_path(artifacts),
-        "allow_mixed_gpus": allow_mixed_gpus,
-        "no_seeds": no_seeds,
-        "keep_all_engines": keep_all_engines,
-        "warm_start": warm_start,
-        "allow_io_change": allow_io_change,
-        "dry_run": dry_run,
-    }
+    given = config_values(dict(locals()))
     values = read_toml(Path(config)) if config is not None else {}
-    values |= {k: v for k, v in given.items() if v is not None}
+    values |= given
     try:
         tune_config = TuneConfig(**values)
     except TypeError as exc:
@@ -125,10 +96,41 @@ def tune(
     return load(end.config.storage, end.config.study_name)
 
 
-def _shape_flags(shapes: dict[str, str] | Sequence[str] | None) -> list[str] | None:
+KEYWORDS = {"shape": "shapes"}
+"""The keyword of a tune option (:data:`~gpt_optuna.search.options.OPTIONS`) where it is not the option's name."""
+TABLES = ("space", "measure")
+"""Keywords of tune.toml's tables, which no flag sets."""
+
+
+def keyword_of(option: Option) -> str:
+    """The :func:`tune` keyword that sets ``option``."""
+    return KEYWORDS.get(option.dest, option.dest)
+
+
+def config_values(given: dict[str, Any]) -> dict[str, Any]:
+    """The TuneConfig fields the keywords ``given`` set (None: left out), each read as its flag is;
+    ``storage`` may also be an SQLite file's path, ``shapes`` a dict and ``objectives`` a list."""
+    readers: dict[str, Callable[[Any], Any]] = {
+        "shape": _shape_flags,
+        "storage": storage_url,
+        "objectives": lambda value: value if isinstance(value, str) else tuple(value),
+        "timeout": parse_duration,
+        "trial_timeout": parse_duration,
+    }
+    values = {
+        option.field: readers.get(option.dest, option.kind.from_flag)(given[keyword_of(option)])
+        for option in OPTIONS
+        if option.field and given[keyword_of(option)] is not None
+    }
+    if given["space"] is not None:
+        values["space"] = dict(given["space"])
+    if given["measure"] is not None:
+        values["measure"] = measure_settings("measure", given["measure"])
+    return values
+
+
+def _shape_flags(shapes: dict[str, str] | Sequence[str]) -> list[str]:
     """``{"x": "1x3x224x224"}`` (or ``["x:1x3x224x224"]``) as the ``--shape`` flags' values."""
-    if shapes is None:
-        return None
     if isinstance(shapes, str):
         raise UserError('shapes: give a dict such as {"x": "1x3x224x224"}, or a list of "x:1x3x224x224"')
     if isinstance(shapes, dict):
