@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from gpt_optuna.protocol.timing import BLOCK, ROUNDS
-from gpt_optuna.search.finalists import summarize_rounds
+from gpt_optuna.study.confirmation import summarize_rounds
 from gpt_optuna.study.evidence import WORTHWHILE, judge, speedups, t_quantile, widened_by
 from gpt_optuna.testing.synthetic import NoisyHost
 from gpt_optuna.worker.measure import interleaved_rounds

@@ -186,7 +186,7 @@ def test_a_verdict_that_keeps_the_default_exports_the_default_and_says_so(
 ) -> None:
     """The search's best re-measured in three processes at 1.0x the baseline (a confirmation of known
     rounds, in place of the measured one): no significant improvement, so export writes the baseline."""
-    from gpt_optuna.search.finalists import summarize_rounds
+    from gpt_optuna.study.confirmation import summarize_rounds
     from gpt_optuna.study.taxonomy import search_ranking
 
     assert tune(str(cnn_path), "--n-trials", "3", "--confirm-top", "0") == 0

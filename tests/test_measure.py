@@ -124,7 +124,7 @@ def test_a_confirmation_recorded_without_per_process_figures_still_prints() -> N
 
 def test_the_confirmed_interval_holds_the_speedup_it_is_shown_beside() -> None:
     """Rounds so steady that every resampled ratio equals the estimate, but for float rounding."""
-    from gpt_optuna.search.finalists import summarize_rounds
+    from gpt_optuna.study.confirmation import summarize_rounds
 
     base = [2.0001, 2.0001, 2.0, 2.0, 2.0, 2.0001]
     candidate = [1.0003, 1.0003, 1.0003, 1.0, 1.0001, 1.0003]

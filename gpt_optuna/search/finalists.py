@@ -34,7 +34,7 @@ from gpt_optuna.protocol.process import FailureKind, JobFailure, Worker
 from gpt_optuna.protocol.timing import BLOCK, MIN_ROUNDS, ROUNDS, ROUNDS_BUDGET_S, MeasureSettings, block_for
 from gpt_optuna.search.options import DEFAULT_PROCESSES, DEFAULT_TOP
 from gpt_optuna.study.artifacts import INPUTS_FILE, REFERENCE_FILE, kept_engine
-from gpt_optuna.study.evidence import LEVEL, Speedup, significant, speedups
+from gpt_optuna.study.confirmation import summarize_rounds
 from gpt_optuna.study.record import CONFIRMED_ATTR, StudyRecord
 from gpt_optuna.study.taxonomy import baseline_trial, engine_default_trials, search_ranking, your_trial
 from gpt_optuna.study.trial_record import TrialRecord
@@ -139,64 +139,6 @@ def with_references(trials: list[FrozenTrial], every: list[FrozenTrial]) -> list
         if measured and reference.number not in {t.number for t in kept}:
             kept.append(reference)
     return kept
-
-
-def _rows(numbers: list[int], found: list[Speedup]) -> list[dict[str, Any]]:
-    return [
-        {
-            "number": number,
-            "median_ms": s.latency_ms,
-            "process_ms": list(s.process_ms),
-            "speedup": s.estimate,
-            "ci_low": s.low,
-            "ci_high": s.high,
-            "process_speedups": list(s.process_ratios),
-            "process_sd": s.between_sd,
-            "round_sd": s.within_sd,
-            "significant": significant(s.low, s.high, s.processes),
-        }
-        for number, s in zip(numbers, found, strict=True)
-    ]
-
-
-def summarize_rounds(
-    numbers: list[int],
-    medians: np.ndarray,
-    processes: np.ndarray,
-    yours: int | None = None,
-    extras: int = 0,
-    engines: dict[str, int] | None = None,
-) -> dict[str, Any]:
-    """Ranking and speedups (column 0 is the baseline) from the per-round medians and the process
-    each round ran in: the record the study keeps (:data:`CONFIRMED_ATTR`). Where the user's own
-    configuration (trial ``yours``) was re-measured, every other one's speedup over it too
-    (``yours``); so for each other engine's defaults (``engines``: engine -> trial, under
-    ``engines``); ``extras``: the last columns are no finalists (those), so they are not ranked."""
-    found = speedups(medians, processes)
-    rows = _rows(numbers, found)
-    ranked = rows[1 : len(rows) - extras]
-    result = {
-        "baseline": rows[0],
-        "ranking": sorted(ranked, key=lambda row: -row["speedup"]),
-        "rounds": len(medians),
-        "processes": found[0].processes,
-        "level": LEVEL,
-        "finalists": [row["number"] for row in ranked],
-    }
-    if yours is not None and yours != numbers[0]:
-        result["yours"] = _versus(yours, numbers, medians, processes)
-    measured = {engine: n for engine, n in (engines or {}).items() if n in numbers and n != numbers[0]}
-    if measured:
-        result["engines"] = {engine: _versus(n, numbers, medians, processes) for engine, n in measured.items()}
-    return result
-
-
-def _versus(number: int, numbers: list[int], medians: np.ndarray, processes: np.ndarray) -> dict[str, Any]:
-    """Every other re-measured trial's speedup over trial ``number``."""
-    column = numbers.index(number)
-    order = [column, *[i for i in range(len(numbers)) if i != column]]
-    versus = _rows([numbers[i] for i in order], speedups(medians[:, order], processes))
-    return {"number": number, "median_ms": versus[0]["median_ms"], "versus": versus[1:]}
 
 
 class _Rounds:
@@ -374,8 +316,9 @@ def confirm(
     mine = yours.number if yours is not None and yours.number in numbers else None
     engines = {engine: t.number for engine, t in engine_default_trials(every).items()}
     extras = len(trials) - len(best) - 1
-    result = summarize_rounds(numbers, measured.medians, measured.processes, mine, extras, engines)
-    result |= {"planned_processes": processes, "stopped": measured.stopped}
+    result = summarize_rounds(
+        numbers, measured.medians, measured.processes, mine, extras, engines, (processes, measured.stopped)
+    )
     study.set_user_attr(CONFIRMED_ATTR, result)
     if stop is not None:
         raise stop

@@ -1,5 +1,6 @@
-"""The finalists' re-measurement as the study keeps it (:data:`~.record.CONFIRMED_ATTR`), typed:
-its rows, what it is as evidence, and whether the baseline won it."""
+"""The finalists' re-measurement as the study keeps it (:data:`~.record.CONFIRMED_ATTR`): written from
+the rounds' medians (:func:`summarize_rounds`) and read back typed (:class:`Confirmation`): its rows,
+what it is as evidence, and whether the baseline won it."""
 
 from __future__ import annotations
 
@@ -7,7 +8,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpt_optuna.study.evidence import MIN_PROCESSES, judge, widened_by
+import numpy as np
+
+from gpt_optuna.study.evidence import LEVEL, MIN_PROCESSES, Speedup, judge, significant, speedups, widened_by
 
 
 @dataclass(frozen=True)
@@ -140,3 +143,65 @@ def _against(stored: Mapping[str, Any]) -> YoursConfirmed:
 
 def _fastest_first(row: ConfirmedRow) -> float:
     return -(row.speedup or 0.0)
+
+
+def _rows(numbers: list[int], found: list[Speedup]) -> list[dict[str, Any]]:
+    return [
+        {
+            "number": number,
+            "median_ms": s.latency_ms,
+            "process_ms": list(s.process_ms),
+            "speedup": s.estimate,
+            "ci_low": s.low,
+            "ci_high": s.high,
+            "process_speedups": list(s.process_ratios),
+            "process_sd": s.between_sd,
+            "round_sd": s.within_sd,
+            "significant": significant(s.low, s.high, s.processes),
+        }
+        for number, s in zip(numbers, found, strict=True)
+    ]
+
+
+def summarize_rounds(
+    numbers: list[int],
+    medians: np.ndarray,
+    processes: np.ndarray,
+    yours: int | None = None,
+    extras: int = 0,
+    engines: dict[str, int] | None = None,
+    planned: tuple[int, str | None] | None = None,
+) -> dict[str, Any]:
+    """Ranking and speedups (column 0 is the baseline) from the per-round medians and the process
+    each round ran in: the record the study keeps (:data:`CONFIRMED_ATTR`). Where the user's own
+    configuration (trial ``yours``) was re-measured, every other one's speedup over it too
+    (``yours``); so for each other engine's defaults (``engines``: engine -> trial, under
+    ``engines``); ``extras``: the last columns are no finalists (those), so they are not ranked;
+    ``planned``: the processes planned and why it stopped early (None: it did not)."""
+    found = speedups(medians, processes)
+    rows = _rows(numbers, found)
+    ranked = rows[1 : len(rows) - extras]
+    result = {
+        "baseline": rows[0],
+        "ranking": sorted(ranked, key=lambda row: -row["speedup"]),
+        "rounds": len(medians),
+        "processes": found[0].processes,
+        "level": LEVEL,
+        "finalists": [row["number"] for row in ranked],
+    }
+    if yours is not None and yours != numbers[0]:
+        result["yours"] = _versus(yours, numbers, medians, processes)
+    measured = {engine: n for engine, n in (engines or {}).items() if n in numbers and n != numbers[0]}
+    if measured:
+        result["engines"] = {engine: _versus(n, numbers, medians, processes) for engine, n in measured.items()}
+    if planned is not None:
+        result["planned_processes"], result["stopped"] = planned
+    return result
+
+
+def _versus(number: int, numbers: list[int], medians: np.ndarray, processes: np.ndarray) -> dict[str, Any]:
+    """Every other re-measured trial's speedup over trial ``number``."""
+    column = numbers.index(number)
+    order = [column, *[i for i in range(len(numbers)) if i != column]]
+    versus = _rows([numbers[i] for i in order], speedups(medians[:, order], processes))
+    return {"number": number, "median_ms": versus[0]["median_ms"], "versus": versus[1:]}
