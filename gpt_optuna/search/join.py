@@ -37,7 +37,7 @@ from gpt_optuna.search.sampling import make_sampler
 from gpt_optuna.search.session import SearchSession, begin_search
 from gpt_optuna.study.artifacts import artifact_folder, fetch
 from gpt_optuna.study.folder import StudyFolder
-from gpt_optuna.study.record import SEARCH_ATTR, SPACE_ATTR, StudyRecord
+from gpt_optuna.study.record import SPACE_ATTR, SearchRecord, StudyRecord
 from gpt_optuna.study.storage import load_study, open_storage
 from gpt_optuna.study.summary import finished_count, summarize_study
 from gpt_optuna.study.trial_record import TrialRecord
@@ -94,9 +94,9 @@ def join(config: JoinConfig, progress: Progress) -> int:
     fetch(study, store, workdir, not_here)
     job = template_from_study(study, model, workdir)
     space = Space.from_record(study.user_attrs[SPACE_ATTR])
-    search = study.user_attrs.get(SEARCH_ATTR, {})
-    target = config.n_trials or search.get("n_trials")
-    sampler = make_sampler(search.get("sampler", "tpe"), None, space)
+    search = SearchRecord.of(study)
+    target = config.n_trials or search.n_trials
+    sampler = make_sampler(search.sampler, None, space)
     with contextlib.ExitStack() as stack:
         log = f"worker-{OWNER.replace(':', '-')}"  # apart from a tuner's logs in the same folder
         session = SearchSession(stack, workdir, log, config.workers, config.gpus)
@@ -109,7 +109,7 @@ def join(config: JoinConfig, progress: Progress) -> int:
         done = finished_count(study)
         remaining = None if target is None else max(target - done, 0)
         deadline = search_deadline(
-            search.get("ends_at"), None if config.timeout_s is None else started + config.timeout_s
+            search.ends_at, None if config.timeout_s is None else started + config.timeout_s
         )
         progress.note(
             f"joining study {config.study_name} in {config.storage} ({counted(done, 'trial')} done"
@@ -118,7 +118,7 @@ def join(config: JoinConfig, progress: Progress) -> int:
         )
         for note in notes:
             progress.note(note)
-        timeout = search.get("trial_timeout_s", DEFAULT_TRIAL_TIMEOUT_S)
+        timeout = search.trial_timeout_s or DEFAULT_TRIAL_TIMEOUT_S
         artifacts = FileSystemArtifactStore(store)
         objective = Objective(
             space, job, timeout, artifacts, progress.result, record.objectives, note=progress.note,

@@ -58,7 +58,7 @@ from gpt_optuna.search.your_configuration import your_candidate
 from gpt_optuna.study.artifacts import artifact_folder, publish
 from gpt_optuna.study.evidence import MORE_ROUNDS
 from gpt_optuna.study.folder import StudyFolder
-from gpt_optuna.study.record import FOLDER_ATTR, HOST_ATTR, MEASURE_ATTR, SEARCH_ATTR, SPACE_ATTR, STUDIES
+from gpt_optuna.study.record import FOLDER_ATTR, HOST_ATTR, MEASURE_ATTR, SPACE_ATTR, STUDIES, SearchRecord
 from gpt_optuna.study.recovery import recover_interrupted
 from gpt_optuna.study.resume import open_study, recorded_fingerprint, recorded_folder
 from gpt_optuna.study.storage import SQLITE_COMPANIONS, open_storage, storage_file
@@ -213,7 +213,7 @@ def _tune(config: TuneConfig, progress: Progress) -> TuneEnd:
             code, took = interrupts.exit_code(), phases.line()
             return ended(config, study, code, f"stopped by {stopped_by}", took, stopped_by=stopped_by)
         if deadline is not None:  # the search is over: workers that joined it stop, and leave the GPU to the finalists
-            study.set_user_attr(SEARCH_ATTR, study.user_attrs[SEARCH_ATTR] | {"ends_at": time.time()})
+            replace(SearchRecord.of(study), ends_at=time.time()).write(study)
         covered = budget.covered or objective.space_exhausted
         note = covered_note(sampler, budget.covered) if covered else ""
         progress.end()  # the search's bar stops here: the re-measurement says what it does
@@ -356,8 +356,7 @@ def record_search(study: optuna.Study, config: TuneConfig, prepared: Prepared, d
     study.set_user_attr(MEASURE_ATTR, asdict(config.measure))
     study.set_user_attr(SPACE_ATTR, prepared.space.to_record())
     ends_at = None if deadline is None else time.time() + deadline - time.monotonic()
-    search = {"sampler": config.sampler, "n_trials": config.n_trials, "trial_timeout_s": config.trial_timeout_s}
-    study.set_user_attr(SEARCH_ATTR, search | {"ends_at": ends_at})
+    SearchRecord(config.sampler, config.n_trials, config.trial_timeout_s, ends_at).write(study)
 
 
 def kept_time(

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -45,6 +45,27 @@ ARTIFACTS_ATTR = "artifact_store"
 """The artifact store's folder, as the study's creator gave it (absolute)."""
 DATA_ATTR = "shared_data"
 """file name -> {"artifact": id, "sha256": hash} of each data file in the store."""
+
+
+@dataclass(frozen=True)
+class SearchRecord:
+    """The latest search as workers that join it follow it (:data:`SEARCH_ATTR`), written and read here."""
+
+    sampler: str = "tpe"
+    n_trials: int | None = None
+    """The trials the study should hold when done (None: no target)."""
+    trial_timeout_s: float | None = None
+    """A trial's deadline (None: the search recorded none, the default holds)."""
+    ends_at: float | None = None
+    """When the search ends, wall-clock (None: it set no end)."""
+
+    @classmethod
+    def of(cls, study: optuna.Study) -> SearchRecord:
+        """The study's latest search (a study that recorded none: the defaults)."""
+        return cls(**study.user_attrs.get(SEARCH_ATTR, {}))
+
+    def write(self, study: optuna.Study) -> None:
+        study.set_user_attr(SEARCH_ATTR, asdict(self))
 
 
 @dataclass(frozen=True)
