@@ -11,6 +11,7 @@ import pytest
 from conftest import load, tune
 
 import gpt_optuna
+from gpt_optuna.backends.base import SIDE_FILE_FORMAT
 from gpt_optuna.backends.onnxruntime.backend import OnnxRuntimeBackend
 from gpt_optuna.cli import main
 from gpt_optuna.core.engine_paths import EnginePaths
@@ -65,6 +66,15 @@ def test_open_session_refuses_what_it_cannot_open_as_tuned(cnn_path: Path, tmp_p
         gpt_optuna.open_session(tmp_path / "tuned.onnx")
     assert tune(str(cnn_path), "--n-trials", "1", "--confirm-top", "0") == 0
     assert main(["export", "-o", "best.onnx"]) == 0
+    side = json.loads(Path("best.onnx.json").read_text())
+    assert side["format"] == SIDE_FILE_FORMAT
+    Path("best.onnx.json").write_text(json.dumps(side | {"format": SIDE_FILE_FORMAT + 1}))
+    later = f"format {SIDE_FILE_FORMAT + 1}, which a later gpt-optuna writes"
+    with pytest.raises(UserError, match=later):
+        gpt_optuna.open_session("best.onnx")
+    with pytest.raises(UserError, match=later):
+        gpt_optuna.check("best.onnx", "best.onnx.json")
+    Path("best.onnx.json").write_text(json.dumps(side))
     Path("best.onnx").write_bytes(Path("best.onnx").read_bytes() + b"\0")
     with pytest.raises(UserError, match="its content changed"):
         gpt_optuna.open_session("best.onnx")

@@ -309,12 +309,24 @@ class Backend(abc.ABC):
         return None
 
 
+SIDE_FILE_FORMAT = 1
+"""The side file's format, recorded in it as ``format`` (files written before it was versioned have none)."""
+
+
 def read_record(path: str | Path) -> dict[str, Any]:
-    """The side file ``PATH.json`` that ``gpt-optuna export`` wrote beside ``PATH``."""
+    """The side file ``PATH.json`` that ``gpt-optuna export`` wrote beside ``PATH``; a user error for
+    one of a later format than this gpt-optuna reads."""
     side = Path(f"{path}.json")
     if not side.is_file():
         raise UserError(f"{side} is missing: open a file written by gpt-optuna export")
     try:
-        return json.loads(side.read_text())
+        record = json.loads(side.read_text())
     except json.JSONDecodeError as exc:
         raise UserError(f"{side} is not the JSON gpt-optuna export writes: {exc}") from exc
+    written = record.get("format", SIDE_FILE_FORMAT) if isinstance(record, dict) else SIDE_FILE_FORMAT
+    if not isinstance(written, int) or written > SIDE_FILE_FORMAT:
+        raise UserError(
+            f"{side} is of format {written!r}, which a later gpt-optuna writes: this one reads format"
+            f" {SIDE_FILE_FORMAT} and earlier; upgrade gpt-optuna"
+        )
+    return record

@@ -13,7 +13,7 @@ import optuna
 from optuna.trial import FrozenTrial
 
 from gpt_optuna.backends import DEPLOYMENTS
-from gpt_optuna.backends.base import ExportedTrial
+from gpt_optuna.backends.base import SIDE_FILE_FORMAT, ExportedTrial
 from gpt_optuna.core.engine_spec import trial_engine
 from gpt_optuna.core.errors import UserError
 from gpt_optuna.core.files import Staging, roll_back_dead
@@ -255,6 +255,7 @@ def _write_export(
     confirmation = summary.confirmation
     confirmed = next((r for r in confirmation.ranking if r.number == trial.number), None) if confirmation else None
     side: dict[str, Any] = {
+        "format": SIDE_FILE_FORMAT,
         "study": study.study_name,
         "trial": trial.number,
         "backend": record.backend,
