@@ -111,6 +111,7 @@ def tune(config: TuneConfig, progress: Progress | None = None) -> TuneEnd:
 
 
 def _tune(config: TuneConfig, progress: Progress) -> TuneEnd:
+    """The run's steps: check, prepare, open the study, search, re-measure the finalists."""
     begin_search()
     assert config.storage is not None and config.study_name is not None
     phases = Phases()
@@ -126,12 +127,7 @@ def _tune(config: TuneConfig, progress: Progress) -> TuneEnd:
         new = stack.enter_context(removed_if_refused(config, storage_path))
         storage = open_storage(config.storage, make_dirs=storage_path is not None and storage_path.parent == STUDIES)
         recorded = check_resumable(storage, config, inputs)
-        folder = recorded_folder(storage, config.study_name)
-        if folder is not None and folder.is_dir():  # a study resumed from another directory keeps its folder
-            config = replace(config, folder=folder)
-        elif folder is not None and storage_path is not None:  # moved: a server's study may be another host's
-            gone = StudyFolder(folder).gone(config.study_name)
-            raise UserError(f"{gone}; or start a new study with another --study-name")
+        config = _in_recorded_folder(config, storage, storage_path)
         session = SearchSession(stack, config.workdir, "worker", config.workers, config.gpus)
         first, others = session.workers[0], session.workers[1:]
         start_s = started_in(first, config.backend)  # what each finalists' process will cost to start
@@ -176,6 +172,42 @@ def _tune(config: TuneConfig, progress: Progress) -> TuneEnd:
         if sampler.ledger.counts()[2] == 0 and sampler.covered():
             return ended(config, study, 0, f"{covered_note(sampler, True)}: nothing is left to search", covered=True)
         record_search(study, config, prepared, deadline)
+        run = _SearchRun(config, study, session, sampler, progress, phases, deadline, start_s)
+        return run.search(prepared, warm)
+
+
+def _in_recorded_folder(
+    config: TuneConfig, storage: optuna.storages.BaseStorage, storage_path: Path | None
+) -> TuneConfig:
+    """``config`` with the folder the study recorded, where it resumes one whose folder is there (a
+    study resumed from another directory keeps its folder); a user error where that folder moved."""
+    assert config.study_name is not None
+    folder = recorded_folder(storage, config.study_name)
+    if folder is not None and folder.is_dir():
+        return replace(config, folder=folder)
+    if folder is not None and storage_path is not None:  # moved: a server's study may be another host's
+        gone = StudyFolder(folder).gone(config.study_name)
+        raise UserError(f"{gone}; or start a new study with another --study-name")
+    return config
+
+
+@dataclass(frozen=True)
+class _SearchRun:
+    """An opened study's search, from its first trial to the finalists' re-measurement."""
+
+    config: TuneConfig
+    study: optuna.Study
+    session: SearchSession
+    sampler: FreshSampler
+    progress: Progress
+    phases: Phases
+    deadline: float | None
+    start_s: float
+    """What each finalists' process will cost to start."""
+
+    def search(self, prepared: Prepared, warm: WarmStart) -> TuneEnd:
+        """The search, then the finalists re-measured, and how the run ended."""
+        config, study, progress = self.config, self.study, self.progress
         job = EvaluateJob.in_study(
             config.workdir,
             config.backend,
@@ -189,45 +221,55 @@ def _tune(config: TuneConfig, progress: Progress) -> TuneEnd:
         )
         store = artifact_folder(study, config.artifacts)
         publish(study, store, config.workdir)
-        artifacts = FileSystemArtifactStore(store)
-        kept = Refreshed(kept_time(config, study, deadline, sampler, progress, start_s), refresh_s(config.timeout_s))
-        budget = TrialBudget(study, config.n_trials, deadline, kept, sampler)
+        kept_s = kept_time(config, study, self.deadline, self.sampler, progress, self.start_s)
+        budget = TrialBudget(
+            study, config.n_trials, self.deadline, Refreshed(kept_s, refresh_s(config.timeout_s)), self.sampler
+        )
         transfer = TransferQueue.of(warm, budget.has_room, progress.note)
         transfer.update(study)
         objective = Objective(
             prepared.space,
             job,
             config.trial_timeout_s,
-            artifacts,
+            FileSystemArtifactStore(store),
             progress.result,
             config.objectives,
             budget.search_left,
             progress.note,
-            sampler,
+            self.sampler,
             None if config.keep_all_engines else max(KEPT_ENGINES, config.confirm_top),
         )
         objective.engines.seed(study.get_trials(deepcopy=False))
-        phases.begin("searching")
-        stopped_by = session.search(sampler, objective, budget, progress, transfer.update)
+        self.phases.begin("searching")
+        stopped_by = self.session.search(self.sampler, objective, budget, progress, transfer.update)
         if stopped_by is not None:
-            code, took = interrupts.exit_code(), phases.line()
+            code, took = interrupts.exit_code(), self.phases.line()
             return ended(config, study, code, f"stopped by {stopped_by}", took, stopped_by=stopped_by)
-        if deadline is not None:  # the search is over: workers that joined it stop, and leave the GPU to the finalists
+        if (
+            self.deadline is not None
+        ):  # the search is over: workers that joined it stop, and leave the GPU to the finalists
             replace(SearchRecord.of(study), ends_at=time.time()).write(study)
         covered = budget.covered or objective.space_exhausted
-        note = covered_note(sampler, budget.covered) if covered else ""
+        note = covered_note(self.sampler, budget.covered) if covered else ""
         progress.end()  # the search's bar stops here: the re-measurement says what it does
+        return self.finish(job, note, covered)
+
+    def finish(self, job: EvaluateJob, note: str, covered: bool) -> TuneEnd:
+        """The finalists re-measured (where the run measures latency and asks for it), and how the run ended."""
+        config, study = self.config, self.study
         if not config.dry_run and config.confirm_top > 0:
-            phases.begin("re-measuring the finalists")
+            self.phases.begin("re-measuring the finalists")
             try:
-                pinning = pinned(session.gpus[0])
-                note = confirm_finalists(config, study, job, deadline, progress, pinning, start_s) or note
+                pinning = pinned(self.session.gpus[0])
+                note = (
+                    confirm_finalists(config, study, job, self.deadline, self.progress, pinning, self.start_s) or note
+                )
                 interrupts.check()
             except KeyboardInterrupt:
                 note = f"the finalists' re-measurement was stopped by {interrupts.cause()}"
-                code, took = interrupts.exit_code(), phases.line()
+                code, took = interrupts.exit_code(), self.phases.line()
                 return ended(config, study, code, note, took, stopped_by=interrupts.cause(), reconfirm=True)
-        end = ended(config, study, 0, note, phases.line(), covered=covered)
+        end = ended(config, study, 0, note, self.phases.line(), covered=covered)
         if end.summary.best is None:
             note = "no candidate met the accuracy criterion" if not config.dry_run else "no candidate built"
             end = replace(end, code=EXIT_NO_FEASIBLE, note=note)
