@@ -166,6 +166,22 @@ class TuneConfig:
     is searched); by default every candidate keeps the model's input and output dtypes."""
 
     def __post_init__(self) -> None:
+        self._resolve_backend()
+        parse_criterion(self.accuracy, user_metrics=self.metric is not None)
+        if self.metric is not None:
+            self._fill("metric", absolute_spec(self.metric))
+        self._check_search()
+        self._resolve_objectives()
+        if self.confirm_top < 0:
+            raise UserError(f"--confirm-top must be 0 (off) or more, got {self.confirm_top}")
+        if self.confirm_processes < 1:
+            raise UserError(f"--confirm-processes must be at least 1, got {self.confirm_processes}")
+        self._resolve_study()
+        if self.measure.target_rel_ci <= 0 or self.measure.budget_s <= 0:
+            raise UserError("[measure] target_rel_ci and budget_s must be positive")
+
+    def _resolve_backend(self) -> None:
+        """The backend known, and ``auto`` or a composition as the engines it names here."""
         if self.backend not in BACKENDS and ":" not in self.backend and not is_composition(self.backend):
             raise UserError(
                 f"unknown backend {self.backend!r}; choose one of: {', '.join(BACKENDS)}, auto, a comma list of"
@@ -175,9 +191,9 @@ class TuneConfig:
         if backend != self.backend:
             self._fill("backend", backend)
             self._fill("engines_chosen", chosen)
-        parse_criterion(self.accuracy, user_metrics=self.metric is not None)
-        if self.metric is not None:
-            self._fill("metric", absolute_spec(self.metric))
+
+    def _check_search(self) -> None:
+        """The samples, sampler, seed, workers and trial target within their ranges."""
         if self.samples is not None and self.samples < 1:
             raise UserError(f"--samples must be at least 1, got {self.samples}")
         if self.sampler not in SAMPLERS:
@@ -188,6 +204,9 @@ class TuneConfig:
             raise UserError(f"--workers must be at least 1, got {self.workers}")
         if self.n_trials is not None and self.n_trials < 1:
             raise UserError(f"--n-trials must be at least 1, got {self.n_trials}")
+
+    def _resolve_objectives(self) -> None:
+        """The objectives as a tuple, latency first, each known and given once."""
         given = self.objectives
         objectives = tuple(o.strip() for o in given.split(",") if o.strip()) if isinstance(given, str) else tuple(given)
         unknown = [o for o in objectives if o not in OBJECTIVES]
@@ -198,10 +217,9 @@ class TuneConfig:
         self._fill("objectives", ("latency", *[o for o in objectives if o != "latency"]))
         if self.dry_run and len(self.objectives) > 1:
             raise UserError("--dry-run has one objective, the build time; drop --objectives")
-        if self.confirm_top < 0:
-            raise UserError(f"--confirm-top must be 0 (off) or more, got {self.confirm_top}")
-        if self.confirm_processes < 1:
-            raise UserError(f"--confirm-processes must be at least 1, got {self.confirm_processes}")
+
+    def _resolve_study(self) -> None:
+        """The trial target's default, and the study's name and storage (defaults, or checked)."""
         if self.n_trials is None and self.timeout_s is None:
             self._fill("n_trials", DEFAULT_N_TRIALS)
         if self.study_name is None:
@@ -212,8 +230,6 @@ class TuneConfig:
             self._fill("storage", default_storage(self.study_name))
         elif not is_url(self.storage):
             self._fill("storage", storage_url(self.storage))  # an SQLite file's path, as the readers take it
-        if self.measure.target_rel_ci <= 0 or self.measure.budget_s <= 0:
-            raise UserError("[measure] target_rel_ci and budget_s must be positive")
 
     def _fill(self, name: str, value: Any) -> None:
         """Set a default or a normal form while the config is made (it is frozen)."""
