@@ -108,9 +108,7 @@ def join(config: JoinConfig, progress: Progress) -> int:
         notes, _ = session.enter(study_device(study) or creator, config.allow_mixed_gpus)
         done = finished_count(study)
         remaining = None if target is None else max(target - done, 0)
-        deadline = search_deadline(
-            search.ends_at, None if config.timeout_s is None else started + config.timeout_s
-        )
+        deadline = search_deadline(search.ends_at, None if config.timeout_s is None else started + config.timeout_s)
         progress.note(
             f"joining study {config.study_name} in {config.storage} ({counted(done, 'trial')} done"
             + (f" of {target}" if target else "")

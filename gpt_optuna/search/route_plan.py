@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 
 import numpy as np
+from optuna.trial import FrozenTrial
 
 from gpt_optuna.core.log import LOGGER
 from gpt_optuna.core.space import Candidate, Knob, Space, Value
@@ -92,32 +93,45 @@ class RoutePlan:
         self.screens = sum(source == SCREEN for source in sources.values())
         self.sampled = len(sources) - self.screens
         open_screens = [n for n, source in sources.items() if source == SCREEN and n not in held]
+        measured, spreads = self._measured(held, min(open_screens, default=None))
+        first = spreads[: first_batch(self.knobs)]  # fixed once measured: a fit made stays made
+        noise = max(NOISE_FLOOR, float(np.median(first)) if first else 0.0)
+        self.state = progress(self.knobs, measured, noise, self._fits)
+        if not self.state.done and not open_screens:
+            self._end_without_more(measured, noise)
+        if self.state.done and not self._told:
+            self._told = True
+            LOGGER.info(self.summary(len(measured)))
+
+    def _measured(
+        self, held: Mapping[int, FrozenTrial], before: int | None
+    ) -> tuple[list[tuple[Route, float]], list[float]]:
+        """The screen's measured routes with their latencies, in number order up to trial ``before``
+        (None: every one), and each one's spread (its interval's half width over 1.96)."""
         measured: list[tuple[Route, float]] = []
         spreads = []
         for number, trial in held.items():
             record = TrialRecord(trial)
             if record.proposed_by != SCREEN:
                 continue
-            if open_screens and number > min(open_screens):
+            if before is not None and number > before:
                 break
             if trial_status(trial) in MEASURED and record.latency_ms:
                 # the route as the screen writes routes: its knobs at their defaults left out
                 route = {k: str(v) for k, v in trial.params.items() if k in self._values and v != self._defaults[k]}
                 measured.append((route, record.latency_ms))
                 spreads.append(record.latency_rel_ci / 1.96)
-        first = spreads[: first_batch(self.knobs)]  # fixed once measured: a fit made stays made
-        noise = max(NOISE_FLOOR, float(np.median(first)) if first else 0.0)
-        self.state = progress(self.knobs, measured, noise, self._fits)
-        ended = self.screens - len(open_screens)
-        if not self.state.done and not open_screens:
-            if ended >= build_cap(self.knobs):
-                found = fit(self.knobs, [r for r, _ in measured], [t for _, t in measured], noise) if measured else None
-                self.state = Progress(found, True)
-            elif ended >= first_batch(self.knobs) and not measured:
-                self.state = Progress(None, True)
-        if self.state.done and not self._told:
-            self._told = True
-            LOGGER.info(self.summary(len(measured)))
+        return measured, spreads
+
+    def _end_without_more(self, measured: list[tuple[Route, float]], noise: float) -> None:
+        """End the screen, none of whose builds is open, where it may make no more (the fit of what
+        was measured) or its first batch measured nothing."""
+        ended = self.screens
+        if ended >= build_cap(self.knobs):
+            found = fit(self.knobs, [r for r, _ in measured], [t for _, t in measured], noise) if measured else None
+            self.state = Progress(found, True)
+        elif ended >= first_batch(self.knobs) and not measured:
+            self.state = Progress(None, True)
 
     def summary(self, builds: int) -> str:
         """One line on what the screen found."""
