@@ -159,21 +159,7 @@ def fit(
     mains = {name: _columns(knob, routes) for name, knob in by_name.items()}
     kept, design = _forward(y, np.ones((len(y), 1)), dict(mains), MAX_KEPT, noise_sd)
     names = [str(name) for name, _ in kept]
-    partners = [*names, *(name for name in by_name if name not in names)]
-    pairs: dict[object, np.ndarray] = {}
-    for a in names:
-        for b in partners:
-            knob = by_name[str(b)]
-            if b == a or (b in names and names.index(str(b)) < names.index(a)):
-                continue
-            b = str(b)
-            for va in by_name[a].values[1:]:
-                for vb in knob.values[1:]:
-                    both = np.array([[route.get(a) == va and route.get(b) == vb] for route in routes], float)
-                    first, second = sorted(((a, va), (b, vb)))
-                    # a knob that acts only with a kept one joins with its own values too
-                    pairs[(first, second)] = both if b in names else np.hstack([both, mains[b]])
-    acting, design = _forward(y, design, pairs, MAX_KEPT, noise_sd)
+    acting, design = _forward(y, design, _pair_columns(names, by_name, mains, routes), MAX_KEPT, noise_sd)
     starts: dict[str, list[int]] = {name: [start] for name, start in ((str(n), s) for n, s in kept)}
     for pair, start in acting:
         for knob, _ in pair:  # type: ignore[attr-defined]
@@ -191,6 +177,26 @@ def fit(
     residual = y - design @ coefficients
     residual_sd = float(np.sqrt(np.sum(residual**2) / max(len(y) - design.shape[1], 1)))
     return Screened(effects, residual_sd, len(y), together)  # type: ignore[arg-type]
+
+
+def _pair_columns(
+    names: list[str], by_name: dict[str, RouteKnobValues], mains: dict[str, np.ndarray], routes: Sequence[Route]
+) -> dict[object, np.ndarray]:
+    """A column per pair of values of a kept knob (``names``) and another knob, set where a route
+    takes both; with a knob not kept, its own values' columns too (a knob that acts only with a
+    kept one joins with them)."""
+    partners = [*names, *(name for name in by_name if name not in names)]
+    pairs: dict[object, np.ndarray] = {}
+    for a in names:
+        for b in partners:
+            if b == a or (b in names and names.index(b) < names.index(a)):
+                continue
+            for va in by_name[a].values[1:]:
+                for vb in by_name[b].values[1:]:
+                    both = np.array([[route.get(a) == va and route.get(b) == vb] for route in routes], float)
+                    first, second = sorted(((a, va), (b, vb)))
+                    pairs[(first, second)] = both if b in names else np.hstack([both, mains[b]])
+    return pairs
 
 
 def one_at_a_time_builds(knobs: Sequence[RouteKnobValues]) -> int:
