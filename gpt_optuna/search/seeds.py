@@ -151,25 +151,13 @@ def warm_start(
     :class:`~gpt_optuna.search.transfer.TransferQueue`). Of the first, at most
     :data:`WARM_LIMIT` are taken: first the ones the most alike models agree on (their
     similarities summed), then by speedup over their study's baseline."""
-    names = optuna.get_all_study_names(storage)
-    if spec.strip() == "auto":
-        chosen = [n for n in names if n != this and _same_kind(storage, n, backend, device)]
-    else:
-        chosen = [n.strip() for n in spec.split(",") if n.strip()]
-        unknown = [n for n in chosen if n not in names]
-        if unknown:
-            raise UserError(f"--warm-start: no study {unknown[0]!r} in this storage; studies there: {', '.join(names)}")
+    models = _by_model(storage, _chosen_studies(storage, spec, this, backend, device))
     baseline = candidate_key(space.default())
     offers: dict[CandidateKey, list[Offer]] = {}
     later: dict[str, list[tuple[Candidate, str]]] = {}
     alike: dict[str, float | None] = {}
-    models: dict[str, list[optuna.Study]] = {}
     expected: dict[str, float] = {}
     trust: dict[str, float] = {}
-    for name in chosen:
-        study = optuna.load_study(study_name=name, storage=storage)
-        recorded = StudyRecord.read(study).model_profile
-        models.setdefault(name if recorded is None else repr(recorded.to_record()), []).append(study)
     for studies in models.values():
         name = studies[0].study_name
         alike[name] = study_similarity(studies[0], profile)
@@ -182,10 +170,7 @@ def warm_start(
         later[name] = [(b.candidate, b.source) for b in best[first:]]
         expected.update({b.source: 1 + REPLICATION * weight * max(0.0, b.speedup - 1) for b in best})
         trust.update({b.source: weight for b in best[first:]})
-    ranked = sorted(offers.values(), key=lambda found: (-sum(o.weight for o in found), -max(o.speedup for o in found)))
-    gaining_most = [
-        (max(found, key=lambda o: o.speedup), sum(o.weight for o in found)) for found in ranked[:WARM_LIMIT]
-    ]
+    gaining_most = _gaining_most(offers)
     candidates = [(offer.candidate, offer.source) for offer, _ in gaining_most]
     trust.update({offer.source: weight for offer, weight in gaining_most})
     offered_by = {key: tuple(o.study for o in offers[key]) for key in map(candidate_key, (c for c, _ in candidates))}
@@ -202,6 +187,36 @@ def warm_start(
         expected,
         trust,
     )
+
+
+def _gaining_most(offers: dict[CandidateKey, list[Offer]]) -> list[tuple[Offer, float]]:
+    """The first :data:`WARM_LIMIT` candidates offered: those the most alike models agree on (their
+    similarities summed), then by speedup; each as offered where it gained most, with that sum."""
+    ranked = sorted(offers.values(), key=lambda found: (-sum(o.weight for o in found), -max(o.speedup for o in found)))
+    return [(max(found, key=lambda o: o.speedup), sum(o.weight for o in found)) for found in ranked[:WARM_LIMIT]]
+
+
+def _chosen_studies(storage: optuna.storages.BaseStorage, spec: str, this: str, backend: str, device: str) -> list[str]:
+    """The studies ``--warm-start`` names (comma-separated; ``auto``: every other one of this backend
+    measured on this device); a user error for a name the storage does not hold."""
+    names = optuna.get_all_study_names(storage)
+    if spec.strip() == "auto":
+        return [n for n in names if n != this and _same_kind(storage, n, backend, device)]
+    chosen = [n.strip() for n in spec.split(",") if n.strip()]
+    unknown = [n for n in chosen if n not in names]
+    if unknown:
+        raise UserError(f"--warm-start: no study {unknown[0]!r} in this storage; studies there: {', '.join(names)}")
+    return chosen
+
+
+def _by_model(storage: optuna.storages.BaseStorage, chosen: list[str]) -> dict[str, list[optuna.Study]]:
+    """The studies ``chosen``, those of one model (the same recorded profile) together, in order."""
+    models: dict[str, list[optuna.Study]] = {}
+    for name in chosen:
+        study = optuna.load_study(study_name=name, storage=storage)
+        recorded = StudyRecord.read(study).model_profile
+        models.setdefault(name if recorded is None else repr(recorded.to_record()), []).append(study)
+    return models
 
 
 def study_similarity(study: optuna.Study, profile: ModelProfile) -> float | None:
