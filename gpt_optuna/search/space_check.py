@@ -130,35 +130,49 @@ def _apply_limits(
     graph alone, since converting the precision keeps the operators."""
     limited = {limit.knob for limits in loaded.values() for limit in limits}
     for knob in sorted(limited):
-        by_combo = {combo: next((x for x in limits if x.knob == knob), None) for combo, limits in loaded.items()}
-        reason = next(x.reason for x in by_combo.values() if x is not None)
-        settings = next((x.allowed.parents for x in by_combo.values() if x is not None and x.allowed), ())
-        every_setting = set(itertools.product(*(space.choices(p) for p in settings)))
+        works, settings, reason = _where_it_works(space, knob, loaded, judged)
         parents = [p for p in (FUSION_KNOB, PRECISION) if len(space.choices(p)) > 1] + list(settings)
-        works = {combo: _works(limit, every_setting) for combo, limit in by_combo.items()}
-        for combo, (fused, converted) in judged.items():
-            by_precision = by_combo[converted]
-            ignored = by_precision is None or by_precision.by_operators
-            works[combo] = works[fused] & (every_setting if ignored else works[converted])
-        allowed: set[tuple[Value, ...]] = set()
-        for (fusion, precision), tails in works.items():
-            head = tuple(v for p, v in ((FUSION_KNOB, fusion), (PRECISION, precision)) if p in parents)
-            allowed |= {head + tail for tail in tails}
+        allowed = _allowed(works, parents)
         if not allowed:
             note(f"{knob} not searched: {reason}")
             space = space.restricted(knob, (next(k.default for k in space.knobs if k.name == knob),))
-            continue
-        if not parents:
-            continue  # it works wherever the space goes
-        combos = tuple(c for c in itertools.product(*(space.choices(p) for p in parents)) if c in allowed)
-        if len(parents) == 1:
-            space = space.with_requirement(knob, Condition(parents[0], tuple(c[0] for c in combos)))
-        else:
-            space = space.with_requirement(knob, Condition(tuple(parents), combos))
-        guess = [f"{f}/{p}" for f, p in judged if works[(f, p)]]
-        judged_note = f" ({', '.join(guess)} not checked: judged by the checked graphs)" if guess else ""
-        note(f"{knob} offered only with {_where(parents, combos)}{judged_note}; elsewhere {reason}")
+        elif parents:  # else it works wherever the space goes
+            combos = tuple(c for c in itertools.product(*(space.choices(p) for p in parents)) if c in allowed)
+            if len(parents) == 1:
+                space = space.with_requirement(knob, Condition(parents[0], tuple(c[0] for c in combos)))
+            else:
+                space = space.with_requirement(knob, Condition(tuple(parents), combos))
+            guess = [f"{f}/{p}" for f, p in judged if works[(f, p)]]
+            judged_note = f" ({', '.join(guess)} not checked: judged by the checked graphs)" if guess else ""
+            note(f"{knob} offered only with {_where(parents, combos)}{judged_note}; elsewhere {reason}")
     return space
+
+
+def _allowed(works: dict[Combo, set[tuple[Value, ...]]], parents: list[str]) -> set[tuple[Value, ...]]:
+    """The values of ``parents`` (fusion and precision where the space searches them, then the
+    limiting knobs) with which the knob works."""
+    allowed: set[tuple[Value, ...]] = set()
+    for (fusion, precision), tails in works.items():
+        head = tuple(v for p, v in ((FUSION_KNOB, fusion), (PRECISION, precision)) if p in parents)
+        allowed |= {head + tail for tail in tails}
+    return allowed
+
+
+def _where_it_works(
+    space: Space, knob: str, loaded: dict[Combo, list[KnobLimit]], judged: dict[Combo, tuple[Combo, Combo]]
+) -> tuple[dict[Combo, set[tuple[Value, ...]]], tuple[str, ...], str]:
+    """Per graph (fusion and precision), the settings of ``knob``'s limiting knobs where it works, a
+    graph not checked judged as :func:`_apply_limits` says; the limiting knobs, and why it fails elsewhere."""
+    by_combo = {combo: next((x for x in limits if x.knob == knob), None) for combo, limits in loaded.items()}
+    reason = next(x.reason for x in by_combo.values() if x is not None)
+    settings = next((x.allowed.parents for x in by_combo.values() if x is not None and x.allowed), ())
+    every_setting = set(itertools.product(*(space.choices(p) for p in settings)))
+    works = {combo: _works(limit, every_setting) for combo, limit in by_combo.items()}
+    for combo, (fused, converted) in judged.items():
+        by_precision = by_combo[converted]
+        ignored = by_precision is None or by_precision.by_operators
+        works[combo] = works[fused] & (every_setting if ignored else works[converted])
+    return works, tuple(settings), reason
 
 
 def _works(limit: KnobLimit | None, every_setting: set[tuple[Value, ...]]) -> set[tuple[Value, ...]]:
