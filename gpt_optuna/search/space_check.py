@@ -13,7 +13,7 @@ import itertools
 import time
 from collections.abc import Callable
 from collections.abc import Set as AbstractSet
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from gpt_optuna.backends import KnobLimit
 from gpt_optuna.core.errors import UserError
@@ -55,34 +55,14 @@ def check_space(
     base_fusion, base_precision = default.get(FUSION_KNOB, "none"), default.get(PRECISION, "fp32")
     fusions = tuple(sorted(space.choices(FUSION_KNOB) or (base_fusion,), key=lambda f: f != base_fusion))
     precisions = tuple(sorted(space.choices(PRECISION) or (base_precision,), key=lambda p: p != base_precision))
-    loaded: dict[Combo, list[KnobLimit]] = {}
-    failed: dict[Combo, str] = {}
-    started, count = time.monotonic(), len(fusions) * len(precisions)
+    started = time.monotonic()
     combos = sorted(
         itertools.product(fusions, precisions),
         key=lambda c: (fusions.index(c[0]) + precisions.index(c[1]), fusions.index(c[0])),
     )
-    unchecked: set[Combo] = set()
     needed = {(base_fusion, base_precision), *always, *((f, base_precision) for f, _ in always)}
-    took: dict[Value, float] = {}  # by precision: what its last check took (int8's calibrate)
-    last_s = 0.0
-    for done, (fusion, precision) in enumerate(combos):
-        if (fusion, base_precision) in failed or (fusion, base_precision) in unchecked:
-            continue  # the fused graph itself cannot be loaded, or was not
-        now = time.monotonic()
-        late = deadline is not None and now + took.get(precision, last_s) > deadline
-        if late and (fusion, precision) not in needed:
-            unchecked.add((fusion, precision))
-            continue
-        fixed = {FUSION_KNOB: fusion, PRECISION: precision}
-        say(f"checking the space {done + 1}/{count}: graph_fusion {fusion}, precision {precision} ...")
-        job = replace(template, candidate=space.default(fixed))
-        result = run_evaluation(worker, CheckJob(job, space), timeout)
-        took[precision] = last_s = time.monotonic() - now
-        if result.outcome is Outcome.OK:
-            loaded[(fusion, precision)] = list(result.limits)
-        else:
-            failed[(fusion, precision)] = _why(result)
+    checks = _Checks(space, template, worker, timeout, say, deadline)
+    loaded, failed, unchecked = checks.run(combos, needed, base_precision)
     checked = len(loaded) + len(failed)
     say(f"checked the space: {counted(checked, 'graph variant')} in {time.monotonic() - started:.1f} s")
     if (base_fusion, base_precision) in failed:
@@ -93,23 +73,71 @@ def check_space(
         )
     late = f"not checked within preparation's share of --timeout ({time.monotonic() - started:.0f} s of checks)"
     kept_fusions = tuple(f for f in fusions if (f, base_precision) in loaded)
-    for fusion in fusions:
-        if fusion not in kept_fusions:
-            note(f"graph_fusion {fusion} not searched: {failed.get((fusion, base_precision), late)}")
-    if len(kept_fusions) < len(fusions):
-        space = space.restricted(FUSION_KNOB, kept_fusions)
+    space = _kept(space, FUSION_KNOB, fusions, kept_fusions, lambda f: failed.get((f, base_precision), late), note)
     kept_precisions = tuple(p for p in precisions if any((f, p) in loaded for f in kept_fusions))
-    for precision in precisions:
-        if precision not in kept_precisions:
-            note(f"precision {precision} not searched: {failed.get((base_fusion, precision), late)}")
-    if len(kept_precisions) < len(precisions):
-        space = space.restricted(PRECISION, kept_precisions)
+    space = _kept(space, PRECISION, precisions, kept_precisions, lambda p: failed.get((base_fusion, p), late), note)
     judged = {
         (f, p): ((f, base_precision), next(c for c in ((base_fusion, p), *loaded) if c in loaded and c[1] == p))
         for f, p in itertools.product(kept_fusions, kept_precisions)
         if (f, p) in unchecked
     }
     return _apply_limits(space, loaded, note, judged), not unchecked
+
+
+@dataclass(frozen=True)
+class _Checks:
+    """The space's graphs checked one by one in a worker (:class:`CheckJob`), as :func:`check_space` says."""
+
+    space: Space
+    template: EvaluateJob
+    worker: Worker
+    timeout: float
+    say: Callable[[str], None]
+    deadline: float | None
+
+    def run(
+        self, combos: list[Combo], needed: AbstractSet[Combo], base_precision: Value
+    ) -> tuple[dict[Combo, list[KnobLimit]], dict[Combo, str], set[Combo]]:
+        """The knob limits of each graph loaded, why each other failed, and those not checked."""
+        loaded: dict[Combo, list[KnobLimit]] = {}
+        failed: dict[Combo, str] = {}
+        unchecked: set[Combo] = set()
+        took: dict[Value, float] = {}  # by precision: what its last check took (int8's calibrate)
+        last_s = 0.0
+        for done, (fusion, precision) in enumerate(combos):
+            if (fusion, base_precision) in failed or (fusion, base_precision) in unchecked:
+                continue  # the fused graph itself cannot be loaded, or was not
+            now = time.monotonic()
+            late = self.deadline is not None and now + took.get(precision, last_s) > self.deadline
+            if late and (fusion, precision) not in needed:
+                unchecked.add((fusion, precision))
+                continue
+            fixed = {FUSION_KNOB: fusion, PRECISION: precision}
+            self.say(f"checking the space {done + 1}/{len(combos)}: graph_fusion {fusion}, precision {precision} ...")
+            job = replace(self.template, candidate=self.space.default(fixed))
+            result = run_evaluation(self.worker, CheckJob(job, self.space), self.timeout)
+            took[precision] = last_s = time.monotonic() - now
+            if result.outcome is Outcome.OK:
+                loaded[(fusion, precision)] = list(result.limits)
+            else:
+                failed[(fusion, precision)] = _why(result)
+        return loaded, failed, unchecked
+
+
+def _kept(
+    space: Space,
+    knob: str,
+    values: tuple[Value, ...],
+    kept: tuple[Value, ...],
+    why: Callable[[Value], str],
+    note: Callable[[str], None],
+) -> Space:
+    """``space`` with ``knob`` searched over ``kept`` of its ``values``; each value left out told
+    to ``note`` with ``why``."""
+    for value in values:
+        if value not in kept:
+            note(f"{knob} {value} not searched: {why(value)}")
+    return space.restricted(knob, kept) if len(kept) < len(values) else space
 
 
 def _why(result: TrialResult) -> str:
