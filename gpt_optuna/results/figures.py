@@ -188,10 +188,7 @@ def pareto_figure(rows: list[TrialRow], axis: ErrorAxis, marked: list[Mark] | No
 
     figure = go.Figure()
     drawn = [r for r in rows if r.latency_ms is not None and axis.value(r.accuracy) is not None]
-    groups = {"feasible": [r for r in drawn if r.status == "feasible"]}
-    for r in drawn:
-        if r.status != "feasible":
-            groups.setdefault(f"{r.status}: {r.cause}", []).append(r)
+    groups = _by_outcome(drawn)
     for label, shown in groups.items():
         feasible = label == "feasible"
         x, y = [r.latency_ms for r in shown], [axis.value(r.accuracy) for r in shown]
@@ -201,21 +198,55 @@ def pareto_figure(rows: list[TrialRow], axis: ErrorAxis, marked: list[Mark] | No
     marked = [m for m in marked or [] if errors.get(m.trial) is not None]
     figure.add_traces(_mark_traces(marked, {m.trial: (m.latency_ms, errors[m.trial]) for m in marked}, rows))
     figure.add_traces(_confirmed_traces(marked, errors))
-    front = pareto_front(rows, axis)
-    figure.add_trace(
-        go.Scatter(
-            x=[r.latency_ms for r in front],
-            y=[axis.value(r.accuracy) for r in front],
-            mode="lines+markers",
-            line={"shape": "hv", "width": 3, "color": "#2ca02c"},
-            marker={"size": 7, "color": "#2ca02c", "line": {"width": 1, "color": "white"}},
-            name="Pareto front",
-            hovertext=[r.hover for r in front],
-            hoverinfo="text",
-            customdata=[r.number for r in front],
-            meta="front",
-        )
+    figure.add_trace(_front_trace(pareto_front(rows, axis), axis))
+    for index, text in enumerate(_pareto_notes(rows, axis, len(groups["feasible"]))):
+        _note(figure, text, 1.0 + 0.06 * index)
+    latencies = [r.latency_ms for r in drawn] + [m.confirmed_ms for m in marked]
+    yaxis = _error_axis(axis, [e for e in errors.values() if e is not None])
+    figure.update_layout(
+        title=f"Latency against {axis.title}", xaxis=latency_axis(latencies), yaxis=yaxis, legend=LEGEND
     )
+    return figure
+
+
+def _front_trace(front: list[TrialRow], axis: ErrorAxis) -> Any:
+    """The Pareto front as a line over its points."""
+    import plotly.graph_objects as go
+
+    return go.Scatter(
+        x=[r.latency_ms for r in front],
+        y=[axis.value(r.accuracy) for r in front],
+        mode="lines+markers",
+        line={"shape": "hv", "width": 3, "color": "#2ca02c"},
+        marker={"size": 7, "color": "#2ca02c", "line": {"width": 1, "color": "white"}},
+        name="Pareto front",
+        hovertext=[r.hover for r in front],
+        hoverinfo="text",
+        customdata=[r.number for r in front],
+        meta="front",
+    )
+
+
+def _error_axis(axis: ErrorAxis, values: list[float]) -> dict[str, Any]:
+    """The y axis over ``values``, better lower on the page (an accuracy that grows upside down)."""
+    yaxis: dict[str, Any] = {"title": axis.title, "range": padded(values)}
+    if axis.higher_is_better and not axis.complement:
+        yaxis["range"] = yaxis["range"][::-1]  # better is lower on the page, as for an error
+    return yaxis
+
+
+def _by_outcome(drawn: list[TrialRow]) -> dict[str, list[TrialRow]]:
+    """The trials drawn, feasible first, then by status and cause."""
+    groups = {"feasible": [r for r in drawn if r.status == "feasible"]}
+    for r in drawn:
+        if r.status != "feasible":
+            groups.setdefault(f"{r.status}: {r.cause}", []).append(r)
+    return groups
+
+
+def _pareto_notes(rows: list[TrialRow], axis: ErrorAxis, feasible: int) -> list[str]:
+    """What the figure cannot show: the candidates not timed, and an axis on which ``feasible``
+    trials all measure the same."""
     untimed = Counter(r.status for r in rows if r.latency_ms is None and r.status in ("infeasible", "failed"))
     notes = []
     if untimed:
@@ -223,20 +254,9 @@ def pareto_figure(rows: list[TrialRow], axis: ErrorAxis, marked: list[Mark] | No
         notes.append(
             f"{counted} {in_number(sum(untimed.values()), 'candidate')} not timed: see the trials by outcome and reason"
         )
-    feasible = len(groups["feasible"])
     if feasible > 1 and not tells_apart(rows, axis):
         notes.append(f"all {feasible} feasible trials measure the same {axis.title}: this axis cannot tell them apart")
-    for index, text in enumerate(notes):
-        _note(figure, text, 1.0 + 0.06 * index)
-    latencies = [r.latency_ms for r in drawn] + [m.confirmed_ms for m in marked]
-    values = [e for e in errors.values() if e is not None]
-    yaxis: dict[str, Any] = {"title": axis.title, "range": padded(values)}
-    if axis.higher_is_better and not axis.complement:
-        yaxis["range"] = yaxis["range"][::-1]  # better is lower on the page, as for an error
-    figure.update_layout(
-        title=f"Latency against {axis.title}", xaxis=latency_axis(latencies), yaxis=yaxis, legend=LEGEND
-    )
-    return figure
+    return notes
 
 
 def history_figure(rows: list[TrialRow], marked: list[Mark] | None = None) -> Any:
