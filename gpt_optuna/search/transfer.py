@@ -108,20 +108,26 @@ class TransferQueue:
             if study in self.stopped or (not why and study in self.won):
                 continue
             if why:
-                self.stopped[study] = source
-                left = sum(
-                    1 for c, other in self.pending if study in self.studies(c, other) and self._given_up(c, other)
-                )
-                left += len(self.reserve.pop(study, []))
-                if left:
-                    rest = f"the other {left} of {study} {'is' if left == 1 else 'are'} not tried"
-                    self.note(f"warm start: {source} {why}; {rest}")
+                self._stop(study, source, why)
             else:
-                self.won.append(study)
-                given = min(len(self.reserve.get(study, [])), room)
-                if given:
-                    follow = "follows" if given == 1 else "follow"
-                    self.note(f"warm start: {source} beat the baseline here; {given} more of {study} {follow}")
+                self._follow(study, source, room)
+
+    def _stop(self, study: str, source: str, why: str) -> None:
+        """Stop ``study``, whose candidate ``source`` did not carry over (``why``): said where it held more."""
+        self.stopped[study] = source
+        left = sum(1 for c, other in self.pending if study in self.studies(c, other) and self._given_up(c, other))
+        left += len(self.reserve.pop(study, []))
+        if left:
+            rest = f"the other {left} of {study} {'is' if left == 1 else 'are'} not tried"
+            self.note(f"warm start: {source} {why}; {rest}")
+
+    def _follow(self, study: str, source: str, room: int) -> None:
+        """Let the candidates ``study`` held back follow, its ``source`` having beaten the baseline."""
+        self.won.append(study)
+        given = min(len(self.reserve.get(study, [])), room)
+        if given:
+            follow = "follows" if given == 1 else "follow"
+            self.note(f"warm start: {source} beat the baseline here; {given} more of {study} {follow}")
 
     def _drop_tried(self, trials: list[FrozenTrial]) -> None:
         """Forget the candidates the study holds already (tried, or the same configuration)."""
