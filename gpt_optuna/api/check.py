@@ -206,23 +206,7 @@ def run_check(
                 "measuring the engine's defaults and the recorded configuration on the changed model; the rest of"
                 " --budget times it beside the record's model (--update searches for a faster configuration)"
             )
-        config = TuneConfig(
-            **base,
-            model=model,
-            backend=record["backend"],
-            accuracy=record["accuracy_criterion"],
-            metric=record.get("metric"),
-            inputs=record["samples"]["inputs"],
-            shapes=shape_flags(record),
-            timeout_s=max(deadline - kept - time.monotonic(), 1.0),
-            n_trials=queued_trials(record) if gated else None,
-            confirm_top=0 if exported is not None else base.get("confirm_top", 5),  # the comparison confirms
-            study_name=name,
-            seeds=[(record["params"], "the recorded configuration")],
-            **your_configuration(record),
-            no_seeds=True,  # the recorded configuration is the one to try first
-            allow_io_change=bool((record.get("interface") or {}).get("allow_io_change")),
-        )
+        config = _check_config(model, record, base, name, max(deadline - kept - time.monotonic(), 1.0), gated, exported)
         progress = Progress(enabled=not quiet)
         code = tune(config, progress).code
         study = load_study(open_storage(config.storage, create=False), name)
@@ -236,12 +220,7 @@ def run_check(
         if code > 128:  # stopped by Ctrl-C, SIGTERM or SIGHUP
             return CheckResult(code, tuple(outcomes), study_name)
         latency, summary = judge_latency(study, config, record, record_path, exported, why_not, tolerance, deadline)
-        outcomes.append(latency)
-        if latency.better and update:
-            export_trial(study, latency.trial, record_path.with_name(record_path.name.removesuffix(".json")), True)
-            outcomes[-1] = replace(latency, message=latency.message + "; the record is updated")
-        elif latency.better:
-            outcomes[-1] = replace(latency, message=latency.message + "; --update records it")
+        outcomes.append(_recorded_where_better(latency, study, record_path, update))
         if summary is not None:
             against = versus_yours(summary).removeprefix("; ")
             if against:
@@ -258,6 +237,47 @@ def run_check(
         where = shlex.join([*study_flags(default_storage(study_name), study_name), "-o", page])
         tell(f"the check's own study, for a closer look (its page beside it): gpt-optuna report {where}", RESULT)
     return CheckResult(exit_code(outcomes), tuple(outcomes), study_name)
+
+
+def _check_config(
+    model: Path,
+    record: dict[str, Any],
+    base: dict[str, Any],
+    name: str,
+    timeout_s: float,
+    gated: bool,
+    exported: Path | None,
+) -> TuneConfig:
+    """The search a check runs on ``model``: the record's engine, criterion, samples and shapes, its
+    configuration tried first (``gated``: and the engine's defaults alone, the comparison deciding)."""
+    return TuneConfig(
+        **base,
+        model=model,
+        backend=record["backend"],
+        accuracy=record["accuracy_criterion"],
+        metric=record.get("metric"),
+        inputs=record["samples"]["inputs"],
+        shapes=shape_flags(record),
+        timeout_s=timeout_s,
+        n_trials=queued_trials(record) if gated else None,
+        confirm_top=0 if exported is not None else base.get("confirm_top", 5),  # the comparison confirms
+        study_name=name,
+        seeds=[(record["params"], "the recorded configuration")],
+        **your_configuration(record),
+        no_seeds=True,  # the recorded configuration is the one to try first
+        allow_io_change=bool((record.get("interface") or {}).get("allow_io_change")),
+    )
+
+
+def _recorded_where_better(latency: Outcome, study: Any, record_path: Path, update: bool) -> Outcome:
+    """The latency outcome; where the check found a faster configuration, written over the record
+    (``update``) or said how to."""
+    if latency.better and update:
+        export_trial(study, latency.trial, record_path.with_name(record_path.name.removesuffix(".json")), True)
+        return replace(latency, message=latency.message + "; the record is updated")
+    if latency.better:
+        return replace(latency, message=latency.message + "; --update records it")
+    return latency
 
 
 def judge_latency(
