@@ -186,12 +186,7 @@ class Criterion:
             invalid = _invalid(sample, ref)
             if invalid:
                 return Verdict(False, invalid, constraint=_VIOLATION_FOR_NONFINITE)
-        per_sample = [self._aggregate(o, r) for o, r in zip(samples, references, strict=True)]
-        metrics = {m.key: _worst(m, [d[m.key] for d in per_sample]) for m in self.metrics}
-        for clause in self.clauses:
-            if clause.metric.mean:
-                inner = Metric(clause.metric.name, clause.metric.params).key
-                metrics[clause.metric.key] = float(np.mean([d[inner] for d in per_sample]))
+        metrics = self._over_samples([self._aggregate(o, r) for o, r in zip(samples, references, strict=True)])
         if user is not None:
             metrics |= {k: float(v) for k, v in user().items()}
         undefined = [c.metric.key for c in self.clauses if math.isnan(metrics[c.metric.key])]
@@ -204,6 +199,15 @@ class Criterion:
             reason = "; ".join(f"{c.metric.key}={metrics[c.metric.key]:.6g} fails {c}" for c in failed)
             return Verdict(False, reason, metrics, constraint)
         return Verdict(True, "", metrics, constraint)
+
+    def _over_samples(self, per_sample: list[dict[str, float]]) -> dict[str, float]:
+        """Each output metric over the samples: the worst sample's, or (``mean(...)``) the average."""
+        metrics = {m.key: _worst(m, [d[m.key] for d in per_sample]) for m in self.metrics}
+        for clause in self.clauses:
+            if clause.metric.mean:
+                inner = Metric(clause.metric.name, clause.metric.params).key
+                metrics[clause.metric.key] = float(np.mean([d[inner] for d in per_sample]))
+        return metrics
 
     @property
     def error_name(self) -> str:
