@@ -104,15 +104,7 @@ def precision_knobs(model: Any, precisions: tuple[str, ...], allow_io_change: bo
     present = op_types(model)
     reduced = tuple(p for p in offered if p in REDUCED_FLOAT)
     if reduced:
-        on = Condition("precision", reduced)
-        for group, ops in KEEP_GROUPS.items():
-            if present & set(ops):
-                knobs.append(Knob(f"keep_fp32.{group}", (False, True), False, f"keep {group} ops in fp32", on))
-        nodes = len(candidate_nodes(model))
-        counts = tuple(c for c in KEEP_NODE_COUNTS if c <= nodes)
-        knobs.append(Knob("keep_fp32_nodes", counts, 0, "keep the N most sensitive nodes in fp32", on))
-        if allow_io_change:
-            knobs.append(Knob("keep_io_fp32", (True, False), True, "keep model inputs/outputs fp32", on))
+        knobs += _reduced_float_knobs(model, present, Condition("precision", reduced), allow_io_change)
     quantized = tuple(p for p in offered if p in QUANTIZED)
     groups = [g for g, ops in QUANTIZE_GROUPS.items() if present & set(ops)]
     if quantized and groups:
@@ -122,6 +114,22 @@ def precision_knobs(model: Any, precisions: tuple[str, ...], allow_io_change: bo
         )
     elif quantized:
         knobs[0] = Knob("precision", tuple(p for p in offered if p not in QUANTIZED), "fp32", knobs[0].help)
+    return knobs
+
+
+def _reduced_float_knobs(model: Any, present: set[str], on: Condition, allow_io_change: bool) -> list[Knob]:
+    """What stays in fp32 at a reduced float precision (``on``): op groups the model has, its most
+    sensitive nodes, and (``allow_io_change``) its inputs and outputs."""
+    knobs = [
+        Knob(f"keep_fp32.{group}", (False, True), False, f"keep {group} ops in fp32", on)
+        for group, ops in KEEP_GROUPS.items()
+        if present & set(ops)
+    ]
+    nodes = len(candidate_nodes(model))
+    counts = tuple(c for c in KEEP_NODE_COUNTS if c <= nodes)
+    knobs.append(Knob("keep_fp32_nodes", counts, 0, "keep the N most sensitive nodes in fp32", on))
+    if allow_io_change:
+        knobs.append(Knob("keep_io_fp32", (True, False), True, "keep model inputs/outputs fp32", on))
     return knobs
 
 
