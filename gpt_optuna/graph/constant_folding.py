@@ -43,8 +43,7 @@ def _feeds_fold(constant: Any, nodes: list[Any]) -> bool:
 def fold(model: Any) -> Any:
     """A copy of ``model`` with its constant subgraphs replaced by initializers (itself if none)."""
     import onnx
-    from onnx import helper, numpy_helper
-    from onnx.reference import ReferenceEvaluator
+    from onnx import numpy_helper
 
     nodes = foldable_nodes(model)
     if not any(n.op_type != "Constant" for n in nodes):
@@ -53,17 +52,7 @@ def fold(model: Any) -> Any:
     remaining = [n for n in model.graph.node if id(n) not in folded_ids]
     needed = {name for n in remaining for name in n.input} | {v.name for v in model.graph.output}
     produced = [name for n in nodes for name in n.output if name in needed]
-    initializers = {i.name: i for i in model.graph.initializer}
-    used = sorted({name for n in nodes for name in n.input if name in initializers})
-    sub = helper.make_graph(
-        nodes,
-        "constants",
-        [],
-        [helper.make_tensor_value_info(name, 0, None) for name in produced],
-        [initializers[name] for name in used],
-    )
-    sub_model = helper.make_model(sub, opset_imports=model.opset_import)
-    values = ReferenceEvaluator(sub_model).run(None, {})
+    values = _constant_values(model, nodes, produced)
     copy = onnx.ModelProto()
     copy.CopyFrom(model)
     copy.graph.ClearField("node")
@@ -73,6 +62,23 @@ def fold(model: Any) -> Any:
     copy.graph.ClearField("initializer")
     copy.graph.initializer.extend(kept + [numpy_helper.from_array(v, n) for n, v in zip(produced, values, strict=True)])
     return copy
+
+
+def _constant_values(model: Any, nodes: list[Any], produced: list[str]) -> list[Any]:
+    """The values of ``produced`` that the constant ``nodes`` of ``model`` compute (ONNX's reference evaluator)."""
+    from onnx import helper
+    from onnx.reference import ReferenceEvaluator
+
+    initializers = {i.name: i for i in model.graph.initializer}
+    used = sorted({name for n in nodes for name in n.input if name in initializers})
+    sub = helper.make_graph(
+        nodes,
+        "constants",
+        [],
+        [helper.make_tensor_value_info(name, 0, None) for name in produced],
+        [initializers[name] for name in used],
+    )
+    return ReferenceEvaluator(helper.make_model(sub, opset_imports=model.opset_import)).run(None, {})
 
 
 def folded(model: ModelInfo, cache_dir: Path) -> ModelInfo:
