@@ -19,7 +19,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from gpt_optuna.graph.onnx_graph import GraphIndex, attribute, disagreement, drop_dead, elem_type
+from gpt_optuna.graph.onnx_graph import Dim, GraphIndex, attribute, disagreement, drop_dead, elem_type
 
 PREFIX = "patch_conv"
 
@@ -53,20 +53,7 @@ def _patches(graph: GraphIndex, conv: onnx.NodeProto) -> list[onnx.NodeProto] | 
     if weight is None or weight.ndim != 4 or (len(conv.input) > 2 and conv.input[2] and bias is None):
         return None
     out_channels, channels, kh, kw = weight.shape
-    if (
-        kh * kw == 1
-        or attribute(conv, "strides") != [kh, kw]
-        or any(attribute(conv, "pads", [0] * 4))
-        or any(d != 1 for d in attribute(conv, "dilations", [1, 1]))
-        or attribute(conv, "group", 1) != 1
-        or attribute(conv, "auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET")
-        or not dims
-        or len(dims) != 4
-        or not all(isinstance(d, int) for d in dims[1:])
-        or dims[1] != channels
-        or dims[2] % kh  # type: ignore[operator]
-        or dims[3] % kw  # type: ignore[operator]
-    ):
+    if not _tiles_its_input(conv, weight.shape, dims):
         return None
     rows, cols = dims[2] // kh, dims[3] // kw  # type: ignore[operator]
     dtype = helper.tensor_dtype_to_np_dtype(elem_type(graph, conv.input[0]))
@@ -90,6 +77,27 @@ def _patches(graph: GraphIndex, conv: onnx.NodeProto) -> list[onnx.NodeProto] | 
     out = graph.name("nchw")
     nodes.append(helper.make_node("Transpose", [last], [out], name=out, perm=[0, 3, 1, 2]))
     return nodes
+
+
+def _tiles_its_input(conv: onnx.NodeProto, weight_shape: tuple[int, ...], dims: list[Dim] | None) -> bool:
+    """Whether ``conv`` (weights of ``weight_shape``) cuts its input (of ``dims``) into whole
+    non-overlapping patches of more than one pixel: strides equal to the kernel, no padding,
+    dilation or groups, and a static input the kernel divides."""
+    _, channels, kh, kw = weight_shape
+    return not (
+        kh * kw == 1
+        or attribute(conv, "strides") != [kh, kw]
+        or any(attribute(conv, "pads", [0] * 4))
+        or any(d != 1 for d in attribute(conv, "dilations", [1, 1]))
+        or attribute(conv, "group", 1) != 1
+        or attribute(conv, "auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET")
+        or not dims
+        or len(dims) != 4
+        or not all(isinstance(d, int) for d in dims[1:])
+        or dims[1] != channels
+        or dims[2] % kh  # type: ignore[operator]
+        or dims[3] % kw  # type: ignore[operator]
+    )
 
 
 def _shape(graph: GraphIndex, dims: list[int]) -> str:
