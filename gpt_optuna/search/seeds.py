@@ -163,20 +163,19 @@ def warm_start(
         alike[name] = study_similarity(studies[0], profile)
         weight = UNKNOWN_SIMILARITY if alike[name] is None else alike[name]
         best = _best_of_model(studies, space, baseline)
-        first = max(1, math.ceil(WARM_PER_STUDY * weight - 1e-9))
-        for b in best[:first]:
-            offer = Offer(weight, b.speedup, b.candidate, b.source, name)
-            offers.setdefault(candidate_key(b.candidate), []).append(offer)
-        later[name] = [(b.candidate, b.source) for b in best[first:]]
+        first, rest = _first_and_held_back(best, weight)
+        for b in first:
+            offers.setdefault(candidate_key(b.candidate), []).append(
+                Offer(weight, b.speedup, b.candidate, b.source, name)
+            )
+        later[name] = [(b.candidate, b.source) for b in rest]
         expected.update({b.source: 1 + REPLICATION * weight * max(0.0, b.speedup - 1) for b in best})
-        trust.update({b.source: weight for b in best[first:]})
+        trust.update({b.source: weight for b in rest})
     gaining_most = _gaining_most(offers)
     candidates = [(offer.candidate, offer.source) for offer, _ in gaining_most]
     trust.update({offer.source: weight for offer, weight in gaining_most})
     offered_by = {key: tuple(o.study for o in offers[key]) for key in map(candidate_key, (c for c, _ in candidates))}
-    reserve = {name: [(c, s) for c, s in rest if candidate_key(c) not in offered_by] for name, rest in later.items()}
-    for name, rest in reserve.items():  # held back by the first study of its model, maybe found by another
-        offered_by.update({candidate_key(c): (name,) for c, _ in rest})
+    reserve = _held_back(later, offered_by)
     same_model = {s[0].study_name: tuple(o.study_name for o in s[1:]) for s in models.values() if len(s) > 1}
     return WarmStart(
         candidates,
@@ -187,6 +186,24 @@ def warm_start(
         expected,
         trust,
     )
+
+
+def _first_and_held_back(best: list[Best], weight: float) -> tuple[list[Best], list[Best]]:
+    """A source's best, split into those it offers first (as many as its model's similarity
+    ``weight`` earns, rounded up, one at least) and those held back."""
+    first = max(1, math.ceil(WARM_PER_STUDY * weight - 1e-9))
+    return best[:first], best[first:]
+
+
+def _held_back(
+    later: dict[str, list[tuple[Candidate, str]]], offered_by: dict[CandidateKey, tuple[str, ...]]
+) -> dict[str, list[tuple[Candidate, str]]]:
+    """What each source holds back that is not offered first, each added to ``offered_by`` as its
+    source's (held back by the first study of its model, maybe found by another)."""
+    reserve = {name: [(c, s) for c, s in rest if candidate_key(c) not in offered_by] for name, rest in later.items()}
+    for name, rest in reserve.items():
+        offered_by.update({candidate_key(c): (name,) for c, _ in rest})
+    return reserve
 
 
 def _gaining_most(offers: dict[CandidateKey, list[Offer]]) -> list[tuple[Offer, float]]:
