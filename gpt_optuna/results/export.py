@@ -275,7 +275,7 @@ def _write_export(
         "model_sha256": file_sha256(staged),
     }
     if deployment is not None:
-        paths, inputs = StudyFolder.of(study).engine_paths, workdir / INPUTS_FILE
+        paths, inputs = StudyFolder(workdir).engine_paths, workdir / INPUTS_FILE  # workdir: the study folder
         exported = ExportedTrial(
             source, staged, trial.params, record.defaults, record.shapes or {}, paths, inputs, record.versions
         )

@@ -245,9 +245,8 @@ class _SearchRun:
         if stopped_by is not None:
             code, took = interrupts.exit_code(), self.phases.line()
             return ended(config, study, code, f"stopped by {stopped_by}", took, stopped_by=stopped_by)
-        if (
-            self.deadline is not None
-        ):  # the search is over: workers that joined it stop, and leave the GPU to the finalists
+        if self.deadline is not None:
+            # the search is over: workers that joined it stop, and leave the GPU to the finalists
             replace(SearchRecord.of(study), ends_at=time.time()).write(study)
         covered = budget.covered or objective.space_exhausted
         note = covered_note(self.sampler, budget.covered) if covered else ""

@@ -192,10 +192,10 @@ def fail_as_interrupted(study: optuna.Study, trial: FrozenTrial, reason: str) ->
     """Fail a RUNNING trial whose candidate was not evaluated as interrupted (``reason``), so that
     its candidate is retried; false where another process ended the trial first."""
     try:
-        storage, number = storage_of(study), trial_id(trial)
-        storage.set_trial_user_attr(number, INTERRUPTED_BY, PROCESS)
-        storage.set_trial_user_attr(number, INTERRUPTED, reason)
-        storage.set_trial_state_values(number, TrialState.FAIL)
+        storage, stored_id = storage_of(study), trial_id(trial)
+        storage.set_trial_user_attr(stored_id, INTERRUPTED_BY, PROCESS)
+        storage.set_trial_user_attr(stored_id, INTERRUPTED, reason)
+        storage.set_trial_state_values(stored_id, TrialState.FAIL)
     except optuna.exceptions.UpdateFinishedTrialError:
         return False
     return True
