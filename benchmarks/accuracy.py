@@ -29,8 +29,8 @@ import numpy as np
 import optuna
 
 from gpt_optuna.cli import main as cli
+from gpt_optuna.core.measure_settings import MeasureSettings
 from gpt_optuna.graph.precision import PRECISIONS, QUANTIZED, is_precision_knob
-from gpt_optuna.protocol.timing import MeasureSettings
 from gpt_optuna.search.config import TuneConfig
 from gpt_optuna.search.progress import Progress
 from gpt_optuna.search.tune import tune

@@ -156,7 +156,7 @@ from gpt_optuna.backends import EnginePaths, load_backend
 from gpt_optuna.backends.inductor import backend as inductor, knobs as K
 from gpt_optuna.graph.model import load_model_info, resolve_shapes
 from gpt_optuna.graph.program import load_program, onnx_of_program
-from gpt_optuna.protocol.timing import MeasureSettings
+from gpt_optuna.core.measure_settings import MeasureSettings
 from gpt_optuna.worker.measure import measure
 
 model, export, inputs = Path(sys.argv[1]), sys.argv[2], sys.argv[3]

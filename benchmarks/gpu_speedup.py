@@ -20,7 +20,7 @@ from pathlib import Path
 import optuna
 
 from benchmarks.models import minilm_onnx, mobilenet_v2_onnx
-from gpt_optuna.protocol.timing import MeasureSettings
+from gpt_optuna.core.measure_settings import MeasureSettings
 from gpt_optuna.search.config import TuneConfig
 from gpt_optuna.search.progress import Progress
 from gpt_optuna.search.tune import tune

@@ -22,11 +22,11 @@ import numpy as np
 from benchmarks.models import minilm_onnx, mobilenet_v2_onnx
 from gpt_optuna.backends.onnxruntime.backend import OnnxRuntimeBackend
 from gpt_optuna.core.engine_paths import EnginePaths
+from gpt_optuna.core.measure_settings import MeasureSettings
 from gpt_optuna.graph import feeds as mf
 from gpt_optuna.graph import model as m
 from gpt_optuna.graph.precision import PrecisionSetting, transform
 from gpt_optuna.protocol.accuracy import parse_criterion
-from gpt_optuna.protocol.timing import MeasureSettings
 from gpt_optuna.worker.measure import measure
 from gpt_optuna.worker.reference import fp32_outputs
 from gpt_optuna.worker.sensitivity import rank_sensitive_nodes

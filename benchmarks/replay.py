@@ -61,12 +61,13 @@ from optuna.trial import FrozenTrial, TrialState
 
 from gpt_optuna.backends.onnxruntime.backend import OnnxRuntimeBackend
 from gpt_optuna.core.errors import MissingDependencyError
+from gpt_optuna.core.measure_settings import MeasureSettings
 from gpt_optuna.core.space import Candidate, CandidateKey, Space, Value, candidate_key
 from gpt_optuna.graph.model_profile import ModelProfile
 from gpt_optuna.protocol.accuracy import Verdict, parse_criterion
 from gpt_optuna.protocol.jobs import EvaluateJob
 from gpt_optuna.protocol.outcome import Outcome, TrialResult
-from gpt_optuna.protocol.timing import LatencyStats, MeasureSettings
+from gpt_optuna.protocol.timing import LatencyStats
 from gpt_optuna.search.config import TuneConfig
 from gpt_optuna.search.lanes import TrialBudget, run_lanes
 from gpt_optuna.search.objective import Lane, Objective

@@ -41,7 +41,7 @@ def open_runner(model: Path, shape_args: list[str]):  # noqa: ANN201
 def one_process(model: Path, shape_args: list[str]) -> dict[str, float]:
     """The protocol's median, then event- and wall-clock-timed launches in alternating blocks (so
     that a drift of the engine itself does not pass for a disagreement of the two clocks)."""
-    from gpt_optuna.protocol.timing import MeasureSettings
+    from gpt_optuna.core.measure_settings import MeasureSettings
     from gpt_optuna.worker.measure import interleaved_rounds, launch_timer, measure
 
     with open_runner(model, shape_args) as runner:

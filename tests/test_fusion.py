@@ -15,6 +15,7 @@ from onnx import TensorProto, helper, numpy_helper
 from optuna.trial import TrialState
 
 from gpt_optuna.cli import main
+from gpt_optuna.core.measure_settings import MeasureSettings
 from gpt_optuna.core.space import Knob
 from gpt_optuna.graph import feeds as mf
 from gpt_optuna.graph import model as m
@@ -33,7 +34,6 @@ from gpt_optuna.graph.precision import PrecisionSetting, transform
 from gpt_optuna.protocol.accuracy import parse_criterion
 from gpt_optuna.protocol.jobs import EvaluateJob, SpaceJob
 from gpt_optuna.protocol.outcome import Outcome
-from gpt_optuna.protocol.timing import MeasureSettings
 from gpt_optuna.worker.reference import fp32_outputs
 
 SHAPES = {name: m.ShapeRange((1, 32), (1, 32), (1, 32)) for name in ("input_ids", "attention_mask", "token_type_ids")}

@@ -137,7 +137,7 @@ def test_a_long_compile_is_timed_again_from_the_caches_it_left(program: Path, mo
 
 @pytest.mark.gpu
 def test_on_the_gpu_cuda_graphs_replay_on_the_runners_stream_and_cuda_events_time_them(program: Path) -> None:
-    from gpt_optuna.protocol.timing import MeasureSettings
+    from gpt_optuna.core.measure_settings import MeasureSettings
     from gpt_optuna.worker.measure import measure
 
     onnx_path = onnx_of_program(program, 120)

@@ -228,3 +228,79 @@ def test_the_private_parts_check_catches_each_kind_of_reach(tmp_path: Path) -> N
 def test_the_engines_and_the_worker_import_nothing_of_the_study(module: str) -> None:
     reached = sorted(t for t in imports(MODULES[module]) if layer_of(t) == "study")
     assert reached == [], f"{module} imports {reached}: take what crosses from the job (gpt_optuna.protocol)"
+
+
+STUDY_RECORD = "gpt_optuna.study.record"
+
+
+def study_attr_names() -> list[str]:
+    """The names of the study's user attrs (``*_ATTR`` in :mod:`gpt_optuna.study.record`)."""
+    tree = ast.parse(MODULES[STUDY_RECORD].read_text())
+    return [
+        target.id
+        for node in tree.body
+        if isinstance(node, ast.Assign)
+        for target in node.targets
+        if isinstance(target, ast.Name) and target.id.endswith("_ATTR")
+    ]
+
+
+def modules_naming(name: str) -> list[str]:
+    """The modules but the study record that name ``name`` (import it or use it)."""
+    return sorted(
+        module
+        for module, path in MODULES.items()
+        if module != STUDY_RECORD
+        and any(
+            isinstance(n, ast.Name) and n.id == name or isinstance(n, ast.alias) and n.name == name
+            for n in ast.walk(ast.parse(path.read_text()))
+        )
+    )
+
+
+@pytest.mark.parametrize("name", study_attr_names())
+def test_each_study_record_has_one_reader_and_writer_module(name: str) -> None:
+    """A study attr is written and read in one module: the study record, or one other beside it."""
+    naming = modules_naming(name)
+    assert len(naming) <= 1, f"{name} is read or written in {naming}: keep its reader and writer in one module"
+
+
+def test_the_record_check_finds_the_modules_that_name_an_attr() -> None:
+    assert len(study_attr_names()) >= 10
+    assert modules_naming("CONFIRMED_ATTR") == ["gpt_optuna.study.confirmation"]
+
+
+TRIAL_WRITERS = {TRIAL_RECORD, "gpt_optuna.study.storage", "gpt_optuna.study.recovery"}
+"""The trial record, and the storage that writes what it composes in one transaction, or by a dead
+owner's trial's storage id (recovery)."""
+
+
+def trial_attr_writes(path: Path) -> list[int]:
+    """The lines where ``path`` writes a trial's attrs: ``X.set_user_attr``/``X.set_system_attr`` of
+    anything but a study, and a storage's ``set_trial_user_attr``/``set_trial_system_attr``."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            owner, name = node.func.value, node.func.attr
+            on_study = isinstance(owner, ast.Name) and owner.id == "study"
+            if (
+                name in ("set_user_attr", "set_system_attr")
+                and not on_study
+                or name in ("set_trial_user_attr", "set_trial_system_attr")
+            ):
+                found.append(node.lineno)
+    return found
+
+
+@pytest.mark.parametrize("module", sorted(m for m in MODULES if m not in TRIAL_WRITERS))
+def test_a_trials_attrs_are_written_only_through_its_record(module: str) -> None:
+    assert trial_attr_writes(MODULES[module]) == [], f"{module} writes a trial's attrs: use {TRIAL_RECORD}"
+
+
+def test_the_trial_write_check_catches_a_write(tmp_path: Path) -> None:
+    writer = tmp_path / "writer.py"
+    writer.write_text(
+        "def f(study, t, s):\n    study.set_user_attr('a', 1)\n    t.set_user_attr('b', 2)\n"
+        "    s.set_trial_system_attr(1, 'c', 3)\n"
+    )
+    assert trial_attr_writes(writer) == [3, 4]

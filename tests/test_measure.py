@@ -12,7 +12,7 @@ import pytest
 from conftest import SYNTHETIC
 
 from gpt_optuna.cli import main
-from gpt_optuna.protocol.timing import MeasureSettings
+from gpt_optuna.core.measure_settings import MeasureSettings
 from gpt_optuna.results.summary_text import format_confirmed
 from gpt_optuna.search.finalists import confirm, template_from_study
 from gpt_optuna.study.evidence import speedups

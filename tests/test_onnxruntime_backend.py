@@ -29,13 +29,13 @@ from gpt_optuna.backends.onnxruntime.settings import (
     usable_providers,
 )
 from gpt_optuna.core.engine_paths import EnginePaths
+from gpt_optuna.core.measure_settings import MeasureSettings
 from gpt_optuna.core.space import Space
 from gpt_optuna.graph import feeds as mf
 from gpt_optuna.graph import model as m
 from gpt_optuna.protocol.accuracy import parse_criterion
 from gpt_optuna.protocol.jobs import EvaluateJob
 from gpt_optuna.protocol.outcome import Outcome
-from gpt_optuna.protocol.timing import MeasureSettings
 from gpt_optuna.worker.measure import measure
 from gpt_optuna.worker.reference import fp32_outputs
 

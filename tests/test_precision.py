@@ -17,13 +17,13 @@ from optuna.trial import TrialState
 
 from gpt_optuna.cli import main
 from gpt_optuna.core.errors import EXIT_USER_ERROR
+from gpt_optuna.core.measure_settings import MeasureSettings
 from gpt_optuna.graph import feeds as mf
 from gpt_optuna.graph import model as m
 from gpt_optuna.graph.precision import PrecisionSetting, precision_knobs, transform
 from gpt_optuna.protocol.accuracy import parse_criterion
 from gpt_optuna.protocol.jobs import EvaluateJob
 from gpt_optuna.protocol.outcome import Outcome
-from gpt_optuna.protocol.timing import MeasureSettings
 from gpt_optuna.testing.small_cnn import small_cnn
 from gpt_optuna.worker.reference import fp32_outputs
 from gpt_optuna.worker.sensitivity import rank_sensitive_nodes, ranking_session

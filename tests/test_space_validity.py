@@ -20,6 +20,7 @@ from gpt_optuna.backends import BuildError, KnobLimit
 from gpt_optuna.backends.tensorrt.backend import TensorRTRTXBackend
 from gpt_optuna.cli import main
 from gpt_optuna.core.engine_paths import EnginePaths
+from gpt_optuna.core.measure_settings import MeasureSettings
 from gpt_optuna.core.space import Condition, Knob, Space
 from gpt_optuna.graph import feeds as mf
 from gpt_optuna.graph import model as m
@@ -29,7 +30,6 @@ from gpt_optuna.graph.transforms import is_transform_knob
 from gpt_optuna.protocol.accuracy import parse_criterion
 from gpt_optuna.protocol.jobs import CheckJob, EvaluateJob
 from gpt_optuna.protocol.outcome import Outcome, TrialResult
-from gpt_optuna.protocol.timing import MeasureSettings
 from gpt_optuna.search.ledger import refusal_causes
 from gpt_optuna.search.sampling import FreshSampler
 from gpt_optuna.search.space_check import check_space

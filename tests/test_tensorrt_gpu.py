@@ -14,9 +14,9 @@ import pytest
 
 from gpt_optuna.backends.tensorrt.backend import TensorRTBackend, TensorRTRTXBackend
 from gpt_optuna.core.engine_paths import EnginePaths
+from gpt_optuna.core.measure_settings import MeasureSettings
 from gpt_optuna.graph import feeds as mf
 from gpt_optuna.graph import model as m
-from gpt_optuna.protocol.timing import MeasureSettings
 from gpt_optuna.worker.measure import measure
 from gpt_optuna.worker.reference import fp32_outputs
 

@@ -17,7 +17,8 @@ from conftest import SYNTHETIC, synthetic_config
 from optuna.distributions import CategoricalDistribution
 from optuna.trial import TrialState, create_trial
 
-from gpt_optuna.protocol.timing import MIN_ROUNDS, ROUNDS, MeasureSettings, block_for
+from gpt_optuna.core.measure_settings import MeasureSettings
+from gpt_optuna.protocol.timing import MIN_ROUNDS, ROUNDS, block_for
 from gpt_optuna.search.finalists import process_seconds, warm_up_seconds
 from gpt_optuna.search.ledger import StudyLedger
 from gpt_optuna.search.time_budget import (

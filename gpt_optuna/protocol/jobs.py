@@ -14,6 +14,7 @@ from typing import Any
 
 from gpt_optuna.core.engine_paths import EnginePaths
 from gpt_optuna.core.errors import UserError
+from gpt_optuna.core.measure_settings import MeasureSettings
 from gpt_optuna.core.space import Candidate, Space
 from gpt_optuna.graph.fusion import fusion_of
 from gpt_optuna.graph.model import Feeds, ModelInfo, ShapeRange
@@ -21,7 +22,7 @@ from gpt_optuna.graph.precision import PrecisionSetting
 from gpt_optuna.protocol.accuracy import Criterion
 from gpt_optuna.protocol.outcome import Outcome, TrialResult
 from gpt_optuna.protocol.process import FailureKind, JobFailure, Worker
-from gpt_optuna.protocol.timing import BLOCK, ROUNDS, ROUNDS_BUDGET_S, MeasureSettings
+from gpt_optuna.protocol.timing import BLOCK, ROUNDS, ROUNDS_BUDGET_S
 from gpt_optuna.study.artifacts import CALIBRATION_FILE, INPUTS_FILE, REFERENCE_FILE
 from gpt_optuna.study.folder import StudyFolder
 

@@ -1,24 +1,9 @@
-"""The latency protocol's settings and figures, which the tuner sets and reads and its workers
-follow and report (the protocol itself: :mod:`gpt_optuna.worker.measure`)."""
+"""The latency protocol's figures and round sizes, which the tuner reads and its workers report
+(its settings: :mod:`gpt_optuna.core.measure_settings`; the protocol itself: :mod:`gpt_optuna.worker.measure`)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-
-@dataclass(frozen=True)
-class MeasureSettings:
-    """How hard to work for one latency figure."""
-
-    target_rel_ci: float = 0.01
-    budget_s: float = 2.0
-    min_samples: int = 10
-    max_samples: int = 5000
-    block: int = 10
-    warmup_min: int = 3
-    warmup_tolerance: float = 0.05
-    flush_l2: bool = False
-    """GPU only: overwrite a buffer larger than the L2 cache before each launch (cold-cache latency)."""
 
 
 @dataclass(frozen=True)

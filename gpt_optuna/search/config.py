@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 import time
@@ -15,10 +16,10 @@ from gpt_optuna.backends import BACKENDS
 from gpt_optuna.backends.engine_choice import resolved_spec
 from gpt_optuna.core.engine_spec import is_composition
 from gpt_optuna.core.errors import UserError
+from gpt_optuna.core.measure_settings import MeasureSettings
 from gpt_optuna.core.space import Value
 from gpt_optuna.graph.feeds import absolute_spec
 from gpt_optuna.protocol.accuracy import DEFAULT_CRITERION, Criterion, parse_criterion
-from gpt_optuna.protocol.timing import MeasureSettings
 from gpt_optuna.search.options import DEFAULT_PROCESSES, DEFAULT_TOP, FLAG, INT, OPTIONS, SAMPLERS
 from gpt_optuna.study.folder import StudyFolder
 from gpt_optuna.study.record import STUDIES
@@ -167,7 +168,7 @@ class TuneConfig:
 
     def __post_init__(self) -> None:
         self._resolve_backend()
-        parse_criterion(self.accuracy, user_metrics=self.metric is not None)
+        _ = self.criterion  # parsed and checked here, once
         if self.metric is not None:
             self._fill("metric", absolute_spec(self.metric))
         self._check_search()
@@ -235,8 +236,9 @@ class TuneConfig:
         """Set a default or a normal form while the config is made (it is frozen)."""
         object.__setattr__(self, name, value)
 
-    @property
+    @functools.cached_property
     def criterion(self) -> Criterion:
+        """The accuracy criterion, parsed once."""
         return parse_criterion(self.accuracy, user_metrics=self.metric is not None)
 
     @property

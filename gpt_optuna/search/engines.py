@@ -15,7 +15,7 @@ from optuna.artifacts import FileSystemArtifactStore, upload_artifact
 from optuna.artifacts.exceptions import ArtifactNotFound
 from optuna.trial import FrozenTrial, TrialState
 
-from gpt_optuna.study.trial_record import ENGINE_ARTIFACT, ENGINE_DROPPED, TrialRecord
+from gpt_optuna.study.trial_record import TrialRecord, mark_engine_dropped, mark_engine_kept
 
 KEPT_ENGINES = 10
 """The fastest feasible candidates whose engines are kept (besides the baseline's), by default."""
@@ -57,14 +57,14 @@ class EngineKeeper:
         with self._lock:
             full = self.top is not None and len(self._kept) >= self.top
             if not baseline and full and value >= self._kept[self.top - 1][0]:  # type: ignore[operator]
-                trial.set_user_attr(ENGINE_DROPPED, f"not among the {self.top} fastest when it ran")
+                mark_engine_dropped(trial, f"not among the {self.top} fastest when it ran")
                 return
         try:
             artifact = upload_artifact(artifact_store=self.store, file_path=str(engine), study_or_trial=trial)
         except OSError as exc:
             if exc.errno not in DISK_FULL:
                 raise
-            trial.set_user_attr(ENGINE_DROPPED, "the disk was full")
+            mark_engine_dropped(trial, "the disk was full")
             if not self._disk_full_said:
                 self._disk_full_said = True
                 self.note(
@@ -72,7 +72,7 @@ class EngineKeeper:
                     " are kept again once there is room"
                 )
             return
-        trial.set_user_attr(ENGINE_ARTIFACT, artifact)
+        mark_engine_kept(trial, artifact)
         if not baseline:
             with self._lock:
                 self._kept = sorted([*self._kept, (value, trial.number, artifact)])

@@ -29,13 +29,14 @@ from optuna.trial import FrozenTrial
 
 from gpt_optuna.core import interrupts
 from gpt_optuna.core.errors import UserError
+from gpt_optuna.core.measure_settings import MeasureSettings
 from gpt_optuna.protocol.jobs import ConfirmJob, EvaluateJob, RoundTimed
 from gpt_optuna.protocol.process import FailureKind, JobFailure, Worker
-from gpt_optuna.protocol.timing import BLOCK, MIN_ROUNDS, ROUNDS, ROUNDS_BUDGET_S, MeasureSettings, block_for
+from gpt_optuna.protocol.timing import BLOCK, MIN_ROUNDS, ROUNDS, ROUNDS_BUDGET_S, block_for
 from gpt_optuna.search.options import DEFAULT_PROCESSES, DEFAULT_TOP
 from gpt_optuna.study.artifacts import INPUTS_FILE, REFERENCE_FILE, kept_engine
-from gpt_optuna.study.confirmation import summarize_rounds
-from gpt_optuna.study.record import CONFIRMED_ATTR, StudyRecord
+from gpt_optuna.study.confirmation import record_confirmation, summarize_rounds
+from gpt_optuna.study.record import StudyRecord, recorded_measure
 from gpt_optuna.study.taxonomy import baseline_trial, engine_default_trials, search_ranking, your_trial
 from gpt_optuna.study.trial_record import TrialRecord
 
@@ -340,7 +341,7 @@ def confirm(
     result = summarize_rounds(
         numbers, measured.medians, measured.processes, mine, extras, engines, (processes, measured.stopped)
     )
-    study.set_user_attr(CONFIRMED_ATTR, result)
+    record_confirmation(study, result)
     if stop is not None:
         raise stop
     return result
@@ -353,10 +354,8 @@ def template_from_study(study: optuna.Study, model: Path | None = None, workdir:
     from gpt_optuna.graph.model import ShapeRange, load_model_info
     from gpt_optuna.graph.model_cache import with_distinct_dims
     from gpt_optuna.protocol.accuracy import parse_criterion
-    from gpt_optuna.protocol.timing import MeasureSettings
     from gpt_optuna.study.artifacts import verified
     from gpt_optuna.study.folder import StudyFolder
-    from gpt_optuna.study.record import MEASURE_ATTR
     from gpt_optuna.study.sources import check_weights
 
     record = StudyRecord.of(study)
@@ -380,7 +379,7 @@ def template_from_study(study: optuna.Study, model: Path | None = None, workdir:
         info,
         {n: ShapeRange(*(tuple(s) for s in r)) for n, r in (record.shapes or {}).items()},
         parse_criterion(record.accuracy, user_metrics=record.metric is not None),
-        MeasureSettings(**study.user_attrs.get(MEASURE_ATTR, {})),
+        recorded_measure(study),
         record.defaults,
         metric=record.metric,
     )

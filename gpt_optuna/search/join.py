@@ -37,7 +37,7 @@ from gpt_optuna.search.sampling import make_sampler
 from gpt_optuna.search.session import SearchSession, begin_search
 from gpt_optuna.study.artifacts import artifact_folder, fetch
 from gpt_optuna.study.folder import StudyFolder
-from gpt_optuna.study.record import SPACE_ATTR, SearchRecord, StudyRecord
+from gpt_optuna.study.record import SearchRecord, StudyRecord, recorded_space
 from gpt_optuna.study.storage import load_study, open_storage
 from gpt_optuna.study.summary import finished_count, summarize_study
 from gpt_optuna.study.trial_record import TrialRecord
@@ -80,7 +80,8 @@ def join(config: JoinConfig, progress: Progress) -> int:
     storage = open_storage(config.storage, create=False)
     study = load_study(storage, config.study_name)
     record = StudyRecord.of(study)
-    if record is None or SPACE_ATTR not in study.user_attrs:
+    recorded = recorded_space(study)
+    if record is None or recorded is None:
         raise UserError(f"study {config.study_name!r} has no search to join: start it with gpt-optuna tune")
     if record.dry_run:
         raise UserError(f"study {config.study_name!r} is a dry run: workers join searches that measure latency")
@@ -93,7 +94,7 @@ def join(config: JoinConfig, progress: Progress) -> int:
     )
     fetch(study, store, workdir, not_here)
     job = template_from_study(study, model, workdir)
-    space = Space.from_record(study.user_attrs[SPACE_ATTR])
+    space = Space.from_record(recorded)
     search = SearchRecord.of(study)
     target = config.n_trials or search.n_trials
     sampler = make_sampler(search.sampler, None, space)

@@ -35,7 +35,7 @@ from gpt_optuna.study.optuna_internals import storage_of, trial_id
 from gpt_optuna.study.recovery import fail_as_interrupted, has_orphans, recover_interrupted, requeue, retry_trial
 from gpt_optuna.study.storage import count_by_state
 from gpt_optuna.study.taxonomy import baseline_trial, has_own_result, is_interrupted, retried_numbers
-from gpt_optuna.study.trial_record import INTERRUPTED, TrialRecord
+from gpt_optuna.study.trial_record import TrialRecord, mark_interrupted
 
 WAIT_S = 1.0
 """How often a worker with nothing to start looks at the study again."""
@@ -243,7 +243,7 @@ class TrialBudget:
     def give_up(self, trial: optuna.Trial) -> None:
         """Mark a trial started beyond the target as interrupted before it ran and, where it came
         from the queue (enqueued or a retry), queue it again as it was."""
-        trial.set_user_attr(INTERRUPTED, f"not run: other workers took the study's {self.target} trials")
+        mark_interrupted(trial, f"not run: other workers took the study's {self.target} trials")
         frozen = storage_of(self.study).get_trial(trial_id(trial))
         if TrialRecord(frozen).queued:
             requeue(self.study, frozen)

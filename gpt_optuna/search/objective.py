@@ -13,7 +13,7 @@ from __future__ import annotations
 import socket
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import optuna
@@ -35,20 +35,8 @@ from gpt_optuna.study.recovery import PROCESS
 from gpt_optuna.study.storage import one_transaction, set_trial_attrs
 from gpt_optuna.study.taxonomy import own_results
 from gpt_optuna.study.trial_record import (
-    ACCURACY,
-    BUILD_S,
-    EVAL_S,
-    FAILURE,
-    INFEASIBLE,
-    INTERRUPTED,
-    LATENCY,
-    LOG,
-    MEASURE_S,
-    OUTCOME,
     PROPOSED_ATTR,
-    REUSED_FROM,
     TrialRecord,
-    facts_attrs,
 )
 
 HOST = socket.gethostname()
@@ -72,7 +60,6 @@ class Lane:
 
 
 _MAX_CONSECUTIVE_REUSE = 30
-_LOG_CHARS = 20000
 FAILURE_VIOLATION = 1e9
 """The ``failure`` constraint of a candidate that cannot be made or built: worse than any
 accuracy violation (those are at most 1e6, for outputs that are not finite)."""
@@ -85,25 +72,6 @@ class CandidateFailed(Exception):
 class SearchTimeUp(Exception):
     """Raised inside the objective when a trial ran into the time kept for after the search
     (--timeout): the trial is marked interrupted and queued again, and the search ends."""
-
-
-def result_attrs(result: TrialResult) -> dict[str, Any]:
-    attrs: dict[str, Any] = {OUTCOME: result.outcome.value, **facts_attrs(result.build, result.run)}
-    timed = {EVAL_S: result.eval_s, MEASURE_S: result.measure_s}
-    attrs |= {name: seconds for name, seconds in timed.items() if seconds is not None}
-    if result.build_s is not None:
-        attrs[BUILD_S] = result.build_s
-    if result.latency is not None:
-        attrs[LATENCY] = asdict(result.latency)
-    if result.verdict is not None:
-        attrs[ACCURACY] = result.verdict.metrics
-    if result.outcome is Outcome.INFEASIBLE:
-        attrs[INFEASIBLE] = result.detail
-    elif result.outcome.is_failure:
-        attrs[FAILURE] = result.detail
-        if result.log:
-            attrs[LOG] = result.log[-_LOG_CHARS:]
-    return attrs
 
 
 class Objective:
@@ -163,7 +131,7 @@ class Objective:
         job = replace(self.job, candidate=candidate, measure_infeasible=baseline)
         ranking = job.ranking_path()
         if ranking is not None and not ranking.is_file():
-            trial.set_user_attr(trial_record.ONE_OFF, "fp16 sensitivity ranking")
+            trial_record.mark_one_off(trial, "fp16 sensitivity ranking")
             self.note(
                 f"trial {trial.number}: ranking the graph's nodes by fp16 sensitivity first (a run of the graph per"
                 " node, once per graph; later trials reuse it) ..."
@@ -183,7 +151,7 @@ class Objective:
             raise UserError(
                 f"backend {self.job.backend!r} does not report engine device memory; drop memory from --objectives"
             )
-        record(trial, result_attrs(result), constraints(result))
+        record(trial, trial_record.result_attrs(result), constraints(result))
         self._keep_engine(trial, result)
         self.on_result(trial.number, candidate, result)
         if result.outcome is Outcome.OK:
@@ -197,7 +165,7 @@ class Objective:
 
     def _stop(self, trial: optuna.Trial, reason: str) -> None:
         """Mark a trial whose candidate was not evaluated, so that the tuner queues it again."""
-        trial.set_user_attr(INTERRUPTED, reason)
+        trial_record.mark_interrupted(trial, reason)
         self.interrupted.append(trial.number)
 
     def _await_twin(self, trial: optuna.Trial, candidate: Candidate) -> FrozenTrial | None:
@@ -249,7 +217,7 @@ class Objective:
         self.consecutive_reuse += 1
         if self.consecutive_reuse >= _MAX_CONSECUTIVE_REUSE:
             trial.study.stop()  # the sampler keeps proposing what was tried: the space is covered
-        trial.set_user_attr(REUSED_FROM, earlier.number)
+        trial_record.mark_reused(trial, earlier.number)
         done = TrialRecord(earlier)
         record(trial, done.result, earlier.constraints)
         self.on_result(trial.number, dict(trial.params), None)

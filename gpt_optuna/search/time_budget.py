@@ -27,8 +27,9 @@ from dataclasses import dataclass
 import optuna
 from optuna.trial import FrozenTrial
 
+from gpt_optuna.core.measure_settings import MeasureSettings
 from gpt_optuna.core.words import counted
-from gpt_optuna.protocol.timing import MIN_ROUNDS, ROUNDS, MeasureSettings
+from gpt_optuna.protocol.timing import MIN_ROUNDS, ROUNDS
 from gpt_optuna.search.finalists import WORKER_START_S, finalists, process_seconds, with_references
 
 CONFIRM_SHARE = 0.25

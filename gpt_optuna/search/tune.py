@@ -8,7 +8,7 @@ import shutil
 import sqlite3
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -58,9 +58,9 @@ from gpt_optuna.search.your_configuration import your_candidate
 from gpt_optuna.study.artifacts import artifact_folder, publish
 from gpt_optuna.study.evidence import MORE_ROUNDS
 from gpt_optuna.study.folder import StudyFolder
-from gpt_optuna.study.record import FOLDER_ATTR, HOST_ATTR, MEASURE_ATTR, SPACE_ATTR, STUDIES, SearchRecord
+from gpt_optuna.study.record import STUDIES, SearchRecord, record_host, record_setup
 from gpt_optuna.study.recovery import recover_interrupted
-from gpt_optuna.study.resume import open_study, recorded_fingerprint, recorded_folder
+from gpt_optuna.study.resume import open_study, recorded_fingerprint
 from gpt_optuna.study.storage import SQLITE_COMPANIONS, open_storage, storage_file
 from gpt_optuna.study.summary import StudySummary, finished_count
 from gpt_optuna.study.trial_record import ENGINE_DEFAULTS_ATTR, SEEDED, YOURS_ATTR
@@ -154,7 +154,7 @@ def _tune(config: TuneConfig, progress: Progress) -> TuneEnd:
         )
         new.clear()  # the study exists: what this run made is its own from here on
         name_objectives(study)
-        study.set_user_attr(HOST_ATTR, host.to_record())
+        record_host(study, host.to_record())
         notes += [f"warning: {text}" for text in host.warnings]
         warnings, alone = session.enter(study_device(study), config.allow_mixed_gpus)
         notes += warnings + error_objective_note(config.objectives, config.criterion)
@@ -182,7 +182,7 @@ def _in_recorded_folder(
     """``config`` with the folder the study recorded, where it resumes one whose folder is there (a
     study resumed from another directory keeps its folder); a user error where that folder moved."""
     assert config.study_name is not None
-    folder = recorded_folder(storage, config.study_name)
+    folder = StudyFolder.recorded(storage, config.study_name)
     if folder is not None and folder.is_dir():
         return replace(config, folder=folder)
     if folder is not None and storage_path is not None:  # moved: a server's study may be another host's
@@ -392,10 +392,8 @@ def record_search(study: optuna.Study, config: TuneConfig, prepared: Prepared, d
     fingerprint: the latency protocol
     of this search, its whole space, sampler, trial target and end (``deadline`` on this host's
     monotonic clock, stored as wall-clock time)."""
-    if study.user_attrs.get(FOLDER_ATTR) is None:
-        study.set_user_attr(FOLDER_ATTR, str(config.workdir.resolve()))
-    study.set_user_attr(MEASURE_ATTR, asdict(config.measure))
-    study.set_user_attr(SPACE_ATTR, prepared.space.to_record())
+    StudyFolder(config.workdir).record(study)
+    record_setup(study, config.measure, prepared.space.to_record())
     ends_at = None if deadline is None else time.time() + deadline - time.monotonic()
     SearchRecord(config.sampler, config.n_trials, config.trial_timeout_s, ends_at).write(study)
 

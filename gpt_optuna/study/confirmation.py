@@ -6,11 +6,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from gpt_optuna.study.evidence import LEVEL, MIN_PROCESSES, Speedup, judge, significant, speedups, widened_by
+from gpt_optuna.study.record import CONFIRMED_ATTR
+
+if TYPE_CHECKING:
+    import optuna
 
 
 @dataclass(frozen=True)
@@ -205,3 +209,13 @@ def _versus(number: int, numbers: list[int], medians: np.ndarray, processes: np.
     order = [column, *[i for i in range(len(numbers)) if i != column]]
     versus = _rows([numbers[i] for i in order], speedups(medians[:, order], processes))
     return {"number": number, "median_ms": versus[0]["median_ms"], "versus": versus[1:]}
+
+
+def record_confirmation(study: optuna.Study, record: dict[str, Any]) -> None:
+    """Keep the re-measurement's record (:func:`summarize_rounds`) in the study."""
+    study.set_user_attr(CONFIRMED_ATTR, record)
+
+
+def recorded_confirmation(study: optuna.Study) -> dict[str, Any] | None:
+    """The study's latest re-measurement record, as written (None: none yet); :meth:`Confirmation.of` reads it."""
+    return study.user_attrs.get(CONFIRMED_ATTR)

@@ -28,6 +28,21 @@ class StudyFolder:
         return cls(Path(recorded)) if recorded else cls(cls.named(study.study_name).root.resolve())
 
     @classmethod
+    def recorded(cls, storage: optuna.storages.BaseStorage, name: str) -> Path | None:
+        """The study folder a study of that name recorded, or None (no such study, or made before it was)."""
+        try:
+            study_id = storage.get_study_id_from_name(name)
+        except KeyError:
+            return None
+        recorded = storage.get_study_user_attrs(study_id).get(FOLDER_ATTR)
+        return Path(recorded) if recorded else None
+
+    def record(self, study: optuna.Study) -> None:
+        """Record this folder (absolute) as the study's, where it has none yet."""
+        if study.user_attrs.get(FOLDER_ATTR) is None:
+            study.set_user_attr(FOLDER_ATTR, str(self.root.resolve()))
+
+    @classmethod
     def named(cls, name: str) -> StudyFolder:
         """The folder a new study named ``name`` gets: ``studies/<name>`` here."""
         return cls(STUDIES / name)

@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from gpt_optuna.core.measure_settings import MeasureSettings
 from gpt_optuna.graph.model_profile import ModelProfile
 
 if TYPE_CHECKING:
@@ -45,6 +46,38 @@ ARTIFACTS_ATTR = "artifact_store"
 """The artifact store's folder, as the study's creator gave it (absolute)."""
 DATA_ATTR = "shared_data"
 """file name -> {"artifact": id, "sha256": hash} of each data file in the store."""
+
+
+def mark_undecided(study: optuna.Study) -> None:
+    """A new study's verdict (:data:`UNDECIDED`): written first, so that readers listing attrs as
+    stored show it first."""
+    study.set_user_attr(VERDICT_ATTR, UNDECIDED)
+
+
+def record_setup(study: optuna.Study, measure: MeasureSettings, space: list[dict[str, Any]]) -> None:
+    """The latest search's latency protocol and whole space (:meth:`Space.to_record`)."""
+    study.set_user_attr(MEASURE_ATTR, asdict(measure))
+    study.set_user_attr(SPACE_ATTR, space)
+
+
+def recorded_measure(study: optuna.Study) -> MeasureSettings:
+    """The latest search's latency protocol (a study that recorded none: the defaults)."""
+    return MeasureSettings(**study.user_attrs.get(MEASURE_ATTR, {}))
+
+
+def recorded_space(study: optuna.Study) -> list[dict[str, Any]] | None:
+    """The latest search's whole space, each knob's record (None: no search recorded one)."""
+    return study.user_attrs.get(SPACE_ATTR)
+
+
+def record_host(study: optuna.Study, host: dict[str, Any]) -> None:
+    """What the look at the host before the latest search found."""
+    study.set_user_attr(HOST_ATTR, host)
+
+
+def recorded_host(study: optuna.Study) -> dict[str, Any] | None:
+    """What the look at the host before the latest search found (None: a study made before it was recorded)."""
+    return study.user_attrs.get(HOST_ATTR)
 
 
 @dataclass(frozen=True)

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import optuna
 
 from gpt_optuna.core.errors import UserError
-from gpt_optuna.study.record import FINGERPRINT_ATTR, FOLDER_ATTR, UNDECIDED, VERDICT_ATTR
+from gpt_optuna.study.record import FINGERPRINT_ATTR, mark_undecided
 from gpt_optuna.study.trial_record import BASELINE, YOURS_ATTR
 
 
@@ -77,7 +76,7 @@ def open_study(
     if stored is None:
         if study.trials:
             raise UserError(f"study {name!r} exists but was not made by gpt-optuna; choose another --study-name")
-        study.set_user_attr(VERDICT_ATTR, UNDECIDED)  # first, so readers that list attrs as stored show it first
+        mark_undecided(study)
         study.set_user_attr(FINGERPRINT_ATTR, fingerprint)
         yours = {k: v for seed, attrs in seeds if seed == baseline for k, v in attrs.items() if k == YOURS_ATTR}
         study.enqueue_trial(baseline, user_attrs={BASELINE: True} | yours)
@@ -111,13 +110,3 @@ def recorded_fingerprint(storage: optuna.storages.BaseStorage, name: str) -> dic
     if recorded is None and storage.get_all_trials(study_id, deepcopy=False):
         raise UserError(f"study {name!r} exists but was not made by gpt-optuna; choose another --study-name")
     return recorded
-
-
-def recorded_folder(storage: optuna.storages.BaseStorage, name: str) -> Path | None:
-    """The study folder a study of that name recorded, or None (no such study, or made before it was)."""
-    try:
-        study_id = storage.get_study_id_from_name(name)
-    except KeyError:
-        return None
-    recorded = storage.get_study_user_attrs(study_id).get(FOLDER_ATTR)
-    return Path(recorded) if recorded else None

@@ -12,9 +12,9 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from gpt_optuna.core.engine_spec import is_composition, trial_engine
-from gpt_optuna.study.confirmation import Confirmation, YoursConfirmed
+from gpt_optuna.study.confirmation import Confirmation, YoursConfirmed, recorded_confirmation
 from gpt_optuna.study.evidence import significant
-from gpt_optuna.study.record import CONFIRMED_ATTR, HOST_ATTR, MEASURE_ATTR, SPACE_ATTR, StudyRecord
+from gpt_optuna.study.record import StudyRecord, recorded_host, recorded_measure, recorded_space
 from gpt_optuna.study.recovery import orphans
 from gpt_optuna.study.taxonomy import (
     STATUSES,
@@ -313,7 +313,7 @@ def host_tuned(
     ``best`` differs from the baseline."""
     if best is None or baseline is None or best.number == baseline.number:
         return []
-    knobs = study.user_attrs.get(SPACE_ATTR) or []
+    knobs = recorded_space(study) or []
     return [
         (k["name"], best.params[k["name"]], k["host_sensitive"])
         for k in knobs
@@ -330,7 +330,7 @@ def summarize_study(study: optuna.Study) -> StudySummary:
     complete = [t for t in trials if t.state is TrialState.COMPLETE and t.values]
     best = min(complete, key=lambda t: (t.values[0], t.number)) if complete else None
     baseline = baseline_trial(trials)
-    confirmed, stale = study.user_attrs.get(CONFIRMED_ATTR), None
+    confirmed, stale = recorded_confirmation(study), None
     confirmation = Confirmation.of(confirmed)
     if confirmation is not None and not covers(confirmation, trials, baseline):
         confirmed, stale, confirmation = None, confirmed, None
@@ -338,7 +338,6 @@ def summarize_study(study: optuna.Study) -> StudySummary:
         assert confirmation.baseline is not None
         best = trials[confirmation.baseline.number if confirmation.baseline_wins else confirmation.top.number]
     record = StudyRecord.read(study)
-    target = float(study.user_attrs.get(MEASURE_ATTR, {}).get("target_rel_ci", 0.01))
     return StudySummary(
         name=study.study_name,
         counts=counts,
@@ -355,12 +354,12 @@ def summarize_study(study: optuna.Study) -> StudySummary:
             and not is_interrupted(t, retried)  # a retry counts once
         ),
         allow_io_change=record.allow_io_change,
-        stability=stability(trials, target, best),
+        stability=stability(trials, recorded_measure(study).target_rel_ci, best),
         orphaned=orphans(study, trials),
         trials=tuple(trials),
         stale_confirmation=stale,
         host_tuned=tuple(host_tuned(study, best, baseline)),
-        host_warnings=tuple((study.user_attrs.get(HOST_ATTR) or {}).get("warnings", [])),
+        host_warnings=tuple((recorded_host(study) or {}).get("warnings", [])),
         yours=your_trial(trials),
         backend=record.backend,
         engine_defaults=tuple(engine_default_trials(trials).items()),

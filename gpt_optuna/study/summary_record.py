@@ -16,8 +16,9 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from gpt_optuna.study.confirmation import recorded_confirmation
 from gpt_optuna.study.optuna_internals import storage_of, study_id
-from gpt_optuna.study.record import CONFIRMED_ATTR, HOST_ATTR
+from gpt_optuna.study.record import recorded_host
 from gpt_optuna.study.storage import count_by_state
 from gpt_optuna.study.summary import Stability, StudySummary, summarize_study
 
@@ -30,8 +31,8 @@ def summary_record(study: optuna.Study, summary: StudySummary) -> dict[str, Any]
     return {
         "trials": len(summary.trials),
         "open": sum(1 for t in summary.trials if not t.state.is_finished()),
-        "confirmed_attr": study.user_attrs.get(CONFIRMED_ATTR),
-        "host_attr": study.user_attrs.get(HOST_ATTR),
+        "confirmed_attr": recorded_confirmation(study),
+        "host_attr": recorded_host(study),
         "counts": summary.counts,
         "reused": summary.reused,
         "baseline": None if summary.baseline is None else summary.baseline.number,
@@ -62,9 +63,9 @@ def recorded_summary(study: optuna.Study) -> StudySummary | None:
     record = study.user_attrs.get(SUMMARY_ATTR)
     if not isinstance(record, dict) or record.get("open"):
         return None
-    same_attrs = record.get("confirmed_attr") == study.user_attrs.get(CONFIRMED_ATTR) and record.get(
+    same_attrs = record.get("confirmed_attr") == recorded_confirmation(study) and record.get(
         "host_attr"
-    ) == study.user_attrs.get(HOST_ATTR)
+    ) == recorded_host(study)
     counts = count_by_state(study) if same_attrs else None
     if counts is None or sum(counts.values()) != record.get("trials"):
         return None

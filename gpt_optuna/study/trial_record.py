@@ -4,6 +4,7 @@ place that reads them (the tuner writes them by these names; Optuna's own queue 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import asdict
 from typing import Any, Protocol
 
 from gpt_optuna.core.engine_facts import BuildFacts, RunFacts
@@ -107,6 +108,55 @@ QUEUED_MARKS = frozenset({FIXED_PARAMS, RETRY_HISTORY})
 """The system attrs of a trial that came from the queue (enqueued, or a retry)."""
 
 
+LOG_CHARS = 20000
+"""The end of a failed candidate's worker log a trial keeps."""
+
+
+class _Outcome(Protocol):
+    """How an evaluation ended (:class:`gpt_optuna.protocol.outcome.Outcome`, a ``StrEnum``)."""
+
+    value: str
+
+    @property
+    def is_failure(self) -> bool: ...
+
+
+class _Evaluation(Protocol):
+    """What a trial records of its evaluation (:class:`gpt_optuna.protocol.outcome.TrialResult`)."""
+
+    outcome: _Outcome
+    detail: str
+    latency: Any
+    verdict: Any
+    build_s: float | None
+    build: BuildFacts
+    run: RunFacts
+    eval_s: float | None
+    measure_s: float | None
+    log: str
+
+
+def result_attrs(result: _Evaluation) -> dict[str, Any]:
+    """The attrs a trial records of its evaluation: its outcome, timings, latency statistics,
+    accuracy metrics, why it failed, and its engine's facts."""
+    attrs: dict[str, Any] = {OUTCOME: result.outcome.value, **facts_attrs(result.build, result.run)}
+    timed = {EVAL_S: result.eval_s, MEASURE_S: result.measure_s}
+    attrs |= {name: seconds for name, seconds in timed.items() if seconds is not None}
+    if result.build_s is not None:
+        attrs[BUILD_S] = result.build_s
+    if result.latency is not None:
+        attrs[LATENCY] = asdict(result.latency)
+    if result.verdict is not None:
+        attrs[ACCURACY] = result.verdict.metrics
+    if result.outcome.value == "infeasible":  # Outcome.INFEASIBLE
+        attrs[INFEASIBLE] = result.detail
+    elif result.outcome.is_failure:
+        attrs[FAILURE] = result.detail
+        if result.log:
+            attrs[LOG] = result.log[-LOG_CHARS:]
+    return attrs
+
+
 def facts_attrs(build: BuildFacts, run: RunFacts) -> dict[str, Any]:
     """The attrs a trial records of its engine: each fact its build and run learnt, by its name."""
     named = {
@@ -122,6 +172,37 @@ def facts_attrs(build: BuildFacts, run: RunFacts) -> dict[str, Any]:
         REBUILD_S: run.rebuild_s if run.rebuild_s is not None else build.rebuild_s,
     }
     return {name: value for name, value in named.items() if value is not None}
+
+
+class _Running(Protocol):
+    """A running Optuna ``Trial``: what a mark is written to."""
+
+    def set_user_attr(self, key: str, value: Any) -> None: ...
+
+
+def mark_interrupted(trial: _Running, reason: str) -> None:
+    """The trial's candidate was not evaluated (``reason``): the tuner queues it again."""
+    trial.set_user_attr(INTERRUPTED, reason)
+
+
+def mark_reused(trial: _Running, earlier: int) -> None:
+    """The trial copies the result of trial ``earlier``, which evaluated the same candidate."""
+    trial.set_user_attr(REUSED_FROM, earlier)
+
+
+def mark_one_off(trial: _Running, work: str) -> None:
+    """The trial does one-time work (``work``) that holds it up."""
+    trial.set_user_attr(ONE_OFF, work)
+
+
+def mark_engine_kept(trial: _Running, artifact: str) -> None:
+    """The trial's engine is kept in the artifact store as ``artifact``."""
+    trial.set_user_attr(ENGINE_ARTIFACT, artifact)
+
+
+def mark_engine_dropped(trial: _Running, why: str) -> None:
+    """The trial's engine was not kept, and why."""
+    trial.set_user_attr(ENGINE_DROPPED, why)
 
 
 class _Trial(Protocol):

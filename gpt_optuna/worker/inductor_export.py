@@ -23,7 +23,7 @@ def compile_and_time(program_path: Path, settings: dict[str, Any], inputs: Path,
 
     from gpt_optuna.backends.inductor.backend import InductorRunner
     from gpt_optuna.backends.inductor.deploy import CompiledProgram
-    from gpt_optuna.protocol.timing import MeasureSettings
+    from gpt_optuna.core.measure_settings import MeasureSettings
     from gpt_optuna.worker.measure import measure
 
     with np.load(inputs) as stacked:

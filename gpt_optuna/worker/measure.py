@@ -14,7 +14,8 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from gpt_optuna.backends.base import Runner
-from gpt_optuna.protocol.timing import MIN_ROUNDS, LatencyStats, MeasureSettings
+from gpt_optuna.core.measure_settings import MeasureSettings
+from gpt_optuna.protocol.timing import MIN_ROUNDS, LatencyStats
 
 
 def median_rel_ci(samples: np.ndarray) -> float:

@@ -11,11 +11,11 @@ from typing import Any
 import numpy as np
 
 from gpt_optuna.backends import Backend, EnginePaths
+from gpt_optuna.core.measure_settings import MeasureSettings
 from gpt_optuna.graph.model import ModelInfo, load_model_info, resolve_shapes
 from gpt_optuna.graph.program import onnx_of_program
 from gpt_optuna.protocol.jobs import SelfTestJob
 from gpt_optuna.protocol.process import gpu_names
-from gpt_optuna.protocol.timing import MeasureSettings
 from gpt_optuna.worker.evaluate import backend_of
 from gpt_optuna.worker.measure import measure
 
