@@ -11,8 +11,9 @@ import pytest
 from conftest import load, tune
 
 import gpt_optuna
-from gpt_optuna.backends.base import SIDE_FILE_FORMAT
 from gpt_optuna.backends.onnxruntime.backend import OnnxRuntimeBackend
+from gpt_optuna.backends.side_file import FORMAT as SIDE_FILE_FORMAT
+from gpt_optuna.backends.side_file import SideFile
 from gpt_optuna.cli import main
 from gpt_optuna.core.engine_paths import EnginePaths
 from gpt_optuna.core.errors import UserError
@@ -80,6 +81,25 @@ def test_open_session_refuses_what_it_cannot_open_as_tuned(cnn_path: Path, tmp_p
         gpt_optuna.open_session("best.onnx")
 
 
+def test_the_side_file_reads_back_as_it_was_written(cnn_path: Path) -> None:
+    """What the export wrote reads back field by field, the engine's section apart, and writes out
+    again byte for byte; a file of an earlier, unversioned export reads with its absent fields None."""
+    assert tune(str(cnn_path), "--n-trials", "1", "--confirm-top", "0") == 0
+    assert main(["export", "-o", "best.onnx"]) == 0
+    text = Path("best.onnx.json").read_text()
+    written = json.loads(text)
+    record = SideFile.read("best.onnx")
+    assert record.to_json() == text
+    assert record.backend == "onnxruntime" and record.trial == written["trial"] == 0
+    assert record.params == written["params"] and record.samples == written["samples"]
+    assert set(record.sections) == {"onnxruntime"} and record.present == set(written)
+    unversioned = {k: v for k, v in written.items() if k not in ("format", "measurement", "model_sha256")}
+    Path("old.onnx.json").write_text(json.dumps(unversioned))
+    old = SideFile.read("old.onnx")
+    assert old.measurement is None and old.model_sha256 is None and "measurement" not in old.present
+    assert old.params == written["params"] and old.sections == record.sections
+
+
 def test_a_triton_repository_parses_with_tritons_model_config_and_matches_the_model(
     cnn_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -135,7 +155,7 @@ def test_triton_accelerators_carry_the_cuda_and_tensorrt_provider_options(tmp_pa
             "providers": [["CUDAExecutionProvider", cuda]],
         },
     }
-    text, left_out = config_text("m", info, record, DEPLOYMENTS["onnxruntime"])
+    text, left_out = config_text("m", info, SideFile.of(record), DEPLOYMENTS["onnxruntime"])
     config = text_parsed(text)
     assert left_out == ["graph_optimization_level=ORT_ENABLE_LAYOUT"] and not config.optimization.HasField("graph")
     (accelerator,) = config.optimization.execution_accelerators.gpu_execution_accelerator
@@ -151,7 +171,7 @@ def test_triton_accelerators_carry_the_cuda_and_tensorrt_provider_options(tmp_pa
     }
     record["onnxruntime"]["providers"] = [["TensorrtExecutionProvider", trt]]
     (accelerator,) = text_parsed(
-        config_text("m", info, record, DEPLOYMENTS["onnxruntime"])[0]
+        config_text("m", info, SideFile.of(record), DEPLOYMENTS["onnxruntime"])[0]
     ).optimization.execution_accelerators.gpu_execution_accelerator
     assert accelerator.name == "tensorrt" and dict(accelerator.parameters) == {
         "precision_mode": "FP16",
@@ -160,7 +180,10 @@ def test_triton_accelerators_carry_the_cuda_and_tensorrt_provider_options(tmp_pa
     }
     plan = text_parsed(
         config_text(
-            "m", info, {"study": "s", "trial": 1, "params": {"runtime.cuda_graph": True}}, DEPLOYMENTS["tensorrt"]
+            "m",
+            info,
+            SideFile.of({"study": "s", "trial": 1, "params": {"runtime.cuda_graph": True}}),
+            DEPLOYMENTS["tensorrt"],
         )[0]
     )
     assert plan.platform == "tensorrt_plan" and plan.optimization.cuda.graphs

@@ -17,6 +17,7 @@ from conftest import SYNTHETIC, load, printed, run_notebook, synthetic_config, t
 from optuna.trial import TrialState
 
 from gpt_optuna.api.check_record import recorded_latency
+from gpt_optuna.backends.side_file import SideFile
 from gpt_optuna.cli import main
 from gpt_optuna.core.errors import EXIT_INCONCLUSIVE
 from gpt_optuna.results.figures import history_figure, pareto_figure
@@ -137,7 +138,8 @@ def test_every_reader_names_the_winner_the_confirmation_chose_over_the_searchs_f
         if seen[3] is not None:
             assert seen[3] == pytest.approx(truth[3], rel=2e-3), name
 
-    assert recorded_latency(side) == pytest.approx(truth[1], rel=1e-3)  # what check judges a changed model by
+    # what check judges a changed model by
+    assert recorded_latency(SideFile.of(side)) == pytest.approx(truth[1], rel=1e-3)
     check = ["check", CNN, "--baseline", "winner.onnx.json", "--budget", "4s", "--tolerance", "90%", "--quiet"]
     capsys.readouterr()
     code = main([*check, "--config", str(config)])

@@ -38,6 +38,7 @@ from gpt_optuna.api.check_outcome import (
     write_junit,
 )
 from gpt_optuna.api.check_record import exported_model, load_record, read_samples, recorded_latency, shape_flags
+from gpt_optuna.backends.side_file import SideFile
 from gpt_optuna.core import interrupts
 from gpt_optuna.core.errors import UserError
 from gpt_optuna.core.log import RESULT, tell
@@ -127,13 +128,13 @@ def gate(
     return run_check(Path(model), Path(record), budget_s, share, base, report, update, not progress, metric)
 
 
-def outputs_unchanged(model: Path, record: dict[str, Any], deadline: float) -> Outcome:
+def outputs_unchanged(model: Path, record: SideFile, deadline: float) -> Outcome:
     """The model in fp32 on the recorded inputs, judged against the recorded outputs (the record's
     metric function stopped at ``deadline``, the end of --budget)."""
     info = model_io.load_model_info(model)
     inputs, references = read_samples(record, info)
-    metric_spec = record.get("metric")
-    criterion = parse_criterion(record["accuracy_criterion"], user_metrics=metric_spec is not None)
+    metric_spec = record.metric
+    criterion = parse_criterion(str(record.accuracy_criterion), user_metrics=metric_spec is not None)
     outputs = reference_outputs(info, inputs)
     user = None
     if metric_spec:
@@ -147,16 +148,16 @@ def outputs_unchanged(model: Path, record: dict[str, Any], deadline: float) -> O
     return Outcome("accuracy", False, f"accuracy regression: the model's outputs changed: {verdict.reason}")
 
 
-def your_configuration(record: dict[str, Any]) -> dict[str, Any]:
+def your_configuration(record: SideFile) -> dict[str, Any]:
     """The TuneConfig fields that measure the user's own configuration the record carries (the
     export of a study tuned with ``--baseline-config``) beside the check's; none without one."""
-    yours = record.get("your_configuration")
+    yours = record.your_configuration
     if not isinstance(yours, dict) or not isinstance(yours.get("params"), dict):
         return {}
     return {"baseline_config": Path(str(yours.get("file") or "your configuration")), "baseline_values": yours["params"]}
 
 
-def queued_trials(record: dict[str, Any]) -> int:
+def queued_trials(record: SideFile) -> int:
     """The trials a check queues before any search: the engine's defaults, the recorded
     configuration and the user's own configuration the record carries."""
     return 2 + bool(your_configuration(record))
@@ -241,7 +242,7 @@ def run_check(
 
 def _check_config(
     model: Path,
-    record: dict[str, Any],
+    record: SideFile,
     base: dict[str, Any],
     name: str,
     timeout_s: float,
@@ -253,19 +254,19 @@ def _check_config(
     return TuneConfig(
         **base,
         model=model,
-        backend=record["backend"],
-        accuracy=record["accuracy_criterion"],
-        metric=record.get("metric"),
-        inputs=record["samples"]["inputs"],
+        backend=record.backend,
+        accuracy=record.accuracy_criterion,
+        metric=record.metric,
+        inputs=(record.samples or {})["inputs"],
         shapes=shape_flags(record),
         timeout_s=timeout_s,
         n_trials=queued_trials(record) if gated else None,
         confirm_top=0 if exported is not None else base.get("confirm_top", 5),  # the comparison confirms
         study_name=name,
-        seeds=[(record["params"], "the recorded configuration")],
+        seeds=[(record.params, "the recorded configuration")],
         **your_configuration(record),
         no_seeds=True,  # the recorded configuration is the one to try first
-        allow_io_change=bool((record.get("interface") or {}).get("allow_io_change")),
+        allow_io_change=bool((record.interface or {}).get("allow_io_change")),
     )
 
 
@@ -283,7 +284,7 @@ def _recorded_where_better(latency: Outcome, study: Any, record_path: Path, upda
 def judge_latency(
     study: Any,
     config: TuneConfig,
-    record: dict[str, Any],
+    record: SideFile,
     record_path: Path,
     exported: Path | None,
     why_not: str,
@@ -335,7 +336,7 @@ def judge_latency(
     exported_job = replace(
         template,
         model=model_io.load_model_info(exported),
-        candidate={k: v for k, v in record["params"].items() if not is_transform_knob(k)},
+        candidate={k: v for k, v in (record.params or {}).items() if not is_transform_knob(k)},
     )
     evaluations = [exported_job, *kept_evaluations(template, study, trials, tell)]
     tell(

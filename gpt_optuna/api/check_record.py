@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
-from gpt_optuna.backends.base import read_record
+from gpt_optuna.backends.side_file import SideFile, read_object
 from gpt_optuna.core.errors import UserError
 from gpt_optuna.graph import feeds as feeds_io
 from gpt_optuna.graph import model as model_io
@@ -20,13 +20,13 @@ def _malformed(path: Path, what: str) -> UserError:
     return UserError(f"{path} is not a record gpt-optuna export writes: {what}; export the study again")
 
 
-def load_record(path: Path, metric: str | None = None) -> dict[str, Any]:
+def load_record(path: Path, metric: str | None = None) -> SideFile:
     """The export's side file, checked field by field (each problem one line, a user error), with
     the paths of its sample files resolved beside it, and its metric as this host finds it
     (:func:`recorded_metric`; ``metric``, check --metric, replaces it)."""
     if path.suffix != ".json":
         raise UserError(f"--baseline takes the record FILE.json that gpt-optuna export -o FILE wrote, not {path}")
-    record = read_record(path.with_suffix(""))
+    record = read_object(path.with_suffix(""))
     if not isinstance(record, dict):
         raise _malformed(path, f"it holds {json.dumps(record)[:40]}, not an object")
     for key, kinds, what in _FIELDS:
@@ -47,16 +47,16 @@ def load_record(path: Path, metric: str | None = None) -> dict[str, Any]:
     samples = record["samples"]
     if set(samples) != {"inputs", "reference"} or not all(isinstance(v, str) for v in samples.values()):
         raise _malformed(path, 'samples must be {"inputs": FILE, "reference": FILE}')
-    for kind, name in samples.items():
-        samples[kind] = path.parent / name
-        if not samples[kind].is_file():
-            raise UserError(f"{path} needs {samples[kind]} beside it (written by the same export)")
-    record["metric"] = recorded_metric(path, record.get("metric"), metric)
+    found = {kind: path.parent / name for kind, name in samples.items()}
+    for file in found.values():
+        if not file.is_file():
+            raise UserError(f"{path} needs {file} beside it (written by the same export)")
+    metric_spec = recorded_metric(path, record.get("metric"), metric)
     try:
-        parse_criterion(record["accuracy_criterion"], user_metrics=record.get("metric") is not None)
+        parse_criterion(record["accuracy_criterion"], user_metrics=metric_spec is not None)
     except UserError as exc:
         raise _malformed(path, f"accuracy_criterion: {exc}") from None
-    return record
+    return replace(SideFile.of(record), samples=found, metric=metric_spec)
 
 
 def recorded_metric(path: Path, recorded: str | None, given: str | None) -> str | None:
@@ -97,21 +97,22 @@ _FIELDS: tuple[tuple[str, tuple[type, ...], str], ...] = (
 """The record's fields a check reads: name, accepted types, what they must be."""
 
 
-def recorded_latency(record: dict[str, Any]) -> float:
+def recorded_latency(record: SideFile) -> float:
     """The record's latency: the one its study judged its winner by (confirmed where it was confirmed)."""
-    if "measurement" not in record and isinstance(record.get("confirmed"), dict):  # exported before it said which
-        return float(record["confirmed"]["median_ms"])
-    return float(record["latency_ms"])
+    if "measurement" not in record.present and isinstance(record.confirmed, dict):  # exported before it said which
+        return float(record.confirmed["median_ms"])
+    return float(record.latency_ms)  # type: ignore[arg-type]  (load_record checked it)
 
 
-def read_samples(record: dict[str, Any], info: model_io.ModelInfo) -> tuple[list[model_io.Feeds], list[model_io.Feeds]]:
+def read_samples(record: SideFile, info: model_io.ModelInfo) -> tuple[list[model_io.Feeds], list[model_io.Feeds]]:
     """The recorded inputs and reference outputs, checked against the model's inputs and outputs."""
     loaded = []
+    files = record.samples or {}
     for kind in ("inputs", "reference"):
         try:
-            loaded.append(feeds_io.read_npz(record["samples"][kind]))
+            loaded.append(feeds_io.read_npz(files[kind]))
         except Exception as exc:  # a truncated or foreign file
-            raise UserError(f"cannot read the record's {record['samples'][kind]}: {exc}") from None
+            raise UserError(f"cannot read the record's {files[kind]}: {exc}") from None
     inputs, references = loaded
     for kind, arrays, specs in (("inputs", inputs, info.inputs), ("outputs", references, info.outputs)):
         names = sorted(spec.name for spec in specs)
@@ -123,23 +124,23 @@ def read_samples(record: dict[str, Any], info: model_io.ModelInfo) -> tuple[list
     return feeds_io.unstack(inputs), feeds_io.unstack(references)
 
 
-def shape_flags(record: dict[str, Any]) -> list[str]:
+def shape_flags(record: SideFile) -> list[str]:
     """The record's input shapes as ``--shape`` flags (a scalar input has none to give)."""
     return [
         f"{name}:" + "/".join("x".join(str(d) for d in dims) for dims in ranges)
-        for name, ranges in (record.get("shapes") or {}).items()
+        for name, ranges in (record.shapes or {}).items()
         if any(ranges)
     ]
 
 
-def exported_model(record_path: Path, record: dict[str, Any]) -> tuple[Path | None, str]:
+def exported_model(record_path: Path, record: SideFile) -> tuple[Path | None, str]:
     """The record's exported model where it is beside the record, unchanged, and can be timed here
     (an ONNX Runtime model); else None and why."""
     path = record_path.with_name(record_path.name.removesuffix(".json"))
-    if record.get("backend") != "onnxruntime" or path.suffix != ".onnx":
-        return None, f"a {record.get('backend')} record's engine is not timed here"
+    if record.backend != "onnxruntime" or path.suffix != ".onnx":
+        return None, f"a {record.backend} record's engine is not timed here"
     if not path.is_file():
         return None, f"the record's model {path} is not beside it"
-    if hashlib.sha256(path.read_bytes()).hexdigest() != record.get("model_sha256"):
+    if hashlib.sha256(path.read_bytes()).hexdigest() != record.model_sha256:
         return None, f"the record's model {path} changed since it was exported"
     return path, ""

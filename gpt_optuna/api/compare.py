@@ -162,9 +162,9 @@ def _model_side(template: EvaluateJob, path: Path) -> Side:
         raise UserError(f"{path} takes other inputs than the study's model; compare models of one interface")
     record_path = Path(f"{path}.json")
     if record_path.is_file():
-        from gpt_optuna.backends.base import read_record
+        from gpt_optuna.backends.side_file import SideFile
 
-        params = read_record(path).get("params") or {}
+        params = SideFile.read(path).params or {}
         candidate = {k: v for k, v in params.items() if not is_transform_knob(k)}
         return Side(f"{path.name} (as its record says)", replace(template, model=info, candidate=candidate))
     return Side(f"{path.name} (the engine's defaults)", replace(template, model=info, candidate={}))

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import optuna
 
+from gpt_optuna.backends.side_file import SideFile
 from gpt_optuna.core.errors import UserError
 
 
@@ -71,30 +71,31 @@ def export_lines(side: Path) -> list[str]:
     as the side file states them, and an interface that changed (``--allow-io-change``)."""
     from gpt_optuna.graph.interface import describe_changes
 
-    record = json.loads(side.read_text())
     written = side.with_name(side.name.removesuffix(".json"))
+    record = SideFile.read(written)
     lines = [f"wrote {written} and {side}"]
-    if record.get("headline"):  # the study's winner: its verdict, as every reader says it
-        lines.append(record["headline"])
-        yours = record.get("your_configuration") or {}
-        if record.get("decided") and not record.get("winner"):
+    if record.headline:  # the study's winner: its verdict, as every reader says it
+        lines.append(record.headline)
+        yours = record.your_configuration or {}
+        if record.decided and not record.winner:
             kept = (
-                f"your configuration ({yours.get('file')}), trial {record['trial']}"
+                f"your configuration ({yours.get('file')}), trial {record.trial}"
                 if yours.get("is_this_trial")
-                else f"the default configuration, so this is the baseline, trial {record['trial']}"
+                else f"the default configuration, so this is the baseline, trial {record.trial}"
             )
             lines.append(f"note: the verdict keeps {kept}; export --trial N takes another trial")
-    elif record.get("speedup") is not None:
-        interval = record.get("speedup_ci95")
+    elif record.speedup is not None:
+        interval = record.speedup_ci95
         lines.append(
-            f"trial {record['trial']}: {record['latency_ms']:.4g} ms against the baseline's "
-            f"{record['baseline_latency_ms']:.4g} ms, {record['speedup']:.3f}x"
+            f"trial {record.trial}: {record.latency_ms:.4g} ms against the baseline's "
+            f"{record.baseline_latency_ms:.4g} ms, {record.speedup:.3f}x"
             + (f" [95% CI {interval[0]:.3f}-{interval[1]:.3f}]" if interval else "")
-            + f" ({record['measurement']})"
+            + f" ({record.measurement})"
         )
-    if record["interface"]["changed"]:
+    interface = record.interface or {}
+    if interface["changed"]:
         lines.append(
-            f"note: {written.name} {describe_changes(record['interface']['changes'])}: its study allowed"
+            f"note: {written.name} {describe_changes(interface['changes'])}: its study allowed"
             " I/O dtype changes (--allow-io-change); gpt_optuna.open_session converts"
         )
     return lines

@@ -15,7 +15,6 @@ backend returns must be picklable plain data.
 from __future__ import annotations
 
 import abc
-import json
 import shutil
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -25,6 +24,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from gpt_optuna.backends.side_file import SideFile
 from gpt_optuna.core.engine_facts import BuildFacts, RunFacts
 from gpt_optuna.core.engine_paths import EnginePaths
 from gpt_optuna.core.errors import GptOptunaError, MissingDependencyError, UserError
@@ -101,7 +101,7 @@ class Deployment:
     triton_platform: str | None
     """None: Triton has no backend that serves the engine's exports."""
     triton_model_file: str
-    triton_fields: Callable[[dict[str, Any]], TritonFields]
+    triton_fields: Callable[[SideFile], TritonFields]
     beside: tuple[str, ...] = ()
     shipped: Callable[[Path], Path] | None = None
     """The file an export ships, from the ONNX model the trial ran, where it is not the engine
@@ -307,26 +307,3 @@ class Backend(abc.ABC):
         """The engine :meth:`serialize` kept for ``candidate``, ready to :meth:`open` as it was
         built (None where the kept file is no engine to run as it is: the candidate is built again)."""
         return None
-
-
-SIDE_FILE_FORMAT = 1
-"""The side file's format, recorded in it as ``format`` (files written before it was versioned have none)."""
-
-
-def read_record(path: str | Path) -> dict[str, Any]:
-    """The side file ``PATH.json`` that ``gpt-optuna export`` wrote beside ``PATH``; a user error for
-    one of a later format than this gpt-optuna reads."""
-    side = Path(f"{path}.json")
-    if not side.is_file():
-        raise UserError(f"{side} is missing: open a file written by gpt-optuna export")
-    try:
-        record = json.loads(side.read_text())
-    except json.JSONDecodeError as exc:
-        raise UserError(f"{side} is not the JSON gpt-optuna export writes: {exc}") from exc
-    written = record.get("format", SIDE_FILE_FORMAT) if isinstance(record, dict) else SIDE_FILE_FORMAT
-    if not isinstance(written, int) or written > SIDE_FILE_FORMAT:
-        raise UserError(
-            f"{side} is of format {written!r}, which a later gpt-optuna writes: this one reads format"
-            f" {SIDE_FILE_FORMAT} and earlier; upgrade gpt-optuna"
-        )
-    return record

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +12,8 @@ import optuna
 from optuna.trial import FrozenTrial
 
 from gpt_optuna.backends import DEPLOYMENTS
-from gpt_optuna.backends.base import SIDE_FILE_FORMAT, ExportedTrial
+from gpt_optuna.backends.base import ExportedTrial
+from gpt_optuna.backends.side_file import SideFile
 from gpt_optuna.core.engine_spec import trial_engine
 from gpt_optuna.core.errors import UserError
 from gpt_optuna.core.files import Staging, roll_back_dead
@@ -254,35 +254,34 @@ def _write_export(
     samples = _samples(out, where.samples_dir)
     confirmation = summary.confirmation
     confirmed = next((r for r in confirmation.ranking if r.number == trial.number), None) if confirmation else None
-    side: dict[str, Any] = {
-        "format": SIDE_FILE_FORMAT,
-        "study": study.study_name,
-        "trial": trial.number,
-        "backend": record.backend,
-        "params": trial.params,
+    side = SideFile(
+        study=study.study_name,
+        trial=trial.number,
+        backend=record.backend,
+        params=trial.params,
         **figures_record(summary, trial),
-        "latency": TrialRecord(trial).latency,
-        "accuracy": TrialRecord(trial).accuracy,
-        "accuracy_criterion": record.accuracy,
-        "metric": None if record.metric is None else relative_spec(record.metric, out.parent),
-        "shapes": record.shapes,
-        "interface": model_interface(study, trial, source),
-        "samples": {kind: os.path.relpath(path, out.parent) for kind, path in samples.items()},
-        "confirmed": confirmed.stored if confirmed is not None else None,
-        "confirmed_baseline": confirmation.baseline.stored if confirmed and confirmation.baseline else None,
-        "versions": record.versions,
-        "file": "pytorch program" if shipped else "engine" if artifact is not None else "onnx model",
-        "model_sha256": file_sha256(staged),
-    }
+        latency=TrialRecord(trial).latency,
+        accuracy=TrialRecord(trial).accuracy,
+        accuracy_criterion=record.accuracy,
+        metric=None if record.metric is None else relative_spec(record.metric, out.parent),
+        shapes=record.shapes,
+        interface=model_interface(study, trial, source),
+        samples={kind: os.path.relpath(path, out.parent) for kind, path in samples.items()},
+        confirmed=confirmed.stored if confirmed is not None else None,
+        confirmed_baseline=confirmation.baseline.stored if confirmed and confirmation.baseline else None,
+        versions=record.versions,
+        file="pytorch program" if shipped else "engine" if artifact is not None else "onnx model",
+        model_sha256=file_sha256(staged),
+    )
     if deployment is not None:
         paths, inputs = StudyFolder(workdir).engine_paths, workdir / INPUTS_FILE  # workdir: the study folder
         exported = ExportedTrial(
             source, staged, trial.params, record.defaults, record.shapes or {}, paths, inputs, record.versions
         )
-        side |= deployment.side_file(exported)
+        side = replace(side, sections=deployment.side_file(exported))
     for kind, path in samples.items():  # what a later `gpt-optuna check` compares a changed model on
         shutil.copyfile(workdir / f"{kind}.npz", staging.path(path))
-    staging.path(out.with_name(out.name + ".json")).write_text(json.dumps(side, indent=2))
+    staging.path(out.with_name(out.name + ".json")).write_text(side.to_json())
 
 
 def not_kept(trial: FrozenTrial, why: str) -> str:

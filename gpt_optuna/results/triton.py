@@ -17,18 +17,17 @@ Triton loads: the export refuses it, saying why, before it writes anything.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import optuna
 
 from gpt_optuna.backends import DEPLOYMENTS
 from gpt_optuna.backends.base import Deployment
+from gpt_optuna.backends.side_file import SideFile
 from gpt_optuna.core.engine_spec import trial_engine
 from gpt_optuna.core.errors import UserError
 from gpt_optuna.core.files import STAGING_SUFFIX, atomic_write, dead_stagings, staging_folder
@@ -104,7 +103,7 @@ def write_repository(
         version = staging / "1"
         version.mkdir(parents=True)
         _, side = export_trial(study, trial.number, version / deployment.triton_model_file, True, staging)
-        text, left_out = config_text(name, info, json.loads(side.read_text()), deployment)
+        text, left_out = config_text(name, info, SideFile.read(side.with_suffix("")), deployment)
         atomic_write(staging / "config.pbtxt", text)
         if target.exists():  # --force: the old folder leaves as the new one comes in
             _carry_over(target, staging)
@@ -149,7 +148,7 @@ def _link_or_copy(source: Path | str, destination: Path | str) -> None:
         shutil.copy2(source, destination, follow_symlinks=False)
 
 
-def config_text(name: str, info: ModelInfo, record: dict[str, Any], deployment: Deployment) -> tuple[str, list[str]]:
+def config_text(name: str, info: ModelInfo, record: SideFile, deployment: Deployment) -> tuple[str, list[str]]:
     """``config.pbtxt`` in protobuf text format, and the trial's settings it cannot express."""
     fields = deployment.triton_fields(record)
     lines = [f'name: "{name}"', deployment.triton_platform, "max_batch_size: 0"]
@@ -158,8 +157,8 @@ def config_text(name: str, info: ModelInfo, record: dict[str, Any], deployment: 
     lines.append(f"instance_group [ {{ kind: {'KIND_GPU' if fields.on_gpu else 'KIND_CPU'} count: 1 }} ]")
     lines += fields.lines
     left_out = fields.left_out
-    header = [f"# gpt-optuna: study {record['study']}, trial {record['trial']}"]
-    interface = record.get("interface") or {}
+    header = [f"# gpt-optuna: study {record.study}, trial {record.trial}"]
+    interface = record.interface or {}
     if interface.get("changed"):
         changed = describe_changes(interface["changes"])
         header.append(f"# the interface differs from the original model's (--allow-io-change): {changed}")

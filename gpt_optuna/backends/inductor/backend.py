@@ -37,6 +37,7 @@ from gpt_optuna.backends.inductor.knobs import (
     inductor_knobs,
 )
 from gpt_optuna.backends.inductor.profiling import profiled_kernels
+from gpt_optuna.backends.side_file import SideFile
 from gpt_optuna.core.engine_facts import BuildFacts
 from gpt_optuna.core.engine_paths import EnginePaths
 from gpt_optuna.core.errors import MissingDependencyError, UserError
@@ -294,5 +295,5 @@ def side_file(trial: ExportedTrial) -> dict[str, Any]:
     return {SECTION: settings, "fresh_process": fresh}
 
 
-def triton_fields(side: dict[str, Any]) -> TritonFields:
+def triton_fields(side: SideFile) -> TritonFields:
     raise UserError("Triton's PyTorch backend runs TorchScript, not a program Inductor compiles")

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from gpt_optuna.backends.base import read_record
+from gpt_optuna.backends.side_file import SideFile
 from gpt_optuna.core.errors import UserError
 
 
@@ -28,11 +28,11 @@ def open_session(path: str | Path, device_id: int | None = None, io: str = "mode
 
     if io not in ("model", "exported"):
         raise UserError(f"io must be 'model' or 'exported', not {io!r}")
-    record = read_record(path)
-    settings = record.get("onnxruntime")
+    record = SideFile.read(path)
+    settings = record.sections.get("onnxruntime")
     if settings is None:
-        raise UserError(f"{path} is a {record.get('backend')} export, not an ONNX Runtime one")
-    if hashlib.sha256(Path(path).read_bytes()).hexdigest() != record.get("model_sha256"):
+        raise UserError(f"{path} is a {record.backend} export, not an ONNX Runtime one")
+    if hashlib.sha256(Path(path).read_bytes()).hexdigest() != record.model_sha256:
         raise UserError(f"{path} is not the model that was exported with {path}.json (its content changed)")
     (provider, options), *_ = settings["providers"]
     if provider not in ort.get_available_providers():
@@ -42,7 +42,7 @@ def open_session(path: str | Path, device_id: int | None = None, io: str = "mode
     session = ort.InferenceSession(str(path), options_from_settings(settings), providers=[(provider, options)])
     if session.get_providers()[:1] != [provider]:
         raise UserError(f"{provider} could not take {path}; ONNX Runtime fell back to {session.get_providers()[0]}")
-    changes = (record.get("interface") or {}).get("changes") or {}
+    changes = (record.interface or {}).get("changes") or {}
     return ConvertingSession(session, changes, Path(path).name) if changes and io == "model" else session
 
 

@@ -8,6 +8,7 @@ from typing import Any
 
 from gpt_optuna.backends.base import TritonFields
 from gpt_optuna.backends.onnxruntime.settings import CPU, CUDA, TENSORRT
+from gpt_optuna.backends.side_file import SideFile
 
 GRAPH_LEVELS = {"ORT_ENABLE_ALL": None, "ORT_ENABLE_BASIC": -1, "ORT_ENABLE_EXTENDED": 1, "ORT_DISABLE_ALL": 2}
 """ONNX Runtime's graph levels as the backend's ``optimization.graph.level`` (None: the default, all)."""
@@ -32,9 +33,9 @@ TENSORRT_ACCELERATOR = {
 (``trt_fp16_enable`` is its ``precision_mode``)."""
 
 
-def triton_fields(record: dict[str, Any]) -> TritonFields:
+def triton_fields(record: SideFile) -> TritonFields:
     """The side file's ONNX Runtime settings as Triton configuration fields, and those it has no field for."""
-    settings = record.get("onnxruntime")
+    settings = record.sections.get("onnxruntime")
     if not settings:
         return TritonFields(on_gpu=True)
     optimization, parameters, left_out = _onnxruntime_fields(settings)

@@ -3,14 +3,13 @@ trial captured them; auxiliary streams have no field."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from gpt_optuna.backends.base import TritonFields
+from gpt_optuna.backends.side_file import SideFile
 
 
-def triton_fields(record: dict[str, Any]) -> TritonFields:
+def triton_fields(record: SideFile) -> TritonFields:
     """The trial's runtime knobs as Triton configuration fields, and those it has no field for."""
-    params = record["params"]
+    params = record.params or {}
     graphs = (
         bool(params.get("runtime.cuda_graph")) or params.get("runtime.cuda_graph_strategy", "DISABLED") != "DISABLED"
     )
