@@ -304,3 +304,46 @@ def test_the_trial_write_check_catches_a_write(tmp_path: Path) -> None:
         "    s.set_trial_system_attr(1, 'c', 3)\n"
     )
     assert trial_attr_writes(writer) == [3, 4]
+
+
+CONFIG_HOLDERS = {"gpt_optuna.search.tune", "gpt_optuna.search.preparation", "gpt_optuna.cli.commands"}
+"""The modules that take tune's whole configuration: the run itself, its preparation, the command
+line that makes it; every other step takes the typed parts it needs (``TuneConfig.data``, ``.kind``,
+``.finalists``, a name, a deadline)."""
+MAX_CONFIG_TAKERS = 12
+"""Functions and fields that take the whole ``TuneConfig`` (24 functions and 2 fields took it before the
+use cases were given typed parts)."""
+
+
+def config_takers(path: Path) -> list[str]:
+    """The functions and dataclass fields of ``path`` annotated with ``TuneConfig``."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            arguments = node.args.posonlyargs + node.args.args + node.args.kwonlyargs
+            if any(a.annotation is not None and "TuneConfig" in ast.unparse(a.annotation) for a in arguments):
+                found.append(node.name)
+        elif isinstance(node, ast.ClassDef):
+            found += [
+                f"{node.name}.{ast.unparse(b.target)}"
+                for b in node.body
+                if isinstance(b, ast.AnnAssign) and "TuneConfig" in ast.unparse(b.annotation)
+            ]
+    return found
+
+
+def test_the_whole_configuration_stays_in_the_tune_use_case() -> None:
+    takers = {module: config_takers(path) for module, path in MODULES.items()}
+    holders = {module for module, found in takers.items() if found}
+    assert holders <= CONFIG_HOLDERS, f"{sorted(holders - CONFIG_HOLDERS)} take the whole TuneConfig"
+    count = sum(len(found) for found in takers.values())
+    assert count <= MAX_CONFIG_TAKERS, f"{count} functions and fields take the whole TuneConfig: {takers}"
+
+
+def test_the_configuration_check_finds_functions_and_fields(tmp_path: Path) -> None:
+    source = tmp_path / "steps.py"
+    source.write_text(
+        "class Run:\n    config: TuneConfig\n    n: int\n"
+        "def step(config: TuneConfig, x: int) -> None: ...\ndef other(data: DataSource) -> None: ...\n"
+    )
+    assert config_takers(source) == ["Run.config", "step"]

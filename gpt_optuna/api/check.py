@@ -49,7 +49,7 @@ from gpt_optuna.protocol.accuracy import parse_criterion
 from gpt_optuna.protocol.jobs import MetricJob, reference_outputs
 from gpt_optuna.protocol.timing import BLOCK
 from gpt_optuna.results.export import export_trial
-from gpt_optuna.search.config import TuneConfig, check_study_name, default_storage, study_flags
+from gpt_optuna.search.config import FinalistPlan, TuneConfig, check_study_name, default_storage, study_flags
 from gpt_optuna.search.finalists import (
     CPU_SETTLE_S,
     interleave,
@@ -220,7 +220,9 @@ def run_check(
             study = load_study(open_storage(config.storage, create=False), name)
         if code > 128:  # stopped by Ctrl-C, SIGTERM or SIGHUP
             return CheckResult(code, tuple(outcomes), study_name)
-        latency, summary = judge_latency(study, config, record, record_path, exported, why_not, tolerance, deadline)
+        latency, summary = judge_latency(
+            study, config.finalists, record, record_path, exported, why_not, tolerance, deadline
+        )
         outcomes.append(_recorded_where_better(latency, study, record_path, update))
         if summary is not None:
             against = versus_yours(summary).removeprefix("; ")
@@ -283,7 +285,7 @@ def _recorded_where_better(latency: Outcome, study: Any, record_path: Path, upda
 
 def judge_latency(
     study: Any,
-    config: TuneConfig,
+    finalists: FinalistPlan,
     record: SideFile,
     record_path: Path,
     exported: Path | None,
@@ -314,15 +316,15 @@ def judge_latency(
     template = template_from_study(study)
     if exported is None:
         if summary.confirmed is None and deadline - time.monotonic() > 1.0:
-            processes = counted(config.confirm_processes, "process", "processes")
+            processes = counted(finalists.processes, "process", "processes")
             tell(f"re-measuring the finalists and the baseline in {processes} ...")
             try:
                 confirm(
                     study,
                     template,
-                    StudyFolder(config.workdir).log("confirm"),
-                    config.confirm_top,
-                    config.confirm_processes,
+                    StudyFolder(finalists.folder).log("confirm"),
+                    finalists.top,
+                    finalists.processes,
                     deadline=deadline,
                 )
             except ConfirmationFailed as failure:
@@ -341,18 +343,18 @@ def judge_latency(
     evaluations = [exported_job, *kept_evaluations(template, study, trials, tell)]
     tell(
         f"timing the record's model {exported.name} beside the changed model, interleaved, in"
-        f" {config.confirm_processes} fresh processes ..."
+        f" {finalists.processes} fresh processes ..."
     )
     try:
         measured = interleave(
             evaluations,
-            StudyFolder(config.workdir).log("compare"),
-            config.confirm_processes,
+            StudyFolder(finalists.folder).log("compare"),
+            finalists.processes,
             tell,
             process_seconds([seeded, *trials], template.settings),
             quiet_seconds([seeded, *trials], template.settings),
             deadline=deadline,
-            rounds=gate_rounds([seeded, *trials], config.confirm_processes, deadline - time.monotonic()),
+            rounds=gate_rounds([seeded, *trials], finalists.processes, deadline - time.monotonic()),
         )
     except ConfirmationFailed as failure:
         said = f"latency not decided: the models could not be timed ({failure.reason}); give more --budget"

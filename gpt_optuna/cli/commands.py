@@ -69,7 +69,8 @@ def print_space(config: TuneConfig, as_json: bool) -> int:
     space, versions = offered_space(config, notes, say)
     for note in notes:
         print(note, file=sys.stderr)
-    left = _left_in_study(config, space)
+    assert config.storage is not None and config.study_name is not None
+    left = _left_in_study(config.storage, config.study_name, space)
     if as_json:
         counts = {"candidates": space.size(), "left": None if left is None else left[1]}
         print(json.dumps({"backend": config.backend, "versions": versions, "knobs": space.describe(), **counts}))
@@ -81,21 +82,20 @@ def print_space(config: TuneConfig, as_json: bool) -> int:
     return 0
 
 
-def _left_in_study(config: TuneConfig, space: Any) -> tuple[str, int] | None:
-    """(study name, candidates of ``space`` no trial holds) where the study ``config`` names exists."""
+def _left_in_study(storage: str, name: str, space: Any) -> tuple[str, int] | None:
+    """(study name, candidates of ``space`` no trial holds) where the study ``name`` exists in ``storage``."""
     from gpt_optuna.api.study import open_existing_study
     from gpt_optuna.search.coverage import candidates_left
     from gpt_optuna.study.storage import storage_file
 
-    assert config.storage is not None and config.study_name is not None
-    path = storage_file(config.storage)
+    path = storage_file(storage)
     if path is not None and not path.is_file():
         return None
     try:
-        study = open_existing_study(config.storage, config.study_name)
+        study = open_existing_study(storage, name)
     except UserError:
         return None
-    return config.study_name, candidates_left(space, study.get_trials(deepcopy=False))
+    return name, candidates_left(space, study.get_trials(deepcopy=False))
 
 
 def _tune_flags(parser: argparse.ArgumentParser) -> None:

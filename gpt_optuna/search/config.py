@@ -111,6 +111,50 @@ def study_flags(storage: str, study_name: str) -> list[str]:
 
 
 @dataclass(frozen=True)
+class DataSource:
+    """Where a run's model and data come from, and what judges the outputs: what reading the
+    inputs and the calibration data needs of the configuration."""
+
+    model: Path
+    shapes: list[str]
+    inputs: Path | None
+    samples: int | None
+    calibration: Path | None
+    metric: str | None
+    criterion: Criterion
+    timeout_s: float | None
+    trial_timeout_s: float
+
+
+@dataclass(frozen=True)
+class StudyKind:
+    """What a study must share with a run that resumes it, as the configuration states it."""
+
+    backend: str
+    accuracy: str
+    metric: str | None
+    dry_run: bool
+    objectives: tuple[str, ...]
+    allow_io_change: bool
+    your_configuration: dict[str, Value] | None
+
+
+@dataclass(frozen=True)
+class FinalistPlan:
+    """How a search's finalists are re-measured: the best ``top`` (none in a dry run) with the
+    baseline (and the user's own configuration, ``yours``) in ``processes`` fresh processes, by the
+    search's latency settings, within ``timeout_s``; the log goes to the study ``folder``."""
+
+    top: int
+    processes: int
+    measure: MeasureSettings
+    timeout_s: float | None
+    dry_run: bool
+    yours: bool
+    folder: Path
+
+
+@dataclass(frozen=True)
 class TuneConfig:
     """Everything a tuning run needs, after defaults are filled in and values are checked (on
     construction, and again by every ``replace``); it changes no more after that."""
@@ -240,6 +284,44 @@ class TuneConfig:
     def criterion(self) -> Criterion:
         """The accuracy criterion, parsed once."""
         return parse_criterion(self.accuracy, user_metrics=self.metric is not None)
+
+    @property
+    def data(self) -> DataSource:
+        return DataSource(
+            self.model,
+            self.shapes,
+            self.inputs,
+            self.samples,
+            self.calibration,
+            self.metric,
+            self.criterion,
+            self.timeout_s,
+            self.trial_timeout_s,
+        )
+
+    @property
+    def kind(self) -> StudyKind:
+        return StudyKind(
+            self.backend,
+            self.criterion.text,
+            self.metric,
+            self.dry_run,
+            self.objectives,
+            self.allow_io_change,
+            self.baseline_values,
+        )
+
+    @property
+    def finalists(self) -> FinalistPlan:
+        return FinalistPlan(
+            self.confirm_top,
+            self.confirm_processes,
+            self.measure,
+            self.timeout_s,
+            self.dry_run,
+            self.baseline_config is not None,
+            self.workdir,
+        )
 
     @property
     def workdir(self) -> Path:

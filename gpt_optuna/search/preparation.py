@@ -32,7 +32,7 @@ from gpt_optuna.graph.precision import QUANTIZED
 from gpt_optuna.graph.program import onnx_model
 from gpt_optuna.protocol.jobs import EvaluateJob, LoaderJob, MetricJob, SpaceJob, reference_outputs
 from gpt_optuna.protocol.process import FailureKind, JobFailure, Worker
-from gpt_optuna.search.config import DEFAULT_TRIAL_TIMEOUT_S, TuneConfig
+from gpt_optuna.search.config import DEFAULT_TRIAL_TIMEOUT_S, DataSource, StudyKind, TuneConfig
 from gpt_optuna.search.space_check import PRECISION, check_space
 from gpt_optuna.search.your_configuration import holding_yours
 from gpt_optuna.study.artifacts import CALIBRATION_FILE, INPUTS_FILE, REFERENCE_FILE
@@ -130,7 +130,7 @@ class Prepared:
 
 
 def load_inputs(
-    config: TuneConfig, notes: list[str], say: Callable[[str], None], started: float | None = None
+    config: DataSource, notes: list[str], say: Callable[[str], None], started: float | None = None
 ) -> Inputs:
     """The checked model, every input's shape range, the input data (given or generated) and the
     fp32 reference outputs; warnings go to ``notes``. Reads only. The user's data loader and
@@ -224,7 +224,7 @@ def discover_space(
         space = holding_yours(space, config.baseline_values, load_backend(config.backend), where)
     calibration_sha256 = ""
     if set(space.choices("precision")) & set(QUANTIZED):
-        samples = calibration_samples(config, inputs, notes)
+        samples = calibration_samples(config.data, inputs, notes)
         calibration_sha256 = feeds_io.feeds_sha256(samples)
         feeds_io.cache_npz(workdir / CALIBRATION_FILE, samples, calibration_sha256)
     for knob, choices in graphs.items():  # after the calibration data, which the study recorded as it was
@@ -241,9 +241,9 @@ def discover_space(
         config.dry_run,
         config.metric,
     )
-    space = remembered_check(
-        space, template, worker, config, versions, calibration_sha256, notes, say, deadline, always
-    )
+    beside = StudyFolder(config.workdir)
+    check = (versions, calibration_sha256, config.trial_timeout_s, beside)
+    space = remembered_check(space, template, worker, check, notes, say, deadline, always)
     return space, versions, calibration_sha256
 
 
@@ -263,9 +263,7 @@ def remembered_check(
     space: Space,
     template: EvaluateJob,
     worker: Worker,
-    config: TuneConfig,
-    versions: dict[str, str],
-    calibration_sha256: str,
+    decided: tuple[dict[str, str], str, float, StudyFolder],
     notes: list[str],
     say: Callable[[str], None],
     deadline: float | None = None,
@@ -274,20 +272,23 @@ def remembered_check(
     """:func:`check_space` (until ``deadline``, but for the graphs in ``always``), remembered in the
     study folder under a key of what decides it (the working model's hash, the backend, the library
     versions and GPU, the space before the check, the shapes, the calibration data, the trial
-    timeout): a resume with the same of each reuses it and its notes, and so does ``gpt-optuna
-    space`` beside the study (it writes its own elsewhere). A check cut short is not remembered."""
+    timeout; ``decided``: the versions, the calibration data's hash, the trial timeout and the study
+    folder beside which ``gpt-optuna space`` looks): a resume with the same of each reuses it and
+    its notes, and so does ``gpt-optuna space`` beside the study (it writes its own elsewhere). A
+    check cut short is not remembered."""
+    versions, calibration_sha256, trial_timeout_s, study_folder = decided
     decided_by = {
         "model": template.model.sha256,
-        "backend": config.backend,
+        "backend": template.backend,
         "versions": versions,
         "space": space.to_record(),
         "shapes": {name: [list(r.min), list(r.opt), list(r.max)] for name, r in template.shapes.items()},
         "calibration": calibration_sha256,
-        "trial_timeout_s": config.trial_timeout_s,
+        "trial_timeout_s": trial_timeout_s,
     }
     key = hashlib.sha256(json.dumps(decided_by, sort_keys=True, default=str).encode()).hexdigest()[:24]
     own = StudyFolder(template.workdir).space_check(key)
-    beside = StudyFolder(config.workdir).space_check(key)
+    beside = study_folder.space_check(key)
     path = beside if not own.is_file() and beside.is_file() else own  # `space` beside a study made before
     if path.is_file():
         try:
@@ -300,8 +301,7 @@ def remembered_check(
             notes += kept["notes"]
             return checked
     found: list[str] = []
-    timeout = config.trial_timeout_s
-    checked, complete = check_space(space, template, worker, timeout, found.append, say, deadline, always)
+    checked, complete = check_space(space, template, worker, trial_timeout_s, found.append, say, deadline, always)
     notes += found
     if not complete:  # what decides a check cut short includes the time it had: the next run checks anew
         return checked
@@ -312,7 +312,7 @@ def remembered_check(
 def offered_space(config: TuneConfig, notes: list[str], say: Callable[[str], None]) -> tuple[Space, dict[str, str]]:
     """The space a search of ``config`` would have, with the library versions: found and checked
     as :func:`tune` does, in a scratch folder removed afterwards."""
-    inputs = load_inputs(config, notes, say)
+    inputs = load_inputs(config.data, notes, say)
     with tempfile.TemporaryDirectory() as tmp, Worker(StudyFolder(Path(tmp)).log("worker")) as worker:
         working = with_distinct_dims(inputs.info, StudyFolder(Path(tmp)).models)
         space, versions, _ = discover_space(config, worker, inputs, working, Path(tmp), notes, say)
@@ -320,19 +320,18 @@ def offered_space(config: TuneConfig, notes: list[str], say: Callable[[str], Non
 
 
 def check_resumable(
-    storage: optuna.storages.BaseStorage, config: TuneConfig, inputs: Inputs
+    storage: optuna.storages.BaseStorage, name: str, kind: StudyKind, data: DataSource, inputs: Inputs
 ) -> list[dict[str, Any]] | None:
-    """Refuse, before anything is written, to resume a study made with another model, data, shapes,
-    criterion, backend or objective (the space is compared once it is discovered); the space the
-    study was made with (None for a new study)."""
-    assert config.study_name is not None
-    recorded = recorded_fingerprint(storage, config.study_name)
+    """Refuse, before anything is written, to resume the study ``name`` made with another model,
+    data, shapes, criterion, backend or objective (the space is compared once it is discovered);
+    the space the study was made with (None for a new study)."""
+    recorded = recorded_fingerprint(storage, name)
     if recorded is None:
         return None
-    now = run_identity(config, inputs)
+    now = run_identity(kind, inputs)
     if recorded.get("calibration_sha256"):
-        now["calibration_sha256"] = feeds_io.feeds_sha256(calibration_samples(config, inputs, []))
-    refuse_if_different(config.study_name, {k: recorded.get(k) for k in now}, now)
+        now["calibration_sha256"] = feeds_io.feeds_sha256(calibration_samples(data, inputs, []))
+    refuse_if_different(name, {k: recorded.get(k) for k in now}, now)
     return recorded.get("space")
 
 
@@ -363,7 +362,7 @@ def prepare(
 CALIBRATION_SAMPLES = 16
 
 
-def calibration_samples(config: TuneConfig, inputs: Inputs, notes: list[str]) -> model_io.Feeds:
+def calibration_samples(config: DataSource, inputs: Inputs, notes: list[str]) -> model_io.Feeds:
     """Calibration inputs stacked on a new leading axis: from --calibration, else the --inputs
     samples, else generated."""
     if config.calibration is not None:
@@ -379,27 +378,27 @@ def calibration_samples(config: TuneConfig, inputs: Inputs, notes: list[str]) ->
     return {name: np.stack([s[name] for s in samples]) for name in samples[0]}
 
 
-def run_identity(config: TuneConfig, inputs: Inputs) -> dict[str, Any]:
+def run_identity(kind: StudyKind, inputs: Inputs) -> dict[str, Any]:
     """What a study must share with a run that resumes it, known before anything is discovered."""
     return {
         "model_sha256": inputs.info.sha256,
-        "backend": config.backend,
-        "accuracy": config.criterion.text,
-        "metric": config.metric,
+        "backend": kind.backend,
+        "accuracy": kind.accuracy,
+        "metric": kind.metric,
         "inputs_sha256": inputs.inputs_sha256,
         "shapes": inputs.shapes_record,
-        "objective": "build_s" if config.dry_run else "latency_ms",
-        "objectives": list(config.objectives),
-        "allow_io_change": config.allow_io_change,
-        "your_configuration": config.baseline_values,
+        "objective": "build_s" if kind.dry_run else "latency_ms",
+        "objectives": list(kind.objectives),
+        "allow_io_change": kind.allow_io_change,
+        "your_configuration": kind.your_configuration,
     }
 
 
-def fingerprint(config: TuneConfig, prepared: Prepared) -> dict[str, Any]:
+def fingerprint(kind: StudyKind, prepared: Prepared) -> dict[str, Any]:
     """The study's record of how it was made (compared on every resume, except ``model``, the
     hashes of its external weights, ``model_profile`` and ``versions``)."""
     return {
-        **run_identity(config, prepared.inputs),
+        **run_identity(kind, prepared.inputs),
         "model": str(prepared.inputs.info.path.resolve()),
         "external_data_sha256": external_data_sha256(prepared.inputs.info.path),
         "model_profile": prepared.profile.to_record(),

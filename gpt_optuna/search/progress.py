@@ -21,7 +21,6 @@ if TYPE_CHECKING:
     import optuna
 
     from gpt_optuna.core.space import Candidate, Space
-    from gpt_optuna.search.config import TuneConfig
     from gpt_optuna.study.summary import StudySummary
 
 
@@ -68,7 +67,7 @@ class Progress:
 
     def start(
         self,
-        config: TuneConfig,
+        study: tuple[str, str],
         space: Space,
         resumed: bool,
         done: int,
@@ -78,13 +77,14 @@ class Progress:
         workers: int = 1,
         left: int | None = None,
     ) -> None:
-        """Say what is searched (``left``: the candidates no trial holds yet); a bar counts the
-        trials, and shows the workers and, with --timeout, the time left."""
+        """Say what is searched (``study``: its name and storage; ``left``: the candidates no trial
+        holds yet); a bar counts the trials, and shows the workers and, with --timeout, the time left."""
         verb = "resuming" if resumed else "new"
+        name, storage = study
         size = space.size()
         unheld = f", {left:,} not evaluated yet" if left is not None and done else ""
         self.note(
-            f"{verb} study {config.study_name} in {config.storage} ({counted(done, 'trial')} done); {len(space)} knobs,"
+            f"{verb} study {name} in {storage} ({counted(done, 'trial')} done); {len(space)} knobs,"
             f" {size:,} candidates{unheld}" + (f"; {workers} workers" if workers > 1 else "")
         )
         if recovered:

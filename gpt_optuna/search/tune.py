@@ -20,13 +20,14 @@ from gpt_optuna.backends.engine_choice import engine_defaults
 from gpt_optuna.core import interrupts
 from gpt_optuna.core.engine_spec import trial_engine
 from gpt_optuna.core.errors import EXIT_NO_FEASIBLE, UserError
+from gpt_optuna.core.measure_settings import MeasureSettings
 from gpt_optuna.core.space import Candidate, CandidateKey, Space, candidate_key
 from gpt_optuna.core.words import counted
 from gpt_optuna.graph.model_profile import ModelProfile
 from gpt_optuna.protocol.jobs import EvaluateJob
 from gpt_optuna.results.export import export_suffix
 from gpt_optuna.results.winner import name_objectives, record_winner
-from gpt_optuna.search.config import TuneConfig, study_flags
+from gpt_optuna.search.config import FinalistPlan, TuneConfig, study_flags
 from gpt_optuna.search.engines import KEPT_ENGINES
 from gpt_optuna.search.error_objective import error_objective_note
 from gpt_optuna.search.finalists import ConfirmationFailed, confirm
@@ -116,17 +117,17 @@ def _tune(config: TuneConfig, progress: Progress) -> TuneEnd:
     assert config.storage is not None and config.study_name is not None
     phases = Phases()
     notes: list[str] = [config.engines_chosen] if config.engines_chosen else []
-    engine = check_run(config)
+    engine = check_run(config.backend, config.sampler, config.objectives)
     if config.baseline_config is not None and config.baseline_values is None:
         config = replace(config, baseline_values=engine.baseline_values(config.baseline_config))
     host = look()  # before this run's own workers start
     phases.begin("preparing")
-    inputs = load_inputs(config, notes, progress.note, phases.started)
+    inputs = load_inputs(config.data, notes, progress.note, phases.started)
     storage_path = storage_file(config.storage)
     with contextlib.ExitStack() as stack:
-        new = stack.enter_context(removed_if_refused(config, storage_path))
+        new = stack.enter_context(removed_if_refused(storage_path, config.workdir))
         storage = open_storage(config.storage, make_dirs=storage_path is not None and storage_path.parent == STUDIES)
-        recorded = check_resumable(storage, config, inputs)
+        recorded = check_resumable(storage, config.study_name, config.kind, config.data, inputs)
         config = _in_recorded_folder(config, storage, storage_path)
         session = SearchSession(stack, config.workdir, "worker", config.workers, config.gpus)
         first, others = session.workers[0], session.workers[1:]
@@ -147,7 +148,7 @@ def _tune(config: TuneConfig, progress: Progress) -> TuneEnd:
             storage,
             config.study_name,
             sampler,
-            fingerprint(config, prepared),
+            fingerprint(config.kind, prepared),
             prepared.space.default(),
             len(config.objectives),
             seeds,
@@ -164,14 +165,17 @@ def _tune(config: TuneConfig, progress: Progress) -> TuneEnd:
         deadline = None if config.timeout_s is None else phases.started + config.timeout_s
         sampler.read(study.get_trials(deepcopy=False))
         left = sampler.coverage.left(sampler.ledger.taken())
-        progress.start(config, prepared.space, resumed, done, recovered, remaining, deadline, len(lanes), left)
+        named = (config.study_name, config.storage)
+        progress.start(named, prepared.space, resumed, done, recovered, remaining, deadline, len(lanes), left)
         for note in notes:
             progress.note(note)
         if remaining == 0:
             return ended(config, study, 0, "the study already has its trials")
         if sampler.ledger.counts()[2] == 0 and sampler.covered():
             return ended(config, study, 0, f"{covered_note(sampler, True)}: nothing is left to search", covered=True)
-        record_search(study, config, prepared, deadline)
+        ends_at = None if deadline is None else time.time() + deadline - time.monotonic()
+        search = SearchRecord(config.sampler, config.n_trials, config.trial_timeout_s, ends_at)
+        record_search(study, config.workdir, config.measure, prepared.space, search)
         run = _SearchRun(config, study, session, sampler, progress, phases, deadline, start_s)
         return run.search(prepared, warm)
 
@@ -221,7 +225,7 @@ class _SearchRun:
         )
         store = artifact_folder(study, config.artifacts)
         publish(study, store, config.workdir)
-        kept_s = kept_time(config, study, self.deadline, self.sampler, progress, self.start_s)
+        kept_s = kept_time(config.finalists, study, self.deadline, self.sampler, progress, self.start_s)
         budget = TrialBudget(
             study, config.n_trials, self.deadline, Refreshed(kept_s, refresh_s(config.timeout_s)), self.sampler
         )
@@ -261,7 +265,8 @@ class _SearchRun:
             try:
                 pinning = pinned(self.session.gpus[0])
                 note = (
-                    confirm_finalists(config, study, job, self.deadline, self.progress, pinning, self.start_s) or note
+                    confirm_finalists(config.finalists, study, job, self.deadline, self.progress, pinning, self.start_s)
+                    or note
                 )
                 interrupts.check()
             except KeyboardInterrupt:
@@ -291,28 +296,26 @@ def covered_note(sampler: FreshSampler, every: bool) -> str:
     return "the sampler kept proposing evaluated candidates: the space looks covered"
 
 
-def check_run(config: TuneConfig) -> Backend:
+def check_run(name: str, sampler: str, objectives: tuple[str, ...]) -> Backend:
     """Refuse, before the model is read or anything is written, what cannot run here: a backend
     that does not load or whose library is missing, a sampler without its libraries, an objective
-    the backend cannot measure; the backend, checked."""
-    backend = load_backend(config.backend)
+    the backend cannot measure; the backend ``name``, checked."""
+    backend = load_backend(name)
     missing = backend.missing_library()
     if missing is not None:
         raise missing
-    check_sampler(config.sampler)
-    if "memory" in config.objectives and not backend.reports_device_memory:
-        raise UserError(
-            f"backend {config.backend!r} does not report engine device memory; drop memory from --objectives"
-        )
+    check_sampler(sampler)
+    if "memory" in objectives and not backend.reports_device_memory:
+        raise UserError(f"backend {name!r} does not report engine device memory; drop memory from --objectives")
     return backend
 
 
 @contextlib.contextmanager
-def removed_if_refused(config: TuneConfig, storage_path: Path | None) -> Iterator[list[Path]]:
+def removed_if_refused(storage_path: Path | None, workdir: Path) -> Iterator[list[Path]]:
     """Yield the paths a new study's run is about to make (its database file, the study folder,
     ``studies/``) and remove them if the run stops before the study exists: a refused run leaves
     nothing behind. The caller empties the list once the study is made."""
-    made = [p for p in (storage_path, config.workdir, STUDIES) if p is not None and not p.exists()]
+    made = [p for p in (storage_path, workdir, STUDIES) if p is not None and not p.exists()]
     try:
         yield made
     except BaseException:
@@ -387,19 +390,19 @@ def once_each(seeds: list[tuple[Candidate, dict[str, str]]]) -> list[tuple[Candi
     return list(kept.values())
 
 
-def record_search(study: optuna.Study, config: TuneConfig, prepared: Prepared, deadline: float | None) -> None:
+def record_search(
+    study: optuna.Study, folder: Path, measure: MeasureSettings, space: Space, search: SearchRecord
+) -> None:
     """Where the study folder is, and what a worker joining from another host needs besides the
-    fingerprint: the latency protocol
-    of this search, its whole space, sampler, trial target and end (``deadline`` on this host's
-    monotonic clock, stored as wall-clock time)."""
-    StudyFolder(config.workdir).record(study)
-    record_setup(study, config.measure, prepared.space.to_record())
-    ends_at = None if deadline is None else time.time() + deadline - time.monotonic()
-    SearchRecord(config.sampler, config.n_trials, config.trial_timeout_s, ends_at).write(study)
+    fingerprint: the latency protocol of this search, its whole space, and its sampler, trial
+    target and end (``search``)."""
+    StudyFolder(folder).record(study)
+    record_setup(study, measure, space.to_record())
+    search.write(study)
 
 
 def kept_time(
-    config: TuneConfig,
+    finalists: FinalistPlan,
     study: optuna.Study,
     deadline: float | None,
     sampler: FreshSampler,
@@ -409,15 +412,15 @@ def kept_time(
     """The seconds the search leaves under --timeout for what follows it (:class:`EndingReserve`,
     which tells ``progress`` where --timeout cannot hold the re-measurement); ``start_s``: a worker
     process's measured start."""
-    if config.timeout_s is None or deadline is None:
+    if finalists.timeout_s is None or deadline is None:
         return lambda: 0.0
-    top = 0 if config.dry_run else config.confirm_top
+    top = 0 if finalists.dry_run else finalists.top
     return EndingReserve(
         study,
         top,
-        config.confirm_processes,
-        config.measure,
-        config.timeout_s,
+        finalists.processes,
+        finalists.measure,
+        finalists.timeout_s,
         deadline,
         sampler.ledger.longest_recent_s,
         progress.note,
@@ -426,7 +429,7 @@ def kept_time(
 
 
 def confirm_finalists(
-    config: TuneConfig,
+    finalists: FinalistPlan,
     study: optuna.Study,
     job: EvaluateJob,
     deadline: float | None,
@@ -439,26 +442,26 @@ def confirm_finalists(
     (``env`` pins it); a note where that could not be done in full."""
     end = None if deadline is None else deadline - FINISH_S
     left = None if end is None else end - time.monotonic()
-    plan = plan_confirmation(study, config.confirm_top, config.confirm_processes, config.measure, left, start_s)
+    plan = plan_confirmation(study, finalists.top, finalists.processes, finalists.measure, left, start_s)
     if plan is None:
         return "" if left is None else "no time left before --timeout to re-measure the finalists"
     progress.note(
         f"re-measuring the {counted(plan.top, 'best candidate')} and the baseline"
-        f"{' (and your configuration)' if config.baseline_config else ''}, interleaved, in"
+        f"{' (and your configuration)' if finalists.yours else ''}, interleaved, in"
         f" {counted(plan.processes, 'fresh process', 'fresh processes')} of {plan.rounds} rounds or more while the"
         f" time lasts (about {plan.total_s:.0f} s) ..."
     )
     rounds = plan.rounds if end is None else FILL_ROUNDS  # each process's share of the time ends its rounds
     try:
-        log = StudyFolder(config.workdir).log("confirm")
+        log = StudyFolder(finalists.folder).log("confirm")
         result = confirm(study, job, log, plan.top, plan.processes, progress.note, env, end, start_s, rounds)
     except ConfirmationFailed as failure:
         return str(failure)
     done = plan.processes if result is None else result["processes"]
-    full = plan_confirmation(study, config.confirm_top, config.confirm_processes, config.measure, None, start_s)
+    full = plan_confirmation(study, finalists.top, finalists.processes, finalists.measure, None, start_s)
     if full is not None and (plan.top, done) != (full.top, full.processes):
-        finalists, processes = counted(plan.top, "finalist"), counted(done, "process", "processes")
-        return f"re-measured {finalists} in {processes} (of {full.top} in {full.processes}): what fit in --timeout"
+        measured, processes = counted(plan.top, "finalist"), counted(done, "process", "processes")
+        return f"re-measured {measured} in {processes} (of {full.top} in {full.processes}): what fit in --timeout"
     return ""
 
 
