@@ -14,6 +14,7 @@ import pytest
 from conftest import tune
 
 from gpt_optuna.backends import load_backend
+from gpt_optuna.backends.base import Profiling
 from gpt_optuna.backends.inductor.knobs import (
     CUDAGRAPHS,
     GEMM_BACKENDS,
@@ -174,8 +175,7 @@ def test_profile_names_the_kernels_a_trial_compiled(program: Path) -> None:
     backend = load_backend("inductor")
     x = {"input": np.random.default_rng(0).standard_normal((4, 16)).astype(np.float32)}
     template = {info.outputs[0].name: np.zeros((4, 8), np.float32)}
-    times = backend.layer_times(
-        info, backend.space(info, shapes).default(), EnginePaths.under(program.parent), shapes, x, template, 5
-    )
+    candidate, paths = backend.space(info, shapes).default(), EnginePaths.under(program.parent)
+    times = backend.layer_times(Profiling(info, candidate, paths, shapes, x, template, 5))
     assert any(t.op_type == "generated kernel" and t.median_ms > 0 for t in times)
     assert times == sorted(times, key=lambda t: -t.median_ms)

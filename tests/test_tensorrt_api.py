@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from fake_tensorrt import ROUTES_JSON, VERSIONS, FakeCuPy, FakeTensorRT
 
-from gpt_optuna.backends.base import BuildError
+from gpt_optuna.backends.base import BuildError, Profiling
 from gpt_optuna.backends.tensorrt.backend import TensorRTBackend, TensorRTRTXBackend
 from gpt_optuna.backends.tensorrt.knobs import MIB, parse_build_routes, route_string
 from gpt_optuna.core.engine_paths import EnginePaths
@@ -369,15 +369,11 @@ def test_layer_times_come_from_the_profiler_with_the_onnx_operators_of_each_laye
             {"runtime.cuda_graph_strategy": "WHOLE_GRAPH_CAPTURE"} if version == "rtx" else {"runtime.cuda_graph": True}
         )
         feeds, outputs = {"x": np.zeros((1, 3, 64, 64), np.float32)}, {"y": np.zeros((1, 10))}
-        found = backend(fake).layer_times(
-            info,
-            {**space.default(), **graph},
-            EnginePaths.under(tmp_path),
-            m.resolve_shapes(info, {}),
-            feeds,
-            outputs,
-            3,
+        shapes = m.resolve_shapes(info, {})
+        profiling = Profiling(
+            info, {**space.default(), **graph}, EnginePaths.under(tmp_path), shapes, feeds, outputs, 3
         )
+        found = backend(fake).layer_times(profiling)
         assert [(n.op_type, n.median_ms) for n in found] == [("Conv+Relu", 0.25), ("Reformat", 0.01)]
         assert len(fake.written("IExecutionContext.profiler")) == 1
         assert len(fake.written("IExecutionContext.execute_async_v3")) == 3  # no CUDA graph: each run profiled
@@ -403,8 +399,9 @@ def test_layer_times_profile_the_trials_kept_plan_without_a_build(
     feeds, outputs = {"x": np.zeros((1, 3, 64, 64), np.float32)}, {"y": np.zeros((1, 10))}
     shapes = m.resolve_shapes(info, {})
     fake.calls.clear()
+    paths = EnginePaths.under(tmp_path)
     found = backend(fake).layer_times(
-        info, space.default(), EnginePaths.under(tmp_path), shapes, feeds, outputs, 2, b"the trial's plan"
+        Profiling(info, space.default(), paths, shapes, feeds, outputs, 2, b"the trial's plan")
     )
     assert [n.median_ms for n in found] == [0.25]
     assert fake.written("Builder.build_serialized_network") == []

@@ -131,6 +131,23 @@ class NodeTime:
 
 
 @dataclass(frozen=True)
+class Profiling:
+    """What :meth:`Backend.layer_times` profiles: ``candidate`` built as a trial builds it, run
+    ``runs`` times on ``feeds``. ``saved``: the engine the trial kept, which an engine that loads its
+    builds (:meth:`Backend.load`) profiles instead of building again; the others make their
+    profiling session anew."""
+
+    model: ModelInfo
+    candidate: Candidate
+    paths: EnginePaths
+    shapes: dict[str, ShapeRange]
+    feeds: Feeds
+    outputs: Feeds
+    runs: int
+    saved: bytes | None = None
+
+
+@dataclass(frozen=True)
 class KnobLimit:
     """A knob a graph cannot use everywhere: ``allowed`` says where it can (None: nowhere), and
     ``reason`` why not elsewhere; ``by_operators`` where the graph's operator types decide it (the
@@ -249,21 +266,9 @@ class Backend(abc.ABC):
         self.build(model, candidate, paths, shapes)
         return []
 
-    def layer_times(
-        self,
-        model: ModelInfo,
-        candidate: Candidate,
-        paths: EnginePaths,
-        shapes: dict[str, ShapeRange],
-        feeds: Feeds,
-        outputs: Feeds,
-        runs: int,
-        saved: bytes | None = None,
-    ) -> list[NodeTime]:
-        """Build ``candidate`` and run it ``runs`` times on ``feeds`` under the engine's own
-        profiler: each operator's or layer's median time, slowest first. ``saved``: the engine the
-        trial kept, which an engine that loads its builds (:meth:`load`) profiles instead of
-        building again; the others make their profiling session anew."""
+    def layer_times(self, profiling: Profiling) -> list[NodeTime]:
+        """Build the candidate and run it under the engine's own profiler (:class:`Profiling`):
+        each operator's or layer's median time, slowest first."""
         raise UserError(f"backend {self.name!r} has no profiler gpt-optuna reads")
 
     def baseline_values(self, path: Path) -> dict[str, Value]:

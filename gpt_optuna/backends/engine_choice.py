@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from gpt_optuna.backends.base import Backend, BuildError, Built, KnobLimit, NodeTime, Runner
+from gpt_optuna.backends.base import Backend, BuildError, Built, KnobLimit, NodeTime, Profiling, Runner
 from gpt_optuna.backends.registry import BACKENDS, load_engine
 from gpt_optuna.core.engine_paths import EnginePaths
 from gpt_optuna.core.engine_spec import AUTO, ENGINE_KNOB, engine_specs, is_composition
@@ -170,18 +170,8 @@ class EngineChoice(Backend):
     ) -> list[KnobLimit]:
         return self.engine(candidate).check_model(model, space, candidate, paths, shapes)
 
-    def layer_times(
-        self,
-        model: ModelInfo,
-        candidate: Candidate,
-        paths: EnginePaths,
-        shapes: dict[str, ShapeRange],
-        feeds: Feeds,
-        outputs: Feeds,
-        runs: int,
-        saved: bytes | None = None,
-    ) -> list[NodeTime]:
-        return self.engine(candidate).layer_times(model, candidate, paths, shapes, feeds, outputs, runs, saved)
+    def layer_times(self, profiling: Profiling) -> list[NodeTime]:
+        return self.engine(profiling.candidate).layer_times(profiling)
 
     def refused_run(self, error: Exception) -> str | None:
         return _first_value(list(self.engines.values()), lambda e: e.refused_run(error))

@@ -4,7 +4,7 @@ under the engine's own profiler (:meth:`Backend.layer_times`)."""
 
 from __future__ import annotations
 
-from gpt_optuna.backends.base import NodeTime
+from gpt_optuna.backends.base import NodeTime, Profiling
 from gpt_optuna.protocol.jobs import ProfileJob
 from gpt_optuna.worker.evaluate import backend_of, samples_of, templates_of, transformed_model
 
@@ -16,6 +16,5 @@ def profile(job: ProfileJob) -> list[NodeTime]:
     backend = backend_of(evaluation.backend)
     feeds, outputs = samples_of(evaluation, model)[0], templates_of(evaluation, model)
     saved = None if evaluation.saved_engine is None else evaluation.saved_engine.read_bytes()
-    return backend.layer_times(
-        model, evaluation.engine_candidate, evaluation.engine_paths, evaluation.shapes, feeds, outputs, job.runs, saved
-    )
+    candidate, paths = evaluation.engine_candidate, evaluation.engine_paths
+    return backend.layer_times(Profiling(model, candidate, paths, evaluation.shapes, feeds, outputs, job.runs, saved))

@@ -22,6 +22,7 @@ from gpt_optuna.backends.base import (
     ExportedTrial,
     KnobLimit,
     NodeTime,
+    Profiling,
     Runner,
     TritonFields,
     import_cupy,
@@ -189,24 +190,15 @@ class InductorBackend(Backend):
             ) from None
         return Built((compiled, saved[0] if saved else None), build_s, BuildFacts(rebuild_s=rebuild_s))
 
-    def layer_times(
-        self,
-        model: ModelInfo,
-        candidate: Candidate,
-        paths: EnginePaths,
-        shapes: dict[str, ShapeRange],
-        feeds: Feeds,
-        outputs: Feeds,
-        runs: int,
-        saved: bytes | None = None,
-    ) -> list[NodeTime]:
+    def layer_times(self, profiling: Profiling) -> list[NodeTime]:
         """The candidate compiled as a trial compiles it, but without CUDA graphs (whose replays the
         profiler does not see) and with Inductor's C++ kernels named to the profiler, then
         :func:`profiled_kernels`."""
+        job, candidate = profiling, profiling.candidate
         profiled = {**candidate, CUDAGRAPHS: False} if CUDAGRAPHS in candidate else dict(candidate)
-        built = self.build(model, profiled, paths, shapes, {"cpp.enable_kernel_profile": True})
-        with self.open(built, feeds, outputs) as runner:
-            return profiled_kernels(runner, runs, self._device() == "cuda")
+        built = self.build(job.model, profiled, job.paths, job.shapes, {"cpp.enable_kernel_profile": True})
+        with self.open(built, job.feeds, job.outputs) as runner:
+            return profiled_kernels(runner, job.runs, self._device() == "cuda")
 
     def open(self, built: Built, feeds: Feeds, outputs: Feeds) -> Runner:
         compiled, _ = built.engine

@@ -14,7 +14,17 @@ from typing import Any
 
 import numpy as np
 
-from gpt_optuna.backends.base import CANNOT_RUN, Backend, BuildError, Built, KnobLimit, NodeTime, Runner, import_cupy
+from gpt_optuna.backends.base import (
+    CANNOT_RUN,
+    Backend,
+    BuildError,
+    Built,
+    KnobLimit,
+    NodeTime,
+    Profiling,
+    Runner,
+    import_cupy,
+)
 from gpt_optuna.backends.onnxruntime import user_settings
 from gpt_optuna.backends.onnxruntime.knobs import (
     applicable_cuda_options,
@@ -96,18 +106,9 @@ class OnnxRuntimeBackend(Backend):
     def execution_providers(self) -> list[str]:
         return usable_providers()
 
-    def layer_times(
-        self,
-        model: ModelInfo,
-        candidate: Candidate,
-        paths: EnginePaths,
-        shapes: dict[str, ShapeRange],
-        feeds: Feeds,
-        outputs: Feeds,
-        runs: int,
-        saved: bytes | None = None,
-    ) -> list[NodeTime]:
-        return profiled_nodes(model.path, candidate, paths.caches, feeds, runs)
+    def layer_times(self, profiling: Profiling) -> list[NodeTime]:
+        job = profiling
+        return profiled_nodes(job.model.path, job.candidate, job.paths.caches, job.feeds, job.runs)
 
     def baseline_values(self, path: Path) -> dict[str, Value]:
         return user_settings.knob_values(user_settings.read_settings(path), f"--baseline-config {path.name}")

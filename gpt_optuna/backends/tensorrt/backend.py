@@ -30,6 +30,7 @@ from gpt_optuna.backends.base import (
     Built,
     KnobLimit,
     NodeTime,
+    Profiling,
     Runner,
     import_cupy,
     nvidia_gpu_seen,
@@ -314,31 +315,22 @@ class TensorRTBackend(Backend):
     def open(self, built: Built, feeds: Feeds, outputs: Feeds) -> Runner:
         return TensorRTRunner(self.trt, built.engine, feeds)
 
-    def layer_times(
-        self,
-        model: ModelInfo,
-        candidate: Candidate,
-        paths: EnginePaths,
-        shapes: dict[str, ShapeRange],
-        feeds: Feeds,
-        outputs: Feeds,
-        runs: int,
-        saved: bytes | None = None,
-    ) -> list[NodeTime]:
+    def layer_times(self, profiling: Profiling) -> list[NodeTime]:
         """Each layer's median time by TensorRT's ``IProfiler``, the engine run without a CUDA graph
         (a graph's launches are not profiled layer by layer), the trial's ``saved`` plan where it
         loads (builds differ); a layer's type is the ONNX operators it was made of, by the node
         names TensorRT gives its layers."""
-        plain = dict(candidate)
+        job, model = profiling, profiling.model
+        plain = dict(job.candidate)
         if "runtime.cuda_graph" in plain:
             plain["runtime.cuda_graph"] = False
         if "runtime.cuda_graph_strategy" in plain:
             plain["runtime.cuda_graph_strategy"] = "DISABLED"
-        loaded = None if saved is None else self.load(model, plain, saved)
-        runner = self.open(loaded or self.build(model, plain, paths, shapes), feeds, outputs)
+        loaded = None if job.saved is None else self.load(model, plain, job.saved)
+        runner = self.open(loaded or self.build(model, plain, job.paths, job.shapes), job.feeds, job.outputs)
         assert isinstance(runner, TensorRTRunner)
         try:
-            times = runner.layer_times(runs)
+            times = runner.layer_times(job.runs)
         finally:
             runner.close()
         kinds = layer_kinds(model.path)
