@@ -189,6 +189,27 @@ def test_triton_accelerators_carry_the_cuda_and_tensorrt_provider_options(tmp_pa
     assert plan.platform == "tensorrt_plan" and plan.optimization.cuda.graphs
 
 
+def test_triton_says_which_provider_option_it_cannot_take(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A searched provider option the accelerator has no field for is named, not dropped."""
+    from gpt_optuna.backends import DEPLOYMENTS
+    from gpt_optuna.backends.onnxruntime import triton
+    from gpt_optuna.backends.onnxruntime.settings import PROVIDER_OPTIONS
+    from gpt_optuna.results.triton import config_text
+
+    assert {row.option for row in PROVIDER_OPTIONS if row.provider == "TensorrtExecutionProvider"} == set(
+        triton.TRITON_NAMES
+    )
+    monkeypatch.setitem(triton.TRITON_NAMES, "trt_auxiliary_streams", None)
+    info = m.ModelInfo(tmp_path / "x.onnx", "", 17, (m.TensorSpec("x", np.dtype("float32"), (1, 3)),), ())
+    trt = {"device_id": "0", "trt_fp16_enable": "0", "trt_auxiliary_streams": "2", "trt_timing_cache_enable": "1"}
+    settings = {"session_options": {"graph_optimization_level": "ORT_ENABLE_ALL"}, "session_config_entries": {}}
+    record = {"study": "s", "trial": 1, "onnxruntime": settings | {"providers": [["TensorrtExecutionProvider", trt]]}}
+    text, left_out = config_text("m", info, SideFile.of(record), DEPLOYMENTS["onnxruntime"])
+    assert left_out == ["trt_auxiliary_streams=2"]
+    (accelerator,) = text_parsed(text).optimization.execution_accelerators.gpu_execution_accelerator
+    assert dict(accelerator.parameters) == {"trt_timing_cache_enable": "1"}  # fp16 off: no precision_mode
+
+
 def text_parsed(text: str) -> object:
     """A ``config.pbtxt`` parsed with Triton's own ModelConfig protobuf."""
     model_config = pytest.importorskip("tritonclient.grpc.model_config_pb2", reason="needs tritonclient[grpc]")

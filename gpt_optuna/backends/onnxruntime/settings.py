@@ -42,6 +42,44 @@ OPTIONAL_GRAPH_LEVELS = ("ORT_DISABLE_ALL", "ORT_ENABLE_BASIC", "ORT_ENABLE_EXTE
 
 
 @dataclass(frozen=True)
+class ProviderOption:
+    """A provider option every version has, set by a knob: read and written by this row alone (the
+    candidate's options, a user's configuration read back, Triton's accelerator). ``triton``: the
+    name Triton's ONNX Runtime backend takes it under (None: Triton has no field for it, and an
+    export to Triton says so); ``absent``: its value where a space lacks the knob (None: every
+    space of the provider has it)."""
+
+    provider: str
+    option: str
+    knob: str
+    triton: str | None
+    absent: Value | None = None
+
+
+PROVIDER_OPTIONS = (
+    ProviderOption(CUDA, "cudnn_conv_algo_search", "cuda.cudnn_conv_algo_search", "cudnn_conv_algo_search"),
+    ProviderOption(CUDA, "use_tf32", "cuda.use_tf32", "use_tf32"),
+    ProviderOption(CUDA, "prefer_nhwc", NHWC, "prefer_nhwc"),
+    ProviderOption(CUDA, "enable_cuda_graph", CUDA_GRAPH, "enable_cuda_graph", absent=False),
+    ProviderOption(
+        CUDA, "cudnn_conv_use_max_workspace", "cuda.cudnn_conv_use_max_workspace", "cudnn_conv_use_max_workspace"
+    ),
+    ProviderOption(
+        TENSORRT, "trt_builder_optimization_level", "trt.builder_optimization_level", "trt_builder_optimization_level"
+    ),
+    ProviderOption(TENSORRT, "trt_fp16_enable", "trt.fp16", "precision_mode"),  # FP16 where on
+    ProviderOption(TENSORRT, "trt_cuda_graph_enable", "trt.cuda_graph", "trt_cuda_graph_enable"),
+    ProviderOption(TENSORRT, "trt_auxiliary_streams", "trt.auxiliary_streams", "trt_auxiliary_streams"),
+)
+"""The provider options every version has, in the order a session is given them."""
+
+
+def option_text(value: Value) -> str:
+    """A knob's value as a provider option string (a flag: 1 or 0)."""
+    return ("1" if value else "0") if isinstance(value, bool) else str(value)
+
+
+@dataclass(frozen=True)
 class CudaOption:
     """A setting of sessions on the CUDA provider beyond the five every version has: provider
     options (``keys``, searched where the installed provider has them all) or a session config
@@ -236,35 +274,19 @@ def session_options(candidate: Candidate) -> Any:
 def provider_options(candidate: Candidate, stream_ptr: int | None, caches: Path) -> dict[str, str]:
     """Map a candidate's provider knobs onto the provider's option strings."""
     provider = candidate["provider"]
-
-    def flag(value: Value) -> str:
-        return "1" if value else "0"
-
+    if provider not in GPU_PROVIDERS:
+        return {}
+    options = {"device_id": "0"}
+    for row in PROVIDER_OPTIONS:
+        if row.provider == provider:
+            value = candidate[row.knob] if row.absent is None else candidate.get(row.knob, row.absent)
+            options[row.option] = option_text(value)
     if provider == CUDA:
-        options = {
-            "device_id": "0",
-            "cudnn_conv_algo_search": str(candidate["cuda.cudnn_conv_algo_search"]),
-            "use_tf32": flag(candidate["cuda.use_tf32"]),
-            "prefer_nhwc": flag(candidate[NHWC]),
-            "enable_cuda_graph": flag(candidate.get(CUDA_GRAPH, False)),
-            "cudnn_conv_use_max_workspace": flag(candidate["cuda.cudnn_conv_use_max_workspace"]),
-        }
         for option in CUDA_OPTIONS:  # the provider options the space has
             if option.keys and option.knob in candidate:
-                value = candidate[option.knob]
-                options |= {key: flag(value) if isinstance(value, bool) else str(value) for key in option.keys}
-    elif provider == TENSORRT:
-        options = {
-            "device_id": "0",
-            "trt_builder_optimization_level": str(candidate["trt.builder_optimization_level"]),
-            "trt_fp16_enable": flag(candidate["trt.fp16"]),
-            "trt_cuda_graph_enable": flag(candidate["trt.cuda_graph"]),
-            "trt_auxiliary_streams": str(candidate["trt.auxiliary_streams"]),
-            "trt_timing_cache_enable": "1",
-            "trt_timing_cache_path": str(caches),
-        }
+                options |= dict.fromkeys(option.keys, option_text(candidate[option.knob]))
     else:
-        return {}
+        options |= {"trt_timing_cache_enable": "1", "trt_timing_cache_path": str(caches)}
     if stream_ptr is not None:
         options["has_user_compute_stream"] = "1"
         options["user_compute_stream"] = str(stream_ptr)

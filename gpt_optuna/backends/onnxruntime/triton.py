@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from gpt_optuna.backends.base import TritonFields
-from gpt_optuna.backends.onnxruntime.settings import CPU, CUDA, TENSORRT
+from gpt_optuna.backends.onnxruntime.settings import CPU, CUDA, PROVIDER_OPTIONS, TENSORRT
 from gpt_optuna.backends.side_file import SideFile
 
 GRAPH_LEVELS = {"ORT_ENABLE_ALL": None, "ORT_ENABLE_BASIC": -1, "ORT_ENABLE_EXTENDED": 1, "ORT_DISABLE_ALL": 2}
@@ -23,14 +23,13 @@ SESSION_PARAMETERS = {
 CONFIG_DEFAULTS = {"session.intra_op.allow_spinning": "1", "session.set_denormal_as_zero": "0"}
 """ONNX Runtime's own values for the session config entries the search sets: one at its default
 needs no field in Triton's configuration."""
-TENSORRT_ACCELERATOR = {
-    "trt_builder_optimization_level": "trt_builder_optimization_level",
-    "trt_cuda_graph_enable": "trt_cuda_graph_enable",
-    "trt_auxiliary_streams": "trt_auxiliary_streams",
-    "trt_timing_cache_enable": "trt_timing_cache_enable",
-}
-"""TensorRT provider options the backend's ``tensorrt`` accelerator takes under the same names
-(``trt_fp16_enable`` is its ``precision_mode``)."""
+TRITON_NAMES = {row.option: row.triton for row in PROVIDER_OPTIONS if row.provider == TENSORRT}
+"""The searched TensorRT provider options by the names the backend's ``tensorrt`` accelerator takes
+them under (None: it has no field for one)."""
+PRECISION_MODE = "precision_mode"
+"""The accelerator's precision: ``FP16`` where the trial enabled fp16."""
+KEPT_CACHE = "trt_timing_cache_enable"
+"""The timing cache, on as the trial had it; Triton keeps the cache where it chooses."""
 
 
 def triton_fields(record: SideFile) -> TritonFields:
@@ -71,9 +70,16 @@ def _accelerator(provider: str, options: dict[str, str], left_out: list[str]) ->
         chosen = {k: v for k, v in options.items() if k != "device_id"}  # Triton picks the device
         name = "cuda"
     elif provider == TENSORRT:
-        chosen = {TENSORRT_ACCELERATOR[k]: v for k, v in options.items() if k in TENSORRT_ACCELERATOR}
-        if options.get("trt_fp16_enable") == "1":
-            chosen["precision_mode"] = "FP16"
+        chosen, precision = {}, {}
+        for key, value in options.items():
+            triton = KEPT_CACHE if key == KEPT_CACHE else TRITON_NAMES.get(key, "")
+            if triton == PRECISION_MODE:
+                precision = {PRECISION_MODE: "FP16"} if value == "1" else {}  # off: Triton's default, FP32
+            elif triton is None:
+                left_out.append(f"{key}={value}")
+            elif triton:
+                chosen[triton] = value
+        chosen |= precision
         name = "tensorrt"
     else:
         return ""

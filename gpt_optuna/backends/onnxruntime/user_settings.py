@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from gpt_optuna.backends.onnxruntime.settings import CPU, CUDA, CUDA_GRAPH, CUDA_OPTIONS, GRAPH_LEVEL, NHWC, TENSORRT
+from gpt_optuna.backends.onnxruntime.settings import CPU, CUDA, CUDA_OPTIONS, GRAPH_LEVEL, PROVIDER_OPTIONS, TENSORRT
 from gpt_optuna.core.errors import UserError
 from gpt_optuna.core.space import Value
 
@@ -38,22 +38,10 @@ _ENTRIES = {
     "session.set_denormal_as_zero": "denormal_as_zero",
 } | {o.entry: o.knob for o in CUDA_OPTIONS if o.entry is not None}
 _PROVIDER_OPTIONS = {
-    CUDA: {
-        "cudnn_conv_algo_search": "cuda.cudnn_conv_algo_search",
-        "use_tf32": "cuda.use_tf32",
-        "prefer_nhwc": NHWC,
-        "enable_cuda_graph": CUDA_GRAPH,
-        "cudnn_conv_use_max_workspace": "cuda.cudnn_conv_use_max_workspace",
-    }
-    | {key: o.knob for o in CUDA_OPTIONS for key in o.keys},
-    TENSORRT: {
-        "trt_builder_optimization_level": "trt.builder_optimization_level",
-        "trt_fp16_enable": "trt.fp16",
-        "trt_cuda_graph_enable": "trt.cuda_graph",
-        "trt_auxiliary_streams": "trt.auxiliary_streams",
-    },
-    CPU: {},
+    provider: {row.option: row.knob for row in PROVIDER_OPTIONS if row.provider == provider}
+    for provider in (CUDA, TENSORRT, CPU)
 }
+_PROVIDER_OPTIONS[CUDA] |= {key: o.knob for o in CUDA_OPTIONS for key in o.keys}
 _PLACEMENT = frozenset({"device_id", "has_user_compute_stream", "user_compute_stream"})
 """Provider options that say where a session runs, not how: the tuner sets its own."""
 _CACHES = frozenset({"trt_timing_cache_enable", "trt_timing_cache_path", "trt_engine_cache_enable"})
