@@ -32,9 +32,9 @@ from gpt_optuna.cli import main as cli
 from gpt_optuna.core.measure_settings import MeasureSettings
 from gpt_optuna.graph.precision import PRECISIONS, QUANTIZED, is_precision_knob
 from gpt_optuna.search.config import TuneConfig
-from gpt_optuna.search.progress import Progress
-from gpt_optuna.search.tune import tune
 from gpt_optuna.study.taxonomy import trial_status
+from gpt_optuna.usecases.progress import Progress
+from gpt_optuna.usecases.tune import tune
 
 SHAPE = "input:1x3x224x224"
 

@@ -32,10 +32,10 @@ from benchmarks.peer_timing import Timing, time_calls
 from benchmarks.peers import cosine
 from gpt_optuna.graph.feeds import save_npz
 from gpt_optuna.protocol.jobs import EvaluateJob
+from gpt_optuna.remeasure.finalists import template_from_study
 from gpt_optuna.search.config import TuneConfig
-from gpt_optuna.search.finalists import template_from_study
-from gpt_optuna.search.progress import Progress
-from gpt_optuna.search.tune import tune
+from gpt_optuna.usecases.progress import Progress
+from gpt_optuna.usecases.tune import tune
 from gpt_optuna.worker.evaluate import open_candidate
 
 FORMS = {

@@ -22,9 +22,9 @@ import optuna
 from benchmarks.models import minilm_onnx, mobilenet_v2_onnx
 from gpt_optuna.core.measure_settings import MeasureSettings
 from gpt_optuna.search.config import TuneConfig
-from gpt_optuna.search.progress import Progress
-from gpt_optuna.search.tune import tune
 from gpt_optuna.study.summary import summarize_study
+from gpt_optuna.usecases.progress import Progress
+from gpt_optuna.usecases.tune import tune
 
 
 def resnet50(cache: Path, batch: int) -> Path:

@@ -39,10 +39,10 @@ from benchmarks.overhead import MODEL, SYNTHETIC, Recorder, Timings, per_trial
 from gpt_optuna.core.space import Space
 from gpt_optuna.search.config import TuneConfig, read_toml
 from gpt_optuna.search.sampling import base_sampler
-from gpt_optuna.search.tune import tune
 from gpt_optuna.study.record import SPACE_ATTR
 from gpt_optuna.study.storage import open_storage, storage_file
 from gpt_optuna.study.trial_record import PROPOSED_ATTR
+from gpt_optuna.usecases.tune import tune
 
 SPACE = """[measure]
 budget_s = 0.005

@@ -28,10 +28,10 @@ import optuna
 from gpt_optuna.core.space import Candidate, Space
 from gpt_optuna.protocol.outcome import TrialResult
 from gpt_optuna.search.config import TuneConfig, read_toml
-from gpt_optuna.search.progress import Progress
 from gpt_optuna.search.sampling import make_sampler
-from gpt_optuna.search.tune import tune
 from gpt_optuna.study.record import SPACE_ATTR
+from gpt_optuna.usecases.progress import Progress
+from gpt_optuna.usecases.tune import tune
 from gpt_optuna.worker.self_test import TINY_MODEL
 
 MODEL = TINY_MODEL

@@ -48,12 +48,12 @@ from benchmarks.kernel_profile import kernel_profile
 from benchmarks.models import CRITERION, minilm_onnx, mobilenet_v2_onnx, photo_batch
 from benchmarks.peer_timing import Timing, time_calls
 from gpt_optuna.graph.feeds import save_npz
+from gpt_optuna.remeasure.finalists import confirm, template_from_study
 from gpt_optuna.search.config import TuneConfig
-from gpt_optuna.search.finalists import confirm, template_from_study
-from gpt_optuna.search.progress import Progress
-from gpt_optuna.search.tune import tune
 from gpt_optuna.study.summary import finished_count, summarize_study
 from gpt_optuna.study.trial_record import TrialRecord
+from gpt_optuna.usecases.progress import Progress
+from gpt_optuna.usecases.tune import tune
 from gpt_optuna.worker.evaluate import open_candidate
 
 PEERS = ("onnxruntime", "eager32", "eager16", "reduce-overhead", "max-autotune", "olive")

@@ -47,11 +47,11 @@ from gpt_optuna.core.space import Space, Value, candidate_key
 from gpt_optuna.graph.feeds import save_npz
 from gpt_optuna.graph.model_profile import ModelProfile, profile_of
 from gpt_optuna.search.config import TuneConfig
-from gpt_optuna.search.preparation import offered_space
-from gpt_optuna.search.progress import Progress
-from gpt_optuna.search.tune import tune
 from gpt_optuna.study.record import FINGERPRINT_ATTR, SPACE_ATTR
 from gpt_optuna.study.taxonomy import has_own_result, retried_numbers
+from gpt_optuna.usecases.preparation import offered_space
+from gpt_optuna.usecases.progress import Progress
+from gpt_optuna.usecases.tune import tune
 
 HERE = Path(__file__).resolve().parent
 

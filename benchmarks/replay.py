@@ -73,9 +73,9 @@ from gpt_optuna.search.lanes import TrialBudget, run_lanes
 from gpt_optuna.search.objective import Lane, Objective
 from gpt_optuna.search.sampling import FreshSampler, check_sampler, is_transform_knob, make_sampler
 from gpt_optuna.search.transfer import TransferQueue
-from gpt_optuna.search.tune import first_candidates
 from gpt_optuna.study.record import FINGERPRINT_ATTR
 from gpt_optuna.study.resume import open_study
+from gpt_optuna.usecases.tune import first_candidates
 
 STRATEGIES = ("random order", "grid", "optuna random", "default", "seeds", "transfer only", "transfer", "misled only")
 WARM_STARTED = ("transfer only", "transfer", "misled only")

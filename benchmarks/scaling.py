@@ -28,7 +28,7 @@ import optuna
 
 from benchmarks.models import CRITERION, mobilenet_v2_onnx, photos
 from gpt_optuna.graph.feeds import save_npz
-from gpt_optuna.search.finalists import interleave, template_from_study
+from gpt_optuna.remeasure.finalists import interleave, template_from_study
 from gpt_optuna.search.lanes import pinned
 from gpt_optuna.study.evidence import speedups
 from gpt_optuna.study.storage import open_storage

@@ -13,12 +13,12 @@ from typing import TYPE_CHECKING, Any
 from gpt_optuna.core.errors import GptOptunaError, UserError
 
 if TYPE_CHECKING:
-    from gpt_optuna.api.check import check
-    from gpt_optuna.api.check_outcome import CheckResult
     from gpt_optuna.api.exporting import Exported
     from gpt_optuna.api.study import Baseline, DeployChoice, TunedStudy, Winner, load
     from gpt_optuna.api.tuning import tune
     from gpt_optuna.backends.onnxruntime.deploy import open_session
+    from gpt_optuna.usecases.check import check
+    from gpt_optuna.usecases.check_outcome import CheckResult
 
 __version__ = "0.1.0"
 
@@ -30,8 +30,8 @@ _LAZY = {
     "Baseline": "gpt_optuna.api.study",
     "DeployChoice": "gpt_optuna.api.study",
     "Exported": "gpt_optuna.api.exporting",
-    "check": "gpt_optuna.api.check",
-    "CheckResult": "gpt_optuna.api.check_outcome",
+    "check": "gpt_optuna.usecases.check",
+    "CheckResult": "gpt_optuna.usecases.check_outcome",
     "open_session": "gpt_optuna.backends.onnxruntime.deploy",
 }
 

@@ -101,8 +101,8 @@ def test_export_says_when_the_verdict_keeps_your_configuration(tmp_path: Path) -
 
 
 def test_a_gpu_providers_host_timed_nodes_are_said_to_be_launch_times() -> None:
-    from gpt_optuna.api.profile import Profile
     from gpt_optuna.backends.base import NodeTime
+    from gpt_optuna.usecases.profile import Profile
 
     cpu = [NodeTime("conv", "Conv", "CPUExecutionProvider", 0.5)]
     gpu = [
@@ -119,9 +119,9 @@ def test_a_gpu_providers_host_timed_nodes_are_said_to_be_launch_times() -> None:
 def test_profile_rounds_show_their_spread_and_a_contradiction_of_the_recorded_verdict_is_named() -> None:
     from test_verdict_words import study_confirmed
 
-    from gpt_optuna.api.profile import Profile, contradiction
     from gpt_optuna.backends.base import NodeTime
     from gpt_optuna.study.summary import summarize_study
+    from gpt_optuna.usecases.profile import Profile, contradiction
 
     nodes = [NodeTime("conv", "Conv", "CPUExecutionProvider", 0.5)]
     flips = Profile("trial 1", "trial 0", nodes, nodes, 10, ((67.7, 107.0), (128.6, 100.5), (150.2, 110.0)))
@@ -143,9 +143,9 @@ def test_profile_rounds_show_their_spread_and_a_contradiction_of_the_recorded_ve
 
 
 def test_an_inconclusive_comparison_names_what_widened_its_interval() -> None:
-    from gpt_optuna.api.compare import Comparison, Side
     from gpt_optuna.protocol.outcome import Outcome, TrialResult
     from gpt_optuna.study.evidence import judge, speedups
+    from gpt_optuna.usecases.compare import Comparison, Side
 
     labels = np.repeat(np.arange(3), 12)
     scattered = np.exp(np.random.default_rng(5).normal(0.2, 0.4, 12))  # the same rounds in each process

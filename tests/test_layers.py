@@ -105,8 +105,8 @@ def test_the_page_lists_every_module_and_no_other() -> None:
 
 def test_the_layering_check_catches_an_upward_import(tmp_path: Path) -> None:
     upward = tmp_path / "upward.py"
-    upward.write_text("def f():\n    from gpt_optuna.search.tune import tune\n")
-    assert "gpt_optuna.search.tune" in imports(upward)
+    upward.write_text("def f():\n    from gpt_optuna.usecases.tune import tune\n")
+    assert "gpt_optuna.usecases.tune" in imports(upward)
 
 
 TRIAL_RECORD = "gpt_optuna.study.trial_record"
@@ -138,7 +138,7 @@ def test_the_trial_record_check_catches_a_read(tmp_path: Path) -> None:
 
 
 WORKER = "gpt_optuna.worker"
-TUNER_LAYERS = ("results", "search", "api", "cli")
+TUNER_LAYERS = ("results", "search", "remeasure", "usecases", "api", "cli")
 """The layers only the tuner runs (the page's table says where each runs)."""
 
 
@@ -306,7 +306,7 @@ def test_the_trial_write_check_catches_a_write(tmp_path: Path) -> None:
     assert trial_attr_writes(writer) == [3, 4]
 
 
-CONFIG_HOLDERS = {"gpt_optuna.search.tune", "gpt_optuna.search.preparation", "gpt_optuna.cli.commands"}
+CONFIG_HOLDERS = {"gpt_optuna.usecases.tune", "gpt_optuna.usecases.preparation", "gpt_optuna.cli.commands"}
 """The modules that take tune's whole configuration: the run itself, its preparation, the command
 line that makes it; every other step takes the typed parts it needs (``TuneConfig.data``, ``.kind``,
 ``.finalists``, a name, a deadline)."""

@@ -19,7 +19,7 @@ from gpt_optuna.core.errors import UserError
 
 def test_notes_go_to_stderr_and_results_to_stdout(capsys: pytest.CaptureFixture[str]) -> None:
     log.configure(0)
-    say = log.logger("gpt_optuna.search.progress")
+    say = log.logger("gpt_optuna.usecases.progress")
     say.info("a note")
     say.info("the summary", extra=log.RESULT)
     say.debug("a detail")
@@ -79,7 +79,7 @@ def test_tune_says_its_notes_at_every_verbosity_but_qq(cnn_path: Path, capfd: py
     said = capfd.readouterr()
     assert "new study a" in said.err and "verdict: " in said.out
     kept = Path("a.log").read_text()
-    assert "INFO gpt_optuna.search.progress: new study a" in kept
+    assert "INFO gpt_optuna.usecases.progress: new study a" in kept
     assert main([*argv, "--study-name", "b", "-qq"]) == 0
     said = capfd.readouterr()
     assert "new study" not in said.err and "verdict: " in said.out

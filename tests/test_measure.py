@@ -13,8 +13,8 @@ from conftest import SYNTHETIC
 
 from gpt_optuna.cli import main
 from gpt_optuna.core.measure_settings import MeasureSettings
+from gpt_optuna.remeasure.finalists import confirm, template_from_study
 from gpt_optuna.results.summary_text import format_confirmed
-from gpt_optuna.search.finalists import confirm, template_from_study
 from gpt_optuna.study.evidence import speedups
 from gpt_optuna.study.summary import StudySummary
 from gpt_optuna.worker.measure import interleaved_rounds, measure_with, median_rel_ci

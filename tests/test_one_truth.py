@@ -16,7 +16,6 @@ import pytest
 from conftest import SYNTHETIC, load, printed, run_notebook, synthetic_config, tune
 from optuna.trial import TrialState
 
-from gpt_optuna.api.check_record import recorded_latency
 from gpt_optuna.backends.side_file import SideFile
 from gpt_optuna.cli import main
 from gpt_optuna.core.errors import EXIT_INCONCLUSIVE
@@ -24,6 +23,7 @@ from gpt_optuna.results.figures import history_figure, pareto_figure
 from gpt_optuna.results.report import best_rows
 from gpt_optuna.results.rows import collect, error_axis, marks
 from gpt_optuna.study.summary import summarize_study
+from gpt_optuna.usecases.check_record import recorded_latency
 
 CNN = str(Path(__file__).parent.parent / "gpt_optuna/data/small_cnn.onnx")
 STUDY = "small_cnn-syntheticbackend"
@@ -197,7 +197,7 @@ def test_a_winner_whose_interval_includes_one_is_no_improvement_said_first_and_n
     finalist's interval moved across 1.0 (the mapping from confirmed figures to what is said)."""
     from gpt_optuna.results.summary_text import headline
     from gpt_optuna.search.config import TuneConfig
-    from gpt_optuna.search.tune import next_steps
+    from gpt_optuna.usecases.tune import next_steps
 
     config = synthetic_config(tmp_path, 'mode = "ok"\ndelay_us = [200, 100]\nbuild_ms = [0]\na = [0]\nb = [0]\nc = "x"')
     argv = [CNN, "--backend", SYNTHETIC, "--config", str(config), "--n-trials", "2", "--confirm-top", "1"]

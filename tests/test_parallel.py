@@ -375,7 +375,7 @@ def test_gpus_without_a_gpu_is_one_line(cnn_path: Path, capsys: pytest.CaptureFi
 
 
 def test_a_worker_stops_when_the_search_it_joined_ends(cnn_path: Path, tmp_path: Path) -> None:
-    from gpt_optuna.search.join import search_deadline
+    from gpt_optuna.usecases.join import search_deadline
 
     now = time.monotonic()
     assert search_deadline(None, None) is None

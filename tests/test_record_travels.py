@@ -15,9 +15,9 @@ import optuna
 import pytest
 from conftest import tune
 
-from gpt_optuna.api.check_record import recorded_metric
 from gpt_optuna.cli import main
 from gpt_optuna.core.errors import UserError
+from gpt_optuna.usecases.check_record import recorded_metric
 
 AGREE = '''
 import numpy as np

@@ -17,8 +17,8 @@ from gpt_optuna.graph.model_profile import ModelProfile, profile_of
 from gpt_optuna.graph.precision import precision_knobs
 from gpt_optuna.search.config import TuneConfig
 from gpt_optuna.search.seeds import WARM_PER_STUDY, WarmStart, speed_seed
-from gpt_optuna.search.tune import first_candidates
 from gpt_optuna.study.record import FINGERPRINT_ATTR, StudyRecord
+from gpt_optuna.usecases.tune import first_candidates
 
 LEVELS = ["ORT_DISABLE_ALL", "ORT_ENABLE_BASIC", "ORT_ENABLE_ALL"]
 ORT = OnnxRuntimeBackend()

@@ -19,9 +19,10 @@ from optuna.trial import TrialState, create_trial
 
 from gpt_optuna.core.measure_settings import MeasureSettings
 from gpt_optuna.protocol.timing import MIN_ROUNDS, ROUNDS, block_for
-from gpt_optuna.search.finalists import process_seconds, warm_up_seconds
+from gpt_optuna.remeasure.finalists import process_seconds, warm_up_seconds
 from gpt_optuna.search.ledger import StudyLedger
-from gpt_optuna.search.time_budget import (
+from gpt_optuna.study.trial_record import ONE_OFF
+from gpt_optuna.usecases.time_budget import (
     CONFIRM_SHARE,
     FINISH_S,
     MIN_PROCESSES,
@@ -32,7 +33,6 @@ from gpt_optuna.search.time_budget import (
     smallest_confirmation,
     smallest_timeout_s,
 )
-from gpt_optuna.study.trial_record import ONE_OFF
 
 CLI = [sys.executable, "-m", "gpt_optuna.cli"]
 SETTINGS = MeasureSettings()

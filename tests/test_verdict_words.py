@@ -11,11 +11,11 @@ from optuna.trial import create_trial
 
 from gpt_optuna.cli import main
 from gpt_optuna.results.summary_text import format_summary, headline
-from gpt_optuna.search.host_check import HostCheck, gpu_clock_lines
-from gpt_optuna.search.tune import advise
 from gpt_optuna.study.confirmation import summarize_rounds
 from gpt_optuna.study.record import CONFIRMED_ATTR, HOST_ATTR, SPACE_ATTR
 from gpt_optuna.study.summary import summarize_study
+from gpt_optuna.usecases.host_check import HostCheck, gpu_clock_lines
+from gpt_optuna.usecases.tune import advise
 
 
 def study_confirmed(

@@ -9,6 +9,7 @@ import optuna
 
 from gpt_optuna.backends.side_file import SideFile
 from gpt_optuna.core.errors import UserError
+from gpt_optuna.core.files import writable_file
 
 
 @dataclass(frozen=True)
@@ -19,15 +20,6 @@ class Exported:
     path: Path
     record: Path
     lines: tuple[str, ...]
-
-
-def writable_file(path: Path) -> Path:
-    """``path`` if a file can be written there: its folder exists and it is not a folder itself."""
-    if path.is_dir():
-        raise UserError(f"{path} is a folder: give a file name to write")
-    if not path.parent.is_dir():
-        raise UserError(f"the folder {path.parent} does not exist")
-    return path
 
 
 def export(

@@ -17,10 +17,10 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import optuna
 
-from gpt_optuna.api.exporting import Exported, export, writable_file
+from gpt_optuna.api.exporting import Exported, export
 from gpt_optuna.core import interrupts
 from gpt_optuna.core.errors import UserError
-from gpt_optuna.core.files import atomic_write
+from gpt_optuna.core.files import atomic_write, writable_file
 from gpt_optuna.core.log import RESULT, tell
 from gpt_optuna.core.words import counted
 from gpt_optuna.protocol.timing import ROUNDS
@@ -47,9 +47,9 @@ from gpt_optuna.study.trial_record import TrialRecord
 if TYPE_CHECKING:
     import pandas
 
-    from gpt_optuna.api.check_outcome import CheckResult
-    from gpt_optuna.api.compare import Comparison
-    from gpt_optuna.api.profile import Profile
+    from gpt_optuna.usecases.check_outcome import CheckResult
+    from gpt_optuna.usecases.compare import Comparison
+    from gpt_optuna.usecases.profile import Profile
 
 
 def _teller(progress: bool) -> Callable[[str], None]:
@@ -412,8 +412,8 @@ class TunedStudy:
         fresh processes (``gpt-optuna confirm``), printing its progress and the summary; returns
         itself, read again. Ctrl-C (a notebook's interrupt) keeps the rounds measured so far, prints
         the summary and raises KeyboardInterrupt."""
+        from gpt_optuna.remeasure.finalists import confirm, template_from_study
         from gpt_optuna.results.winner import record_winner
-        from gpt_optuna.search.finalists import confirm, template_from_study
         from gpt_optuna.study.folder import StudyFolder
 
         if top < 1 or processes < 1 or rounds < 3:
@@ -459,7 +459,7 @@ class TunedStudy:
         """Time ``a`` and ``b`` (trial numbers, ``"baseline"``, ``"yours"`` or ONNX model paths) on
         the study's inputs, interleaved in fresh processes (``gpt-optuna compare``); the verdict is
         B's speedup over A, beside each one's outputs against the study's reference."""
-        from gpt_optuna.api.compare import compare
+        from gpt_optuna.usecases.compare import compare
 
         timeout_s = parse_duration(timeout) if timeout else None
         with interrupts.handled():
@@ -476,7 +476,7 @@ class TunedStudy:
         """Where ``trial``'s time goes (default: :attr:`deploy`'s), operator by operator, beside the
         baseline's, by the engine's own profiler, in ``rounds`` rounds of fresh processes
         (``gpt-optuna profile``)."""
-        from gpt_optuna.api.profile import profile
+        from gpt_optuna.usecases.profile import profile
 
         return profile(self.study, None if trial is None else str(trial), runs, _teller(progress), rounds)
 
@@ -492,8 +492,8 @@ class TunedStudy:
         """Check a (changed) model against what this study recommends deploying, as ``gpt-optuna
         check`` does against an export's record: :attr:`deploy` is exported with its record into
         ``checks/`` in the study's folder, and :func:`gpt_optuna.check` runs with the options."""
-        from gpt_optuna.api.check import check
         from gpt_optuna.study.folder import StudyFolder
+        from gpt_optuna.usecases.check import check
 
         folder = StudyFolder.of(self.study).check_run(time.strftime("%Y%m%d-%H%M%S"))
         folder.mkdir(parents=True, exist_ok=True)

@@ -20,9 +20,9 @@ from gpt_optuna.core import interrupts
 from gpt_optuna.core.errors import UserError
 from gpt_optuna.search.config import TuneConfig, absolute_storage, measure_settings, read_toml
 from gpt_optuna.search.options import OPTIONS, Option, parse_duration
-from gpt_optuna.search.progress import Progress, in_notebook
-from gpt_optuna.search.tune import TuneEnd
-from gpt_optuna.search.tune import tune as run_search
+from gpt_optuna.usecases.progress import Progress, in_notebook
+from gpt_optuna.usecases.tune import TuneEnd
+from gpt_optuna.usecases.tune import tune as run_search
 
 
 def tune(

@@ -62,7 +62,7 @@ def _open_existing(args: argparse.Namespace) -> Any:
 
 
 def print_space(config: TuneConfig, as_json: bool) -> int:
-    from gpt_optuna.search.preparation import offered_space
+    from gpt_optuna.usecases.preparation import offered_space
 
     notes: list[str] = []
     say = (lambda text: print(text, file=sys.stderr)) if not as_json else (lambda _: None)
@@ -103,8 +103,8 @@ def _tune_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def _tune(args: argparse.Namespace, argv: list[str]) -> int:
-    from gpt_optuna.search.progress import Progress
-    from gpt_optuna.search.tune import tune
+    from gpt_optuna.usecases.progress import Progress
+    from gpt_optuna.usecases.tune import tune
 
     progress = Progress(enabled=not args.quiet)
     end = tune(tune_config(args), progress)
@@ -137,7 +137,7 @@ def _check_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def _check(args: argparse.Namespace, _: list[str]) -> int:
-    from gpt_optuna.api.check import gate
+    from gpt_optuna.usecases.check import gate
 
     options = (args.config, args.junit, args.update, not args.quiet, args.metric)
     return gate(args.model, args.baseline, args.budget, args.tolerance, *options).code
@@ -172,8 +172,8 @@ def _worker_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def _worker(args: argparse.Namespace, _: list[str]) -> int:
-    from gpt_optuna.search.join import JoinConfig, join
-    from gpt_optuna.search.progress import Progress
+    from gpt_optuna.usecases.join import JoinConfig, join
+    from gpt_optuna.usecases.progress import Progress
 
     config = JoinConfig(
         storage=storage_url(args.storage),

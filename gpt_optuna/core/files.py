@@ -23,6 +23,8 @@ from pathlib import Path
 
 from filelock import FileLock, Timeout
 
+from gpt_optuna.core.errors import UserError
+
 
 @contextlib.contextmanager
 def atomic_path(path: Path, keep_suffix: bool = False) -> Iterator[Path]:
@@ -221,3 +223,12 @@ def _running(pid: int) -> bool:
     except OSError:
         return True
     return True
+
+
+def writable_file(path: Path) -> Path:
+    """``path`` if a file can be written there: its folder exists and it is not a folder itself."""
+    if path.is_dir():
+        raise UserError(f"{path} is a folder: give a file name to write")
+    if not path.parent.is_dir():
+        raise UserError(f"the folder {path.parent} does not exist")
+    return path

@@ -22,9 +22,9 @@ from gpt_optuna.core.log import RESULT, tell
 from gpt_optuna.core.space import Space
 from gpt_optuna.core.words import counted
 from gpt_optuna.graph.model import load_model_info
+from gpt_optuna.remeasure.finalists import template_from_study
 from gpt_optuna.results.summary_text import format_summary
 from gpt_optuna.search.config import DEFAULT_TRIAL_TIMEOUT_S
-from gpt_optuna.search.finalists import template_from_study
 from gpt_optuna.search.lanes import (
     TrialBudget,
     measured_on,
@@ -32,15 +32,15 @@ from gpt_optuna.search.lanes import (
     warming,
 )
 from gpt_optuna.search.objective import OWNER, Objective
-from gpt_optuna.search.progress import Progress
 from gpt_optuna.search.sampling import make_sampler
-from gpt_optuna.search.session import SearchSession, begin_search
 from gpt_optuna.study.artifacts import artifact_folder, fetch
 from gpt_optuna.study.folder import StudyFolder
 from gpt_optuna.study.record import SearchRecord, StudyRecord, recorded_space
 from gpt_optuna.study.storage import load_study, open_storage
 from gpt_optuna.study.summary import finished_count, summarize_study
 from gpt_optuna.study.trial_record import TrialRecord
+from gpt_optuna.usecases.progress import Progress
+from gpt_optuna.usecases.session import SearchSession, begin_search
 
 
 @dataclass(frozen=True)

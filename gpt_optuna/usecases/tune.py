@@ -25,13 +25,12 @@ from gpt_optuna.core.space import Candidate, CandidateKey, Space, candidate_key
 from gpt_optuna.core.words import counted
 from gpt_optuna.graph.model_profile import ModelProfile
 from gpt_optuna.protocol.jobs import EvaluateJob
+from gpt_optuna.remeasure.finalists import ConfirmationFailed, confirm
 from gpt_optuna.results.export import export_suffix
 from gpt_optuna.results.winner import name_objectives, record_winner
 from gpt_optuna.search.config import FinalistPlan, TuneConfig, study_flags
 from gpt_optuna.search.engines import KEPT_ENGINES
 from gpt_optuna.search.error_objective import error_objective_note
-from gpt_optuna.search.finalists import ConfirmationFailed, confirm
-from gpt_optuna.search.host_check import look
 from gpt_optuna.search.lanes import (
     TrialBudget,
     pinned,
@@ -40,20 +39,8 @@ from gpt_optuna.search.lanes import (
     warming,
 )
 from gpt_optuna.search.objective import Objective
-from gpt_optuna.search.phases import Phases
-from gpt_optuna.search.preparation import Prepared, check_resumable, fingerprint, load_inputs, prepare
-from gpt_optuna.search.progress import Progress
 from gpt_optuna.search.sampling import FreshSampler, check_sampler, make_sampler
 from gpt_optuna.search.seeds import WarmStart, speed_seeds, warm_start
-from gpt_optuna.search.session import SearchSession, begin_search
-from gpt_optuna.search.time_budget import (
-    FILL_ROUNDS,
-    FINISH_S,
-    EndingReserve,
-    Refreshed,
-    plan_confirmation,
-    refresh_s,
-)
 from gpt_optuna.search.transfer import TransferQueue
 from gpt_optuna.search.your_configuration import your_candidate
 from gpt_optuna.study.artifacts import artifact_folder, publish
@@ -65,6 +52,19 @@ from gpt_optuna.study.resume import open_study, recorded_fingerprint
 from gpt_optuna.study.storage import SQLITE_COMPANIONS, open_storage, storage_file
 from gpt_optuna.study.summary import StudySummary, finished_count
 from gpt_optuna.study.trial_record import ENGINE_DEFAULTS_ATTR, SEEDED, YOURS_ATTR
+from gpt_optuna.usecases.host_check import look
+from gpt_optuna.usecases.phases import Phases
+from gpt_optuna.usecases.preparation import Prepared, check_resumable, fingerprint, load_inputs, prepare
+from gpt_optuna.usecases.progress import Progress
+from gpt_optuna.usecases.session import SearchSession, begin_search
+from gpt_optuna.usecases.time_budget import (
+    FILL_ROUNDS,
+    FINISH_S,
+    EndingReserve,
+    Refreshed,
+    plan_confirmation,
+    refresh_s,
+)
 
 
 @dataclass(frozen=True)

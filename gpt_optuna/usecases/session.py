@@ -18,9 +18,9 @@ from gpt_optuna.core.log import verbosity
 from gpt_optuna.protocol.process import Worker
 from gpt_optuna.search.lanes import TrialBudget, check_devices, lane_gpus, make_lanes, open_workers, run_lanes
 from gpt_optuna.search.objective import Lane, Objective
-from gpt_optuna.search.progress import Progress
 from gpt_optuna.study.folder import StudyFolder
 from gpt_optuna.study.recovery import tuner_presence
+from gpt_optuna.usecases.progress import Progress
 
 
 def begin_search() -> None:

@@ -29,15 +29,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from gpt_optuna.api.check_outcome import (
-    CheckResult,
-    Outcome,
-    compare_absolute,
-    compare_on_this_host,
-    exit_code,
-    write_junit,
-)
-from gpt_optuna.api.check_record import exported_model, load_record, read_samples, recorded_latency, shape_flags
 from gpt_optuna.backends.side_file import SideFile
 from gpt_optuna.core import interrupts
 from gpt_optuna.core.errors import UserError
@@ -46,11 +37,9 @@ from gpt_optuna.core.words import counted
 from gpt_optuna.graph import model as model_io
 from gpt_optuna.graph.transforms import is_transform_knob
 from gpt_optuna.protocol.accuracy import parse_criterion
-from gpt_optuna.protocol.jobs import MetricJob, reference_outputs
+from gpt_optuna.protocol.jobs import EvaluateJob, MetricJob, reference_outputs
 from gpt_optuna.protocol.timing import BLOCK
-from gpt_optuna.results.export import export_trial
-from gpt_optuna.search.config import FinalistPlan, TuneConfig, check_study_name, default_storage, study_flags
-from gpt_optuna.search.finalists import (
+from gpt_optuna.remeasure.finalists import (
     CPU_SETTLE_S,
     interleave,
     kept_evaluations,
@@ -58,6 +47,8 @@ from gpt_optuna.search.finalists import (
     quiet_seconds,
     round_seconds,
 )
+from gpt_optuna.results.export import export_trial
+from gpt_optuna.search.config import FinalistPlan, TuneConfig, check_study_name, default_storage, study_flags
 from gpt_optuna.search.options import DEFAULT_CHECK_BUDGET, DEFAULT_TOLERANCE
 from gpt_optuna.study.evidence import speedups
 from gpt_optuna.study.folder import StudyFolder
@@ -65,6 +56,15 @@ from gpt_optuna.study.record import STUDIES
 from gpt_optuna.study.summary import finished_count
 from gpt_optuna.study.taxonomy import search_ranking
 from gpt_optuna.study.trial_record import TrialRecord
+from gpt_optuna.usecases.check_outcome import (
+    CheckResult,
+    Outcome,
+    compare_absolute,
+    compare_on_this_host,
+    exit_code,
+    write_junit,
+)
+from gpt_optuna.usecases.check_record import exported_model, load_record, read_samples, recorded_latency, shape_flags
 
 COMPARISON_SHARE = 0.5
 """Of ``--budget``, the share kept for timing the record's model beside the changed one where
@@ -114,7 +114,7 @@ def gate(
     metric: str | None = None,
 ) -> CheckResult:
     """:func:`check` as the command line runs it: a signal ends it with its exit code."""
-    from gpt_optuna.api.exporting import writable_file
+    from gpt_optuna.core.files import writable_file
     from gpt_optuna.search.config import read_toml
     from gpt_optuna.search.options import parse_duration, parse_tolerance
 
@@ -138,7 +138,7 @@ def outputs_unchanged(model: Path, record: SideFile, deadline: float) -> Outcome
     outputs = reference_outputs(info, inputs)
     user = None
     if metric_spec:
-        from gpt_optuna.search.preparation import UserCode
+        from gpt_optuna.usecases.preparation import UserCode
 
         job = MetricJob(metric_spec, outputs, references, inputs, "recorded --metric")
         user = lambda: UserCode(deadline, tell, "--budget").metric(job)  # noqa: E731  (a failure: one line, exit 2)
@@ -188,9 +188,9 @@ def run_check(
     """The whole check within ``budget_s``, each outcome printed as one line (``metric``: check
     --metric, in place of the record's)."""
     from gpt_optuna.results.summary_text import stability_warning, versus_yours
-    from gpt_optuna.search.progress import Progress
-    from gpt_optuna.search.tune import tune
     from gpt_optuna.study.storage import load_study, open_storage
+    from gpt_optuna.usecases.progress import Progress
+    from gpt_optuna.usecases.tune import tune
 
     started = time.monotonic()
     deadline = started + budget_s
@@ -296,8 +296,7 @@ def judge_latency(
     """The latency aspect of the check, from its study (confirmed within the budget where the
     search left it unconfirmed), and the study's summary (None where the recorded configuration
     was never measured)."""
-    from gpt_optuna.results.winner import record_winner
-    from gpt_optuna.search.finalists import ConfirmationFailed, confirm, template_from_study
+    from gpt_optuna.remeasure.finalists import ConfirmationFailed, template_from_study
     from gpt_optuna.study.summary import summarize_study
 
     seeded = seeded_trial(study)
@@ -316,20 +315,7 @@ def judge_latency(
     template = template_from_study(study)
     if exported is None:
         if summary.confirmed is None and deadline - time.monotonic() > 1.0:
-            processes = counted(finalists.processes, "process", "processes")
-            tell(f"re-measuring the finalists and the baseline in {processes} ...")
-            try:
-                confirm(
-                    study,
-                    template,
-                    StudyFolder(finalists.folder).log("confirm"),
-                    finalists.top,
-                    finalists.processes,
-                    deadline=deadline,
-                )
-            except ConfirmationFailed as failure:
-                tell(f"note: {failure}")
-            summary = record_winner(study)
+            summary = confirmed_summary(study, template, finalists, deadline)
         tell(f"note: {why_not}: the latency is judged against the recorded figure")
         return compare_absolute(recorded_latency(record), summary, tolerance), summary
     best = search_ranking(list(study.get_trials(deepcopy=False)))[0]  # the search's fastest, timed beside them
@@ -363,6 +349,21 @@ def judge_latency(
     other = speedups(measured.medians[:, [0, 2]], measured.processes)[1:] if winner is not None else []
     faster = None if winner is None else winner.number
     return compare_on_this_host([*gate, *other], tolerance, seeded.number, faster), summary
+
+
+def confirmed_summary(study: Any, template: EvaluateJob, finalists: FinalistPlan, deadline: float) -> Any:
+    """The study's summary once its finalists and baseline are re-measured within ``deadline``
+    (a re-measurement that fails is said and leaves the search's figures)."""
+    from gpt_optuna.remeasure.finalists import ConfirmationFailed, confirm
+    from gpt_optuna.results.winner import record_winner
+
+    tell(f"re-measuring the finalists and the baseline in {counted(finalists.processes, 'process', 'processes')} ...")
+    try:
+        log = StudyFolder(finalists.folder).log("confirm")
+        confirm(study, template, log, finalists.top, finalists.processes, deadline=deadline)
+    except ConfirmationFailed as failure:
+        tell(f"note: {failure}")
+    return record_winner(study)
 
 
 def gate_rounds(timed: list[Any], processes: int, left_s: float) -> int:

@@ -22,17 +22,17 @@ from typing import Any
 
 import optuna
 
-from gpt_optuna.api.compare import side, writable_folder
 from gpt_optuna.backends.base import NodeTime
 from gpt_optuna.core.errors import UserError
 from gpt_optuna.core.files import atomic_write
 from gpt_optuna.core.log import tell
 from gpt_optuna.protocol.jobs import ProfileJob
 from gpt_optuna.protocol.process import JobFailure, Worker
-from gpt_optuna.search.finalists import template_from_study
+from gpt_optuna.remeasure.finalists import template_from_study
 from gpt_optuna.search.options import DEFAULT_PROFILE_ROUNDS, DEFAULT_PROFILE_RUNS
 from gpt_optuna.study.summary import StudySummary
 from gpt_optuna.study.summary_record import study_summary
+from gpt_optuna.usecases.compare import side, writable_folder
 
 PROFILE_TIMEOUT_S = 600.0
 HOST_TIMED = frozenset({"CUDAExecutionProvider", "TensorrtExecutionProvider"})

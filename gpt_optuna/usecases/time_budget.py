@@ -1,7 +1,7 @@
 """How ``--timeout`` is shared between preparation, the search and the finalists' re-measurement.
 
 ``--timeout`` bounds the whole command. The finalists' re-measurement
-(:mod:`gpt_optuna.search.finalists`) needs time at the end; its cost is estimated from what the
+(:mod:`gpt_optuna.remeasure.finalists`) needs time at the end; its cost is estimated from what the
 search measured (each finalist's and the baseline's build time, their latencies, a worker start
 per process). From the baseline's measurement on, the search keeps at least the smallest
 re-measurement that says anything (:func:`smallest_confirmation`: one finalist and the baseline in
@@ -30,7 +30,7 @@ from optuna.trial import FrozenTrial
 from gpt_optuna.core.measure_settings import MeasureSettings
 from gpt_optuna.core.words import counted
 from gpt_optuna.protocol.timing import MIN_ROUNDS, ROUNDS
-from gpt_optuna.search.finalists import WORKER_START_S, finalists, process_seconds, with_references
+from gpt_optuna.remeasure.finalists import WORKER_START_S, finalists, process_seconds, with_references
 
 CONFIRM_SHARE = 0.25
 """At most this share of ``--timeout`` is kept for the finalists' whole re-measurement (never less

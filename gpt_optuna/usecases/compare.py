@@ -5,7 +5,7 @@ configuration (``yours``), an exported model with its record beside it (``best.o
 record says), or any ONNX model with the same inputs and outputs (run with the engine's defaults).
 Both are evaluated once in a fresh process against the study's reference outputs by its accuracy
 criterion, then timed in interleaved rounds in fresh processes by the confirmation's protocol
-(:func:`gpt_optuna.search.finalists.interleave`); the verdict is :func:`judge`'s on B's speedup
+(:func:`gpt_optuna.remeasure.finalists.interleave`); the verdict is :func:`judge`'s on B's speedup
 over A. Nothing is written to the study; the workers' log is kept in the study folder (in a
 temporary folder where the study folder is read-only).
 """
@@ -31,7 +31,7 @@ from gpt_optuna.protocol.jobs import EvaluateJob
 from gpt_optuna.protocol.outcome import Outcome, TrialResult
 from gpt_optuna.protocol.process import JobFailure, Worker
 from gpt_optuna.protocol.timing import BLOCK, ROUNDS
-from gpt_optuna.search.finalists import QUIET_S, WORKER_START_S, ConfirmationFailed, interleave, template_from_study
+from gpt_optuna.remeasure.finalists import QUIET_S, WORKER_START_S, ConfirmationFailed, interleave, template_from_study
 from gpt_optuna.search.options import DEFAULT_PROCESSES
 from gpt_optuna.study.artifacts import kept_engine
 from gpt_optuna.study.evidence import Speedup, judge, speedups, widened_by
