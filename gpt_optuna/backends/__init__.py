@@ -9,42 +9,12 @@ from __future__ import annotations
 
 from gpt_optuna.backends.base import Backend, BuildError, Built, Deployment, KnobLimit, Runner
 from gpt_optuna.backends.engine_choice import EngineChoice
-from gpt_optuna.backends.inductor import backend as _inductor_deployment
-from gpt_optuna.backends.inductor.deploy import CACHE_SUFFIX as _inductor_cache_suffix
-from gpt_optuna.backends.onnxruntime import settings as _onnxruntime_settings
-from gpt_optuna.backends.onnxruntime import triton as _onnxruntime_triton
-from gpt_optuna.backends.registry import BACKENDS, load_engine
-from gpt_optuna.backends.tensorrt import commands as _tensorrt_commands
-from gpt_optuna.backends.tensorrt import triton as _tensorrt_triton
+from gpt_optuna.backends.registry import BACKENDS, DEPLOYMENTS, ENGINES, load_engine
 from gpt_optuna.core.engine_facts import BuildFacts, RunFacts
 from gpt_optuna.core.engine_paths import EnginePaths
 from gpt_optuna.core.engine_spec import is_composition
 from gpt_optuna.core.space import Candidate, Condition, Knob, Space, Value
 from gpt_optuna.graph.model import Feeds, ModelInfo, ShapeRange, TensorSpec
-
-DEPLOYMENTS = {
-    "onnxruntime": Deployment(
-        _onnxruntime_settings.side_file, 'backend: "onnxruntime"', "model.onnx", _onnxruntime_triton.triton_fields
-    ),
-    "tensorrt": Deployment(
-        _tensorrt_commands.side_file,
-        'platform: "tensorrt_plan"',
-        "model.plan",
-        _tensorrt_triton.triton_fields,
-        (".onnx",),
-    ),
-    "inductor": Deployment(
-        _inductor_deployment.side_file,
-        None,
-        "model.pt2",
-        _inductor_deployment.triton_fields,
-        shipped=_inductor_deployment.needs_program,
-        engine_beside=_inductor_cache_suffix,
-        suffix=".pt2",
-    ),
-}
-"""How each registered engine's exported trial runs outside the tuner (export's side file, Triton);
-an engine without an entry exports its model or engine and the common record alone."""
 
 __all__ = [
     "BACKENDS",
@@ -56,6 +26,7 @@ __all__ = [
     "DEPLOYMENTS",
     "Deployment",
     "Condition",
+    "ENGINES",
     "EnginePaths",
     "Feeds",
     "Knob",

@@ -1,18 +1,66 @@
-"""The engines registered by name, and one engine loaded by its name or ``module:Class`` path."""
+"""The engines registered by name, once each (:data:`ENGINES`), and one engine loaded by its name or
+``module:Class`` path."""
 
 from __future__ import annotations
 
 import importlib
+from dataclasses import dataclass
 
-from gpt_optuna.backends.base import Backend
+from gpt_optuna.backends.base import Backend, Deployment
+from gpt_optuna.backends.inductor import backend as _inductor
+from gpt_optuna.backends.inductor.deploy import CACHE_SUFFIX as _INDUCTOR_CACHE_SUFFIX
+from gpt_optuna.backends.onnxruntime import settings as _onnxruntime_settings
+from gpt_optuna.backends.onnxruntime import triton as _onnxruntime_triton
+from gpt_optuna.backends.tensorrt import commands as _tensorrt_commands
+from gpt_optuna.backends.tensorrt import triton as _tensorrt_triton
 from gpt_optuna.core.errors import UserError
 
-BACKENDS = {
-    "onnxruntime": "gpt_optuna.backends.onnxruntime:OnnxRuntimeBackend",
-    "tensorrt": "gpt_optuna.backends.tensorrt:TensorRTBackend",
-    "tensorrt-rtx": "gpt_optuna.backends.tensorrt:TensorRTRTXBackend",
-    "inductor": "gpt_optuna.backends.inductor:InductorBackend",
+
+@dataclass(frozen=True)
+class Registered:
+    """An engine as registered: the class a worker loads (``module:Class``), and how its exported
+    trial runs outside the tuner (None: its export is its model or engine and the common record alone)."""
+
+    engine: str
+    deployment: Deployment | None = None
+
+
+ENGINES = {
+    "onnxruntime": Registered(
+        "gpt_optuna.backends.onnxruntime:OnnxRuntimeBackend",
+        Deployment(
+            _onnxruntime_settings.side_file, 'backend: "onnxruntime"', "model.onnx", _onnxruntime_triton.triton_fields
+        ),
+    ),
+    "tensorrt": Registered(
+        "gpt_optuna.backends.tensorrt:TensorRTBackend",
+        Deployment(
+            _tensorrt_commands.side_file,
+            'platform: "tensorrt_plan"',
+            "model.plan",
+            _tensorrt_triton.triton_fields,
+            (".onnx",),
+        ),
+    ),
+    "tensorrt-rtx": Registered("gpt_optuna.backends.tensorrt:TensorRTRTXBackend"),
+    "inductor": Registered(
+        "gpt_optuna.backends.inductor:InductorBackend",
+        Deployment(
+            _inductor.side_file,
+            None,
+            "model.pt2",
+            _inductor.triton_fields,
+            shipped=_inductor.needs_program,
+            engine_beside=_INDUCTOR_CACHE_SUFFIX,
+            suffix=".pt2",
+        ),
+    ),
 }
+BACKENDS = {name: registered.engine for name, registered in ENGINES.items()}
+"""Each registered engine's class by its name."""
+DEPLOYMENTS = {name: r.deployment for name, r in ENGINES.items() if r.deployment is not None}
+"""How each registered engine with a deployment runs its exported trial outside the tuner (export's
+side file, Triton)."""
 
 
 def load_engine(spec: str) -> Backend:

@@ -36,7 +36,7 @@ from gpt_optuna.core.log import RESULT, tell
 from gpt_optuna.core.words import counted
 from gpt_optuna.graph import model as model_io
 from gpt_optuna.graph.transforms import is_transform_knob
-from gpt_optuna.protocol.accuracy import parse_criterion
+from gpt_optuna.protocol.accuracy import Criterion
 from gpt_optuna.protocol.jobs import EvaluateJob, MetricJob, reference_outputs
 from gpt_optuna.protocol.timing import BLOCK
 from gpt_optuna.remeasure.finalists import (
@@ -128,13 +128,12 @@ def gate(
     return run_check(Path(model), Path(record), budget_s, share, base, report, update, not progress, metric)
 
 
-def outputs_unchanged(model: Path, record: SideFile, deadline: float) -> Outcome:
+def outputs_unchanged(model: Path, record: SideFile, criterion: Criterion, deadline: float) -> Outcome:
     """The model in fp32 on the recorded inputs, judged against the recorded outputs (the record's
     metric function stopped at ``deadline``, the end of --budget)."""
     info = model_io.load_model_info(model)
     inputs, references = read_samples(record, info)
     metric_spec = record.metric
-    criterion = parse_criterion(str(record.accuracy_criterion), user_metrics=metric_spec is not None)
     outputs = reference_outputs(info, inputs)
     user = None
     if metric_spec:
@@ -194,9 +193,9 @@ def run_check(
 
     started = time.monotonic()
     deadline = started + budget_s
-    record = load_record(record_path, metric)
+    record, criterion = load_record(record_path, metric)
     exported, why_not = exported_model(record_path, record)
-    outcomes = [outputs_unchanged(model, record, deadline)]
+    outcomes = [outputs_unchanged(model, record, criterion, deadline)]
     study_name = None
     if outcomes[0].passed:
         name = study_name = check_study_name(model)

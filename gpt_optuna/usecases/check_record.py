@@ -13,17 +13,17 @@ from gpt_optuna.core.errors import UserError
 from gpt_optuna.graph import feeds as feeds_io
 from gpt_optuna.graph import model as model_io
 from gpt_optuna.graph.feeds import absolute_spec, script_spec
-from gpt_optuna.protocol.accuracy import parse_criterion
+from gpt_optuna.protocol.accuracy import Criterion, parse_criterion
 
 
 def _malformed(path: Path, what: str) -> UserError:
     return UserError(f"{path} is not a record gpt-optuna export writes: {what}; export the study again")
 
 
-def load_record(path: Path, metric: str | None = None) -> SideFile:
+def load_record(path: Path, metric: str | None = None) -> tuple[SideFile, Criterion]:
     """The export's side file, checked field by field (each problem one line, a user error), with
     the paths of its sample files resolved beside it, and its metric as this host finds it
-    (:func:`recorded_metric`; ``metric``, check --metric, replaces it)."""
+    (:func:`recorded_metric`; ``metric``, check --metric, replaces it); and its accuracy criterion."""
     if path.suffix != ".json":
         raise UserError(f"--baseline takes the record FILE.json that gpt-optuna export -o FILE wrote, not {path}")
     record = read_object(path.with_suffix(""))
@@ -53,10 +53,10 @@ def load_record(path: Path, metric: str | None = None) -> SideFile:
             raise UserError(f"{path} needs {file} beside it (written by the same export)")
     metric_spec = recorded_metric(path, record.get("metric"), metric)
     try:
-        parse_criterion(record["accuracy_criterion"], user_metrics=metric_spec is not None)
+        criterion = parse_criterion(record["accuracy_criterion"], user_metrics=metric_spec is not None)
     except UserError as exc:
         raise _malformed(path, f"accuracy_criterion: {exc}") from None
-    return replace(SideFile.of(record), samples=found, metric=metric_spec)
+    return replace(SideFile.of(record), samples=found, metric=metric_spec), criterion
 
 
 def recorded_metric(path: Path, recorded: str | None, given: str | None) -> str | None:
