@@ -209,12 +209,6 @@ class Criterion:
                 metrics[clause.metric.key] = float(np.mean([d[inner] for d in per_sample]))
         return metrics
 
-    @property
-    def error_name(self) -> str:
-        """What :meth:`error` is, e.g. ``1 - cosine``."""
-        main = self.clauses[0].metric
-        return f"1 - {main.key}" if main.higher_is_better else main.key
-
     def error(self, metrics: Mapping[str, float]) -> float:
         """The first clause's metric as an error, lower is better (1 - similarity for cosine, topk)."""
         main = self.clauses[0].metric
