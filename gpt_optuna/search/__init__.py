@@ -1,3 +1,3 @@
-"""The Optuna side, in the tuner's process: the configuration, the preparation of model and space,
-sampling and seeds, the objective, lanes of workers, the search session shared by ``tune`` and
-``worker``, and the finalists' re-measurement."""
+"""The Optuna side, in the tuner's process: the configuration, the space's check, sampling and
+seeds, warm starts, build routes, the objective and the lanes of workers (the use cases that run
+them: :mod:`gpt_optuna.usecases`)."""

@@ -287,6 +287,7 @@ class TuneConfig:
 
     @property
     def data(self) -> DataSource:
+        """Where the model and data come from (what reading the inputs needs)."""
         return DataSource(
             self.model,
             self.shapes,
@@ -301,6 +302,7 @@ class TuneConfig:
 
     @property
     def kind(self) -> StudyKind:
+        """What a study of this configuration must share with a run that resumes it."""
         return StudyKind(
             self.backend,
             self.criterion.text,
@@ -313,6 +315,7 @@ class TuneConfig:
 
     @property
     def finalists(self) -> FinalistPlan:
+        """How the search's finalists are re-measured."""
         return FinalistPlan(
             self.confirm_top,
             self.confirm_processes,
