@@ -300,8 +300,8 @@ def judge_latency(
 
     seeded = seeded_trial(study)
     if seeded is not None and seeded.state.name == "PRUNED":
-        record = TrialRecord(seeded)
-        reason = record.infeasible or record.failure or ""
+        tried = TrialRecord(seeded)
+        reason = tried.infeasible or tried.failure or ""
         return Outcome("accuracy", False, f"accuracy regression: the recorded configuration fails: {reason}"), None
     summary = summarize_study(study)
     if seeded is None or seeded.state.name != "COMPLETE":

@@ -241,9 +241,19 @@ def discover_space(
         config.dry_run,
         config.metric,
     )
-    beside = StudyFolder(config.workdir)
-    check = (versions, calibration_sha256, config.trial_timeout_s, beside)
-    space = remembered_check(space, template, worker, check, notes, say, deadline, always)
+    space = remembered_check(
+        space,
+        template,
+        worker,
+        notes,
+        say,
+        versions=versions,
+        calibration_sha256=calibration_sha256,
+        trial_timeout_s=config.trial_timeout_s,
+        beside=StudyFolder(config.workdir),
+        deadline=deadline,
+        always=always,
+    )
     return space, versions, calibration_sha256
 
 
@@ -263,20 +273,22 @@ def remembered_check(
     space: Space,
     template: EvaluateJob,
     worker: Worker,
-    decided: tuple[dict[str, str], str, float, StudyFolder],
     notes: list[str],
     say: Callable[[str], None],
+    *,
+    versions: dict[str, str],
+    calibration_sha256: str,
+    trial_timeout_s: float,
+    beside: StudyFolder,
     deadline: float | None = None,
     always: AbstractSet[tuple[Value, Value]] = frozenset(),
 ) -> Space:
     """:func:`check_space` (until ``deadline``, but for the graphs in ``always``), remembered in the
     study folder under a key of what decides it (the working model's hash, the backend, the library
     versions and GPU, the space before the check, the shapes, the calibration data, the trial
-    timeout; ``decided``: the versions, the calibration data's hash, the trial timeout and the study
-    folder beside which ``gpt-optuna space`` looks): a resume with the same of each reuses it and
-    its notes, and so does ``gpt-optuna space`` beside the study (it writes its own elsewhere). A
-    check cut short is not remembered."""
-    versions, calibration_sha256, trial_timeout_s, study_folder = decided
+    timeout): a resume with the same of each reuses it and its notes, and so does ``gpt-optuna
+    space`` beside the study folder ``beside`` (it writes its own elsewhere). A check cut short is
+    not remembered."""
     decided_by = {
         "model": template.model.sha256,
         "backend": template.backend,
@@ -288,8 +300,8 @@ def remembered_check(
     }
     key = hashlib.sha256(json.dumps(decided_by, sort_keys=True, default=str).encode()).hexdigest()[:24]
     own = StudyFolder(template.workdir).space_check(key)
-    beside = study_folder.space_check(key)
-    path = beside if not own.is_file() and beside.is_file() else own  # `space` beside a study made before
+    theirs = beside.space_check(key)
+    path = theirs if not own.is_file() and theirs.is_file() else own  # `space` beside a study made before
     if path.is_file():
         try:
             kept = json.loads(path.read_text())

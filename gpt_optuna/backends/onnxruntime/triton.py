@@ -72,13 +72,16 @@ def _accelerator(provider: str, options: dict[str, str], left_out: list[str]) ->
     elif provider == TENSORRT:
         chosen, precision = {}, {}
         for key, value in options.items():
-            triton = KEPT_CACHE if key == KEPT_CACHE else TRITON_NAMES.get(key, "")
-            if triton == PRECISION_MODE:
-                precision = {PRECISION_MODE: "FP16"} if value == "1" else {}  # off: Triton's default, FP32
-            elif triton is None:
+            if key == KEPT_CACHE:
+                chosen[key] = value
+            elif key not in TRITON_NAMES:  # where the session runs, the cache's path: not the trial's settings
+                continue
+            elif TRITON_NAMES[key] is None:
                 left_out.append(f"{key}={value}")
-            elif triton:
-                chosen[triton] = value
+            elif TRITON_NAMES[key] == PRECISION_MODE:
+                precision = {PRECISION_MODE: "FP16"} if value == "1" else {}  # off: Triton's default, FP32
+            else:
+                chosen[TRITON_NAMES[key]] = value
         chosen |= precision
         name = "tensorrt"
     else:
