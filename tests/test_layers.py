@@ -230,6 +230,40 @@ def test_the_engines_and_the_worker_import_nothing_of_the_study(module: str) -> 
     assert reached == [], f"{module} imports {reached}: take what crosses from the job (gpt_optuna.protocol)"
 
 
+WORKER_ENGINE_NAMES = {"Backend", "EngineChoice", "load_backend", "load_engine"}
+"""What makes or types the engine a worker runs (:mod:`gpt_optuna.backends`)."""
+
+
+def worker_engine_names(path: Path) -> list[str]:
+    """The names of :data:`WORKER_ENGINE_NAMES` that ``path`` imports or uses."""
+    tree = ast.parse(path.read_text())
+    named = [n.id for n in ast.walk(tree) if isinstance(n, ast.Name)]
+    named += [a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) for a in n.names]
+    named += [n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)]
+    return sorted(set(named) & WORKER_ENGINE_NAMES)
+
+
+@pytest.mark.parametrize("module", sorted(m for m in MODULES if layer_of(m) in ("study", "protocol", *TUNER_LAYERS)))
+def test_the_tuner_reads_an_engine_through_its_description_alone(module: str) -> None:
+    reached = worker_engine_names(MODULES[module])
+    assert reached == [], f"{module} names {reached}: read the engine's description (gpt_optuna.backends.describe)"
+    assert not any(t.endswith(".backend") and layer_of(t) == "backends" for t in imports(MODULES[module])), module
+
+
+def test_the_description_check_catches_a_worker_engine(tmp_path: Path) -> None:
+    tuner = tmp_path / "tuner.py"
+    tuner.write_text("from gpt_optuna.backends import load_backend\ndef f(b: 'x'):\n    return backends.EngineChoice\n")
+    assert worker_engine_names(tuner) == ["EngineChoice", "load_backend"]
+
+
+def test_each_registered_engine_runs_what_it_describes() -> None:
+    from gpt_optuna.backends import ENGINES, describe, load_backend
+
+    for name, registered in ENGINES.items():
+        assert describe(name) is registered.description and registered.description.name == name
+        assert isinstance(load_backend(name), type(registered.description)), name
+
+
 STUDY_RECORD = "gpt_optuna.study.record"
 
 

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpt_optuna.backends import BACKENDS, load_backend
+from gpt_optuna.backends import BACKENDS, describe
 from gpt_optuna.core.errors import UserError
 
 SELF_TEST_TIMEOUT_S = 300.0
@@ -44,7 +44,7 @@ def _check(name: str) -> EngineCheck:
     from gpt_optuna.protocol.jobs import SelfTestJob
     from gpt_optuna.protocol.process import JobFailure, Worker
 
-    missing = load_backend(name).missing_library()
+    missing = describe(name).missing_library()
     if missing is not None:
         return EngineCheck(name, missing=str(missing))
     with tempfile.TemporaryDirectory(prefix="gpt-optuna-doctor-") as folder:

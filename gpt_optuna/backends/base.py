@@ -1,4 +1,5 @@
-"""The protocol every backend follows: discover a space, build a candidate, open a runner.
+"""The protocol every engine follows: a description the tuner reads (:class:`EngineDescription`),
+and the backend a worker runs to discover a space, build a candidate and open a runner.
 
 Backends know nothing of Optuna. The worker process calls them in this order for each
 candidate::
@@ -199,10 +200,51 @@ class Runner(abc.ABC):
         self.close()
 
 
-class Backend(abc.ABC):
-    """An inference engine the tuner can search over."""
+class EngineDescription:
+    """What the tuner and export know of an engine without running it, in the tuner's process: its
+    name, what it needs here, what it measures and how it reads a user's configuration. Registered
+    once per engine (:data:`~gpt_optuna.backends.registry.ENGINES`, with the engine a worker runs
+    and its deployment); a backend of one's own describes itself (:class:`Backend` is one)."""
 
     name: str = ""
+
+    speed_values: ClassVar[Mapping[str, tuple[Value, ...]]] = {}
+    """Per knob of the engine, the values that make it fast, in order of preference: the seeded
+    candidate tried right after the baseline turns them on."""
+
+    takes_programs: bool = False
+    """Its models are PyTorch programs (``.pt2``), not ONNX graphs of their own."""
+
+    reports_device_memory: bool = False
+    """Its runners report the engine's device memory (``device_memory_bytes``), for ``--objectives memory``."""
+
+    def runs_on_cpu(self, space: Space) -> bool:
+        """Whether the space's baseline runs on the CPU: its latencies are the CPU's, whatever the GPU."""
+        return False
+
+    def missing_library(self) -> MissingDependencyError | None:
+        """The error naming the extra to install where the engine's library is not installed here,
+        found without importing it (a run is refused before it writes anything); None if it is."""
+        return None
+
+    def cannot_run_here(self) -> str | None:
+        """Why the engine cannot run on this machine though its library is installed (it needs a
+        GPU and none is seen, say), found cheaply; None where it can."""
+        return None
+
+    def baseline_values(self, path: Path) -> dict[str, Value]:
+        """The knobs (name -> value) of a user's own configuration file (``--baseline-config``), in
+        the engine's own terms; a UserError where the file says what no knob sets."""
+        raise UserError(f"backend {self.name!r} does not read --baseline-config files")
+
+    def fit_baseline(self, values: Mapping[str, Value], space: Space) -> dict[str, Value]:
+        """:meth:`baseline_values` for ``space``, where the engine offers a setting by another knob."""
+        return dict(values)
+
+
+class Backend(EngineDescription, abc.ABC):
+    """The engine a worker runs: it discovers the space, builds and loads candidates, opens runners
+    and profiles them. Only worker processes make one."""
 
     @abc.abstractmethod
     def space(self, model: ModelInfo, shapes: dict[str, ShapeRange]) -> Space:
@@ -223,30 +265,6 @@ class Backend(abc.ABC):
         ``outputs`` are the reference outputs in the candidate model's output dtypes: their shapes
         and dtypes size the output buffers.
         """
-
-    speed_values: ClassVar[Mapping[str, tuple[Value, ...]]] = {}
-    """Per knob of the engine, the values that make it fast, in order of preference: the seeded
-    candidate tried right after the baseline turns them on."""
-
-    def runs_on_cpu(self, space: Space) -> bool:
-        """Whether the space's baseline runs on the CPU: its latencies are the CPU's, whatever the GPU."""
-        return False
-
-    takes_programs: bool = False
-    """Its models are PyTorch programs (``.pt2``), not ONNX graphs of their own."""
-
-    reports_device_memory: bool = False
-    """Its runners report the engine's device memory (``device_memory_bytes``), for ``--objectives memory``."""
-
-    def missing_library(self) -> MissingDependencyError | None:
-        """The error naming the extra to install where the engine's library is not installed here,
-        found without importing it (a run is refused before it writes anything); None if it is."""
-        return None
-
-    def cannot_run_here(self) -> str | None:
-        """Why the engine cannot run on this machine though its library is installed (it needs a
-        GPU and none is seen, say), found cheaply; None where it can."""
-        return None
 
     def refused_run(self, error: Exception) -> str | None:
         """Why the engine cannot run this candidate, where ``error`` (raised by an inference of a
@@ -270,15 +288,6 @@ class Backend(abc.ABC):
         """Build the candidate and run it under the engine's own profiler (:class:`Profiling`):
         each operator's or layer's median time, slowest first."""
         raise UserError(f"backend {self.name!r} has no profiler gpt-optuna reads")
-
-    def baseline_values(self, path: Path) -> dict[str, Value]:
-        """The knobs (name -> value) of a user's own configuration file (``--baseline-config``), in
-        the engine's own terms; a UserError where the file says what no knob sets."""
-        raise UserError(f"backend {self.name!r} does not read --baseline-config files")
-
-    def fit_baseline(self, values: Mapping[str, Value], space: Space) -> dict[str, Value]:
-        """:meth:`baseline_values` for ``space``, where the engine offers a setting by another knob."""
-        return dict(values)
 
     def execution_providers(self) -> list[str]:
         """The execution providers of the engine that really start here, for an engine that has them."""

@@ -5,17 +5,27 @@ registered engine installed and usable here.
 (the engines in the order given; the first is the baseline's), then each engine's knobs, active
 only where ``engine`` is that engine. Every call that concerns a candidate goes to the candidate's
 engine, so the worker, the search and the readers keep working with one backend spec string.
+:class:`EnginesDescription` is what the tuner reads of it, made of the engines' descriptions.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 
-from gpt_optuna.backends.base import Backend, BuildError, Built, KnobLimit, NodeTime, Profiling, Runner
-from gpt_optuna.backends.registry import BACKENDS, load_engine
+from gpt_optuna.backends.base import (
+    Backend,
+    BuildError,
+    Built,
+    EngineDescription,
+    KnobLimit,
+    NodeTime,
+    Profiling,
+    Runner,
+)
+from gpt_optuna.backends.registry import BACKENDS, describe_engine, load_engine
 from gpt_optuna.core.engine_paths import EnginePaths
 from gpt_optuna.core.engine_spec import AUTO, ENGINE_KNOB, engine_specs, is_composition
 from gpt_optuna.core.errors import MissingDependencyError, UserError
@@ -32,9 +42,9 @@ def choose_engines(model: Path | None = None) -> tuple[list[str], str]:
     which were chosen and why each other one was left out."""
     chosen, left_out = [], []
     for name in BACKENDS:
-        backend = load_engine(name)
-        why = backend.missing_library() or backend.cannot_run_here()
-        if why is None and backend.takes_programs and model is not None and not is_program(model):
+        engine = describe_engine(name)
+        why = engine.missing_library() or engine.cannot_run_here()
+        if why is None and engine.takes_programs and model is not None and not is_program(model):
             why = f"it compiles PyTorch programs, and {model.name} is none (give the model as a .pt2)"
         if why is None:
             chosen.append(name)
@@ -62,13 +72,61 @@ def resolved_spec(spec: str, model: Path | None = None) -> tuple[str, str]:
     return ",".join(names), ""
 
 
-def engine_label(spec: str, backend: Backend) -> str:
+def engine_label(spec: str, engine: EngineDescription) -> str:
     """What the ``engine`` knob calls an engine: its registered name, else the class's ``name``."""
-    return spec if spec in BACKENDS else backend.name or type(backend).__name__
+    return spec if spec in BACKENDS else engine.name or type(engine).__name__
 
 
-def _first_value(engines: list[Backend], ask: Any) -> Any:
-    return next((found for found in map(ask, engines) if found is not None), None)
+E = TypeVar("E", bound=EngineDescription)
+
+
+def labelled_engines(spec: str, load: Callable[[str], E]) -> dict[str, E]:
+    """The engines ``spec`` (a comma list, or ``auto``) names, each ``load``-ed, by their labels."""
+    engines: dict[str, E] = {}
+    for name in resolved_spec(spec)[0].split(","):
+        engine = load(name)
+        label = engine_label(name, engine)
+        if label in engines:
+            raise UserError(f"--backend {spec!r}: two engines are called {label}; name each engine once")
+        engines[label] = engine
+    return engines
+
+
+def _first_value(engines: Mapping[str, EngineDescription], ask: Any) -> Any:
+    return next((found for found in map(ask, engines.values()) if found is not None), None)
+
+
+class EnginesDescription(EngineDescription, Generic[E]):
+    """Several engines' descriptions as one: the baseline's engine reads a user's configuration."""
+
+    def __init__(self, engines: Mapping[str, E]) -> None:
+        self.engines = engines
+        self.name = ",".join(engines)
+        self.first = next(iter(engines))
+        self.speed_values = {k: v for e in engines.values() for k, v in e.speed_values.items()}
+
+    def engine(self, candidate: Mapping[str, Value]) -> E:
+        """The candidate's engine (the first where it names none: a study of one engine's candidate)."""
+        return self.engines[str(candidate.get(ENGINE_KNOB, self.first))]
+
+    def missing_library(self) -> MissingDependencyError | None:
+        return _first_value(self.engines, lambda e: e.missing_library())
+
+    def cannot_run_here(self) -> str | None:
+        return _first_value(self.engines, lambda e: e.cannot_run_here())
+
+    def runs_on_cpu(self, space: Space) -> bool:
+        return self.engine(space.default()).runs_on_cpu(space)
+
+    @property
+    def reports_device_memory(self) -> bool:  # type: ignore[override]
+        return all(e.reports_device_memory for e in self.engines.values())
+
+    def baseline_values(self, path: Path) -> dict[str, Value]:
+        return self.engines[self.first].baseline_values(path)
+
+    def fit_baseline(self, values: Mapping[str, Value], space: Space) -> dict[str, Value]:
+        return self.engines[self.first].fit_baseline(values, space)
 
 
 @dataclass
@@ -79,34 +137,20 @@ class EngineBuilt(Built):
     inner: Built | None = None
 
 
-class EngineChoice(Backend):
+class EngineChoice(EnginesDescription[Backend], Backend):
     """Several engines as one backend: the ``engine`` knob picks the one a candidate runs on."""
 
-    def __init__(self, engines: dict[str, Backend]) -> None:
-        self.engines = engines
-        self.name = ",".join(engines)
-        self.first = next(iter(engines))
-        self.speed_values = {k: v for e in engines.values() for k, v in e.speed_values.items()}
+    def __init__(self, engines: Mapping[str, Backend]) -> None:
+        super().__init__(engines)
         self.weak_typing_knobs = frozenset(k for e in self._graph_precision_engines() for k in e.weak_typing_knobs)
 
     @classmethod
     def of(cls, spec: str) -> EngineChoice:
         """The engines ``spec`` (a comma list, or ``auto``) names, loaded."""
-        engines: dict[str, Backend] = {}
-        for name in resolved_spec(spec)[0].split(","):
-            backend = load_engine(name)
-            label = engine_label(name, backend)
-            if label in engines:
-                raise UserError(f"--backend {spec!r}: two engines are called {label}; name each engine once")
-            engines[label] = backend
-        return cls(engines)
+        return cls(labelled_engines(spec, load_engine))
 
     def _graph_precision_engines(self) -> list[Backend]:
         return [e for e in self.engines.values() if len(e.precisions()) > 1]
-
-    def engine(self, candidate: Mapping[str, Value]) -> Backend:
-        """The candidate's engine (the first where it names none: a study of one engine's candidate)."""
-        return self.engines[str(candidate.get(ENGINE_KNOB, self.first))]
 
     def space(self, model: ModelInfo, shapes: dict[str, ShapeRange]) -> Space:
         choice = Knob(
@@ -174,26 +218,7 @@ class EngineChoice(Backend):
         return self.engine(profiling.candidate).layer_times(profiling)
 
     def refused_run(self, error: Exception) -> str | None:
-        return _first_value(list(self.engines.values()), lambda e: e.refused_run(error))
-
-    def missing_library(self) -> MissingDependencyError | None:
-        return _first_value(list(self.engines.values()), lambda e: e.missing_library())
-
-    def cannot_run_here(self) -> str | None:
-        return _first_value(list(self.engines.values()), lambda e: e.cannot_run_here())
-
-    def runs_on_cpu(self, space: Space) -> bool:
-        return self.engine(space.default()).runs_on_cpu(space)
-
-    @property
-    def reports_device_memory(self) -> bool:  # type: ignore[override]
-        return all(e.reports_device_memory for e in self.engines.values())
-
-    def baseline_values(self, path: Path) -> dict[str, Value]:
-        return self.engines[self.first].baseline_values(path)
-
-    def fit_baseline(self, values: Mapping[str, Value], space: Space) -> dict[str, Value]:
-        return self.engines[self.first].fit_baseline(values, space)
+        return _first_value(self.engines, lambda e: e.refused_run(error))
 
     def execution_providers(self) -> list[str]:
         return list(dict.fromkeys(p for e in self.engines.values() for p in e.execution_providers()))

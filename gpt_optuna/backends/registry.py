@@ -1,4 +1,5 @@
-"""The engines registered by name, once each (:data:`ENGINES`), and one engine loaded by its name or
+"""The engines registered by name, once each (:data:`ENGINES`): the description the tuner reads,
+the engine a worker loads and its deployment; one engine described or loaded by its name or
 ``module:Class`` path."""
 
 from __future__ import annotations
@@ -6,33 +7,40 @@ from __future__ import annotations
 import importlib
 from dataclasses import dataclass
 
-from gpt_optuna.backends.base import Backend, Deployment
+from gpt_optuna.backends.base import Backend, Deployment, EngineDescription
 from gpt_optuna.backends.inductor import backend as _inductor
 from gpt_optuna.backends.inductor.deploy import CACHE_SUFFIX as _INDUCTOR_CACHE_SUFFIX
+from gpt_optuna.backends.inductor.description import InductorDescription
 from gpt_optuna.backends.onnxruntime import settings as _onnxruntime_settings
 from gpt_optuna.backends.onnxruntime import triton as _onnxruntime_triton
+from gpt_optuna.backends.onnxruntime.description import OnnxRuntimeDescription
 from gpt_optuna.backends.tensorrt import commands as _tensorrt_commands
 from gpt_optuna.backends.tensorrt import triton as _tensorrt_triton
+from gpt_optuna.backends.tensorrt.description import TensorRTDescription, TensorRTRTXDescription
 from gpt_optuna.core.errors import UserError
 
 
 @dataclass(frozen=True)
 class Registered:
-    """An engine as registered: the class a worker loads (``module:Class``), and how its exported
-    trial runs outside the tuner (None: its export is its model or engine and the common record alone)."""
+    """An engine as registered: what the tuner reads of it, the class a worker loads
+    (``module:Class``), and how its exported trial runs outside the tuner (None: its export is its
+    model or engine and the common record alone)."""
 
+    description: EngineDescription
     engine: str
     deployment: Deployment | None = None
 
 
 ENGINES = {
     "onnxruntime": Registered(
+        OnnxRuntimeDescription(),
         "gpt_optuna.backends.onnxruntime:OnnxRuntimeBackend",
         Deployment(
             _onnxruntime_settings.side_file, 'backend: "onnxruntime"', "model.onnx", _onnxruntime_triton.triton_fields
         ),
     ),
     "tensorrt": Registered(
+        TensorRTDescription(),
         "gpt_optuna.backends.tensorrt:TensorRTBackend",
         Deployment(
             _tensorrt_commands.side_file,
@@ -42,8 +50,9 @@ ENGINES = {
             (".onnx",),
         ),
     ),
-    "tensorrt-rtx": Registered("gpt_optuna.backends.tensorrt:TensorRTRTXBackend"),
+    "tensorrt-rtx": Registered(TensorRTRTXDescription(), "gpt_optuna.backends.tensorrt:TensorRTRTXBackend"),
     "inductor": Registered(
+        InductorDescription(),
         "gpt_optuna.backends.inductor:InductorBackend",
         Deployment(
             _inductor.side_file,
@@ -63,8 +72,15 @@ DEPLOYMENTS = {name: r.deployment for name, r in ENGINES.items() if r.deployment
 side file, Triton)."""
 
 
+def describe_engine(spec: str) -> EngineDescription:
+    """One engine's description: a registered name's, else the backend a ``module:Class`` path names
+    (a backend of one's own describes itself)."""
+    registered = ENGINES.get(spec)
+    return registered.description if registered is not None else load_engine(spec)
+
+
 def load_engine(spec: str) -> Backend:
-    """Instantiate one engine from a registered name or a ``module:Class`` path."""
+    """Instantiate one engine, as a worker runs it, from a registered name or a ``module:Class`` path."""
     target = BACKENDS.get(spec, spec)
     if ":" not in target:
         raise UserError(f"unknown backend {spec!r}; choose one of: {', '.join(BACKENDS)} (or module:Class)")

@@ -14,7 +14,7 @@ from typing import NamedTuple
 import optuna
 from optuna.trial import TrialState
 
-from gpt_optuna.backends.base import Backend
+from gpt_optuna.backends.base import EngineDescription
 from gpt_optuna.core.engine_spec import ENGINE_KNOB
 from gpt_optuna.core.errors import UserError
 from gpt_optuna.core.space import Candidate, CandidateKey, Space, Value, candidate_key
@@ -41,7 +41,7 @@ WARM_LIMIT = 6
 most of them agree on, then the largest speedups over their own baselines."""
 
 
-def speed_seeds(space: Space, backend: Backend) -> list[tuple[Candidate, str]]:
+def speed_seeds(space: Space, backend: EngineDescription) -> list[tuple[Candidate, str]]:
     """:func:`speed_seed` of each engine the space offers (one, or each value of its ``engine``
     knob), with why it is tried."""
     engine = next((k for k in space.knobs if k.name == ENGINE_KNOB), None)
@@ -52,9 +52,9 @@ def speed_seeds(space: Space, backend: Backend) -> list[tuple[Candidate, str]]:
     return [(seed, f"every speed feature of {name} on") for seed, name in seeds if seed is not None]
 
 
-def speed_seed(space: Space, backend: Backend, fixed: Mapping[str, Value] | None = None) -> Candidate | None:
+def speed_seed(space: Space, backend: EngineDescription, fixed: Mapping[str, Value] | None = None) -> Candidate | None:
     """Every speed feature the space searches switched on (the graph transforms' and the
-    backend's :attr:`Backend.speed_values`; reduced precision only off the CPU, where it is slow),
+    backend's :attr:`EngineDescription.speed_values`; reduced precision only off the CPU, where it is slow),
     every other knob at a value the search tries, but those ``fixed``; None where no speed feature
     is searched away from its default."""
     on_cpu = backend.runs_on_cpu(space)

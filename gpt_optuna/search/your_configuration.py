@@ -1,7 +1,7 @@
 """The user's own configuration (``--baseline-config``): measured beside the engine's defaults.
 
 "Faster" means faster than the engine's defaults unless the user says what they run today. Their
-configuration, read by the backend in its own terms (:meth:`Backend.baseline_values`), becomes a
+configuration, read by the backend in its own terms (:meth:`EngineDescription.baseline_values`), becomes a
 candidate of the search space: a value the space did not offer is added for it alone, not
 searched, before the space is checked against the model (so that a CPU configuration keeps its
 knobs on a GPU host, where only the GPU is searched). It is queued right after the baseline as the
@@ -13,17 +13,17 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from gpt_optuna.backends.base import Backend
+from gpt_optuna.backends.base import EngineDescription
 from gpt_optuna.core.space import Candidate, Space, Value
 
 
-def holding_yours(space: Space, values: Mapping[str, Value], backend: Backend, where: str) -> Space:
+def holding_yours(space: Space, values: Mapping[str, Value], backend: EngineDescription, where: str) -> Space:
     """The space with every value of the user's configuration among its knob's choices."""
     return space.including(backend.fit_baseline(values, space), where)
 
 
 def your_candidate(
-    space: Space, values: Mapping[str, Value], backend: Backend, where: str, notes: list[str]
+    space: Space, values: Mapping[str, Value], backend: EngineDescription, where: str, notes: list[str]
 ) -> Candidate:
     """The user's configuration as a candidate of the (checked) space; settings that take no
     effect beside the others (a thread count of a pool that is not used), or that the model

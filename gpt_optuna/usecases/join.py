@@ -15,7 +15,7 @@ from pathlib import Path
 
 from optuna.artifacts import FileSystemArtifactStore
 
-from gpt_optuna.backends import load_backend
+from gpt_optuna.backends import describe
 from gpt_optuna.core import interrupts
 from gpt_optuna.core.errors import UserError
 from gpt_optuna.core.log import RESULT, tell
@@ -103,7 +103,7 @@ def join(config: JoinConfig, progress: Progress) -> int:
         session = SearchSession(stack, workdir, log, config.workers, config.gpus)
         with warming(session.workers, record.backend) as names:
             pass  # nothing to do meanwhile: the names are there once every worker has started
-        on_cpu = load_backend(record.backend).runs_on_cpu(space)
+        on_cpu = describe(record.backend).runs_on_cpu(space)
         lanes = session.place(names, on_cpu)
         creator = measured_on(record.versions["gpu"], on_cpu) if "gpu" in record.versions else None
         notes, _ = session.enter(study_device(study) or creator, config.allow_mixed_gpus)

@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 import numpy as np
 import optuna
 
-from gpt_optuna.backends import load_backend
+from gpt_optuna.backends import describe
 from gpt_optuna.core.errors import UserError
 from gpt_optuna.core.files import atomic_write
 from gpt_optuna.core.space import Space, Value
@@ -221,7 +221,7 @@ def discover_space(
     if config.baseline_values is not None:
         assert config.baseline_config is not None
         where = f"--baseline-config {config.baseline_config.name}"
-        space = holding_yours(space, config.baseline_values, load_backend(config.backend), where)
+        space = holding_yours(space, config.baseline_values, describe(config.backend), where)
     calibration_sha256 = ""
     if set(space.choices("precision")) & set(QUANTIZED):
         samples = calibration_samples(config.data, inputs, notes)

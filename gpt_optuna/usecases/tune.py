@@ -15,7 +15,7 @@ from typing import Any
 import optuna
 from optuna.artifacts import FileSystemArtifactStore
 
-from gpt_optuna.backends import Backend, load_backend
+from gpt_optuna.backends import EngineDescription, describe
 from gpt_optuna.backends.engine_choice import engine_defaults
 from gpt_optuna.core import interrupts
 from gpt_optuna.core.engine_spec import trial_engine
@@ -296,11 +296,11 @@ def covered_note(sampler: FreshSampler, every: bool) -> str:
     return "the sampler kept proposing evaluated candidates: the space looks covered"
 
 
-def check_run(name: str, sampler: str, objectives: tuple[str, ...]) -> Backend:
+def check_run(name: str, sampler: str, objectives: tuple[str, ...]) -> EngineDescription:
     """Refuse, before the model is read or anything is written, what cannot run here: a backend
     that does not load or whose library is missing, a sampler without its libraries, an objective
     the backend cannot measure; the backend ``name``, checked."""
-    backend = load_backend(name)
+    backend = describe(name)
     missing = backend.missing_library()
     if missing is not None:
         raise missing
@@ -348,7 +348,7 @@ def first_candidates(
     config: TuneConfig,
     space: Space,
     profile: ModelProfile,
-    backend: Backend,
+    backend: EngineDescription,
     storage: optuna.storages.BaseStorage,
     device: str,
     notes: list[str],

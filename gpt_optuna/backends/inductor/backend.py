@@ -10,7 +10,6 @@ import time
 import traceback
 from collections.abc import Iterator
 from pathlib import Path
-from types import MappingProxyType
 from typing import Any
 
 import numpy as np
@@ -28,10 +27,10 @@ from gpt_optuna.backends.base import (
     import_cupy,
 )
 from gpt_optuna.backends.inductor.deploy import CACHE_SUFFIX, SECTION, CompiledProgram
+from gpt_optuna.backends.inductor.description import InductorDescription
 from gpt_optuna.backends.inductor.fresh import compiled_fresh
 from gpt_optuna.backends.inductor.knobs import (
     CUDAGRAPHS,
-    FREEZING,
     PRECISION,
     SDPA_BACKEND,
     compile_options,
@@ -41,7 +40,7 @@ from gpt_optuna.backends.inductor.profiling import profiled_kernels
 from gpt_optuna.backends.side_file import SideFile
 from gpt_optuna.core.engine_facts import BuildFacts
 from gpt_optuna.core.engine_paths import EnginePaths
-from gpt_optuna.core.errors import MissingDependencyError, UserError
+from gpt_optuna.core.errors import UserError
 from gpt_optuna.core.space import Candidate, Space
 from gpt_optuna.graph.model import Feeds, ModelInfo, ShapeRange, one_line
 from gpt_optuna.graph.program import load_program, program_of
@@ -110,26 +109,14 @@ def _cache_in(folder: Path) -> Iterator[None]:
             os.environ[CACHE_ENV] = previous
 
 
-class InductorBackend(Backend):
-    """``torch.compile`` with the Inductor backend, on the PyTorch program a model came from."""
-
-    name = "inductor"
-    takes_programs = True
-    speed_values = MappingProxyType({CUDAGRAPHS: (True,), FREEZING: (True,), PRECISION: ("fp16", "tf32")})
-
-    def missing_library(self) -> MissingDependencyError | None:
-        import importlib.util
-
-        return None if importlib.util.find_spec("torch") else MissingDependencyError("PyTorch", "inductor")
+class InductorBackend(InductorDescription, Backend):
+    """The program compiled and run in a worker."""
 
     @staticmethod
     def _device() -> str:
         import torch
 
         return "cuda" if torch.cuda.is_available() else "cpu"
-
-    def runs_on_cpu(self, space: Space) -> bool:
-        return CUDAGRAPHS not in {k.name for k in space.knobs}
 
     def versions(self) -> dict[str, str]:
         import torch

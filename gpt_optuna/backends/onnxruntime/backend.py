@@ -8,8 +8,6 @@ one is probed with a real session on a one-node model.
 from __future__ import annotations
 
 import time
-from pathlib import Path
-from types import MappingProxyType
 from typing import Any
 
 import numpy as np
@@ -25,7 +23,7 @@ from gpt_optuna.backends.base import (
     Runner,
     import_cupy,
 )
-from gpt_optuna.backends.onnxruntime import user_settings
+from gpt_optuna.backends.onnxruntime.description import OnnxRuntimeDescription
 from gpt_optuna.backends.onnxruntime.knobs import (
     applicable_cuda_options,
     discover_knobs,
@@ -36,7 +34,6 @@ from gpt_optuna.backends.onnxruntime.knobs import (
 )
 from gpt_optuna.backends.onnxruntime.profiling import profiled_nodes
 from gpt_optuna.backends.onnxruntime.settings import (
-    CPU,
     CUDA,
     CUDA_GRAPH,
     FUSE_CONV_BIAS,
@@ -53,8 +50,7 @@ from gpt_optuna.backends.onnxruntime.settings import (
     usable_providers,
 )
 from gpt_optuna.core.engine_paths import EnginePaths
-from gpt_optuna.core.errors import MissingDependencyError
-from gpt_optuna.core.space import Candidate, Space, Value
+from gpt_optuna.core.space import Candidate, Space
 from gpt_optuna.graph.feeds import synthetic_feeds
 from gpt_optuna.graph.fusion import FUSIONS
 from gpt_optuna.graph.model import Feeds, ModelInfo, ShapeRange
@@ -76,29 +72,8 @@ def refusal(error: Exception) -> str | None:
     return message[message.index(OPERATOR_FAILED) :].splitlines()[0]
 
 
-class OnnxRuntimeBackend(Backend):
-    """ONNX Runtime with whichever of the CPU, CUDA and TensorRT providers work here."""
-
-    name = "onnxruntime"
-    speed_values = MappingProxyType(
-        {
-            GRAPH_LEVEL: ("ORT_ENABLE_ALL",),
-            "cuda.use_tf32": (True,),
-            NHWC: (True,),
-            CUDA_GRAPH: (True,),
-            FUSE_CONV_BIAS: (True,),
-            "trt.fp16": (True,),
-            "trt.cuda_graph": (True,),
-        }
-    )
-
-    def runs_on_cpu(self, space: Space) -> bool:
-        return space.default().get("provider") == CPU
-
-    def missing_library(self) -> MissingDependencyError | None:
-        import importlib.util
-
-        return None if importlib.util.find_spec("onnxruntime") else MissingDependencyError("ONNX Runtime", "cpu")
+class OnnxRuntimeBackend(OnnxRuntimeDescription, Backend):
+    """ONNX Runtime's sessions, built and run in a worker."""
 
     def refused_run(self, error: Exception) -> str | None:
         return refusal(error)
@@ -109,9 +84,6 @@ class OnnxRuntimeBackend(Backend):
     def layer_times(self, profiling: Profiling) -> list[NodeTime]:
         job = profiling
         return profiled_nodes(job.model.path, job.candidate, job.paths.caches, job.feeds, job.runs)
-
-    def baseline_values(self, path: Path) -> dict[str, Value]:
-        return user_settings.knob_values(user_settings.read_settings(path), f"--baseline-config {path.name}")
 
     def space(self, model: ModelInfo, shapes: dict[str, ShapeRange]) -> Space:
         ort = ort_module()

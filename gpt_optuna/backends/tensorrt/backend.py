@@ -10,16 +10,14 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import importlib
-import importlib.util
 import logging
 import re
 import statistics
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from types import MappingProxyType, ModuleType
+from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -33,10 +31,8 @@ from gpt_optuna.backends.base import (
     Profiling,
     Runner,
     import_cupy,
-    nvidia_gpu_seen,
 )
-from gpt_optuna.backends.tensorrt import trtexec_flags
-from gpt_optuna.backends.tensorrt.commands import trtexec_major
+from gpt_optuna.backends.tensorrt.description import TensorRTDescription, TensorRTRTXDescription
 from gpt_optuna.backends.tensorrt.io_dtypes import ENGINE_DTYPES, device_dtype, engine_dtype, on_device
 from gpt_optuna.backends.tensorrt.knobs import (
     WEAK_TYPING_KNOBS,
@@ -49,9 +45,8 @@ from gpt_optuna.backends.tensorrt.knobs import (
 )
 from gpt_optuna.core.engine_facts import BuildFacts, RunFacts
 from gpt_optuna.core.engine_paths import EnginePaths
-from gpt_optuna.core.errors import MissingDependencyError
 from gpt_optuna.core.files import atomic_write, locked
-from gpt_optuna.core.space import Candidate, Space, Value
+from gpt_optuna.core.space import Candidate, Space
 from gpt_optuna.graph.constant_folding import folded
 from gpt_optuna.graph.model import Feeds, ModelInfo, ShapeRange
 
@@ -124,13 +119,6 @@ def _device_l2_bytes() -> int | None:
         return None
 
 
-def _installed(name: str) -> bool:
-    """Whether module ``name`` is a library: type stubs alone (``tensorrt-stubs`` installs a folder
-    of ``.pyi`` files that imports as an empty namespace package) are not."""
-    spec = importlib.util.find_spec(name)
-    return spec is not None and spec.origin not in (None, "namespace") and not spec.origin.endswith(".pyi")
-
-
 @dataclass
 class _Engine:
     plan: bytes
@@ -138,60 +126,11 @@ class _Engine:
     candidate: Candidate
 
 
-class TensorRTBackend(Backend):
-    """TensorRT 10.x and 11.x (module ``tensorrt``, else ``tensorrt_bindings``)."""
+class TensorRTBackend(TensorRTDescription, Backend):
+    """TensorRT's engines, built, loaded and run in a worker."""
 
-    name = "tensorrt"
-    modules: tuple[str, ...] = ("tensorrt", "tensorrt_bindings")
-    library = "TensorRT"
-    extra = "tensorrt"
     timing_cache = True
     weak_typing_knobs = WEAK_TYPING_KNOBS
-
-    reports_device_memory = True
-    speed_values = MappingProxyType(
-        {
-            "flag.TF32": (True,),
-            "flag.FP16": (True,),
-            "runtime.cuda_graph": (True,),
-            "runtime.cuda_graph_strategy": ("WHOLE_GRAPH_CAPTURE",),
-        }
-    )
-
-    def __init__(self) -> None:
-        self._trt: ModuleType | None = None
-
-    def cannot_run_here(self) -> str | None:
-        return None if nvidia_gpu_seen() else "it runs on an NVIDIA GPU and none is seen here"
-
-    def missing_library(self) -> MissingDependencyError | None:
-        found = any(_installed(name) for name in self.modules)
-        return None if found else MissingDependencyError(self.library, self.extra)
-
-    @property
-    def trt(self) -> ModuleType:
-        if self._trt is None:
-            for name in self.modules:
-                if not _installed(name):
-                    continue
-                try:
-                    self._trt = importlib.import_module(name)
-                    break
-                except ImportError:
-                    continue
-            else:
-                raise MissingDependencyError(self.library, self.extra)
-        return self._trt
-
-    def baseline_values(self, path: Path) -> dict[str, Value]:
-        flags = trtexec_flags.read_flags(path)
-        return trtexec_flags.knob_values(flags, f"--baseline-config {path.name}", trtexec_major(self.versions()))
-
-    def fit_baseline(self, values: Mapping[str, Value], space: Space) -> dict[str, Value]:
-        return trtexec_flags.fitted_to(dict(values), {k.name for k in space.knobs})
-
-    def versions(self) -> dict[str, str]:
-        return {self.modules[0]: str(getattr(self.trt, "__version__", "unknown"))}
 
     def precisions(self) -> tuple[str, ...]:
         """Graph precisions TensorRT consumes: fp16 and bf16 by conversion, int8 and fp8 by Q/DQ."""
@@ -338,13 +277,9 @@ class TensorRTBackend(Backend):
         return sorted(found, key=lambda n: -n.median_ms)
 
 
-class TensorRTRTXBackend(TensorRTBackend):
-    """TensorRT-RTX (module ``tensorrt_rtx``). Its timing cache is a no-op since RTX 1.2, so none is kept."""
+class TensorRTRTXBackend(TensorRTRTXDescription, TensorRTBackend):
+    """TensorRT-RTX's engines. Its timing cache is a no-op since RTX 1.2, so none is kept."""
 
-    name = "tensorrt-rtx"
-    modules = ("tensorrt_rtx",)
-    library = "TensorRT-RTX"
-    extra = "rtx"
     timing_cache = False
 
 
