@@ -340,9 +340,14 @@ def test_the_trial_write_check_catches_a_write(tmp_path: Path) -> None:
     assert trial_attr_writes(writer) == [3, 4]
 
 
-CONFIG_HOLDERS = {"gpt_optuna.usecases.tune", "gpt_optuna.usecases.preparation", "gpt_optuna.cli.commands"}
-"""The modules that take tune's whole configuration: the run itself, its preparation, the command
-line that makes it; every other step takes the typed parts it needs (``TuneConfig.data``, ``.kind``,
+CONFIG_HOLDERS = {
+    "gpt_optuna.usecases.tune",
+    "gpt_optuna.usecases.preparation",
+    "gpt_optuna.api.tuning",
+    "gpt_optuna.cli.commands",
+}
+"""The modules that take tune's whole configuration: the run itself, its preparation, the API that
+runs it and the command line that makes it; every other step takes the typed parts it needs (``TuneConfig.data``, ``.kind``,
 ``.finalists``, a name, a deadline)."""
 MAX_CONFIG_TAKERS = 12
 """Functions and fields that take the whole ``TuneConfig`` (24 functions and 2 fields took it before the

@@ -195,9 +195,10 @@ def test_a_winner_whose_interval_includes_one_is_no_improvement_said_first_and_n
 ) -> None:
     """The verdict and next steps from the confirmation's figures: the same study read with its top
     finalist's interval moved across 1.0 (the mapping from confirmed figures to what is said)."""
+    from gpt_optuna.cli.commands import next_steps
     from gpt_optuna.results.summary_text import headline
     from gpt_optuna.search.config import TuneConfig
-    from gpt_optuna.usecases.tune import next_steps
+    from gpt_optuna.usecases.tune import TuneEnd
 
     config = synthetic_config(tmp_path, 'mode = "ok"\ndelay_us = [200, 100]\nbuild_ms = [0]\na = [0]\nb = [0]\nc = "x"')
     argv = [CNN, "--backend", SYNTHETIC, "--config", str(config), "--n-trials", "2", "--confirm-top", "1"]
@@ -210,5 +211,6 @@ def test_a_winner_whose_interval_includes_one_is_no_improvement_said_first_and_n
     assert unsure.verdict == "not_significant" and unsure.best.number == top["number"]
     assert headline(unsure).startswith(f"verdict: no significant improvement: the best finalist, trial {top['number']}")
     tuned = TuneConfig(model=Path(CNN), backend=SYNTHETIC, study_name=STUDY)
-    assert not [s for s in next_steps(tuned, [], 2, unsure) if "export" in s]
-    assert [s for s in next_steps(tuned, [], 2, summary) if s.startswith("export the winner: gpt-optuna export")]
+    assert not [s for s in next_steps(TuneEnd(tuned, unsure, 2, 0), []) if "export" in s]
+    steps = next_steps(TuneEnd(tuned, summary, 2, 0), [])
+    assert [s for s in steps if s.startswith("export the winner: gpt-optuna export")]

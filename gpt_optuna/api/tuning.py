@@ -8,8 +8,7 @@ timeout ends a trial, never the caller's Python.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -81,8 +80,8 @@ def tune(
         raise UserError(f"bad configuration: {exc}") from exc
     shown = Progress(enabled=progress, widgets=progress and in_notebook())
     try:
-        with interrupts.handled(), _optuna_log_kept():
-            end = run_search(tune_config, shown)
+        with interrupts.handled():
+            end = run_tune(tune_config, shown)
     except KeyboardInterrupt:  # before the search began: nothing to summarize
         interrupts.stop_caller("the search", "the same call starts it")
     assert end.config.storage is not None and end.config.study_name is not None
@@ -138,12 +137,13 @@ def _shape_flags(shapes: dict[str, str] | Sequence[str]) -> list[str]:
     return list(shapes)
 
 
-@contextlib.contextmanager
-def _optuna_log_kept() -> Iterator[None]:
-    """Optuna's log level as it was before the search (which quiets Optuna: its progress is ours)."""
+def run_tune(config: TuneConfig, progress: Progress) -> TuneEnd:
+    """The search ``config`` asks for, as :func:`tune` and ``gpt-optuna tune`` run it (``progress``
+    closed when it ends, Optuna's log level as it was before: the search quiets Optuna, its
+    progress is ours); how it ended, for the caller to tell."""
     verbosity = optuna.logging.get_verbosity()
     try:
-        yield
+        return run_search(config, progress)
     finally:
         optuna.logging.set_verbosity(verbosity)
 

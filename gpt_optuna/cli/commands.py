@@ -10,11 +10,12 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpt_optuna import __version__
 from gpt_optuna.cli.parser import EXIT_CODES, add_options, json_flag, log_flags, study_flags, timing_flags, tune_config
 from gpt_optuna.core import log
+from gpt_optuna.core.engine_spec import trial_engine
 from gpt_optuna.core.errors import UserError
 from gpt_optuna.core.words import counted
 from gpt_optuna.search.config import CHECK_STUDY, TuneConfig, absolute_storage, default_storage, storage_url
@@ -29,6 +30,9 @@ from gpt_optuna.search.options import (
     parse_duration,
 )
 from gpt_optuna.study.record import STUDIES
+
+if TYPE_CHECKING:
+    from gpt_optuna.usecases.tune import TuneEnd
 
 DEFAULT_PORT = 13000
 """The port ``storage-proxy`` serves on."""
@@ -103,13 +107,57 @@ def _tune_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def _tune(args: argparse.Namespace, argv: list[str]) -> int:
+    from gpt_optuna.api.tuning import run_tune
     from gpt_optuna.usecases.progress import Progress
-    from gpt_optuna.usecases.tune import tune
 
     progress = Progress(enabled=not args.quiet)
-    end = tune(tune_config(args), progress)
-    progress.finish(end.summary, end.steps(argv), end.note, end.took)
+    end = run_tune(tune_config(args), progress)
+    progress.finish(end.summary, next_steps(end, argv), end.note, end.took)
     return end.code
+
+
+def next_steps(end: TuneEnd, args: list[str]) -> list[str]:
+    """The commands worth running next after the run ``end`` tells (``args``: the command that ran),
+    each runnable as printed from any folder: resume the search (the same command) where a signal
+    stopped it before its end, else extend it (a larger --n-trials; not where the space is covered),
+    confirm the finalists where they were not (or were stopped), report, and export the winner where
+    it is a real improvement."""
+    from gpt_optuna.results.export import export_suffix
+
+    extended, skip = [], False
+    for index, arg in enumerate(args):
+        if skip:
+            skip = False
+            continue
+        if arg == "--n-trials":
+            skip = index + 1 < len(args)
+            continue
+        if not arg.startswith("--n-trials="):
+            extended.append(arg)
+    config, summary = end.config, end.summary
+    target = max(end.done, config.n_trials or 0) + max(10, end.done // 2)
+    here = shlex.quote(str(Path.cwd()))
+    where = shlex.join(flags_naming(str(config.storage), str(config.study_name)))
+    extend = shlex.join([*extended, "--n-trials", str(target)])
+    advice = end.advice()
+    steps = []
+    if advice.resume:
+        steps.append(f"resume with: cd {here} && gpt-optuna {shlex.join(args)}")
+    if advice.extend:
+        steps.append(f"extend with: cd {here} && gpt-optuna {extend}")
+    if advice.confirm:
+        steps.append(f"confirm the finalists: gpt-optuna confirm {where}")
+    if advice.remeasure_processes is not None:
+        processes = advice.remeasure_processes
+        steps.append(f"re-measure on a quiet host: gpt-optuna confirm {where} --processes {processes}")
+    if advice.remeasure_rounds is not None:
+        steps.append(f"re-measure with more rounds: gpt-optuna confirm {where} --rounds {advice.remeasure_rounds}")
+    steps.append(f"report: gpt-optuna report {where} -o {shlex.quote(str(Path('report.html').resolve()))}")
+    if advice.export and summary.best is not None:
+        engine = trial_engine(config.backend, summary.best.params)
+        out = Path("best").resolve().with_suffix(export_suffix(summary.best, engine))
+        steps.append(f"export the winner: gpt-optuna export {where} -o {shlex.quote(str(out))}")
+    return steps
 
 
 def _check_flags(parser: argparse.ArgumentParser) -> None:

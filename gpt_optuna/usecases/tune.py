@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import shlex
 import shutil
 import sqlite3
 import time
@@ -18,7 +17,6 @@ from optuna.artifacts import FileSystemArtifactStore
 from gpt_optuna.backends import EngineDescription, describe
 from gpt_optuna.backends.engine_choice import engine_defaults
 from gpt_optuna.core import interrupts
-from gpt_optuna.core.engine_spec import trial_engine
 from gpt_optuna.core.errors import EXIT_NO_FEASIBLE, UserError
 from gpt_optuna.core.measure_settings import MeasureSettings
 from gpt_optuna.core.space import Candidate, CandidateKey, Space, candidate_key
@@ -26,9 +24,8 @@ from gpt_optuna.core.words import counted
 from gpt_optuna.graph.model_profile import ModelProfile
 from gpt_optuna.protocol.jobs import EvaluateJob
 from gpt_optuna.remeasure.finalists import ConfirmationFailed, confirm
-from gpt_optuna.results.export import export_suffix
 from gpt_optuna.results.winner import name_objectives, record_winner
-from gpt_optuna.search.config import FinalistPlan, TuneConfig, study_flags
+from gpt_optuna.search.config import FinalistPlan, TuneConfig
 from gpt_optuna.search.engines import KEPT_ENGINES
 from gpt_optuna.search.error_objective import error_objective_note
 from gpt_optuna.search.lanes import (
@@ -95,10 +92,6 @@ class TuneEnd:
     def advice(self) -> Advice:
         """What is worth doing next (:func:`advise`)."""
         return advise(self.summary, self.covered, self.reconfirm, self.stopped)
-
-    def steps(self, args: list[str]) -> list[str]:
-        """The commands worth running next (:func:`next_steps`); ``args``: the command that ran."""
-        return next_steps(self.config, args, self.done, self.summary, self.covered, self.reconfirm, self.stopped)
 
 
 def tune(config: TuneConfig, progress: Progress | None = None) -> TuneEnd:
@@ -496,51 +489,3 @@ def advise(summary: StudySummary, covered: bool = False, reconfirm: bool = False
             processes = 2 * confirmation.processes
     export = summary.verdict == "faster" and summary.best is not None
     return Advice(stopped, not stopped and not covered, confirm, processes, rounds, export)
-
-
-def next_steps(
-    config: TuneConfig,
-    args: list[str],
-    done: int,
-    summary: StudySummary,
-    covered: bool = False,
-    reconfirm: bool = False,
-    stopped: bool = False,
-) -> list[str]:
-    """The commands worth running next, each runnable as printed from any folder: resume the search
-    (the same command) where it was ``stopped`` before its end, else extend it (a larger --n-trials;
-    not where the space is ``covered``), confirm the finalists where they were not (or
-    ``reconfirm``), report, and export the winner where it is a real improvement."""
-    extended, skip = [], False
-    for index, arg in enumerate(args):
-        if skip:
-            skip = False
-            continue
-        if arg == "--n-trials":
-            skip = index + 1 < len(args)
-            continue
-        if not arg.startswith("--n-trials="):
-            extended.append(arg)
-    target = max(done, config.n_trials or 0) + max(10, done // 2)
-    here = shlex.quote(str(Path.cwd()))
-    where = shlex.join(study_flags(str(config.storage), str(config.study_name)))
-    extend = shlex.join([*extended, "--n-trials", str(target)])
-    advice = advise(summary, covered, reconfirm, stopped)
-    steps = []
-    if advice.resume:
-        steps.append(f"resume with: cd {here} && gpt-optuna {shlex.join(args)}")
-    if advice.extend:
-        steps.append(f"extend with: cd {here} && gpt-optuna {extend}")
-    if advice.confirm:
-        steps.append(f"confirm the finalists: gpt-optuna confirm {where}")
-    if advice.remeasure_processes is not None:
-        processes = advice.remeasure_processes
-        steps.append(f"re-measure on a quiet host: gpt-optuna confirm {where} --processes {processes}")
-    if advice.remeasure_rounds is not None:
-        steps.append(f"re-measure with more rounds: gpt-optuna confirm {where} --rounds {advice.remeasure_rounds}")
-    steps.append(f"report: gpt-optuna report {where} -o {shlex.quote(str(Path('report.html').resolve()))}")
-    if advice.export and summary.best is not None:
-        engine = trial_engine(config.backend, summary.best.params)
-        out = Path("best").resolve().with_suffix(export_suffix(summary.best, engine))
-        steps.append(f"export the winner: gpt-optuna export {where} -o {shlex.quote(str(out))}")
-    return steps
