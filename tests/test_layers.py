@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import ast
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -264,6 +266,26 @@ def test_each_registered_engine_runs_what_it_describes() -> None:
         assert isinstance(load_backend(name), type(registered.description)), name
 
 
+def test_describing_the_engines_imports_none_of_them() -> None:
+    """In a fresh process: the command line, the API and export loaded, every registered engine
+    described with its deployment, and no engine module a worker runs or engine library imported."""
+    script = (
+        "import sys\n"
+        "import gpt_optuna.api, gpt_optuna.cli.commands, gpt_optuna.results.export\n"
+        "from gpt_optuna.backends import DEPLOYMENTS, ENGINES, describe\n"
+        "for name in [*ENGINES, 'auto']:\n"
+        "    describe(name).speed_values\n"
+        "print(' '.join(sorted(sys.modules)), len(DEPLOYMENTS))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    *modules, deployments = done.stdout.split()
+    assert int(deployments) >= 3
+    engines = [m for m in modules if m.startswith("gpt_optuna.backends.") and m.rsplit(".", 1)[1] == "backend"]
+    assert engines == [], f"describing the engines imported {engines}"
+    libraries = {"torch", "onnxruntime", "tensorrt", "tensorrt_rtx", "cupy"} & set(modules)
+    assert not libraries, f"describing the engines imported {sorted(libraries)}"
+
+
 STUDY_RECORD = "gpt_optuna.study.record"
 
 
@@ -347,8 +369,8 @@ CONFIG_HOLDERS = {
     "gpt_optuna.cli.commands",
 }
 """The modules that take tune's whole configuration: the run itself, its preparation, the API that
-runs it and the command line that makes it; every other step takes the typed parts it needs (``TuneConfig.data``, ``.kind``,
-``.finalists``, a name, a deadline)."""
+runs it and the command line that makes it; every other step takes the typed parts it needs
+(``TuneConfig.data``, ``.kind``, ``.finalists``, a name, a deadline)."""
 MAX_CONFIG_TAKERS = 12
 """Functions and fields that take the whole ``TuneConfig`` (24 functions and 2 fields took it before the
 use cases were given typed parts)."""

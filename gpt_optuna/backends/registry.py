@@ -8,7 +8,7 @@ import importlib
 from dataclasses import dataclass
 
 from gpt_optuna.backends.base import Backend, Deployment, EngineDescription
-from gpt_optuna.backends.inductor import backend as _inductor
+from gpt_optuna.backends.inductor import deployment as _inductor
 from gpt_optuna.backends.inductor.deploy import CACHE_SUFFIX as _INDUCTOR_CACHE_SUFFIX
 from gpt_optuna.backends.inductor.description import InductorDescription
 from gpt_optuna.backends.onnxruntime import settings as _onnxruntime_settings
@@ -34,14 +34,14 @@ class Registered:
 ENGINES = {
     "onnxruntime": Registered(
         OnnxRuntimeDescription(),
-        "gpt_optuna.backends.onnxruntime:OnnxRuntimeBackend",
+        "gpt_optuna.backends.onnxruntime.backend:OnnxRuntimeBackend",
         Deployment(
             _onnxruntime_settings.side_file, 'backend: "onnxruntime"', "model.onnx", _onnxruntime_triton.triton_fields
         ),
     ),
     "tensorrt": Registered(
         TensorRTDescription(),
-        "gpt_optuna.backends.tensorrt:TensorRTBackend",
+        "gpt_optuna.backends.tensorrt.backend:TensorRTBackend",
         Deployment(
             _tensorrt_commands.side_file,
             'platform: "tensorrt_plan"',
@@ -50,10 +50,10 @@ ENGINES = {
             (".onnx",),
         ),
     ),
-    "tensorrt-rtx": Registered(TensorRTRTXDescription(), "gpt_optuna.backends.tensorrt:TensorRTRTXBackend"),
+    "tensorrt-rtx": Registered(TensorRTRTXDescription(), "gpt_optuna.backends.tensorrt.backend:TensorRTRTXBackend"),
     "inductor": Registered(
         InductorDescription(),
-        "gpt_optuna.backends.inductor:InductorBackend",
+        "gpt_optuna.backends.inductor.backend:InductorBackend",
         Deployment(
             _inductor.side_file,
             None,

@@ -18,72 +18,31 @@ from gpt_optuna.backends.base import (
     Backend,
     BuildError,
     Built,
-    ExportedTrial,
     KnobLimit,
     NodeTime,
     Profiling,
     Runner,
-    TritonFields,
     import_cupy,
 )
-from gpt_optuna.backends.inductor.deploy import CACHE_SUFFIX, SECTION, CompiledProgram
+from gpt_optuna.backends.inductor.deploy import CompiledProgram
+from gpt_optuna.backends.inductor.deployment import CACHE_ENV, inductor_caches, needs_program, settings_of
 from gpt_optuna.backends.inductor.description import InductorDescription
-from gpt_optuna.backends.inductor.fresh import compiled_fresh
 from gpt_optuna.backends.inductor.knobs import (
     CUDAGRAPHS,
-    PRECISION,
-    SDPA_BACKEND,
-    compile_options,
     inductor_knobs,
 )
 from gpt_optuna.backends.inductor.profiling import profiled_kernels
-from gpt_optuna.backends.side_file import SideFile
 from gpt_optuna.core.engine_facts import BuildFacts
 from gpt_optuna.core.engine_paths import EnginePaths
-from gpt_optuna.core.errors import UserError
 from gpt_optuna.core.space import Candidate, Space
 from gpt_optuna.graph.model import Feeds, ModelInfo, ShapeRange, one_line
-from gpt_optuna.graph.program import load_program, program_of
+from gpt_optuna.graph.program import load_program
 
 CALLS_IN_BUILD = 3
 """Calls made while building: the compile happens at the first, CUDA graphs are recorded by the third."""
 REBUILD_CHECK_S = 10.0
 """A compile longer than this is done again from the caches it left, timed: what a confirmation
 process or a service pays for it (a shorter one is taken to cost as much again)."""
-CACHE_FOLDER = "inductor"
-"""Inductor's caches (compiled graphs, kernels, autotuning results), in the study folder: trials of
-one configuration compile once, and a resumed study finds them."""
-CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
-
-
-def inductor_caches(folder: Path) -> Path:
-    """Where a study's compiles keep Inductor's caches: the folder ``TORCHINDUCTOR_CACHE_DIR``
-    names where it is set (the user's own, shared), else :data:`CACHE_FOLDER` in ``folder`` (the engine's caches);
-    absolute, since Inductor's compilers run in other folders."""
-    given = os.environ.get(CACHE_ENV)
-    return (Path(given) if given else folder / CACHE_FOLDER).resolve()
-
-
-def needs_program(onnx_path: Path) -> Path:
-    """The program the ONNX model at ``onnx_path`` was exported from (what an export ships); a
-    UserError where it is an ONNX model of its own."""
-    program = program_of(onnx_path)
-    if program is None:
-        raise UserError(
-            "the inductor engine compiles PyTorch programs: give the model as a .pt2 file (torch.export.save of"
-            " torch.export.export(model, example_inputs)); an ONNX model has none"
-        )
-    return program
-
-
-def settings_of(candidate: Candidate, device: str) -> dict[str, Any]:
-    """What :class:`CompiledProgram` takes for ``candidate`` (the export's side file keeps it)."""
-    return {
-        "options": compile_options(candidate),
-        "precision": candidate.get(PRECISION, "fp32"),
-        "sdpa_backend": candidate.get(SDPA_BACKEND, "default"),
-        "device": device,
-    }
 
 
 def _graph_targets(program: Any) -> set[str]:
@@ -261,18 +220,3 @@ class InductorRunner(Runner):
         fresh = self.compiled.inputs([feeds[n] for n in self.names])
         for bound, value in zip(self.inputs, fresh, strict=True):
             bound.copy_(value)
-
-
-def side_file(trial: ExportedTrial) -> dict[str, Any]:
-    """What :func:`~gpt_optuna.backends.inductor.deploy.load` compiles the exported program with
-    (the trial's settings, on the device it was tuned on), and what that compile took and its latency
-    in a fresh process (:func:`compiled_fresh`, which writes the caches shipped beside it)."""
-    device = "cuda" if CUDAGRAPHS in trial.params else "cpu"  # the knob is offered on the GPU alone
-    settings = settings_of(dict(trial.params), device)
-    cache = trial.out.with_name(trial.out.name + CACHE_SUFFIX)
-    fresh = compiled_fresh(trial.out, settings, trial.inputs, inductor_caches(trial.paths.caches), cache)
-    return {SECTION: settings, "fresh_process": fresh}
-
-
-def triton_fields(side: SideFile) -> TritonFields:
-    raise UserError("Triton's PyTorch backend runs TorchScript, not a program Inductor compiles")

@@ -1,6 +1,3 @@
 """ONNX Runtime: its backend, the knobs it offers, the session settings a candidate maps to, and
-``open_session`` for an exported model."""
-
-from gpt_optuna.backends.onnxruntime.backend import OnnxRuntimeBackend
-
-__all__ = ["OnnxRuntimeBackend"]
+``open_session`` for an exported model. Its description (``description``) imports none of the
+engine a worker runs (``backend``)."""

@@ -1,5 +1,2 @@
-"""TensorRT and TensorRT-RTX: their backend and the trtexec / Polygraphy command lines of a trial."""
-
-from gpt_optuna.backends.tensorrt.backend import TensorRTBackend, TensorRTRTXBackend
-
-__all__ = ["TensorRTBackend", "TensorRTRTXBackend"]
+"""TensorRT and TensorRT-RTX: their backend and the trtexec / Polygraphy command lines of a trial.
+Their descriptions (``description``) import none of the engine a worker runs (``backend``)."""
