@@ -32,6 +32,11 @@ class Outcome(enum.StrEnum):
         return self not in (Outcome.OK, Outcome.INFEASIBLE)
 
     @property
+    def is_infeasible(self) -> bool:
+        """It ran, and missed the accuracy criterion."""
+        return self is Outcome.INFEASIBLE
+
+    @property
     def is_deterministic(self) -> bool:
         """A failure of the candidate itself (its graph cannot be made, built or run by the
         engine), which happens again on every try; a crash, a hang or an exception may be the

@@ -120,6 +120,9 @@ class _Outcome(Protocol):
     @property
     def is_failure(self) -> bool: ...
 
+    @property
+    def is_infeasible(self) -> bool: ...
+
 
 class _Evaluation(Protocol):
     """What a trial records of its evaluation (:class:`gpt_optuna.protocol.outcome.TrialResult`)."""
@@ -148,7 +151,7 @@ def result_attrs(result: _Evaluation) -> dict[str, Any]:
         attrs[LATENCY] = asdict(result.latency)
     if result.verdict is not None:
         attrs[ACCURACY] = result.verdict.metrics
-    if result.outcome.value == "infeasible":  # Outcome.INFEASIBLE
+    if result.outcome.is_infeasible:
         attrs[INFEASIBLE] = result.detail
     elif result.outcome.is_failure:
         attrs[FAILURE] = result.detail
