@@ -3,7 +3,7 @@ place that reads them (the tuner writes them by these names; Optuna's own queue 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict
 from typing import Any, Protocol
 
@@ -225,6 +225,21 @@ def source_study(source: str) -> str:
     return source.rpartition(":")[0]
 
 
+def _read(name: str, kind: Callable[[Any], Any] = str, doc: str | None = None) -> Any:
+    """A :class:`TrialRecord` property: attr ``name`` as ``kind`` (None where the trial has none)."""
+
+    def read(self: TrialRecord) -> Any:
+        value = self._attrs.get(name)
+        return None if value is None else kind(value)
+
+    return property(read, doc=doc)
+
+
+def _marked(name: str, doc: str | None = None) -> Any:
+    """A :class:`TrialRecord` property: whether the trial holds attr ``name``."""
+    return property(lambda self: name in self._attrs, doc=doc)
+
+
 class TrialRecord:
     """What one trial recorded (an Optuna ``Trial`` or ``FrozenTrial``): each attr by its meaning,
     and what an absent one means. A view, made per read: it holds the attrs as they were read.
@@ -237,10 +252,6 @@ class TrialRecord:
         self._attrs: Mapping[str, Any] = trial.user_attrs
         self.number = trial.number
 
-    def _text(self, name: str) -> str | None:
-        value = self._attrs.get(name)
-        return None if value is None else str(value)
-
     @property
     def baseline(self) -> bool:
         return bool(self._attrs.get(BASELINE))
@@ -248,48 +259,26 @@ class TrialRecord:
     @property
     def seeded(self) -> str | None:
         """Why it was queued before the sampler's candidates; None where it was not."""
-        return self._text(SEEDED) if self._attrs.get(SEEDED) else None
+        value = self._attrs.get(SEEDED)
+        return str(value) if value else None
 
-    @property
-    def warm_start_from(self) -> str | None:
-        return self._text(WARM_START_ATTR)
-
-    @property
-    def your_configuration(self) -> str | None:
-        """The file of the user's own configuration, on its trial; None elsewhere."""
-        return self._text(YOURS_ATTR)
-
-    @property
-    def engine_defaults(self) -> str | None:
-        """The engine whose defaults the trial is, in a study of several engines; None elsewhere."""
-        return self._text(ENGINE_DEFAULTS_ATTR)
-
-    @property
-    def proposed_by(self) -> str | None:
-        """Where the sampler's candidate came from (``sampler``, ``screen``, ...); None for a queued one."""
-        return self._text(PROPOSED_ATTR)
-
-    @property
-    def is_yours(self) -> bool:
-        return YOURS_ATTR in self._attrs
-
-    @property
-    def owner(self) -> str | None:
-        return self._text(OWNER)
-
-    @property
-    def host(self) -> str | None:
-        return self._text(HOST)
-
-    @property
-    def gpu(self) -> str | None:
-        """The device it was measured on (``cpu``); None before it ran."""
-        return self._text(GPU)
-
-    @property
-    def outcome(self) -> str | None:
-        """Its evaluation's outcome; None before one was recorded (an interrupted trial)."""
-        return self._text(OUTCOME)
+    warm_start_from = _read(WARM_START_ATTR)
+    your_configuration = _read(
+        YOURS_ATTR, doc="The file of the user's own configuration, on its trial; None elsewhere."
+    )
+    engine_defaults = _read(
+        ENGINE_DEFAULTS_ATTR,
+        doc="The engine whose defaults the trial is, in a study of several engines; None elsewhere.",
+    )
+    proposed_by = _read(
+        PROPOSED_ATTR,
+        doc="Where the sampler's candidate came from (``sampler``, ``screen``, ...); None for a queued one.",
+    )
+    is_yours = _marked(YOURS_ATTR)
+    owner = _read(OWNER)
+    host = _read(HOST)
+    gpu = _read(GPU, doc="The device it was measured on (``cpu``); None before it ran.")
+    outcome = _read(OUTCOME, doc="Its evaluation's outcome; None before one was recorded (an interrupted trial).")
 
     @property
     def latency(self) -> dict[str, Any] | None:
@@ -316,10 +305,7 @@ class TrialRecord:
     def accuracy(self) -> dict[str, float] | None:
         return self._attrs.get(ACCURACY)
 
-    @property
-    def build_s(self) -> float | None:
-        value = self._attrs.get(BUILD_S)
-        return None if value is None else float(value)
+    build_s = _read(BUILD_S, float)
 
     @property
     def fresh_build_s(self) -> float | None:
@@ -328,45 +314,17 @@ class TrialRecord:
         value = self._attrs.get(REBUILD_S)
         return self.build_s if value is None else float(value)
 
-    @property
-    def infeasible(self) -> str | None:
-        return self._text(INFEASIBLE)
-
-    @property
-    def failure(self) -> str | None:
-        return self._text(FAILURE)
-
-    @property
-    def failed(self) -> bool:
-        """It recorded a failure: the candidate could not be made, built or run."""
-        return FAILURE in self._attrs
-
-    @property
-    def interrupted(self) -> str | None:
-        return self._text(INTERRUPTED)
-
-    @property
-    def marked_interrupted(self) -> bool:
-        """It carries the mark of an interruption (a kill can land before it is written)."""
-        return INTERRUPTED in self._attrs
-
-    @property
-    def interrupted_by(self) -> str | None:
-        return self._text(INTERRUPTED_BY)
-
-    @property
-    def reused_from(self) -> int | None:
-        value = self._attrs.get(REUSED_FROM)
-        return None if value is None else int(value)
-
-    @property
-    def reused(self) -> bool:
-        return REUSED_FROM in self._attrs
-
-    @property
-    def one_off(self) -> bool:
-        """The trial did one-time work (:data:`ONE_OFF`)."""
-        return ONE_OFF in self._attrs
+    infeasible = _read(INFEASIBLE)
+    failure = _read(FAILURE)
+    failed = _marked(FAILURE, "It recorded a failure: the candidate could not be made, built or run.")
+    interrupted = _read(INTERRUPTED)
+    marked_interrupted = _marked(
+        INTERRUPTED, "It carries the mark of an interruption (a kill can land before it is written)."
+    )
+    interrupted_by = _read(INTERRUPTED_BY)
+    reused_from = _read(REUSED_FROM, int)
+    reused = _marked(REUSED_FROM)
+    one_off = _marked(ONE_OFF, "The trial did one-time work (:data:`ONE_OFF`).")
 
     @property
     def io_changes(self) -> dict[str, dict[str, list[str]]]:
@@ -376,17 +334,9 @@ class TrialRecord:
     def engine_io(self) -> dict[str, Any] | None:
         return self._attrs.get(ENGINE_IO)
 
-    @property
-    def transformed_model(self) -> str | None:
-        return self._text(TRANSFORMED_MODEL)
-
-    @property
-    def engine_artifact(self) -> str | None:
-        return self._text(ENGINE_ARTIFACT)
-
-    @property
-    def engine_dropped(self) -> str | None:
-        return self._text(ENGINE_DROPPED)
+    transformed_model = _read(TRANSFORMED_MODEL)
+    engine_artifact = _read(ENGINE_ARTIFACT)
+    engine_dropped = _read(ENGINE_DROPPED)
 
     @property
     def why_tried(self) -> dict[str, Any]:
