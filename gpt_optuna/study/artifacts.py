@@ -5,7 +5,6 @@ the store rather than from the first host's disk."""
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 
 import optuna
@@ -13,6 +12,7 @@ from optuna.artifacts import FileSystemArtifactStore, download_artifact, upload_
 
 from gpt_optuna.core.errors import UserError
 from gpt_optuna.core.files import atomic_path
+from gpt_optuna.graph.model import file_sha256
 from gpt_optuna.study.folder import StudyFolder
 from gpt_optuna.study.record import ARTIFACTS_ATTR, DATA_ATTR
 from gpt_optuna.study.trial_record import TrialRecord
@@ -43,10 +43,6 @@ def kept_engine(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> tuple[P
     return path, None
 
 
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
 def publish(study: optuna.Study, store: Path, workdir: Path) -> None:
     """Record the store, and upload each data file of ``workdir`` that the store lacks or holds
     in another version."""
@@ -58,7 +54,7 @@ def publish(study: optuna.Study, store: Path, workdir: Path) -> None:
         path = workdir / name
         if not path.is_file():
             continue
-        digest = _sha256(path)
+        digest = file_sha256(path)
         if shared.get(name, {}).get("sha256") != digest:
             artifact = upload_artifact(
                 artifact_store=FileSystemArtifactStore(store), file_path=str(path), study_or_trial=study
@@ -76,7 +72,7 @@ def fetch(study: optuna.Study, store: Path, workdir: Path, not_here: str) -> Non
             f"study {study.study_name!r} has no input data in its artifact store yet: start the search with "
             "gpt-optuna tune (this version) before workers join"
         )
-    stale = {n: e for n, e in shared.items() if not (workdir / n).is_file() or _sha256(workdir / n) != e["sha256"]}
+    stale = {n: e for n, e in shared.items() if not (workdir / n).is_file() or file_sha256(workdir / n) != e["sha256"]}
     if stale and not store.is_dir():
         raise UserError(not_here)
     workdir.mkdir(parents=True, exist_ok=True)
@@ -87,7 +83,7 @@ def fetch(study: optuna.Study, store: Path, workdir: Path, not_here: str) -> Non
                 download_artifact(artifact_store=artifacts, artifact_id=entry["artifact"], file_path=str(incoming))
             except Exception as exc:
                 raise UserError(f"cannot read {name} of study {study.study_name!r} from {store}: {exc}") from exc
-            if _sha256(incoming) != entry["sha256"]:
+            if file_sha256(incoming) != entry["sha256"]:
                 raise UserError(
                     f"{name} in the artifact store {store} does not match what study {study.study_name!r} recorded"
                 )
