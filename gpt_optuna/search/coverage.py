@@ -45,7 +45,8 @@ class Coverage:
         self.size = space.size()
         self._names = [k.name for k in space.knobs]
         self._values = [{v: i for i, v in enumerate(k.search_choices)} for k in space.knobs]
-        self._listed = self.size <= LISTED_AT_MOST
+        self.listed = self.size <= LISTED_AT_MOST
+        """Whether the space is small enough to list: its coverage is then exact."""
         self._rows: list[Row] = []
         self._index: dict[Row, int] = {}
         self._codes = np.zeros((0, len(self._names)), dtype=np.int16)
@@ -55,11 +56,6 @@ class Coverage:
         self._unfolded = -1
         self._rules = -1
         self._in_space = 0
-
-    @property
-    def listed(self) -> bool:
-        """Whether the space is small enough to list: its coverage is then exact."""
-        return self._listed
 
     def row(self, candidate: Candidate | Key) -> Row:
         values = dict(candidate)
@@ -74,11 +70,11 @@ class Coverage:
         ledger = self.ledger
         if ledger.unfolded != self._unfolded or rules != self._rules:
             self._unfolded, self._rules, self._read, self._in_space = ledger.unfolded, rules, 0, 0
-            if self._listed:
+            if self.listed:
                 self._list()
         for key in ledger.held_log[self._read :]:
             row = self.row(key)
-            if self._listed:
+            if self.listed:
                 at = self._index.get(row)
                 if at is not None:
                     self._open[at] = False
@@ -103,7 +99,7 @@ class Coverage:
     def left(self, taken: Iterable[Key] = ()) -> int:
         """Candidates no trial holds (nor ``taken``: running, queued or being proposed), those ruled
         out not counted; for a space too large to list, those no finished trial holds."""
-        if not self._listed:
+        if not self.listed:
             return self.size - self._in_space
         busy = self._busy(taken)
         return int(self._open.sum()) - int(self._open[busy].sum()) if busy else int(self._open.sum())
@@ -116,7 +112,7 @@ class Coverage:
     ) -> Candidate | None:
         """Of the candidates left (not ``taken``, and those ``fits`` accepts), one of those that
         differ from ``to`` in the fewest knobs; None where none is left or the space is not listed."""
-        if not self._listed:
+        if not self.listed:
             return None
         apart = (self._codes != np.array(self._code(self.row(to)), dtype=np.int16)).sum(axis=1, dtype=np.int32)
         apart[~self._open] = _FAR
