@@ -34,10 +34,7 @@ from gpt_optuna.study.optuna_internals import shared_trials
 from gpt_optuna.study.recovery import PROCESS
 from gpt_optuna.study.storage import one_transaction, set_trial_attrs
 from gpt_optuna.study.taxonomy import own_results
-from gpt_optuna.study.trial_record import (
-    PROPOSED_ATTR,
-    TrialRecord,
-)
+from gpt_optuna.study.trial_record import PROPOSED_ATTR, TrialRecord
 
 HOST = socket.gethostname()
 OWNER = PROCESS

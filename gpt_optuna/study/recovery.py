@@ -18,11 +18,7 @@ from optuna.trial import FrozenTrial, TrialState
 from gpt_optuna.core.files import is_held, locked
 from gpt_optuna.study.folder import StudyFolder
 from gpt_optuna.study.optuna_internals import storage_of, trial_id
-from gpt_optuna.study.taxonomy import (
-    is_interrupted,
-    own_results,
-    retried_numbers,
-)
+from gpt_optuna.study.taxonomy import is_interrupted, own_results, retried_numbers
 from gpt_optuna.study.trial_record import FAILED_TRIAL, INTERRUPTED, INTERRUPTED_BY, RETRY_HISTORY, TrialRecord
 
 _MAX_RETRY = 3
