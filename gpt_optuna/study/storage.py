@@ -19,6 +19,7 @@ import optuna
 
 from gpt_optuna.core.errors import MissingDependencyError, UserError
 from gpt_optuna.core.log import RESULT, logger, tell
+from gpt_optuna.graph.model import one_line
 from gpt_optuna.study.optuna_internals import (
     CONSTRAINTS_KEY,
     UPSERTS,
@@ -33,8 +34,6 @@ from gpt_optuna.study.optuna_internals import (
 from gpt_optuna.study.recovery import retry_trial
 
 _HEARTBEAT_S = 30
-
-
 _GRACE_S = 120
 
 
@@ -110,8 +109,7 @@ def _open_error(url: str, path: Path | None, exc: Exception) -> UserError:
     cause: BaseException = exc
     while cause.__cause__ is not None:  # Optuna's own wrapper says less than the driver's error
         cause = cause.__cause__
-    first = str(cause).strip().splitlines()[0] if str(cause).strip() else type(cause).__name__
-    return UserError(fault or f"cannot open storage {url!r}: {first}")
+    return UserError(fault or f"cannot open storage {url!r}: {one_line(cause)}")
 
 
 def _check_storage_file(url: str, path: Path, create: bool) -> None:
@@ -176,8 +174,6 @@ def _is_sqlite(path: Path) -> bool:
 
 
 GRPC_WAIT_S = 10.0
-
-
 SQLITE_WAIT_S = 60.0
 
 
