@@ -16,6 +16,7 @@ import contextlib
 import threading
 import time
 import warnings
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -133,10 +134,7 @@ def check_devices(lanes: Sequence[Lane], study_device: str | None, allow_mixed: 
             f"workers on different devices ({seen}{where}): their latencies cannot be ranked together; "
             "use GPUs of one model, or --allow-mixed-gpus"
         )
-    shared: dict[str | None, int] = {}
-    for lane in lanes:
-        shared[lane.gpu] = shared.get(lane.gpu, 0) + 1
-    crowded = [gpu for gpu, count in shared.items() if count > 1]
+    crowded = [gpu for gpu, count in Counter(lane.gpu for lane in lanes).items() if count > 1]
     if not crowded:
         return []
     which = "the default device" if crowded == [None] else f"GPU {', '.join(str(g) for g in crowded)}"
