@@ -38,12 +38,8 @@ def trial_key(trial: FrozenTrial) -> Key:
 def refusal_causes(refused: Mapping[str, list[Key]], ran: list[Key]) -> list[Key]:
     """Per error the engine refused two or more candidates with, the settings they all share,
     where no candidate the engine ran has them all: a candidate holding them would be refused too."""
-    causes = []
-    for candidates in refused.values():
-        shared = frozenset.intersection(*candidates) if len(candidates) > 1 else frozenset()
-        if shared and not any(shared <= other for other in ran):
-            causes.append(shared)
-    return causes
+    shared = (frozenset.intersection(*candidates) for candidates in refused.values() if len(candidates) > 1)
+    return [cause for cause in shared if cause and not any(cause <= other for other in ran)]
 
 
 class StudyLedger:
