@@ -304,14 +304,10 @@ def route_key(route: Route) -> str:
 EXPLAINED = 1.5
 """A screen ends once what its fit leaves unexplained is within this factor of the measurement's
 own spread: a larger rest is a knob not found yet."""
-
-
 EXPLOITED = 2
 """The fit's fastest routes the screen builds after each checkpoint, before random ones."""
 RANDOM_TRIES = 100
 """Random routes drawn before one that is taken is given (a screen of few knobs may have built them all)."""
-
-
 REFINE_LIMIT = 64
 """The most routes of the kept knobs built after a screen."""
 
