@@ -58,19 +58,16 @@ def parse_tolerance(text: str | float) -> float:
     return value
 
 
-def _is_loader(value: str, folder: Path) -> bool:
-    """A ``module:function`` data loader rather than a file or folder."""
-    return ":" in value and not (folder / value).exists() and not Path(value).exists()
-
-
 def optional_path(text: str | Path | None) -> Path | None:
     """A path given, None where none was (or an empty flag)."""
     return Path(text) if text else None
 
 
 def _file(value: str, folder: Path) -> Path:
-    """A TOML file or folder relative to the TOML file's folder; a data loader as it is."""
-    return Path(value) if _is_loader(value, folder) else folder / value
+    """A TOML file or folder relative to the TOML file's folder; a data loader (``module:function``,
+    not a file or folder) as it is."""
+    loader = ":" in value and not (folder / value).exists() and not Path(value).exists()
+    return Path(value) if loader else folder / value
 
 
 @dataclass(frozen=True)
