@@ -122,10 +122,8 @@ def speedups(medians: np.ndarray, processes: np.ndarray, seed: int = 0) -> list[
             half = t_quantile(1 - tail, len(labels) - 1) * se
         else:
             half = NormalDist().inv_cdf(1 - tail) * float(within[0])
-        latency_ms, baseline_ms = (
-            float(np.exp(np.mean(np.log(process_ms)))),
-            float(np.exp(np.mean(np.log(process_base)))),
-        )
+        latency_ms = float(np.exp(np.mean(np.log(process_ms))))
+        baseline_ms = float(np.exp(np.mean(np.log(process_base))))
         found.append(
             Speedup(
                 estimate=baseline_ms / latency_ms,  # exp(centre), as the ratio of the two figures shown beside it
