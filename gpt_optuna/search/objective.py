@@ -111,7 +111,6 @@ class Objective:
         with one_transaction(trial) as attrs:
             candidate = self.space.suggest(trial)
             source = self.sampler.sources.get(trial.number) if self.sampler is not None else None
-            # who measured it, on what
             attrs |= {
                 trial_record.OWNER: OWNER,
                 trial_record.HOST: HOST,
