@@ -143,10 +143,8 @@ def result_attrs(result: _Evaluation) -> dict[str, Any]:
     """The attrs a trial records of its evaluation: its outcome, timings, latency statistics,
     accuracy metrics, why it failed, and its engine's facts."""
     attrs: dict[str, Any] = {OUTCOME: result.outcome.value, **facts_attrs(result.build, result.run)}
-    timed = {EVAL_S: result.eval_s, MEASURE_S: result.measure_s}
+    timed = {EVAL_S: result.eval_s, MEASURE_S: result.measure_s, BUILD_S: result.build_s}
     attrs |= {name: seconds for name, seconds in timed.items() if seconds is not None}
-    if result.build_s is not None:
-        attrs[BUILD_S] = result.build_s
     if result.latency is not None:
         attrs[LATENCY] = asdict(result.latency)
     if result.verdict is not None:
