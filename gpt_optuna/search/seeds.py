@@ -22,6 +22,7 @@ from gpt_optuna.core.words import counted
 from gpt_optuna.graph.model import file_sha256
 from gpt_optuna.graph.model_profile import ModelProfile, profile_of, similarity
 from gpt_optuna.graph.transforms import SPEED_VALUES
+from gpt_optuna.search.lanes import study_device
 from gpt_optuna.study.record import StudyRecord
 from gpt_optuna.study.taxonomy import baseline_trial
 from gpt_optuna.study.trial_record import TrialRecord
@@ -279,6 +280,4 @@ def _best_of(study: optuna.Study, space: Space, skip: CandidateKey, count: int) 
 def _same_kind(storage: optuna.storages.BaseStorage, name: str, backend: str, device: str) -> bool:
     """Whether study ``name`` searched this backend and measured its baseline on this device."""
     study = optuna.load_study(study_name=name, storage=storage)
-    baseline = baseline_trial(study.get_trials(deepcopy=False))
-    same_backend = StudyRecord.read(study).backend == backend
-    return same_backend and baseline is not None and TrialRecord(baseline).gpu == device
+    return StudyRecord.read(study).backend == backend and study_device(study) == device
