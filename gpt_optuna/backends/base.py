@@ -51,6 +51,11 @@ def nvidia_gpu_seen() -> bool:
     return shutil.which("nvidia-smi") is not None
 
 
+def where_offered(candidate: Mapping[str, Value], values: Mapping[str, Value]) -> Candidate:
+    """``candidate`` with each knob of ``values`` it has set to that value (one it lacks stays absent)."""
+    return {**candidate, **{knob: value for knob, value in values.items() if knob in candidate}}
+
+
 class BuildError(GptOptunaError):
     """The engine could not be built for this candidate; ``log`` holds the engine's own words."""
 

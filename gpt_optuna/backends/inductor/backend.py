@@ -23,6 +23,7 @@ from gpt_optuna.backends.base import (
     Profiling,
     Runner,
     import_cupy,
+    where_offered,
 )
 from gpt_optuna.backends.inductor.deploy import CompiledProgram
 from gpt_optuna.backends.inductor.deployment import CACHE_ENV, inductor_caches, needs_program, settings_of
@@ -141,7 +142,7 @@ class InductorBackend(InductorDescription, Backend):
         profiler does not see) and with Inductor's C++ kernels named to the profiler, then
         :func:`profiled_kernels`."""
         job, candidate = profiling, profiling.candidate
-        profiled = {**candidate, CUDAGRAPHS: False} if CUDAGRAPHS in candidate else dict(candidate)
+        profiled = where_offered(candidate, {CUDAGRAPHS: False})
         built = self.build(job.model, profiled, job.paths, job.shapes, {"cpp.enable_kernel_profile": True})
         with self.open(built, job.feeds, job.outputs) as runner:
             return profiled_kernels(runner, job.runs, self._device() == "cuda")

@@ -31,6 +31,7 @@ from gpt_optuna.backends.base import (
     Profiling,
     Runner,
     import_cupy,
+    where_offered,
 )
 from gpt_optuna.backends.tensorrt.description import TensorRTDescription, TensorRTRTXDescription
 from gpt_optuna.backends.tensorrt.io_dtypes import ENGINE_DTYPES, device_dtype, engine_dtype, on_device
@@ -164,10 +165,7 @@ class TensorRTBackend(TensorRTDescription, Backend):
     ) -> list[KnobLimit]:
         """Build the candidate at the lowest optimization level: parsing alone misses what the
         builder refuses (a type it has no kernel for, say), and the lowest level builds quickly."""
-        quick = (
-            {**candidate, "builder_optimization_level": 0} if "builder_optimization_level" in candidate else candidate
-        )
-        self.build(model, quick, paths, shapes)
+        self.build(model, where_offered(candidate, {"builder_optimization_level": 0}), paths, shapes)
         return []
 
     def build(self, model: ModelInfo, candidate: Candidate, paths: EnginePaths, shapes: dict[str, ShapeRange]) -> Built:
@@ -260,11 +258,7 @@ class TensorRTBackend(TensorRTDescription, Backend):
         loads (builds differ); a layer's type is the ONNX operators it was made of, by the node
         names TensorRT gives its layers."""
         job, model = profiling, profiling.model
-        plain = dict(job.candidate)
-        if "runtime.cuda_graph" in plain:
-            plain["runtime.cuda_graph"] = False
-        if "runtime.cuda_graph_strategy" in plain:
-            plain["runtime.cuda_graph_strategy"] = "DISABLED"
+        plain = where_offered(job.candidate, {"runtime.cuda_graph": False, "runtime.cuda_graph_strategy": "DISABLED"})
         loaded = None if job.saved is None else self.load(model, plain, job.saved)
         runner = self.open(loaded or self.build(model, plain, job.paths, job.shapes), job.feeds, job.outputs)
         assert isinstance(runner, TensorRTRunner)
