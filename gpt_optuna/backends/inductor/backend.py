@@ -88,9 +88,6 @@ class InductorBackend(InductorDescription, Backend):
             found["triton"] = triton.__version__
         return found
 
-    def precisions(self) -> tuple[str, ...]:
-        return ("fp32",)  # the program's own precision is a knob of the engine, not an ONNX graph's
-
     def space(self, model: ModelInfo, shapes: dict[str, ShapeRange]) -> Space:
         targets = _graph_targets(load_program(needs_program(model.path)))
         attention = any("scaled_dot_product" in t for t in targets)
