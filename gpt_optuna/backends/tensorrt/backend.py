@@ -37,7 +37,6 @@ from gpt_optuna.backends.tensorrt.description import TensorRTDescription, Tensor
 from gpt_optuna.backends.tensorrt.io_dtypes import ENGINE_DTYPES, device_dtype, engine_dtype, on_device
 from gpt_optuna.backends.tensorrt.knobs import (
     WEAK_TYPING_KNOBS,
-    RouteKnob,
     configure,
     discover_knobs,
     parse_build_routes,
@@ -123,7 +122,6 @@ def _device_l2_bytes() -> int | None:
 @dataclass
 class _Engine:
     plan: bytes
-    routes: list[RouteKnob]
     candidate: Candidate
 
 
@@ -196,7 +194,7 @@ class TensorRTBackend(TensorRTDescription, Backend):
             build_route=route_string(candidate, routes) if routes else None,
             build_log="\n".join(logger.messages)[-2000:] if logger.messages else None,
         )
-        return Built(_Engine(data, routes, candidate), build_s, facts)
+        return Built(_Engine(data, candidate), build_s, facts)
 
     def serialize(self, built: Built) -> bytes | None:
         return built.engine.plan  # type: ignore[no-any-return]
@@ -207,7 +205,7 @@ class TensorRTBackend(TensorRTDescription, Backend):
         deserialize it (a plan of another architecture or version): it is built again."""
         if self.trt.Runtime(_capturing_logger(self.trt)).deserialize_cuda_engine(engine) is None:
             return None
-        return Built(_Engine(engine, [], candidate), 0.0, BuildFacts(engine_sha256=hashlib.sha256(engine).hexdigest()))
+        return Built(_Engine(engine, candidate), 0.0, BuildFacts(engine_sha256=hashlib.sha256(engine).hexdigest()))
 
     @staticmethod
     def _load_timing_cache(config: Any, path: Path, logger: Any) -> tuple[Any, bool]:
