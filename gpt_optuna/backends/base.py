@@ -20,7 +20,6 @@ import shutil
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import TracebackType
 from typing import Any, ClassVar
 
 import numpy as np
@@ -199,9 +198,7 @@ class Runner(abc.ABC):
     def __enter__(self) -> Runner:
         return self
 
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
 
