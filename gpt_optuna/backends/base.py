@@ -20,7 +20,6 @@ import shutil
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import TracebackType
 from typing import Any, ClassVar
 
 import numpy as np
@@ -49,6 +48,11 @@ def nvidia_gpu_seen() -> bool:
     if devices.is_dir():
         return any(devices.iterdir())
     return shutil.which("nvidia-smi") is not None
+
+
+def where_offered(candidate: Mapping[str, Value], values: Mapping[str, Value]) -> Candidate:
+    """``candidate`` with each knob of ``values`` it has set to that value (one it lacks stays absent)."""
+    return {**candidate, **{knob: value for knob, value in values.items() if knob in candidate}}
 
 
 class BuildError(GptOptunaError):
@@ -194,9 +198,7 @@ class Runner(abc.ABC):
     def __enter__(self) -> Runner:
         return self
 
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
 

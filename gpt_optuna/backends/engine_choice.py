@@ -142,15 +142,13 @@ class EngineChoice(EnginesDescription[Backend], Backend):
 
     def __init__(self, engines: Mapping[str, Backend]) -> None:
         super().__init__(engines)
-        self.weak_typing_knobs = frozenset(k for e in self._graph_precision_engines() for k in e.weak_typing_knobs)
+        precise = [e for e in engines.values() if len(e.precisions()) > 1]
+        self.weak_typing_knobs = frozenset(k for e in precise for k in e.weak_typing_knobs)
 
     @classmethod
     def of(cls, spec: str) -> EngineChoice:
         """The engines ``spec`` (a comma list, or ``auto``) names, loaded."""
         return cls(labelled_engines(spec, load_engine))
-
-    def _graph_precision_engines(self) -> list[Backend]:
-        return [e for e in self.engines.values() if len(e.precisions()) > 1]
 
     def space(self, model: ModelInfo, shapes: dict[str, ShapeRange]) -> Space:
         choice = Knob(

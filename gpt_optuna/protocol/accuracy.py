@@ -222,7 +222,7 @@ class Criterion:
             applicable = [v for v in values if v is not None]
             if not applicable:
                 raise UserError(f"metric {metric.key} applies to none of the model's outputs")
-            metrics[metric.key] = min(applicable) if metric.higher_is_better else max(applicable)
+            metrics[metric.key] = _worst(metric, applicable)
         return metrics
 
     def check_applicable(self, reference: Mapping[str, np.ndarray]) -> None:

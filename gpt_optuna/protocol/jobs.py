@@ -276,17 +276,17 @@ def reference_outputs(model: ModelInfo, samples: list[Feeds]) -> list[Feeds]:
     worker's log (kept), not the tuner."""
     folder = Path(tempfile.mkdtemp(prefix="gpt-optuna-reference-"))
     log = folder / "worker.log"
+    keep = False
     try:
         with Worker(log) as worker:
-            found = list(worker.run(ReferenceJob(model, tuple(samples)), None))
+            return list(worker.run(ReferenceJob(model, tuple(samples)), None))
     except JobFailure as failure:
         if failure.kind is not FailureKind.EXCEPTION:  # a crash or a hang: the model's; its log is kept
-            where = f"{model.path} on CPU for the reference: {failure}; its log: {log}"
-            raise UserError(f"ONNX Runtime cannot run {where}") from None
-        shutil.rmtree(folder, ignore_errors=True)
+            keep = True
+            raise UserError(
+                f"ONNX Runtime cannot run {model.path} on CPU for the reference: {failure}; its log: {log}"
+            ) from None
         raise RuntimeError(f"the reference run failed: {failure.detail}") from None  # ours: an internal error
-    except BaseException:
-        shutil.rmtree(folder, ignore_errors=True)
-        raise
-    shutil.rmtree(folder, ignore_errors=True)
-    return found
+    finally:
+        if not keep:
+            shutil.rmtree(folder, ignore_errors=True)

@@ -35,8 +35,6 @@ from gpt_optuna.core.log import VERBOSITY_ENV, to_worker_stderr, verbosity
 T = TypeVar("T")
 
 _LOG_TAIL_CHARS = 4000
-
-
 _MAIN_SWAP = threading.Lock()
 
 
@@ -199,15 +197,10 @@ class Worker:
                 return True
             interrupts.check()
 
-    def _child_env(self) -> dict[str, str]:
-        """What the child sets in its environment: ``env``, and this process's verbosity."""
-        return {VERBOSITY_ENV: str(verbosity()), **self.env}
-
     def _start(self) -> None:
         parent_conn, child_conn = self._context.Pipe()
-        process = self._context.Process(
-            target=_child_main, args=(child_conn, str(self.log_path), self._child_env()), daemon=True
-        )
+        env = {VERBOSITY_ENV: str(verbosity()), **self.env}  # the child's: ``env``, and this process's verbosity
+        process = self._context.Process(target=_child_main, args=(child_conn, str(self.log_path), env), daemon=True)
         # a Ctrl-C before the child has read its start-up data from us would make it print a
         # traceback (EOFError) on the terminal: the interrupt waits until the child has started
         with interrupts.deferred(), _callers_main_left_out():

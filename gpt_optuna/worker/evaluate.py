@@ -4,6 +4,7 @@ and time it."""
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 import traceback
@@ -35,20 +36,14 @@ PROGRESS_EVERY_S = 5.0
 """How often a long step inside a job (the fp16 sensitivity ranking) tells the tuner how far it is."""
 
 
-_backends: dict[str, Backend] = {}
-
-
 _arrays: dict[tuple[Path, float], Feeds] = {}
-
-
 _infos: dict[tuple[Path, float], ModelInfo] = {}
 
 
+@functools.cache
 def backend_of(spec: str) -> Backend:
     """The backend ``spec`` names, loaded once in this worker."""
-    if spec not in _backends:
-        _backends[spec] = load_backend(spec)
-    return _backends[spec]
+    return load_backend(spec)
 
 
 def _npz(path: Path) -> Feeds:
@@ -72,13 +67,9 @@ def gpu_name() -> str:
     return names[0] if names else "none"
 
 
-_metrics: dict[str, Callable[..., Any]] = {}
-
-
+@functools.cache
 def _metric_function(spec: str) -> Callable[..., Any]:
-    if spec not in _metrics:
-        _metrics[spec] = load_function(spec, "--metric")
-    return _metrics[spec]
+    return load_function(spec, "--metric")
 
 
 def warm_up(job: WarmUpJob) -> str:

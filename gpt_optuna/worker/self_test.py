@@ -10,9 +10,9 @@ from typing import Any
 
 import numpy as np
 
-from gpt_optuna.backends import Backend, EnginePaths
+from gpt_optuna.backends import EnginePaths
 from gpt_optuna.core.measure_settings import MeasureSettings
-from gpt_optuna.graph.model import ModelInfo, load_model_info, resolve_shapes
+from gpt_optuna.graph.model import load_model_info, resolve_shapes
 from gpt_optuna.graph.program import onnx_of_program
 from gpt_optuna.protocol.jobs import SelfTestJob
 from gpt_optuna.protocol.process import gpu_names
@@ -40,21 +40,16 @@ def self_test(job: SelfTestJob) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="gpt-optuna-doctor-") as folder:
         model = onnx_of_program(tiny_program(Path(folder) / "tiny.pt2"), 300) if backend.takes_programs else TINY_MODEL
         info = load_model_info(model)
-        return _tried(backend, info)
-
-
-def _tried(backend: Backend, info: ModelInfo) -> dict[str, Any]:
-    space = backend.space(info, {})
-    found: dict[str, Any] = {
-        "versions": backend.versions(),
-        "gpus": gpu_names(),
-        "providers": backend.execution_providers(),
-        "knobs": {knob.name: list(knob.search_choices) for knob in space.knobs},
-    }
-    with tempfile.TemporaryDirectory(prefix="gpt-optuna-doctor-") as workdir:
+        space = backend.space(info, {})
+        found: dict[str, Any] = {
+            "versions": backend.versions(),
+            "gpus": gpu_names(),
+            "providers": backend.execution_providers(),
+            "knobs": {knob.name: list(knob.search_choices) for knob in space.knobs},
+        }
         started = time.perf_counter()
         shapes = resolve_shapes(info, {})
-        built = backend.build(info, space.defaults() | space.default(), EnginePaths.under(Path(workdir)), shapes)
+        built = backend.build(info, space.defaults() | space.default(), EnginePaths.under(Path(folder)), shapes)
         found["build_s"] = time.perf_counter() - started
         rng = np.random.default_rng(0)
         feeds = {spec.name: rng.standard_normal(spec.shape).astype(spec.dtype) for spec in info.inputs}

@@ -23,6 +23,7 @@ from gpt_optuna.backends.base import (
     Profiling,
     Runner,
     import_cupy,
+    where_offered,
 )
 from gpt_optuna.backends.inductor.deploy import CompiledProgram
 from gpt_optuna.backends.inductor.deployment import CACHE_ENV, inductor_caches, needs_program, settings_of
@@ -87,9 +88,6 @@ class InductorBackend(InductorDescription, Backend):
             found["triton"] = triton.__version__
         return found
 
-    def precisions(self) -> tuple[str, ...]:
-        return ("fp32",)  # the program's own precision is a knob of the engine, not an ONNX graph's
-
     def space(self, model: ModelInfo, shapes: dict[str, ShapeRange]) -> Space:
         targets = _graph_targets(load_program(needs_program(model.path)))
         attention = any("scaled_dot_product" in t for t in targets)
@@ -141,7 +139,7 @@ class InductorBackend(InductorDescription, Backend):
         profiler does not see) and with Inductor's C++ kernels named to the profiler, then
         :func:`profiled_kernels`."""
         job, candidate = profiling, profiling.candidate
-        profiled = {**candidate, CUDAGRAPHS: False} if CUDAGRAPHS in candidate else dict(candidate)
+        profiled = where_offered(candidate, {CUDAGRAPHS: False})
         built = self.build(job.model, profiled, job.paths, job.shapes, {"cpp.enable_kernel_profile": True})
         with self.open(built, job.feeds, job.outputs) as runner:
             return profiled_kernels(runner, job.runs, self._device() == "cuda")

@@ -22,6 +22,7 @@ from gpt_optuna.backends.base import (
     Profiling,
     Runner,
     import_cupy,
+    where_offered,
 )
 from gpt_optuna.backends.onnxruntime.description import OnnxRuntimeDescription
 from gpt_optuna.backends.onnxruntime.knobs import (
@@ -127,7 +128,7 @@ class OnnxRuntimeBackend(OnnxRuntimeDescription, Backend):
             return []
         limits = operator_limits(space, optimized_ops(model, candidate, paths.caches))
         limited = {limit.knob for limit in limits}
-        base = {**candidate, CUDA_GRAPH: False} if CUDA_GRAPH in candidate else candidate
+        base = where_offered(candidate, {CUDA_GRAPH: False})
 
         def captures(setting: Candidate) -> str | None:
             try:

@@ -13,6 +13,7 @@ from gpt_optuna.backends.onnxruntime.settings import (
     CUDA,
     CUDA_GRAPH,
     CUDA_OPTIONS,
+    EXECUTION_MODES,
     GPU_PROVIDERS,
     GRAPH_LEVEL,
     NHWC,
@@ -53,11 +54,7 @@ def discover_knobs(
     if CPU in providers:
         knobs += [
             Knob(
-                "execution_mode",
-                ("ORT_SEQUENTIAL", "ORT_PARALLEL"),
-                "ORT_SEQUENTIAL",
-                condition=on[CPU],
-                host_sensitive=CORES_AND_LOAD,
+                "execution_mode", EXECUTION_MODES, EXECUTION_MODES[0], condition=on[CPU], host_sensitive=CORES_AND_LOAD
             ),
             Knob(
                 "intra_op_num_threads",

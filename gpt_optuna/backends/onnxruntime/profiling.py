@@ -13,7 +13,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from gpt_optuna.backends.base import NodeTime
+from gpt_optuna.backends.base import NodeTime, where_offered
 from gpt_optuna.backends.onnxruntime.settings import CUDA_GRAPH, ort_module, provider_options, session_options
 from gpt_optuna.core.space import Candidate
 from gpt_optuna.graph.model import Feeds
@@ -25,7 +25,7 @@ KERNEL = "_kernel_time"
 def profiled_nodes(model_path: Path, candidate: Candidate, caches: Path, feeds: Feeds, runs: int) -> list[NodeTime]:
     """Run the candidate's session ``runs`` times under ONNX Runtime's profiler; its node times.
     A CUDA graph is not captured: its replays run no node the profiler sees."""
-    candidate = {**candidate, **{knob: False for knob in (CUDA_GRAPH, "trt.cuda_graph") if knob in candidate}}
+    candidate = where_offered(candidate, {CUDA_GRAPH: False, "trt.cuda_graph": False})
     with tempfile.TemporaryDirectory() as folder:
         options = session_options(candidate)
         options.enable_profiling = True

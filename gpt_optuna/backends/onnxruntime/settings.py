@@ -15,30 +15,20 @@ from gpt_optuna.core.space import Candidate, Value
 from gpt_optuna.graph.model import one_line
 
 CPU = "CPUExecutionProvider"
-
-
 CUDA = "CUDAExecutionProvider"
-
-
 TENSORRT = "TensorrtExecutionProvider"
-
-
 GPU_PROVIDERS = (CUDA, TENSORRT)
 
-
 CUDA_GRAPH = "cuda.enable_cuda_graph"
-
-
 NHWC = "cuda.prefer_nhwc"
-
-
 FUSE_CONV_BIAS = "cuda.fuse_conv_bias"
-
-
 GRAPH_LEVEL = "graph_optimization_level"
 
-
 OPTIONAL_GRAPH_LEVELS = ("ORT_DISABLE_ALL", "ORT_ENABLE_BASIC", "ORT_ENABLE_EXTENDED", "ORT_ENABLE_LAYOUT")
+"""The graph levels below ``ORT_ENABLE_ALL`` (offered where the installed version has them), in the
+order of their numbers in a user's configuration."""
+EXECUTION_MODES = ("ORT_SEQUENTIAL", "ORT_PARALLEL")
+"""The CPU provider's execution modes, in the order of their numbers."""
 
 
 @dataclass(frozen=True)
@@ -174,7 +164,8 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
-def _probe_model_bytes() -> bytes:
+def _probe_session(ort: Any, provider: str) -> Any:
+    """A session of a one-node model on ``provider`` alone, logging nothing; raises where none starts."""
     from onnx import TensorProto, helper
 
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])
@@ -182,7 +173,9 @@ def _probe_model_bytes() -> bytes:
     graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "probe", [x], [y])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
     model.ir_version = 8
-    return model.SerializeToString()
+    options = ort.SessionOptions()
+    options.log_severity_level = 4
+    return ort.InferenceSession(model.SerializeToString(), options, providers=[provider])
 
 
 def usable_providers() -> list[str]:
@@ -193,14 +186,11 @@ def usable_providers() -> list[str]:
         with contextlib.suppress(Exception):  # a missing CUDA library shows up in the probe below
             ort.preload_dlls()
     usable = []
-    probe = _probe_model_bytes()
-    options = ort.SessionOptions()
-    options.log_severity_level = 4
     for provider in (*GPU_PROVIDERS, CPU):
         if provider not in listed:
             continue
         try:
-            session = ort.InferenceSession(probe, options, providers=[provider])
+            session = _probe_session(ort, provider)
         except Exception:
             continue
         if session.get_providers()[:1] == [provider]:
@@ -210,11 +200,8 @@ def usable_providers() -> list[str]:
 
 def cuda_option_keys() -> frozenset[str]:
     """The CUDA provider's option names in the installed ONNX Runtime (none where it cannot start)."""
-    ort = ort_module()
-    options = ort.SessionOptions()
-    options.log_severity_level = 4
     try:
-        session = ort.InferenceSession(_probe_model_bytes(), options, providers=[CUDA])
+        session = _probe_session(ort_module(), CUDA)
     except Exception:
         return frozenset()
     return frozenset(session.get_provider_options().get(CUDA, {}))

@@ -4,10 +4,8 @@ CUDA and TensorRT provider options in ``optimization.execution_accelerators``.""
 
 from __future__ import annotations
 
-from typing import Any
-
 from gpt_optuna.backends.base import TritonFields
-from gpt_optuna.backends.onnxruntime.settings import CPU, CUDA, PROVIDER_OPTIONS, TENSORRT
+from gpt_optuna.backends.onnxruntime.settings import CPU, CUDA, EXECUTION_MODES, PROVIDER_OPTIONS, TENSORRT
 from gpt_optuna.backends.side_file import SideFile
 
 GRAPH_LEVELS = {"ORT_ENABLE_ALL": None, "ORT_ENABLE_BASIC": -1, "ORT_ENABLE_EXTENDED": 1, "ORT_DISABLE_ALL": 2}
@@ -37,11 +35,6 @@ def triton_fields(record: SideFile) -> TritonFields:
     settings = record.sections.get("onnxruntime")
     if not settings:
         return TritonFields(on_gpu=True)
-    optimization, parameters, left_out = _onnxruntime_fields(settings)
-    return TritonFields(settings["providers"][0][0] != CPU, optimization + parameters, left_out)
-
-
-def _onnxruntime_fields(settings: dict[str, Any]) -> tuple[list[str], list[str], list[str]]:
     options, entries = settings["session_options"], settings["session_config_entries"]
     provider, provider_options = settings["providers"][0]
     left_out: list[str] = []
@@ -54,15 +47,14 @@ def _onnxruntime_fields(settings: dict[str, Any]) -> tuple[list[str], list[str],
     accelerator = _accelerator(provider, provider_options, left_out)
     if accelerator:
         inner.append(f"execution_accelerators {{ gpu_execution_accelerator [ {accelerator} ] }}")
-    optimization = [f"optimization {{ {' '.join(inner)} }}"] if inner else []
-    parameters = []
+    lines = [f"optimization {{ {' '.join(inner)} }}"] if inner else []
     for attribute, key in SESSION_PARAMETERS.items():
         if attribute in options:
-            value = options[attribute]
-            text = {"ORT_SEQUENTIAL": "0", "ORT_PARALLEL": "1"}.get(str(value), str(value).lower())
-            parameters.append(f'parameters {{ key: "{key}" value: {{ string_value: "{text}" }} }}')
+            value = str(options[attribute])
+            text = str(EXECUTION_MODES.index(value)) if value in EXECUTION_MODES else value.lower()
+            lines.append(f'parameters {{ key: "{key}" value: {{ string_value: "{text}" }} }}')
     left_out += [f"session config {key}={value}" for key, value in entries.items() if CONFIG_DEFAULTS.get(key) != value]
-    return optimization, parameters, left_out
+    return TritonFields(provider != CPU, lines, left_out)
 
 
 def _accelerator(provider: str, options: dict[str, str], left_out: list[str]) -> str:

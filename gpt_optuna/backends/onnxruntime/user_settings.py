@@ -17,13 +17,21 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from gpt_optuna.backends.onnxruntime.settings import CPU, CUDA, CUDA_OPTIONS, GRAPH_LEVEL, PROVIDER_OPTIONS, TENSORRT
+from gpt_optuna.backends.onnxruntime.settings import (
+    CPU,
+    CUDA,
+    CUDA_OPTIONS,
+    EXECUTION_MODES,
+    GRAPH_LEVEL,
+    OPTIONAL_GRAPH_LEVELS,
+    PROVIDER_OPTIONS,
+    TENSORRT,
+)
 from gpt_optuna.core.errors import UserError
 from gpt_optuna.core.space import Value
 
-_GRAPH_LEVELS = {0: "ORT_DISABLE_ALL", 1: "ORT_ENABLE_BASIC", 2: "ORT_ENABLE_EXTENDED", 3: "ORT_ENABLE_LAYOUT"}
-_GRAPH_LEVELS[99] = "ORT_ENABLE_ALL"
-_EXECUTION_MODES = {0: "ORT_SEQUENTIAL", 1: "ORT_PARALLEL"}
+_GRAPH_LEVELS = dict(enumerate(OPTIONAL_GRAPH_LEVELS)) | {99: "ORT_ENABLE_ALL"}
+_EXECUTION_MODES = dict(enumerate(EXECUTION_MODES))
 
 _SESSION_OPTIONS = {
     "graph_optimization_level": GRAPH_LEVEL,

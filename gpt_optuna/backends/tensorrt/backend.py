@@ -31,12 +31,12 @@ from gpt_optuna.backends.base import (
     Profiling,
     Runner,
     import_cupy,
+    where_offered,
 )
 from gpt_optuna.backends.tensorrt.description import TensorRTDescription, TensorRTRTXDescription
 from gpt_optuna.backends.tensorrt.io_dtypes import ENGINE_DTYPES, device_dtype, engine_dtype, on_device
 from gpt_optuna.backends.tensorrt.knobs import (
     WEAK_TYPING_KNOBS,
-    RouteKnob,
     configure,
     discover_knobs,
     parse_build_routes,
@@ -122,7 +122,6 @@ def _device_l2_bytes() -> int | None:
 @dataclass
 class _Engine:
     plan: bytes
-    routes: list[RouteKnob]
     candidate: Candidate
 
 
@@ -164,10 +163,7 @@ class TensorRTBackend(TensorRTDescription, Backend):
     ) -> list[KnobLimit]:
         """Build the candidate at the lowest optimization level: parsing alone misses what the
         builder refuses (a type it has no kernel for, say), and the lowest level builds quickly."""
-        quick = (
-            {**candidate, "builder_optimization_level": 0} if "builder_optimization_level" in candidate else candidate
-        )
-        self.build(model, quick, paths, shapes)
+        self.build(model, where_offered(candidate, {"builder_optimization_level": 0}), paths, shapes)
         return []
 
     def build(self, model: ModelInfo, candidate: Candidate, paths: EnginePaths, shapes: dict[str, ShapeRange]) -> Built:
@@ -198,7 +194,7 @@ class TensorRTBackend(TensorRTDescription, Backend):
             build_route=route_string(candidate, routes) if routes else None,
             build_log="\n".join(logger.messages)[-2000:] if logger.messages else None,
         )
-        return Built(_Engine(data, routes, candidate), build_s, facts)
+        return Built(_Engine(data, candidate), build_s, facts)
 
     def serialize(self, built: Built) -> bytes | None:
         return built.engine.plan  # type: ignore[no-any-return]
@@ -209,7 +205,7 @@ class TensorRTBackend(TensorRTDescription, Backend):
         deserialize it (a plan of another architecture or version): it is built again."""
         if self.trt.Runtime(_capturing_logger(self.trt)).deserialize_cuda_engine(engine) is None:
             return None
-        return Built(_Engine(engine, [], candidate), 0.0, BuildFacts(engine_sha256=hashlib.sha256(engine).hexdigest()))
+        return Built(_Engine(engine, candidate), 0.0, BuildFacts(engine_sha256=hashlib.sha256(engine).hexdigest()))
 
     @staticmethod
     def _load_timing_cache(config: Any, path: Path, logger: Any) -> tuple[Any, bool]:
@@ -260,11 +256,7 @@ class TensorRTBackend(TensorRTDescription, Backend):
         loads (builds differ); a layer's type is the ONNX operators it was made of, by the node
         names TensorRT gives its layers."""
         job, model = profiling, profiling.model
-        plain = dict(job.candidate)
-        if "runtime.cuda_graph" in plain:
-            plain["runtime.cuda_graph"] = False
-        if "runtime.cuda_graph_strategy" in plain:
-            plain["runtime.cuda_graph_strategy"] = "DISABLED"
+        plain = where_offered(job.candidate, {"runtime.cuda_graph": False, "runtime.cuda_graph_strategy": "DISABLED"})
         loaded = None if job.saved is None else self.load(model, plain, job.saved)
         runner = self.open(loaded or self.build(model, plain, job.paths, job.shapes), job.feeds, job.outputs)
         assert isinstance(runner, TensorRTRunner)

@@ -19,6 +19,14 @@ from gpt_optuna.backends.tensorrt.knobs import strongly_typed
 
 TILING_LEVELS = {"NONE": 0, "FAST": 1, "MODERATE": 2, "FULL": 3}
 """trtexec takes ``--tilingOptimizationLevel`` as the enum's integer."""
+NUMBER_FLAGS = {
+    "builder_optimization_level": "--builderOptimizationLevel",
+    "l2_limit_for_tiling": "--l2LimitForTiling",
+    "max_aux_streams": "--maxAuxStreams",
+    "max_num_tactics": "--maxTactics",
+    "avg_timing_iterations": "--avgTiming",
+}
+"""The knobs trtexec takes as a number, by their flags."""
 
 
 @dataclass
@@ -77,7 +85,7 @@ def trtexec(
     for name, value in changed.items():
         if not name.startswith(("tactic.", "route.")) and not (graphs_by_default and name in GRAPH_KNOBS):
             _add(line, name, value, _trtexec_argument(name, value))
-    if graphs_by_default and not _captures(params):
+    if graphs_by_default and not captures(params):
         line.arguments.append("--noCudaGraph")
     if major == WEAKLY_TYPED_BY_DEFAULT and strongly_typed(params):
         line.arguments.append("--stronglyTyped")
@@ -92,7 +100,7 @@ every network is strongly typed)."""
 GRAPH_KNOBS = ("runtime.cuda_graph", "runtime.cuda_graph_strategy")
 
 
-def _captures(params: Mapping[str, Any]) -> bool:
+def captures(params: Mapping[str, Any]) -> bool:
     """Whether the trial ran its engine as a CUDA graph."""
     return bool(params.get("runtime.cuda_graph")) or params.get("runtime.cuda_graph_strategy", "DISABLED") != "DISABLED"
 
@@ -107,15 +115,8 @@ def _add(line: CommandLine, name: str, value: Any, argument: list[str] | str | N
 
 
 def _trtexec_argument(name: str, value: Any) -> str | None:
-    simple = {
-        "builder_optimization_level": "--builderOptimizationLevel",
-        "l2_limit_for_tiling": "--l2LimitForTiling",
-        "max_aux_streams": "--maxAuxStreams",
-        "max_num_tactics": "--maxTactics",
-        "avg_timing_iterations": "--avgTiming",
-    }
-    if name in simple:
-        return f"{simple[name]}={value}"
+    if name in NUMBER_FLAGS:
+        return f"{NUMBER_FLAGS[name]}={value}"
     if name == "tiling_optimization_level":
         return f"--tilingOptimizationLevel={TILING_LEVELS[str(value)]}"
     if name == "workspace_mib":
@@ -127,7 +128,7 @@ def _trtexec_argument(name: str, value: Any) -> str | None:
     if name in ("flag.FP16", "flag.BF16", "flag.INT8") and value:
         return f"--{name.removeprefix('flag.').lower()}"
     if name in GRAPH_KNOBS:
-        return "--useCudaGraph" if _captures({name: value}) else None
+        return "--useCudaGraph" if captures({name: value}) else None
     return None
 
 

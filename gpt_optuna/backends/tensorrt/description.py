@@ -4,6 +4,7 @@ a user's trtexec command line."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 from collections.abc import Mapping
@@ -53,14 +54,10 @@ class TensorRTDescription(EngineDescription):
     def trt(self) -> ModuleType:
         """The library's module, imported on first use."""
         if self._trt is None:
-            for name in self.modules:
-                if not _installed(name):
-                    continue
-                try:
+            for name in filter(_installed, self.modules):
+                with contextlib.suppress(ImportError):
                     self._trt = importlib.import_module(name)
                     break
-                except ImportError:
-                    continue
             else:
                 raise MissingDependencyError(self.library, self.extra)
         return self._trt

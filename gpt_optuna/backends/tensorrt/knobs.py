@@ -11,7 +11,7 @@ from types import ModuleType
 from typing import Any
 
 from gpt_optuna.backends.base import BuildError
-from gpt_optuna.core.space import Candidate, Condition, Knob
+from gpt_optuna.core.space import Candidate, Condition, Knob, Value
 
 MIB = 1 << 20
 BUILDER_LEVELS = (0, 1, 2, 3, 4, 5)
@@ -38,7 +38,7 @@ UNSHIPPED_TACTICS = ("CUBLAS", "CUBLAS_LT", "CUDNN")
 offered only where the library has them on by default."""
 
 
-def _with_default(default: int, others: tuple[int, ...]) -> tuple[int, ...]:
+def _with_default(default: Value, others: tuple[Value, ...]) -> tuple[Value, ...]:
     return (default, *[v for v in others if v != default])
 
 
@@ -90,6 +90,10 @@ def _tokens(route: str) -> dict[str, str]:
     return dict(token.partition("=")[::2] for token in route.split())
 
 
+_COUNTS = {"max_aux_streams": (0, 1, 2, 4), "max_num_tactics": (-1, 1, 8, 32), "avg_timing_iterations": (1, 2, 4, 8)}
+"""Builder settings of a count, each with the values searched besides the fresh configuration's."""
+
+
 def discover_knobs(trt: ModuleType, config: Any, *, has_qdq: bool, dynamic: bool, l2_bytes: int | None) -> list[Knob]:
     """The search space the installed library offers, with defaults read from a fresh config."""
     knobs = [Knob("builder_optimization_level", BUILDER_LEVELS, int(config.builder_optimization_level))]
@@ -101,15 +105,10 @@ def discover_knobs(trt: ModuleType, config: Any, *, has_qdq: bool, dynamic: bool
             fractions = tuple(l2_bytes // d for d in (1, 2, 4)) if l2_bytes else ()
             tiled = Condition("tiling_optimization_level", tuple(x for x in levels if x != "NONE"))
             knobs.append(Knob("l2_limit_for_tiling", _with_default(default, fractions), default, condition=tiled))
-    if hasattr(config, "max_aux_streams"):
-        default = int(config.max_aux_streams)
-        knobs.append(Knob("max_aux_streams", _with_default(default, (0, 1, 2, 4)), default))
-    if hasattr(config, "max_num_tactics"):
-        default = int(config.max_num_tactics)
-        knobs.append(Knob("max_num_tactics", _with_default(default, (-1, 1, 8, 32)), default))
-    if hasattr(config, "avg_timing_iterations"):
-        default = int(config.avg_timing_iterations)
-        knobs.append(Knob("avg_timing_iterations", _with_default(default, (1, 2, 4, 8)), default))
+    for name, others in _COUNTS.items():
+        if hasattr(config, name):
+            default = int(getattr(config, name))
+            knobs.append(Knob(name, _with_default(default, others), default))
     flags = [*SPEED_FLAGS, *WEAK_TYPING_FLAGS, *(("INT8",) if has_qdq else ())]
     for flag in flags:
         if hasattr(trt.BuilderFlag, flag):
@@ -125,7 +124,7 @@ def discover_knobs(trt: ModuleType, config: Any, *, has_qdq: bool, dynamic: bool
     if hasattr(config, "all_build_routes"):
         for route in parse_build_routes(config.all_build_routes):
             fixed = route.open_ended
-            choices = (route.default,) if fixed else _route_choices(route)
+            choices = (route.default,) if fixed else _with_default(route.default, route.values)
             knobs.append(
                 Knob(route.knob_name, choices, route.default, route.help, open_ended=fixed, screened=not fixed)
             )
@@ -140,17 +139,12 @@ def discover_knobs(trt: ModuleType, config: Any, *, has_qdq: bool, dynamic: bool
     return knobs
 
 
-def _route_choices(route: RouteKnob) -> tuple[str, ...]:
-    return (route.default, *[v for v in route.values if v != route.default])
-
-
 def configure(trt: ModuleType, config: Any, candidate: Candidate, routes: list[RouteKnob]) -> None:
     """Apply a candidate's build knobs to an ``IBuilderConfig``: a setting is written only where the
     candidate's value differs from the fresh configuration's, so TensorRT's own default (which a
     written default value can change: an L2 limit of 0, say) stays wherever the candidate keeps it.
     A build route TensorRT does not take is a BuildError, never a silent default build."""
-    simple = ("builder_optimization_level", "max_aux_streams", "max_num_tactics", "avg_timing_iterations")
-    for name in (*simple, "l2_limit_for_tiling"):
+    for name in ("builder_optimization_level", *_COUNTS, "l2_limit_for_tiling"):
         if name in candidate and int(candidate[name]) != int(getattr(config, name)):
             setattr(config, name, int(candidate[name]))
     tiling = candidate.get("tiling_optimization_level")

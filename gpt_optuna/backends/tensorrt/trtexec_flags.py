@@ -12,17 +12,11 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
-from gpt_optuna.backends.tensorrt.commands import GRAPH_BY_DEFAULT_SINCE, TILING_LEVELS
+from gpt_optuna.backends.tensorrt.commands import GRAPH_BY_DEFAULT_SINCE, NUMBER_FLAGS, TILING_LEVELS
 from gpt_optuna.core.errors import UserError
 from gpt_optuna.core.space import Value
 
-_NUMBERS = {
-    "--builderOptimizationLevel": "builder_optimization_level",
-    "--l2LimitForTiling": "l2_limit_for_tiling",
-    "--maxAuxStreams": "max_aux_streams",
-    "--maxTactics": "max_num_tactics",
-    "--avgTiming": "avg_timing_iterations",
-}
+_NUMBERS = {flag: knob for knob, flag in NUMBER_FLAGS.items()}
 _SWITCHES = {
     "--fp16": ("flag.FP16", True),
     "--bf16": ("flag.BF16", True),
