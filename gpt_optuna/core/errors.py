@@ -25,8 +25,6 @@ class MissingDependencyError(UserError):
 
     def __init__(self, library: str, extra: str) -> None:
         super().__init__(f"{library} is not installed; install it with: pip install 'gpt-optuna[{extra}]'")
-        self.library = library
-        self.extra = extra
 
 
 def environment_fault(exc: BaseException) -> str | None:

@@ -71,8 +71,8 @@ def is_held(path: Path) -> bool:
     return False
 
 
-def _flush(path: Path) -> None:
-    fd = os.open(path, os.O_RDWR)  # Windows flushes only a handle open for writing
+def _flush(path: Path, flags: int = os.O_RDWR) -> None:
+    fd = os.open(path, flags)  # Windows flushes only a handle open for writing
     try:
         os.fsync(fd)
     finally:
@@ -82,11 +82,7 @@ def _flush(path: Path) -> None:
 def _flush_folder(folder: Path) -> None:
     """Make a rename in ``folder`` durable where the system allows it (not on Windows)."""
     with contextlib.suppress(OSError):
-        fd = os.open(folder, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        _flush(folder, os.O_RDONLY)
 
 
 STAGING_SUFFIX = ".partial"

@@ -6,7 +6,7 @@ module is the one place where knobs become ``trial.suggest_categorical`` calls.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -50,7 +50,7 @@ class Condition:
         return any(all(v in offered.get(p, ()) for p, v in zip(self.parents, c, strict=True)) for c in self.combos())
 
     def describe(self) -> list[Any]:
-        return [list(v) if isinstance(v, tuple) else v for v in self.values]
+        return [_plain(v) for v in self.values]
 
 
 def _plain(value: Any) -> Any:
@@ -144,25 +144,24 @@ class Space:
     def __len__(self) -> int:
         return len(self.knobs)
 
-    def default(self, fixed: Mapping[str, Value] | None = None) -> Candidate:
-        """The engine's default configuration: every active knob at its default, or at its value
-        in ``fixed``."""
-        fixed = fixed or {}
+    def _walk(self, value_of: Callable[[Knob], Value]) -> Candidate:
+        """Each knob active in the candidate made so far, at ``value_of`` it, in order."""
         params: Candidate = {}
         for knob in self.knobs:
             if knob.active(params):
-                params[knob.name] = fixed.get(knob.name, knob.default)
+                params[knob.name] = value_of(knob)
         return params
+
+    def default(self, fixed: Mapping[str, Value] | None = None) -> Candidate:
+        """The engine's default configuration: every active knob at its default, or at its value
+        in ``fixed``."""
+        return self._walk(lambda knob: (fixed or {}).get(knob.name, knob.default))
 
     def fitted(self, values: Mapping[str, Value]) -> Candidate:
         """The candidate of this space nearest to ``values`` (say, a configuration recorded on
         another space): each active knob at its value there where it offers it, else its default."""
-        params: Candidate = {}
-        for knob in self.knobs:
-            if knob.active(params):
-                value = values.get(knob.name, knob.default)
-                params[knob.name] = value if value in knob.choices else knob.default
-        return params
+        offered = {k.name: values[k.name] for k in self.knobs if k.name in values and values[k.name] in k.choices}
+        return self.default(offered)
 
     def defaults(self) -> Candidate:
         """Every knob at its default, active or not (what the engine uses for an inactive knob)."""
@@ -242,11 +241,7 @@ class Space:
         return sum(states.values()), active
 
     def suggest(self, trial: optuna.Trial) -> Candidate:
-        params: Candidate = {}
-        for knob in self.knobs:
-            if knob.active(params):
-                params[knob.name] = trial.suggest_categorical(knob.name, knob.choices)  # type: ignore[arg-type]
-        return params
+        return self._walk(lambda knob: trial.suggest_categorical(knob.name, knob.choices))  # type: ignore[arg-type]
 
     def describe(self) -> list[dict[str, Any]]:
         return [k.describe() for k in self.knobs]
@@ -260,7 +255,7 @@ class Space:
                 "choices": list(k.choices),
                 "default": k.default,
                 "help": k.help,
-                "conditions": [[_plain(c.parent), [_plain(v) for v in c.values]] for c in k.conditions],
+                "conditions": [[_plain(c.parent), c.describe()] for c in k.conditions],
                 "searched": None if k.searched is None else list(k.searched),
                 "selects_engine": k.selects_engine,
                 "host_sensitive": k.host_sensitive,

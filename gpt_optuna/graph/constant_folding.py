@@ -57,8 +57,7 @@ def fold(model: Any) -> Any:
     copy.CopyFrom(model)
     copy.graph.ClearField("node")
     copy.graph.node.extend(remaining)
-    still_read = {name for n in remaining for name in n.input} | {v.name for v in model.graph.output}
-    kept = [i for i in model.graph.initializer if i.name in still_read]
+    kept = [i for i in model.graph.initializer if i.name in needed]
     copy.graph.ClearField("initializer")
     copy.graph.initializer.extend(kept + [numpy_helper.from_array(v, n) for n, v in zip(produced, values, strict=True)])
     return copy

@@ -221,9 +221,7 @@ def synthetic_feeds(info: ModelInfo, shapes: dict[str, ShapeRange], seed: int = 
         shape = shapes[spec.name].opt
         if np.issubdtype(spec.dtype, np.floating):
             feeds[spec.name] = rng.standard_normal(shape).astype(spec.dtype)
-        elif spec.dtype == np.bool_:
-            feeds[spec.name] = rng.integers(0, 2, shape).astype(np.bool_)
-        elif np.issubdtype(spec.dtype, np.integer):
+        elif spec.dtype == np.bool_ or np.issubdtype(spec.dtype, np.integer):
             feeds[spec.name] = rng.integers(0, 2, shape).astype(spec.dtype)
         else:
             raise UserError(

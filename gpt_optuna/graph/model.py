@@ -69,14 +69,9 @@ def _tensor_spec(value_info: object) -> TensorSpec:
     import onnx
 
     tensor_type = value_info.type.tensor_type  # type: ignore[attr-defined]
-    dims: list[Dim] = []
-    for d in tensor_type.shape.dim:
-        if d.HasField("dim_value"):
-            dims.append(int(d.dim_value))
-        else:
-            dims.append(d.dim_param or None)
+    dims = tuple(int(d.dim_value) if d.HasField("dim_value") else d.dim_param or None for d in tensor_type.shape.dim)
     dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tensor_type.elem_type))
-    return TensorSpec(value_info.name, dtype, tuple(dims))  # type: ignore[attr-defined]
+    return TensorSpec(value_info.name, dtype, dims)  # type: ignore[attr-defined]
 
 
 def load_model_info(path: str | Path) -> ModelInfo:
@@ -121,13 +116,6 @@ def run_checker(path: Path, full_check: bool = False) -> None:
             raise
 
 
-def _is_anonymous(dim: object) -> bool:
-    """A dynamic dimension with no usable name: unnamed, ``?``, or a non-positive size."""
-    if dim.HasField("dim_value"):  # type: ignore[attr-defined]
-        return dim.dim_value <= 0  # type: ignore[attr-defined, no-any-return]
-    return dim.dim_param in ("", "?")  # type: ignore[attr-defined]
-
-
 def distinct_dims(model: object) -> bool:
     """Give each dynamic input dimension a name of its own where the graph leaves it unnamed
     (``?``, empty, -1) or repeats a name within one input (``[N, 3, ?, ?]``): TensorRT reads one
@@ -144,7 +132,7 @@ def distinct_dims(model: object) -> bool:
         for axis, dim in enumerate(value.type.tensor_type.shape.dim):
             if dim.HasField("dim_value") and dim.dim_value > 0:
                 continue
-            if _is_anonymous(dim) or dim.dim_param in seen:
+            if dim.HasField("dim_value") or dim.dim_param in ("", "?") or dim.dim_param in seen:  # no usable name
                 name, index = f"{value.name}_dim{axis}", 1
                 while name in taken:
                     index += 1

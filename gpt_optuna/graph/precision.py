@@ -90,10 +90,6 @@ def is_precision_knob(name: str) -> bool:
     return name in ("precision", "keep_fp32_nodes", "keep_io_fp32", "quantize_ops") or name.startswith("keep_fp32.")
 
 
-def op_types(model: Any) -> set[str]:
-    return {node.op_type for node in model.graph.node}
-
-
 def precision_knobs(model: Any, precisions: tuple[str, ...], allow_io_change: bool = False) -> list[Knob]:
     """The precision dimension and what stays in fp32 or gets quantized, for this model; inputs
     and outputs stay fp32 unless ``allow_io_change`` (then ``keep_io_fp32`` is searched)."""
@@ -101,7 +97,7 @@ def precision_knobs(model: Any, precisions: tuple[str, ...], allow_io_change: bo
     if offered == ("fp32",):
         return []
     knobs = [Knob("precision", offered, "fp32", "numeric precision of the graph")]
-    present = op_types(model)
+    present = {node.op_type for node in model.graph.node}
     reduced = tuple(p for p in offered if p in REDUCED_FLOAT)
     if reduced:
         knobs += _reduced_float_knobs(model, present, Condition("precision", reduced), allow_io_change)

@@ -36,6 +36,18 @@ class _Schema:
     variadic_out: bool
     allowed: dict[str, frozenset[str]] = field(hash=False)
 
+    @classmethod
+    def of(cls, op: Any, type_str: str, variadic: Any) -> _Schema:
+        """The typing of ``op``, an ONNX or ONNX Runtime operator schema (whose formals hold their
+        type string in attribute ``type_str``, and ``variadic`` as their option where they are)."""
+        return cls(
+            tuple(getattr(p, type_str) for p in op.inputs),
+            tuple(getattr(p, type_str) for p in op.outputs),
+            bool(op.inputs) and op.inputs[-1].option == variadic,
+            bool(op.outputs) and op.outputs[-1].option == variadic,
+            {c.type_param_str: frozenset(c.allowed_type_strs) for c in op.type_constraints},
+        )
+
     def input_type(self, position: int) -> str:
         return _formal(self.inputs, position, self.variadic_in)
 
@@ -67,13 +79,7 @@ def _ort_schemas() -> dict[tuple[str, str], list[tuple[int, _Schema]]]:
     variadic = ort_c.schemadef.OpSchema.FormalParameterOption.Variadic
     table: dict[tuple[str, str], list[tuple[int, _Schema]]] = {}
     for op in ort_c.get_all_operator_schema():
-        schema = _Schema(
-            tuple(p.typeStr for p in op.inputs),
-            tuple(p.typeStr for p in op.outputs),
-            bool(op.inputs) and op.inputs[-1].option == variadic,
-            bool(op.outputs) and op.outputs[-1].option == variadic,
-            {c.type_param_str: frozenset(c.allowed_type_strs) for c in op.type_constraints},
-        )
+        schema = _Schema.of(op, "typeStr", variadic)
         table.setdefault(("" if op.domain == "ai.onnx" else op.domain, op.name), []).append((op.since_version, schema))
     return table
 
@@ -89,14 +95,7 @@ def schema(op_type: str, domain: str, version: int) -> _Schema | None:
         except onnx.defs.SchemaError:  # perhaps one of ONNX Runtime's own
             found = None
         if found is not None:
-            variadic = onnx.defs.OpSchema.FormalParameterOption.Variadic
-            return _Schema(
-                tuple(p.type_str for p in found.inputs),
-                tuple(p.type_str for p in found.outputs),
-                bool(found.inputs) and found.inputs[-1].option == variadic,
-                bool(found.outputs) and found.outputs[-1].option == variadic,
-                {c.type_param_str: frozenset(c.allowed_type_strs) for c in found.type_constraints},
-            )
+            return _Schema.of(found, "type_str", onnx.defs.OpSchema.FormalParameterOption.Variadic)
     versions = [(v, s) for v, s in _ort_schemas().get((domain, op_type), []) if v <= version]
     return max(versions, key=lambda item: item[0])[1] if versions else None
 

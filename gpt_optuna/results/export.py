@@ -51,15 +51,11 @@ def trial_model(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> Path:
     return model
 
 
-def _beside(out: Path, kind: str) -> str:
-    return f"{out.name}.{kind}.npz"
-
-
 def _samples(out: Path, samples_dir: Path | None) -> dict[str, Path]:
     """Where an export to ``out`` writes the recorded inputs and reference outputs: beside it, or in
     ``samples_dir``."""
     folder = out.parent if samples_dir is None else samples_dir
-    return {kind: folder / _beside(out, kind) for kind in ("inputs", "reference")}
+    return {kind: folder / f"{out.name}.{kind}.npz" for kind in ("inputs", "reference")}
 
 
 def export_suffix(trial: optuna.trial.FrozenTrial, engine: str | None) -> str:

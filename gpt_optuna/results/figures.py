@@ -110,20 +110,30 @@ def _mark_traces(marked: list[Mark], at: dict[int, tuple[float, float | None]], 
     return traces
 
 
-def _points(rows: list[TrialRow], x: list[Any], y: list[Any], name: str, **marker: Any) -> Any:
-    """``rows`` as markers at ``x``, ``y``, each with its trial's hover text (its parameters)."""
+def _points(
+    rows: list[TrialRow],
+    x: list[Any],
+    y: list[Any],
+    name: str,
+    marker: dict[str, Any] | None = None,
+    mode: str = "markers",
+    meta: str = "trial",
+    **trace: Any,
+) -> Any:
+    """``rows`` as markers (or ``mode``) at ``x``, ``y``, each with its trial's hover text (its parameters)."""
     import plotly.graph_objects as go
 
     return go.Scatter(
         x=x,
         y=y,
-        mode="markers",
-        marker=marker or None,
+        mode=mode,
+        marker=marker,
         name=name,
         hovertext=[r.hover for r in rows],
         hoverinfo="text",
         customdata=[r.number for r in rows],
-        meta="trial",
+        meta=meta,
+        **trace,
     )
 
 
@@ -193,12 +203,16 @@ def pareto_figure(rows: list[TrialRow], axis: ErrorAxis, marked: list[Mark] | No
         feasible = label == "feasible"
         x, y = [r.latency_ms for r in shown], [axis.value(r.accuracy) for r in shown]
         style = {"symbol": "circle" if feasible else "x", "size": 8 if feasible else 10, "opacity": 0.8}
-        figure.add_trace(_points(shown, x, y, label[:80], **style))
+        figure.add_trace(_points(shown, x, y, label[:80], style))
     errors = {r.number: axis.value(r.accuracy) for r in drawn}
     marked = [m for m in marked or [] if errors.get(m.trial) is not None]
     figure.add_traces(_mark_traces(marked, {m.trial: (m.latency_ms, errors[m.trial]) for m in marked}, rows))
     figure.add_traces(_confirmed_traces(marked, errors))
-    figure.add_trace(_front_trace(pareto_front(rows, axis), axis))
+    front = pareto_front(rows, axis)
+    line = {"shape": "hv", "width": 3, "color": "#2ca02c"}
+    marker = {"size": 7, "color": "#2ca02c", "line": {"width": 1, "color": "white"}}
+    x, y = [r.latency_ms for r in front], [axis.value(r.accuracy) for r in front]
+    figure.add_trace(_points(front, x, y, "Pareto front", marker, "lines+markers", "front", line=line))
     for index, text in enumerate(_pareto_notes(rows, axis, len(groups["feasible"]))):
         _note(figure, text, 1.0 + 0.06 * index)
     latencies = [r.latency_ms for r in drawn] + [m.confirmed_ms for m in marked]
@@ -207,24 +221,6 @@ def pareto_figure(rows: list[TrialRow], axis: ErrorAxis, marked: list[Mark] | No
         title=f"Latency against {axis.title}", xaxis=latency_axis(latencies), yaxis=yaxis, legend=LEGEND
     )
     return figure
-
-
-def _front_trace(front: list[TrialRow], axis: ErrorAxis) -> Any:
-    """The Pareto front as a line over its points."""
-    import plotly.graph_objects as go
-
-    return go.Scatter(
-        x=[r.latency_ms for r in front],
-        y=[axis.value(r.accuracy) for r in front],
-        mode="lines+markers",
-        line={"shape": "hv", "width": 3, "color": "#2ca02c"},
-        marker={"size": 7, "color": "#2ca02c", "line": {"width": 1, "color": "white"}},
-        name="Pareto front",
-        hovertext=[r.hover for r in front],
-        hoverinfo="text",
-        customdata=[r.number for r in front],
-        meta="front",
-    )
 
 
 def _error_axis(axis: ErrorAxis, values: list[float]) -> dict[str, Any]:

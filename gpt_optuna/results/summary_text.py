@@ -55,7 +55,8 @@ def format_summary(summary: StudySummary) -> str:
     return "\n".join(lines)
 
 
-def _interval(figures: Figures) -> str:
+def interval(figures: Figures) -> str:
+    """`` [95% CI LOW-HIGH]`` of a speedup's ``figures``, where they have an interval."""
     return f" [95% CI {figures.ci[0]:.3f}-{figures.ci[1]:.3f}]" if figures.ci is not None else ""
 
 
@@ -80,7 +81,7 @@ def versus_engines(summary: StudySummary) -> str:
         if trial.number == winner.number:
             said.append(f"it is {other}'s defaults")
         elif figures is not None and figures.speedup is not None:
-            said.append(f"{figures.speedup:.3f}x {other}'s defaults{_interval(figures)} ({figures.measurement})")
+            said.append(f"{figures.speedup:.3f}x {other}'s defaults{interval(figures)} ({figures.measurement})")
         else:
             said.append(f"{other}'s defaults have no latency to compare with")
     return f"; the winner runs on {engine}" + (f": {', '.join(said)}" if said else "")
@@ -101,7 +102,7 @@ def versus_yours(summary: StudySummary) -> str:
     figures = summary.versus_yours(winner)
     if figures is None or figures.speedup is None:
         return f"; {named} has no latency to compare with"
-    measured = f"trial {winner.number} is {figures.speedup:.3f}x {named}{_interval(figures)}"
+    measured = f"trial {winner.number} is {figures.speedup:.3f}x {named}{interval(figures)}"
     against = f"{figures.latency_ms:.4g} ms against {figures.baseline_ms:.4g} ms, {figures.measurement}"
     decided = summary.decided
     if decided is not None and decided.number == yours.number:
@@ -139,7 +140,7 @@ def _against_defaults(summary: StudySummary) -> str:
             " not confirmed: re-measure in several processes (confirm)"
         )
     figures = f"{winner.latency_ms:.4g} ms against the baseline's {winner.baseline_ms:.4g} ms"
-    measured = f"measured {winner.speedup:.3f}x the baseline{_interval(winner)}"
+    measured = f"measured {winner.speedup:.3f}x the baseline{interval(winner)}"
     if verdict == "not_significant":
         return (
             f"verdict: no significant improvement: the best finalist, trial {winner.number}, {measured}, an"
@@ -170,7 +171,7 @@ def _against_defaults(summary: StudySummary) -> str:
             f" search ({figures}, one measurement each); the finalists are not re-measured yet (confirm){earlier}"
         )
     return (
-        f"verdict: faster: trial {winner.number} is {winner.speedup:.3f}x the baseline{_interval(winner)}"
+        f"verdict: faster: trial {winner.number} is {winner.speedup:.3f}x the baseline{interval(winner)}"
         f" ({figures}, {where})"
     )
 
@@ -284,7 +285,7 @@ def format_verdict(summary: StudySummary) -> list[str]:
     search = first_value(summary.best)
     lines.append(
         f"best (trial {summary.best.number}{_on_engine(summary)}): {best:.4g} {unit} ({which})"
-        + (f", {speedup:.3f}x the baseline{_interval(summary.winner)}" if speedup is not None else "")
+        + (f", {speedup:.3f}x the baseline{interval(summary.winner)}" if speedup is not None else "")
         + (f"; {search:.4g} {unit} in the search" if which != "search" and search is not None else "")
     )
     lines.append(f"  params: {format_params(summary.best.params)}")
@@ -323,15 +324,11 @@ def format_confirmed(summary: StudySummary) -> list[str]:
     ]
     for row in confirmation.ranking:
         lines.append(f"  trial {row.number}: {_ms(row)}, speedup {row.speedup:.3f}x [95% CI {_ci(row)}]")
-    yours = confirmation.yours
-    if yours is not None:
-        against = ", ".join(f"trial {r.number} {r.speedup:.3f}x [{_ci(r)}]" for r in yours.versus)
-        lines.append(f"  against your configuration (trial {yours.number}, {yours.median_ms:.4g} ms): {against}")
-    for engine, reference in confirmation.engines.items():
+    references = [("your configuration", confirmation.yours)] if confirmation.yours is not None else []
+    references += [(f"{engine}'s defaults", reference) for engine, reference in confirmation.engines.items()]
+    for what, reference in references:
         against = ", ".join(f"trial {r.number} {r.speedup:.3f}x [{_ci(r)}]" for r in reference.versus)
-        lines.append(
-            f"  against {engine}'s defaults (trial {reference.number}, {reference.median_ms:.4g} ms): {against}"
-        )
+        lines.append(f"  against {what} (trial {reference.number}, {reference.median_ms:.4g} ms): {against}")
     if confirmation.stopped:
         lines.append(f"  the re-measurement ended early ({confirmation.stopped}): these figures are what it measured")
     spread = max(max(_per_process(r)) / min(_per_process(r)) for r in [base, *confirmation.ranking])

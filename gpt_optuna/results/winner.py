@@ -22,7 +22,7 @@ import optuna
 
 from gpt_optuna.core.errors import UserError
 from gpt_optuna.results.export import figures_record
-from gpt_optuna.results.summary_text import headline
+from gpt_optuna.results.summary_text import headline, interval
 from gpt_optuna.study.optuna_internals import note_target, storage_of, study_id
 from gpt_optuna.study.record import DASHBOARD_ATTR, FORMER_VERDICT_ATTR, VERDICT_ATTR, WINNER_ATTR, StudyRecord
 from gpt_optuna.study.summary import StudySummary, summarize_study
@@ -85,7 +85,6 @@ def winner_figure(summary: StudySummary) -> Any:
 
     assert summary.best is not None
     figures = summary.figures(summary.best)
-    interval = f" [95% CI {figures.ci[0]:.3f}-{figures.ci[1]:.3f}]" if figures.ci is not None else ""
     unit = summary.unit
     defaults = summary.baseline.params if summary.baseline is not None else {}
     changed = {k: v for k, v in summary.best.params.items() if defaults.get(k) != v}
@@ -95,7 +94,7 @@ def winner_figure(summary: StudySummary) -> Any:
         **named,
         "its figure": f"{figures.latency_ms:.4g} {unit}" if figures.latency_ms is not None else "",
         "the baseline's": f"{figures.baseline_ms:.4g} {unit}" if figures.baseline_ms is not None else "",
-        "speedup": f"{figures.speedup:.3f}x{interval}" if figures.speedup is not None else "",
+        "speedup": f"{figures.speedup:.3f}x{interval(figures)}" if figures.speedup is not None else "",
         "measured": figures.measurement,
         "changed": ", ".join(f"{k}={v}" for k, v in changed.items()) or "nothing: the default configuration",
     }
