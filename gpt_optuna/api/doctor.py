@@ -48,15 +48,13 @@ def _check(name: str) -> EngineCheck:
     if missing is not None:
         return EngineCheck(name, missing=str(missing))
     with tempfile.TemporaryDirectory(prefix="gpt-optuna-doctor-") as folder:
-        worker = Worker(Path(folder) / "worker.log")
         try:
-            found = worker.run(SelfTestJob(name), SELF_TEST_TIMEOUT_S)
+            with Worker(Path(folder) / "worker.log") as worker:
+                found = worker.run(SelfTestJob(name), SELF_TEST_TIMEOUT_S)
         except JobFailure as failure:
             return EngineCheck(name, missing=f"its self-test failed: {failure}")
         except UserError as refused:  # installed, but fails to import
             return EngineCheck(name, missing=str(refused))
-        finally:
-            worker.close()
     return EngineCheck(name, **found)
 
 
@@ -82,11 +80,8 @@ def _lines(facts: dict[str, str], checks: list[EngineCheck]) -> list[str]:
             lines.append(f"{check.name}: not usable here: {check.missing}")
             continue
         versions = ", ".join(f"{k} {v}" for k, v in check.versions.items())
-        if check.latency_ms is not None:
-            test = f"the tiny model built in {check.build_s:.3g} s, {check.latency_ms:.4g} ms per run"
-        else:
-            test = f"the tiny model built in {check.build_s:.3g} s, not run: {check.not_run}"
-        lines.append(f"{check.name} ({versions}): {test}")
+        ran = f"{check.latency_ms:.4g} ms per run" if check.latency_ms is not None else f"not run: {check.not_run}"
+        lines.append(f"{check.name} ({versions}): the tiny model built in {check.build_s:.3g} s, {ran}")
         if check.providers:
             lines.append(f"  execution providers that start: {', '.join(check.providers)}")
         lines.append(f"  {len(check.knobs)} knobs for the tiny model:")

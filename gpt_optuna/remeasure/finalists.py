@@ -64,11 +64,10 @@ def process_seconds(
     candidates: list[FrozenTrial], settings: MeasureSettings, start_s: float = WORKER_START_S, rounds: int = ROUNDS
 ) -> float:
     """One confirmation process's estimated seconds for ``candidates`` (the baseline included),
-        from what the search measured: the process's start (``start_s``), each one's build (from the
-    caches where it left them), a warm-up
-        each, and ``rounds`` interleaved rounds (each one's search latency :func:`block_for` times,
-        twice over for the timer's own work, at most the rounds' budget; on the CPU the pause before
-        each block)."""
+    from what the search measured: the process's start (``start_s``), each one's build (from the
+    caches where it left them), a warm-up each, and ``rounds`` interleaved rounds (each one's search
+    latency :func:`block_for` times, twice over for the timer's own work, at most the rounds'
+    budget; on the CPU the pause before each block)."""
     builds = sum(TrialRecord(t).fresh_build_s or 0.0 for t in candidates)
     warm = sum(warm_up_seconds(TrialRecord(t).latency_ms or 0.0, settings) for t in candidates)
     on_cpu = all(TrialRecord(t).gpu == "cpu" for t in candidates)
