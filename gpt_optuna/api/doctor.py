@@ -35,11 +35,6 @@ class EngineCheck:
     not_run: str | None = None
 
 
-def check_engines() -> list[EngineCheck]:
-    """Each registered engine, checked here."""
-    return [_check(name) for name in BACKENDS]
-
-
 def _check(name: str) -> EngineCheck:
     from gpt_optuna.protocol.jobs import SelfTestJob
     from gpt_optuna.protocol.process import JobFailure, Worker
@@ -63,7 +58,7 @@ def doctor(as_json: bool) -> tuple[str, int]:
     one engine runs the tiny model."""
     from gpt_optuna import __version__
 
-    checks = check_engines()
+    checks = [_check(name) for name in BACKENDS]
     facts = {"gpt_optuna": __version__, "python": sys.version.split()[0], "platform": platform.platform()}
     text = (
         json.dumps({**facts, "engines": [asdict(c) for c in checks]}) if as_json else "\n".join(_lines(facts, checks))

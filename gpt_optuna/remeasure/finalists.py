@@ -180,14 +180,12 @@ def _listener(
     told = [time.monotonic()]
 
     def heard(message: object) -> None:
-        if isinstance(message, RoundTimed):
+        round_timed = isinstance(message, RoundTimed)
+        if round_timed:
             timed.add(process, order, message.medians)
-            if time.monotonic() - told[0] >= TELL_EVERY_S:
-                told[0] = time.monotonic()
-                say(f"    round {timed.labels.count(process)} ({asked})")
-        elif time.monotonic() - told[0] >= TELL_EVERY_S:
+        if time.monotonic() - told[0] >= TELL_EVERY_S:
             told[0] = time.monotonic()
-            say(f"    {message}")
+            say(f"    round {timed.labels.count(process)} ({asked})" if round_timed else f"    {message}")
 
     return heard
 
