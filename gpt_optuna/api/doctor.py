@@ -35,11 +35,6 @@ class EngineCheck:
     not_run: str | None = None
 
 
-def check_engines() -> list[EngineCheck]:
-    """Each registered engine, checked here."""
-    return [_check(name) for name in BACKENDS]
-
-
 def _check(name: str) -> EngineCheck:
     from gpt_optuna.protocol.jobs import SelfTestJob
     from gpt_optuna.protocol.process import JobFailure, Worker
@@ -48,15 +43,13 @@ def _check(name: str) -> EngineCheck:
     if missing is not None:
         return EngineCheck(name, missing=str(missing))
     with tempfile.TemporaryDirectory(prefix="gpt-optuna-doctor-") as folder:
-        worker = Worker(Path(folder) / "worker.log")
         try:
-            found = worker.run(SelfTestJob(name), SELF_TEST_TIMEOUT_S)
+            with Worker(Path(folder) / "worker.log") as worker:
+                found = worker.run(SelfTestJob(name), SELF_TEST_TIMEOUT_S)
         except JobFailure as failure:
             return EngineCheck(name, missing=f"its self-test failed: {failure}")
         except UserError as refused:  # installed, but fails to import
             return EngineCheck(name, missing=str(refused))
-        finally:
-            worker.close()
     return EngineCheck(name, **found)
 
 
@@ -65,7 +58,7 @@ def doctor(as_json: bool) -> tuple[str, int]:
     one engine runs the tiny model."""
     from gpt_optuna import __version__
 
-    checks = check_engines()
+    checks = [_check(name) for name in BACKENDS]
     facts = {"gpt_optuna": __version__, "python": sys.version.split()[0], "platform": platform.platform()}
     text = (
         json.dumps({**facts, "engines": [asdict(c) for c in checks]}) if as_json else "\n".join(_lines(facts, checks))
@@ -82,11 +75,8 @@ def _lines(facts: dict[str, str], checks: list[EngineCheck]) -> list[str]:
             lines.append(f"{check.name}: not usable here: {check.missing}")
             continue
         versions = ", ".join(f"{k} {v}" for k, v in check.versions.items())
-        if check.latency_ms is not None:
-            test = f"the tiny model built in {check.build_s:.3g} s, {check.latency_ms:.4g} ms per run"
-        else:
-            test = f"the tiny model built in {check.build_s:.3g} s, not run: {check.not_run}"
-        lines.append(f"{check.name} ({versions}): {test}")
+        ran = f"{check.latency_ms:.4g} ms per run" if check.latency_ms is not None else f"not run: {check.not_run}"
+        lines.append(f"{check.name} ({versions}): the tiny model built in {check.build_s:.3g} s, {ran}")
         if check.providers:
             lines.append(f"  execution providers that start: {', '.join(check.providers)}")
         lines.append(f"  {len(check.knobs)} knobs for the tiny model:")

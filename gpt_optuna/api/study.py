@@ -10,7 +10,7 @@ from __future__ import annotations
 import html
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -107,23 +107,10 @@ class Winner:
     @classmethod
     def of(cls, summary: StudySummary) -> Winner:
         record = best_record(summary)
-        interval = record["speedup_ci95"]
-        return cls(
-            number=record["number"],
-            params=dict(record["params"]),
-            verdict=record["verdict"],
-            headline=record["headline"],
-            measurement=record["measurement"],
-            latency_ms=record["latency_ms"],
-            baseline_latency_ms=record["baseline_latency_ms"],
-            speedup=record["speedup"],
-            speedup_ci95=tuple(interval) if interval else None,  # type: ignore[arg-type]
-            significant=record["significant"],
-            search_latency_ms=record["search_latency_ms"],
-            baseline_wins=record["baseline_wins"],
-            accuracy=dict(record["accuracy"]),
-            record=record,
-        )
+        values = {f.name: record[f.name] for f in fields(cls) if f.name != "record"}
+        interval = values["speedup_ci95"]
+        values |= {"params": dict(values["params"]), "accuracy": dict(values["accuracy"])}
+        return cls(**values | {"speedup_ci95": tuple(interval) if interval else None}, record=record)
 
     @property
     def deployed(self) -> bool:
@@ -422,11 +409,10 @@ class TunedStudy:
         study = open_existing_study(self.storage, self.study_name, writable=True)
         finalists, fresh = counted(top, "best candidate"), counted(processes, "process", "processes")
         tell(f"re-measuring the {finalists} and the baseline in {fresh} ...")
-        say = _teller(True)
         try:
             with interrupts.handled():
                 found = confirm(
-                    study, template_from_study(study), StudyFolder.of(study).log("confirm"), top, processes, say,
+                    study, template_from_study(study), StudyFolder.of(study).log("confirm"), top, processes, tell,
                     deadline=deadline, rounds=rounds,
                 )  # fmt: skip
         except KeyboardInterrupt:

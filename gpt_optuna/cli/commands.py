@@ -124,15 +124,11 @@ def next_steps(end: TuneEnd, args: list[str]) -> list[str]:
     it is a real improvement."""
     from gpt_optuna.results.export import export_suffix
 
-    extended, skip = [], False
-    for index, arg in enumerate(args):
-        if skip:
-            skip = False
-            continue
+    extended, given = [], iter(args)
+    for arg in given:
         if arg == "--n-trials":
-            skip = index + 1 < len(args)
-            continue
-        if not arg.startswith("--n-trials="):
+            next(given, None)  # its value
+        elif not arg.startswith("--n-trials="):
             extended.append(arg)
     config, summary = end.config, end.summary
     target = max(end.done, config.n_trials or 0) + max(10, end.done // 2)

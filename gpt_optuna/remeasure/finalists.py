@@ -64,11 +64,10 @@ def process_seconds(
     candidates: list[FrozenTrial], settings: MeasureSettings, start_s: float = WORKER_START_S, rounds: int = ROUNDS
 ) -> float:
     """One confirmation process's estimated seconds for ``candidates`` (the baseline included),
-        from what the search measured: the process's start (``start_s``), each one's build (from the
-    caches where it left them), a warm-up
-        each, and ``rounds`` interleaved rounds (each one's search latency :func:`block_for` times,
-        twice over for the timer's own work, at most the rounds' budget; on the CPU the pause before
-        each block)."""
+    from what the search measured: the process's start (``start_s``), each one's build (from the
+    caches where it left them), a warm-up each, and ``rounds`` interleaved rounds (each one's search
+    latency :func:`block_for` times, twice over for the timer's own work, at most the rounds'
+    budget; on the CPU the pause before each block)."""
     builds = sum(TrialRecord(t).fresh_build_s or 0.0 for t in candidates)
     warm = sum(warm_up_seconds(TrialRecord(t).latency_ms or 0.0, settings) for t in candidates)
     on_cpu = all(TrialRecord(t).gpu == "cpu" for t in candidates)
@@ -181,14 +180,12 @@ def _listener(
     told = [time.monotonic()]
 
     def heard(message: object) -> None:
-        if isinstance(message, RoundTimed):
+        round_timed = isinstance(message, RoundTimed)
+        if round_timed:
             timed.add(process, order, message.medians)
-            if time.monotonic() - told[0] >= TELL_EVERY_S:
-                told[0] = time.monotonic()
-                say(f"    round {timed.labels.count(process)} ({asked})")
-        elif time.monotonic() - told[0] >= TELL_EVERY_S:
+        if time.monotonic() - told[0] >= TELL_EVERY_S:
             told[0] = time.monotonic()
-            say(f"    {message}")
+            say(f"    round {timed.labels.count(process)} ({asked})" if round_timed else f"    {message}")
 
     return heard
 
@@ -249,8 +246,12 @@ def interleave(
             job = ConfirmJob(tuple(evaluations[i] for i in order), rounds, block, rounds_until=rounds_until)
             started = time.monotonic()
             listener = _listener(timed, process, order, asked, say)
-            stopped = _run_process(Worker(worker_log, env), job, left, listener, quiet_s, deadline, process)
-            if stopped is not None:
+            try:
+                with Worker(worker_log, env) as worker:
+                    worker.run(job, None if left is None else max(left, 1.0), listener, quiet_s)
+            except JobFailure as failure:
+                late = failure.kind is FailureKind.TIMEOUT and deadline is not None and time.monotonic() >= deadline - 1
+                stopped = f"process {process + 1} " + ("ran into --timeout" if late else f"failed: {failure}")
                 say(f"  {stopped}")
                 break
             say(f"    {timed.labels.count(process)} rounds in {time.monotonic() - started:.1f} s")
@@ -258,31 +259,6 @@ def interleave(
             least = max(least, (done if done is not None else time.monotonic()) - started)
     except KeyboardInterrupt:
         stopped, interrupted = f"stopped by {interrupts.cause()}", True
-    return _measured(timed, stopped, interrupted)
-
-
-def _run_process(
-    worker: Worker,
-    job: ConfirmJob,
-    left: float | None,
-    listener: Any,
-    quiet_s: float,
-    deadline: float | None,
-    process: int,
-) -> str | None:
-    """One confirmation process run to its end in ``worker``; why it stopped the measurement, where it did."""
-    try:
-        with worker:
-            worker.run(job, None if left is None else max(left, 1.0), listener, quiet_s)
-    except JobFailure as failure:
-        late = failure.kind is FailureKind.TIMEOUT and deadline is not None and time.monotonic() >= deadline - 1
-        return f"process {process + 1} " + ("ran into --timeout" if late else f"failed: {failure}")
-    return None
-
-
-def _measured(timed: _Rounds, stopped: str | None, interrupted: bool) -> Interleaved:
-    """The rounds measured (:class:`Stopped` raised with them after a Ctrl-C); where there are none,
-    :class:`ConfirmationFailed` (after a Ctrl-C: KeyboardInterrupt)."""
     medians, labels = timed.usable()
     if not len(medians):
         if interrupted:

@@ -29,9 +29,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from optuna.trial import TrialState
+
 from gpt_optuna.backends.side_file import SideFile
 from gpt_optuna.core import interrupts
 from gpt_optuna.core.errors import UserError
+from gpt_optuna.core.files import writable_file
 from gpt_optuna.core.log import RESULT, tell
 from gpt_optuna.core.words import counted
 from gpt_optuna.graph import model as model_io
@@ -41,20 +44,23 @@ from gpt_optuna.protocol.jobs import EvaluateJob, MetricJob, reference_outputs
 from gpt_optuna.protocol.timing import BLOCK
 from gpt_optuna.remeasure.finalists import (
     CPU_SETTLE_S,
+    ConfirmationFailed,
+    confirm,
     interleave,
     kept_evaluations,
     process_seconds,
     quiet_seconds,
     round_seconds,
+    template_from_study,
 )
 from gpt_optuna.results.export import export_trial
-from gpt_optuna.search.config import FinalistPlan, TuneConfig, check_study_name, default_storage, study_flags
-from gpt_optuna.search.options import DEFAULT_CHECK_BUDGET, DEFAULT_TOLERANCE
+from gpt_optuna.search.config import FinalistPlan, TuneConfig, check_study_name, default_storage, read_toml, study_flags
+from gpt_optuna.search.options import DEFAULT_CHECK_BUDGET, DEFAULT_TOLERANCE, parse_duration, parse_tolerance
 from gpt_optuna.study.evidence import speedups
 from gpt_optuna.study.folder import StudyFolder
 from gpt_optuna.study.record import STUDIES
-from gpt_optuna.study.summary import finished_count
-from gpt_optuna.study.taxonomy import search_ranking
+from gpt_optuna.study.summary import finished_count, summarize_study
+from gpt_optuna.study.taxonomy import baseline_trial, search_ranking
 from gpt_optuna.study.trial_record import TrialRecord
 from gpt_optuna.usecases.check_outcome import (
     CheckResult,
@@ -114,10 +120,6 @@ def gate(
     metric: str | None = None,
 ) -> CheckResult:
     """:func:`check` as the command line runs it: a signal ends it with its exit code."""
-    from gpt_optuna.core.files import writable_file
-    from gpt_optuna.search.config import read_toml
-    from gpt_optuna.search.options import parse_duration, parse_tolerance
-
     allowed = ("measure", "space", "trial_timeout_s", "confirm_processes", "confirm_top", "sampler", "seed")
     base = {k: v for k, v in (read_toml(Path(config)) if config else {}).items() if k in allowed}
     report = writable_file(Path(junit)) if junit else None
@@ -156,18 +158,10 @@ def your_configuration(record: SideFile) -> dict[str, Any]:
     return {"baseline_config": Path(str(yours.get("file") or "your configuration")), "baseline_values": yours["params"]}
 
 
-def queued_trials(record: SideFile) -> int:
-    """The trials a check queues before any search: the engine's defaults, the recorded
-    configuration and the user's own configuration the record carries."""
-    return 2 + bool(your_configuration(record))
-
-
 def still_to_measure(study: Any) -> int:
     """How many trials must still run for the baseline and the recorded configuration to be
     measured (a budget spent on the preparation can leave them waiting): the waiting trials up to
     the last of them, since waiting trials run in order."""
-    from optuna.trial import TrialState
-
     waiting = study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
     needed = [t.number for t in waiting if TrialRecord(t).baseline or TrialRecord(t).seeded]
     return sum(1 for t in waiting if t.number <= max(needed)) if needed else 0
@@ -261,7 +255,7 @@ def _check_config(
         inputs=(record.samples or {})["inputs"],
         shapes=shape_flags(record),
         timeout_s=timeout_s,
-        n_trials=queued_trials(record) if gated else None,
+        n_trials=2 + bool(your_configuration(record)) if gated else None,  # the defaults, the record's, yours
         confirm_top=0 if exported is not None else base.get("confirm_top", 5),  # the comparison confirms
         study_name=name,
         seeds=[(record.params, "the recorded configuration")],
@@ -295,9 +289,6 @@ def judge_latency(
     """The latency aspect of the check, from its study (confirmed within the budget where the
     search left it unconfirmed), and the study's summary (None where the recorded configuration
     was never measured)."""
-    from gpt_optuna.remeasure.finalists import ConfirmationFailed, template_from_study
-    from gpt_optuna.study.summary import summarize_study
-
     seeded = seeded_trial(study)
     if seeded is not None and seeded.state.name == "PRUNED":
         tried = TrialRecord(seeded)
@@ -353,7 +344,6 @@ def judge_latency(
 def confirmed_summary(study: Any, template: EvaluateJob, finalists: FinalistPlan, deadline: float) -> Any:
     """The study's summary once its finalists and baseline are re-measured within ``deadline``
     (a re-measurement that fails is said and leaves the search's figures)."""
-    from gpt_optuna.remeasure.finalists import ConfirmationFailed, confirm
     from gpt_optuna.results.winner import record_winner
 
     tell(f"re-measuring the finalists and the baseline in {counted(finalists.processes, 'process', 'processes')} ...")
@@ -379,10 +369,6 @@ def gate_rounds(timed: list[Any], processes: int, left_s: float) -> int:
 def seeded_trial(study: Any) -> Any:
     """The trial of the recorded configuration (its latest try holding a result; the baseline's
     where the recorded configuration is the engine's defaults, which is never queued twice), or None."""
-    from optuna.trial import TrialState
-
-    from gpt_optuna.study.taxonomy import baseline_trial
-
     trials = study.get_trials(deepcopy=False)
     queued = [t for t in trials if TrialRecord(t).seeded]
     if not queued:

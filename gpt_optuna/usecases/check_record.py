@@ -30,13 +30,9 @@ def load_record(path: Path, metric: str | None = None) -> tuple[SideFile, Criter
     if not isinstance(record, dict):
         raise _malformed(path, f"it holds {json.dumps(record)[:40]}, not an object")
     for key, kinds, what in _FIELDS:
-        if (
-            key not in record
-            or not isinstance(record[key], kinds)
-            or isinstance(record[key], bool)
-            and bool not in kinds
-        ):
-            raise _malformed(path, f"{key} must be {what}, got {json.dumps(record.get(key))[:80]}")
+        value = record.get(key)
+        if key not in record or not isinstance(value, kinds) or isinstance(value, bool) and bool not in kinds:
+            raise _malformed(path, f"{key} must be {what}, got {json.dumps(value)[:80]}")
     if record.get("latency_ms") is None:
         raise UserError(f"{path} has no latency (a dry-run study?): export a measured trial")
     if not record["latency_ms"] > 0:

@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-import numpy as np
 import optuna
 
 from gpt_optuna.backends import describe
@@ -387,7 +386,7 @@ def calibration_samples(config: DataSource, inputs: Inputs, notes: list[str]) ->
         "so their accuracy will be poor"
     )
     samples = [feeds_io.synthetic_feeds(inputs.info, inputs.shapes, seed=i) for i in range(1, CALIBRATION_SAMPLES + 1)]
-    return {name: np.stack([s[name] for s in samples]) for name in samples[0]}
+    return feeds_io.stack(samples)
 
 
 def run_identity(kind: StudyKind, inputs: Inputs) -> dict[str, Any]:

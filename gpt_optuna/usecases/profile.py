@@ -69,11 +69,11 @@ class Profile:
         return sorted(((op, b, t) for op, (b, t) in totals.items()), key=lambda row: (-row[2], -row[1]))
 
     def lines(self) -> list[str]:
-        base = sum(n.median_ms for n in self.baseline_nodes)
-        mine = sum(n.median_ms for n in self.trial_nodes)
+        base, mine = _kernel_ms(self.baseline_nodes), _kernel_ms(self.trial_nodes)
+        over = f", then over {len(self.rounds)} rounds" if len(self.rounds) > 1 else ""
         lines = [
             f"{self.trial} against {self.baseline}: operator kernels {mine:.4g} ms against {base:.4g} ms per run"
-            f" (median of {self.runs} runs each{self._over_rounds()}, the engine's profiler; time outside kernels"
+            f" (median of {self.runs} runs each{over}, the engine's profiler; time outside kernels"
             " not counted)",
             f"  {'operator type':<28} {'baseline ms':>12} {'trial ms':>12} {'speedup (baseline/trial)':>25}",
         ]
@@ -91,9 +91,6 @@ class Profile:
             f"  {n.median_ms:>9.4f} ms  {n.op_type:<20} {n.name} ({n.provider})" for n in self.trial_nodes[:TOP_NODES]
         ]
         return lines
-
-    def _over_rounds(self) -> str:
-        return f", then over {len(self.rounds)} rounds" if len(self.rounds) > 1 else ""
 
     def spread_lines(self) -> list[str]:
         """The kernels' speedup in each round, its spread, and the note on the recorded verdict."""

@@ -134,30 +134,27 @@ class Progress:
 
     def trial_done(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
         with self._lock:
-            self._trial_done(study, trial)
-
-    def _trial_done(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
-        if self._bar is None and self._lines is None:
-            return
-        if self._best is None:  # once per run, so that a resumed study shows its earlier best
-            complete = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-            if complete:
-                first = min(complete, key=lambda t: t.values[0])
-                self._best = (first.values[0], first.number)
-        if trial.values and (self._best is None or trial.values[0] < self._best[0]):
-            self._best = (trial.values[0], trial.number)
-        if self._bar is not None:
-            self._bar.update(1)
-            self._show()
-        elif self._lines is not None:
-            done, total = self._lines[0] + 1, self._lines[1]
-            self._lines = (done, total)
-            value = f"{trial.values[0]:.4g} ms" if trial.values else _ended(trial)
-            reused_from = TrialRecord(trial).reused_from
-            if reused_from is not None:
-                value = f"trial {reused_from}'s candidate again, its result reused: {value}"
-            counted = f"{done}/{total}" if total is not None else str(done)
-            logger(__name__).info(f"trial {trial.number} ({counted}): {value}; {self._status()}")
+            if self._bar is None and self._lines is None:
+                return
+            if self._best is None:  # once per run, so that a resumed study shows its earlier best
+                complete = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+                if complete:
+                    first = min(complete, key=lambda t: t.values[0])
+                    self._best = (first.values[0], first.number)
+            if trial.values and (self._best is None or trial.values[0] < self._best[0]):
+                self._best = (trial.values[0], trial.number)
+            if self._bar is not None:
+                self._bar.update(1)
+                self._show()
+            elif self._lines is not None:
+                done, total = self._lines[0] + 1, self._lines[1]
+                self._lines = (done, total)
+                value = f"{trial.values[0]:.4g} ms" if trial.values else _ended(trial)
+                reused_from = TrialRecord(trial).reused_from
+                if reused_from is not None:
+                    value = f"trial {reused_from}'s candidate again, its result reused: {value}"
+                counted = f"{done}/{total}" if total is not None else str(done)
+                logger(__name__).info(f"trial {trial.number} ({counted}): {value}; {self._status()}")
 
     def _status(self) -> str:
         """The best so far, the workers, and the time left before --timeout."""

@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import optuna
 from optuna.trial import FrozenTrial
@@ -74,8 +74,7 @@ defaults), and the finalists."""
 
 def _candidates(study: optuna.Study, top: int) -> Candidates:
     """The baseline (with the user's own configuration and each other engine's defaults after it,
-    where measured) and the ``top``
-    best finalists; None before the baseline is measured."""
+    where measured) and the ``top`` best finalists; None before the baseline is measured."""
     baseline, best = finalists(study, top)
     if baseline is None:
         return None
@@ -144,6 +143,7 @@ def smallest_timeout_s(used_s: float, trial_s: float, smallest: ConfirmPlan) -> 
     return math.ceil(used_s + trial_s + smallest.total_s + STOP_S + FINISH_S)
 
 
+@dataclass(eq=False)
 class EndingReserve:
     """The seconds the search keeps under ``--timeout`` (which ends at ``deadline``, monotonic
     seconds) for the finalists' re-measurement and the finish (:func:`reserve_s`), by the study's
@@ -152,22 +152,17 @@ class EndingReserve:
     finalist yet) is judged each time; once it does not, ``say`` is told (with the smallest
     ``--timeout`` that would) and only the finish is kept: the search runs to the deadline."""
 
-    def __init__(
-        self,
-        study: optuna.Study,
-        top: int,
-        processes: int,
-        settings: MeasureSettings,
-        timeout_s: float,
-        deadline: float,
-        trial_s: Callable[[], float],
-        say: Callable[[str], None],
-        start_s: float = WORKER_START_S,
-    ) -> None:
-        self.study, self.top, self.processes, self.settings = study, top, processes, settings
-        self.timeout_s, self.deadline, self.trial_s, self.say, self.start_s = timeout_s, deadline, trial_s, say, start_s
-        self.holds: bool | None = None
-        """Whether ``--timeout`` holds the smallest re-measurement (None: not judged yet)."""
+    study: optuna.Study
+    top: int
+    processes: int
+    settings: MeasureSettings
+    timeout_s: float
+    deadline: float
+    trial_s: Callable[[], float]
+    say: Callable[[str], None]
+    start_s: float = WORKER_START_S
+    holds: bool | None = field(default=None, init=False)
+    """Whether ``--timeout`` holds the smallest re-measurement (None: not judged yet)."""
 
     def __call__(self) -> float:
         if self.top <= 0 or self.holds is False:
@@ -207,15 +202,15 @@ def refresh_s(timeout_s: float | None) -> float:
     return KEPT_REFRESH_S if timeout_s is None else min(KEPT_REFRESH_S, timeout_s / 100)
 
 
+@dataclass(eq=False)
 class Refreshed:
     """A figure worked out again at most every ``every_s`` seconds (the time kept for the
     finalists reads every trial: once per trial would cost a long search more than its trials)."""
 
-    def __init__(self, work_out: Callable[[], float], every_s: float = KEPT_REFRESH_S) -> None:
-        self.work_out = work_out
-        self.every_s = every_s
-        self._value = 0.0
-        self._at: float | None = None
+    work_out: Callable[[], float]
+    every_s: float = KEPT_REFRESH_S
+    _value: float = field(default=0.0, init=False)
+    _at: float | None = field(default=None, init=False)
 
     def __call__(self) -> float:
         now = time.monotonic()
