@@ -10,7 +10,7 @@ import tomllib
 import unicodedata
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from gpt_optuna.backends import BACKENDS
 from gpt_optuna.backends.engine_choice import resolved_spec
@@ -28,6 +28,7 @@ OBJECTIVES = ("latency", "error", "memory", "build_s")
 DEFAULT_N_TRIALS = 100
 DEFAULT_TRIAL_TIMEOUT_S = 600.0
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+T = TypeVar("T")
 
 
 GENERIC_STEMS = frozenset({"model", "inference", "infer", "saved_model", "export", "exported", "net", "network"})
@@ -131,12 +132,12 @@ class StudyKind:
     """What a study must share with a run that resumes it, as the configuration states it."""
 
     backend: str
-    accuracy: str
+    criterion: Criterion
     metric: str | None
     dry_run: bool
     objectives: tuple[str, ...]
     allow_io_change: bool
-    your_configuration: dict[str, Value] | None
+    baseline_values: dict[str, Value] | None
 
 
 @dataclass(frozen=True)
@@ -285,33 +286,19 @@ class TuneConfig:
         """The accuracy criterion, parsed once."""
         return parse_criterion(self.accuracy, user_metrics=self.metric is not None)
 
+    def _part(self, part: type[T]) -> T:
+        """The typed part ``part`` of this configuration: each of its fields read by name."""
+        return part(**{f.name: getattr(self, f.name) for f in fields(part)})
+
     @property
     def data(self) -> DataSource:
         """Where the model and data come from (what reading the inputs needs)."""
-        return DataSource(
-            self.model,
-            self.shapes,
-            self.inputs,
-            self.samples,
-            self.calibration,
-            self.metric,
-            self.criterion,
-            self.timeout_s,
-            self.trial_timeout_s,
-        )
+        return self._part(DataSource)
 
     @property
     def kind(self) -> StudyKind:
         """What a study of this configuration must share with a run that resumes it."""
-        return StudyKind(
-            self.backend,
-            self.criterion.text,
-            self.metric,
-            self.dry_run,
-            self.objectives,
-            self.allow_io_change,
-            self.baseline_values,
-        )
+        return self._part(StudyKind)
 
     @property
     def finalists(self) -> FinalistPlan:

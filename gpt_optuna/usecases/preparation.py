@@ -394,14 +394,14 @@ def run_identity(kind: StudyKind, inputs: Inputs) -> dict[str, Any]:
     return {
         "model_sha256": inputs.info.sha256,
         "backend": kind.backend,
-        "accuracy": kind.accuracy,
+        "accuracy": kind.criterion.text,
         "metric": kind.metric,
         "inputs_sha256": inputs.inputs_sha256,
         "shapes": inputs.shapes_record,
         "objective": "build_s" if kind.dry_run else "latency_ms",
         "objectives": list(kind.objectives),
         "allow_io_change": kind.allow_io_change,
-        "your_configuration": kind.your_configuration,
+        "your_configuration": kind.baseline_values,
     }
 
 
