@@ -164,14 +164,14 @@ def warm_start(
         alike[name] = study_similarity(studies[0], profile)
         weight = UNKNOWN_SIMILARITY if alike[name] is None else alike[name]
         best = _best_of_model(studies, space, baseline)
-        first, rest = _first_and_held_back(best, weight)
-        for b in first:
+        first = max(1, math.ceil(WARM_PER_STUDY * weight - 1e-9))  # what its similarity earns, rounded up
+        for b in best[:first]:
             offers.setdefault(candidate_key(b.candidate), []).append(
                 Offer(weight, b.speedup, b.candidate, b.source, name)
             )
-        later[name] = [(b.candidate, b.source) for b in rest]
+        later[name] = [(b.candidate, b.source) for b in best[first:]]
         expected.update({b.source: 1 + REPLICATION * weight * max(0.0, b.speedup - 1) for b in best})
-        trust.update({b.source: weight for b in rest})
+        trust.update({b.source: weight for b in best[first:]})
     gaining_most = _gaining_most(offers)
     candidates = [(offer.candidate, offer.source) for offer, _ in gaining_most]
     trust.update({offer.source: weight for offer, weight in gaining_most})
@@ -187,13 +187,6 @@ def warm_start(
         expected,
         trust,
     )
-
-
-def _first_and_held_back(best: list[Best], weight: float) -> tuple[list[Best], list[Best]]:
-    """A source's best, split into those it offers first (as many as its model's similarity
-    ``weight`` earns, rounded up, one at least) and those held back."""
-    first = max(1, math.ceil(WARM_PER_STUDY * weight - 1e-9))
-    return best[:first], best[first:]
 
 
 def _held_back(
