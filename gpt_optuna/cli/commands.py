@@ -58,13 +58,6 @@ def _resolve_storage(args: argparse.Namespace) -> tuple[str, str | None]:
     )
 
 
-def _open_existing(args: argparse.Namespace) -> Any:
-    """The study a reading command names, as the API opens it; only ``confirm`` and ``dashboard`` write to it."""
-    from gpt_optuna.api.study import load
-
-    return load(*_resolve_storage(args))
-
-
 def print_space(config: TuneConfig, as_json: bool) -> int:
     from gpt_optuna.usecases.preparation import offered_space
 
@@ -508,4 +501,8 @@ def run(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     log.configure(args.verbose - args.quiet, args.log_file)
     command = next(c for c in COMMANDS if c.name == args.command)
-    return command.run(args, _open_existing(args) if command.opens_study else argv)
+    if not command.opens_study:
+        return command.run(args, argv)
+    from gpt_optuna.api.study import load  # the study as the API opens it
+
+    return command.run(args, load(*_resolve_storage(args)))
