@@ -72,20 +72,16 @@ def resolved_spec(spec: str, model: Path | None = None) -> tuple[str, str]:
     return ",".join(names), ""
 
 
-def engine_label(spec: str, engine: EngineDescription) -> str:
-    """What the ``engine`` knob calls an engine: its registered name, else the class's ``name``."""
-    return spec if spec in BACKENDS else engine.name or type(engine).__name__
-
-
 E = TypeVar("E", bound=EngineDescription)
 
 
 def labelled_engines(spec: str, load: Callable[[str], E]) -> dict[str, E]:
-    """The engines ``spec`` (a comma list, or ``auto``) names, each ``load``-ed, by their labels."""
+    """The engines ``spec`` (a comma list, or ``auto``) names, each ``load``-ed, by their labels: what
+    the ``engine`` knob calls them (a registered name, else the class's ``name``)."""
     engines: dict[str, E] = {}
     for name in resolved_spec(spec)[0].split(","):
         engine = load(name)
-        label = engine_label(name, engine)
+        label = name if name in BACKENDS else engine.name or type(engine).__name__
         if label in engines:
             raise UserError(f"--backend {spec!r}: two engines are called {label}; name each engine once")
         engines[label] = engine

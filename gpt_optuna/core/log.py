@@ -66,7 +66,8 @@ class LogFile(logging.FileHandler):
         self.setFormatter(logging.Formatter(_FILE_FORMAT))
         try:
             self.stream = self._open()
-            command = LOGGER.makeRecord(LOGGER.name, logging.INFO, __file__, 0, "%s", (_command_line(),), None)
+            line = shlex.join(["gpt-optuna", *sys.argv[1:]])
+            command = LOGGER.makeRecord(LOGGER.name, logging.INFO, __file__, 0, "%s", (line,), None)
             self.stream.write(self.format(command) + self.terminator)
             self.stream.flush()
         except OSError as exc:
@@ -83,10 +84,6 @@ class LogFile(logging.FileHandler):
         with contextlib.suppress(OSError):
             self.close()
         LOGGER.warning(f"warning: --log-file {self.baseFilename}: {exc.strerror or exc}; nothing more is written to it")
-
-
-def _command_line() -> str:
-    return shlex.join(["gpt-optuna", *sys.argv[1:]])
 
 
 def level_of(verbosity: int) -> int:

@@ -28,10 +28,7 @@ from gpt_optuna.backends.base import (
 from gpt_optuna.backends.inductor.deploy import CompiledProgram
 from gpt_optuna.backends.inductor.deployment import CACHE_ENV, inductor_caches, needs_program, settings_of
 from gpt_optuna.backends.inductor.description import InductorDescription
-from gpt_optuna.backends.inductor.knobs import (
-    CUDAGRAPHS,
-    inductor_knobs,
-)
+from gpt_optuna.backends.inductor.knobs import CUDAGRAPHS, inductor_knobs
 from gpt_optuna.backends.inductor.profiling import profiled_kernels
 from gpt_optuna.core.engine_facts import BuildFacts
 from gpt_optuna.core.engine_paths import EnginePaths
@@ -44,10 +41,6 @@ CALLS_IN_BUILD = 3
 REBUILD_CHECK_S = 10.0
 """A compile longer than this is done again from the caches it left, timed: what a confirmation
 process or a service pays for it (a shorter one is taken to cost as much again)."""
-
-
-def _graph_targets(program: Any) -> set[str]:
-    return {str(node.target) for node in program.graph.nodes if node.op == "call_function"}
 
 
 @contextlib.contextmanager
@@ -89,7 +82,8 @@ class InductorBackend(InductorDescription, Backend):
         return found
 
     def space(self, model: ModelInfo, shapes: dict[str, ShapeRange]) -> Space:
-        targets = _graph_targets(load_program(needs_program(model.path)))
+        program = load_program(needs_program(model.path))
+        targets = {str(node.target) for node in program.graph.nodes if node.op == "call_function"}
         attention = any("scaled_dot_product" in t for t in targets)
         convolution = any("convolution" in t or "conv2d" in t or "conv1d" in t for t in targets)
         return Space(inductor_knobs(self._device() == "cuda", attention, convolution))

@@ -77,12 +77,10 @@ def parse_build_routes(text: str) -> list[RouteKnob]:
 
 def route_string(candidate: Candidate, routes: list[RouteKnob]) -> str:
     """The ``build_route`` for a candidate: a ``-name=value`` token for each non-default knob."""
-    tokens = []
-    for route in routes:
-        value = candidate.get(route.knob_name)
-        if value is not None and str(value) != route.default:
-            tokens.append(f"{route.option}={value}")
-    return " ".join(tokens)
+    values = ((route, candidate.get(route.knob_name)) for route in routes)
+    return " ".join(
+        f"{route.option}={value}" for route, value in values if value is not None and str(value) != route.default
+    )
 
 
 def _tokens(route: str) -> dict[str, str]:
