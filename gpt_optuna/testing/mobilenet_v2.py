@@ -132,13 +132,9 @@ def mobilenet_v2(state: dict[str, np.ndarray], batch: int | str = "batch") -> on
         numpy_helper.from_array(state["classifier.1.bias"].astype(np.float32), "fc.b"),
     ]
     nodes.append(helper.make_node("Gemm", ["flat", "fc.w", "fc.b"], ["logits"], transB=1))
-    graph = helper.make_graph(
-        nodes,
-        "mobilenet_v2",
-        [helper.make_tensor_value_info("input", TensorProto.FLOAT, [batch, 3, 224, 224])],
-        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [batch, 1000])],
-        inits,
-    )
+    x = helper.make_tensor_value_info("input", TensorProto.FLOAT, [batch, 3, 224, 224])
+    y = helper.make_tensor_value_info("logits", TensorProto.FLOAT, [batch, 1000])
+    graph = helper.make_graph(nodes, "mobilenet_v2", [x], [y], inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], producer_name="mobilenet_v2")
     model.ir_version = 8
     onnx.checker.check_model(model, full_check=True)
