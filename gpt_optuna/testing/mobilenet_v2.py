@@ -115,10 +115,8 @@ def mobilenet_v2(state: dict[str, np.ndarray], batch: int | str = "batch") -> on
         for repeat in range(repeats):
             stride, block = (first_stride if repeat == 0 else 1), f"features.{index}.conv"
             hidden = channels * expand
-            h, layer = x, 0
-            if expand != 1:
-                h = conv(h, f"{block}.0.0", f"{block}.0.1", 1, 1, True)
-                layer = 1
+            layer = int(expand != 1)  # the expanding convolution, where there is one, is layer 0
+            h = conv(x, f"{block}.0.0", f"{block}.0.1", 1, 1, True) if layer else x
             h = conv(h, f"{block}.{layer}.0", f"{block}.{layer}.1", stride, hidden, True)
             h = conv(h, f"{block}.{layer + 1}", f"{block}.{layer + 2}", 1, 1, False)
             if stride == 1 and channels == out_channels:
