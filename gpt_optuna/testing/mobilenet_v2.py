@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import pickle
 from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,27 +31,24 @@ _SETTING = [(1, 16, 1, 1), (6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2), (6, 96, 
 """(expansion, channels, repeats, first stride) of MobileNetV2's inverted-residual stages."""
 
 
+@dataclass
 class _Storage:
-    def __init__(self, dtype: type, key: str) -> None:
-        self.dtype, self.key = dtype, key
-        self.data: np.ndarray | None = None
+    dtype: type
+    data: np.ndarray | None = None
 
 
-class _Tensor:
-    """A tensor waiting for its storage's bytes, which come after the pickle in the legacy format."""
+def _rebuild_tensor(
+    storage: _Storage, offset: int, size: tuple[int, ...], stride: tuple[int, ...], *_: Any
+) -> Callable[[], np.ndarray]:
+    """A tensor waiting for its storage's bytes, which come after the pickle in the legacy format:
+    a function that returns it once they are read."""
 
-    def __init__(self, storage: _Storage, offset: int, size: tuple[int, ...], stride: tuple[int, ...]) -> None:
-        self.storage, self.offset, self.size, self.stride = storage, offset, size, stride
+    def array() -> np.ndarray:
+        assert storage.data is not None
+        item = storage.data.itemsize
+        return np.lib.stride_tricks.as_strided(storage.data[offset:], size, [s * item for s in stride]).copy()
 
-    def array(self) -> np.ndarray:
-        assert self.storage.data is not None
-        item = self.storage.data.itemsize
-        flat = self.storage.data[self.offset :]
-        return np.lib.stride_tricks.as_strided(flat, self.size, [s * item for s in self.stride]).copy()
-
-
-def _rebuild_tensor(storage: _Storage, offset: int, size: tuple[int, ...], stride: tuple[int, ...], *_: Any) -> _Tensor:
-    return _Tensor(storage, offset, tuple(size), tuple(stride))
+    return array
 
 
 class _LegacyUnpickler(pickle.Unpickler):
@@ -68,7 +67,7 @@ class _LegacyUnpickler(pickle.Unpickler):
 
     def persistent_load(self, saved_id: Any) -> _Storage:
         _, dtype, key, *_ = saved_id  # ("storage", type, key, location, size, view)
-        return self.storages.setdefault(key, _Storage(dtype, key))
+        return self.storages.setdefault(key, _Storage(dtype))
 
 
 def load_state_dict(path: Path) -> dict[str, np.ndarray]:
@@ -83,14 +82,7 @@ def load_state_dict(path: Path) -> dict[str, np.ndarray]:
             count = int(np.frombuffer(f.read(8), "<i8")[0])
             item = np.dtype(storage.dtype).itemsize
             storage.data = np.frombuffer(f.read(count * item), storage.dtype)
-    return {name: tensor.array() for name, tensor in state.items()}
-
-
-def _folded(state: dict[str, np.ndarray], conv: str, bn: str) -> tuple[np.ndarray, np.ndarray]:
-    """A convolution's weight and bias with the batch norm after it folded in."""
-    scale = state[f"{bn}.weight"] / np.sqrt(state[f"{bn}.running_var"] + 1e-5)
-    weight = state[f"{conv}.weight"] * scale[:, None, None, None]
-    return weight.astype(np.float32), (state[f"{bn}.bias"] - state[f"{bn}.running_mean"] * scale).astype(np.float32)
+    return {name: array() for name, array in state.items()}
 
 
 def mobilenet_v2(state: dict[str, np.ndarray], batch: int | str = "batch") -> onnx.ModelProto:
@@ -101,23 +93,16 @@ def mobilenet_v2(state: dict[str, np.ndarray], batch: int | str = "batch") -> on
         numpy_helper.from_array(np.array(6.0, np.float32), "six"),
     ]
 
-    def conv(x: str, conv_name: str, bn: str, stride: int, groups: int, relu6: bool) -> str:
-        weight, bias = _folded(state, conv_name, bn)
-        inits.extend(
-            [numpy_helper.from_array(weight, f"{conv_name}.w"), numpy_helper.from_array(bias, f"{conv_name}.b")]
-        )
-        k = weight.shape[-1]
-        out = f"{conv_name}.out"
+    def conv(x: str, name: str, bn: str, stride: int, groups: int, relu6: bool) -> str:
+        """The convolution ``name`` with the batch norm ``bn`` after it folded in."""
+        scale = state[f"{bn}.weight"] / np.sqrt(state[f"{bn}.running_var"] + 1e-5)
+        weight = (state[f"{name}.weight"] * scale[:, None, None, None]).astype(np.float32)
+        bias = (state[f"{bn}.bias"] - state[f"{bn}.running_mean"] * scale).astype(np.float32)
+        w, b, out = f"{name}.w", f"{name}.b", f"{name}.out"
+        inits.extend([numpy_helper.from_array(weight, w), numpy_helper.from_array(bias, b)])
+        pads = [weight.shape[-1] // 2] * 4
         nodes.append(
-            helper.make_node(
-                "Conv",
-                [x, f"{conv_name}.w", f"{conv_name}.b"],
-                [out],
-                strides=[stride, stride],
-                pads=[k // 2] * 4,
-                group=groups,
-                name=conv_name,
-            )
+            helper.make_node("Conv", [x, w, b], [out], strides=[stride, stride], pads=pads, group=groups, name=name)
         )
         if relu6:
             nodes.append(helper.make_node("Clip", [out, "zero", "six"], [f"{out}.relu6"]))
@@ -130,10 +115,8 @@ def mobilenet_v2(state: dict[str, np.ndarray], batch: int | str = "batch") -> on
         for repeat in range(repeats):
             stride, block = (first_stride if repeat == 0 else 1), f"features.{index}.conv"
             hidden = channels * expand
-            h, layer = x, 0
-            if expand != 1:
-                h = conv(h, f"{block}.0.0", f"{block}.0.1", 1, 1, True)
-                layer = 1
+            layer = int(expand != 1)  # the expanding convolution, where there is one, is layer 0
+            h = conv(x, f"{block}.0.0", f"{block}.0.1", 1, 1, True) if layer else x
             h = conv(h, f"{block}.{layer}.0", f"{block}.{layer}.1", stride, hidden, True)
             h = conv(h, f"{block}.{layer + 1}", f"{block}.{layer + 2}", 1, 1, False)
             if stride == 1 and channels == out_channels:
@@ -147,13 +130,9 @@ def mobilenet_v2(state: dict[str, np.ndarray], batch: int | str = "batch") -> on
         numpy_helper.from_array(state["classifier.1.bias"].astype(np.float32), "fc.b"),
     ]
     nodes.append(helper.make_node("Gemm", ["flat", "fc.w", "fc.b"], ["logits"], transB=1))
-    graph = helper.make_graph(
-        nodes,
-        "mobilenet_v2",
-        [helper.make_tensor_value_info("input", TensorProto.FLOAT, [batch, 3, 224, 224])],
-        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [batch, 1000])],
-        inits,
-    )
+    x = helper.make_tensor_value_info("input", TensorProto.FLOAT, [batch, 3, 224, 224])
+    y = helper.make_tensor_value_info("logits", TensorProto.FLOAT, [batch, 1000])
+    graph = helper.make_graph(nodes, "mobilenet_v2", [x], [y], inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], producer_name="mobilenet_v2")
     model.ir_version = 8
     onnx.checker.check_model(model, full_check=True)
@@ -175,8 +154,7 @@ def crops(photos: list[Path]) -> list[np.ndarray]:
         scale = 256 / min(image.size)
         image = image.resize((round(image.width * scale), round(image.height * scale)), Image.BILINEAR)
         pixels = np.asarray(image, np.float32).transpose(2, 0, 1) / 255.0
-        _, height, width = pixels.shape
-        corners = [((height - 224) // 2, (width - 224) // 2), (0, 0), (0, width - 224)]
-        corners += [(height - 224, 0), (height - 224, width - 224)]
+        bottom, right = pixels.shape[1] - 224, pixels.shape[2] - 224
+        corners = [(bottom // 2, right // 2), (0, 0), (0, right), (bottom, 0), (bottom, right)]
         result += [((pixels[:, y : y + 224, x : x + 224] - MEAN) / STD).astype(np.float32) for y, x in corners]
     return result

@@ -12,6 +12,8 @@ BiasGelu).
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
@@ -27,11 +29,29 @@ def _ints(name: str, values: list[int]) -> onnx.TensorProto:
     return numpy_helper.from_array(np.array(values, np.int64), name)
 
 
+def _floats(name: str, values: Any) -> onnx.TensorProto:
+    return numpy_helper.from_array(np.array(values, np.float32), name)
+
+
 def _constant(output: str, values: np.ndarray) -> onnx.NodeProto:
     return helper.make_node("Constant", [], [output], value=numpy_helper.from_array(values, output + "_value"))
 
 
-def _model(graph: onnx.GraphProto, opset: int, extra: tuple[tuple[str, int], ...] = ()) -> onnx.ModelProto:
+def _f32(name: str, shape: list[int | str]) -> onnx.ValueInfoProto:
+    return helper.make_tensor_value_info(name, TensorProto.FLOAT, shape)
+
+
+def _model(
+    name: str,
+    nodes: list[onnx.NodeProto],
+    inits: list[onnx.TensorProto],
+    x: onnx.ValueInfoProto,
+    y: onnx.ValueInfoProto,
+    opset: int,
+    extra: tuple[tuple[str, int], ...] = (),
+) -> onnx.ModelProto:
+    """A checked model of the graph ``name``: ``nodes`` from the input ``x`` to the output ``y``."""
+    graph = helper.make_graph(nodes, name, [x], [y], inits)
     opsets = [helper.make_opsetid("", opset), *(helper.make_opsetid(d, v) for d, v in extra)]
     model = helper.make_model(graph, opset_imports=opsets, producer_name="pattern-graphs")
     model.ir_version = 7
@@ -66,13 +86,7 @@ def paddle_cnn() -> onnx.ModelProto:
         helper.make_node("Gemm", ["flat", "fc_w", "fc_b"], ["logits"], transB=1),
         helper.make_node("Softmax", ["logits"], ["probs"], axis=1),
     ]
-    graph = helper.make_graph(
-        nodes,
-        "paddle_cnn",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [-1, 3, "?", "?"])],
-        [helper.make_tensor_value_info("probs", TensorProto.FLOAT, [-1, 4])],
-    )
-    return _model(graph, 11)
+    return _model("paddle_cnn", nodes, [], _f32("x", [-1, 3, "?", "?"]), _f32("probs", [-1, 4]), 11)
 
 
 def tf_nhwc_pad_concat() -> onnx.ModelProto:
@@ -86,12 +100,7 @@ def tf_nhwc_pad_concat() -> onnx.ModelProto:
         helper.make_node("Shape", ["relu"], ["shape"]),
         helper.make_node("Slice", ["shape", "zero", "one", "zero"], ["batch"]),
         helper.make_node("Concat", ["batch", "extra_channels", "hw"], ["block_shape"], axis=0),
-        helper.make_node(
-            "ConstantOfShape",
-            ["block_shape"],
-            ["ones"],
-            value=numpy_helper.from_array(np.array([1.0], np.float32), "v"),
-        ),
+        helper.make_node("ConstantOfShape", ["block_shape"], ["ones"], value=_floats("v", [1.0])),
         helper.make_node("ConstantOfShape", ["block_shape"], ["zeros"]),
         helper.make_node("Concat", ["relu", "ones", "zeros"], ["stacked"], axis=1),
         helper.make_node("Concat", ["pads_head", "pads_tail"], ["pads"], axis=0),
@@ -107,16 +116,9 @@ def tf_nhwc_pad_concat() -> onnx.ModelProto:
         _ints("hw", [32, 32]),
         _ints("pads_head", [0, 0, 1, 1]),
         _ints("pads_tail", [0, 0, 1, 1]),
-        numpy_helper.from_array(np.array(0.5, np.float32), "pad_value"),
+        _floats("pad_value", 0.5),
     ]
-    graph = helper.make_graph(
-        nodes,
-        "tf_nhwc",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 32, 32, 3])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 34, 34, 8])],
-        inits,
-    )
-    return _model(graph, 12)
+    return _model("tf_nhwc", nodes, inits, _f32("x", [1, 32, 32, 3]), _f32("y", [1, 34, 34, 8]), 12)
 
 
 def resize_head() -> onnx.ModelProto:
@@ -139,9 +141,9 @@ def resize_head() -> onnx.ModelProto:
         helper.make_node("Add", ["sum", "x"], ["y"]),
     ]
     inits = [
-        numpy_helper.from_array(np.array([], np.float32), "roi"),
-        numpy_helper.from_array(np.array([1, 1, 2, 2], np.float32), "scales"),
-        numpy_helper.from_array(np.array([], np.float32), "no_scales"),
+        _floats("roi", []),
+        _floats("scales", [1, 1, 2, 2]),
+        _floats("no_scales", []),
         _weight("w", 4, 4, 3, 3),
         _weight("b", 4),
         _ints("zero", [0]),
@@ -149,14 +151,7 @@ def resize_head() -> onnx.ModelProto:
         _ints("four", [4]),
         _ints("nc", [1, 4]),
     ]
-    graph = helper.make_graph(
-        nodes,
-        "resize_head",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 16, 16])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 16, 16])],
-        inits,
-    )
-    return _model(graph, 11)
+    return _model("resize_head", nodes, inits, _f32("x", [1, 4, 16, 16]), _f32("y", [1, 4, 16, 16]), 11)
 
 
 def torch_encoder_block() -> onnx.ModelProto:
@@ -193,25 +188,19 @@ def torch_encoder_block() -> onnx.ModelProto:
     ]
     inits = [
         _weight("table", 4, hidden, scale=1.0),
-        numpy_helper.from_array(np.array([0.1], np.float32), "mask_scale"),
+        _floats("mask_scale", [0.1]),
         _ints("flat_shape", [-1, hidden]),
         _weight("gemm_w", hidden, hidden),
         _weight("gemm_b", hidden),
-        numpy_helper.from_array(np.array(2.0, np.float32), "two"),
-        numpy_helper.from_array(np.array(1e-12, np.float32), "eps"),
+        _floats("two", 2.0),
+        _floats("eps", 1e-12),
         _weight("shared", hidden, hidden),
-        numpy_helper.from_array(np.array(1.4142135, np.float32), "sqrt2"),
-        numpy_helper.from_array(np.array(1.0, np.float32), "one"),
-        numpy_helper.from_array(np.array(0.5, np.float32), "half"),
+        _floats("sqrt2", 1.4142135),
+        _floats("one", 1.0),
+        _floats("half", 0.5),
     ]
-    graph = helper.make_graph(
-        nodes,
-        "torch_encoder_block",
-        [helper.make_tensor_value_info("ids", TensorProto.INT64, ["batch", "sequence"])],
-        [helper.make_tensor_value_info("out", TensorProto.FLOAT, ["batch", "sequence", hidden])],
-        inits,
-    )
-    return _model(graph, 12)
+    ids = helper.make_tensor_value_info("ids", TensorProto.INT64, ["batch", "sequence"])
+    return _model("torch_encoder_block", nodes, inits, ids, _f32("out", ["batch", "sequence", hidden]), 12)
 
 
 def fused_contrib() -> onnx.ModelProto:
@@ -232,20 +221,14 @@ def fused_contrib() -> onnx.ModelProto:
     ]
     inits = [
         _weight("w", hidden, hidden),
-        numpy_helper.from_array(np.ones(hidden, np.float32), "gamma"),
-        numpy_helper.from_array(np.zeros(hidden, np.float32), "beta"),
+        _floats("gamma", np.ones(hidden)),
+        _floats("beta", np.zeros(hidden)),
         _weight("bias", hidden),
         _weight("w2", hidden, 2 * hidden),
         _weight("gelu_bias", 2 * hidden),
     ]
-    graph = helper.make_graph(
-        nodes,
-        "fused_contrib",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8, hidden])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 8, 2 * hidden])],
-        inits,
-    )
-    return _model(graph, 17, (("com.microsoft", 1),))
+    x, y = _f32("x", [2, 8, hidden]), _f32("y", [2, 8, 2 * hidden])
+    return _model("fused_contrib", nodes, inits, x, y, 17, (("com.microsoft", 1),))
 
 
 PATTERNS = {

@@ -28,11 +28,7 @@ def small_cnn(seed: int = 0) -> onnx.ModelProto:
         ]
         nodes += [
             helper.make_node(
-                "Conv",
-                [current, f"conv{i}.w", f"conv{i}.b"],
-                [f"c{i}"],
-                pads=[1, 1, 1, 1],
-                strides=[2, 2] if i else [1, 1],
+                "Conv", [current, f"conv{i}.w", f"conv{i}.b"], [f"c{i}"], pads=[1] * 4, strides=[2, 2] if i else [1, 1]
             ),
             helper.make_node(
                 "BatchNormalization", [f"c{i}", f"bn{i}.scale", f"bn{i}.bias", f"bn{i}.mean", f"bn{i}.var"], [f"n{i}"]
@@ -47,13 +43,9 @@ def small_cnn(seed: int = 0) -> onnx.ModelProto:
         helper.make_node("Flatten", ["pooled"], ["flat"]),
         helper.make_node("Gemm", ["flat", "fc.w", "fc.b"], ["logits"]),
     ]
-    graph = helper.make_graph(
-        nodes,
-        "small_cnn",
-        [helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, 3, 64, 64])],
-        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, 10])],
-        inits,
-    )
+    x = helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, 3, 64, 64])
+    y = helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, 10])
+    graph = helper.make_graph(nodes, "small_cnn", [x], [y], inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], producer_name="gpt_optuna")
     model.ir_version = 8
     onnx.checker.check_model(model)

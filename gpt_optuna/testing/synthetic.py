@@ -84,8 +84,7 @@ class SyntheticBackend(Backend):
         return Built((candidate, model.path), time.perf_counter() - start)
 
     def open(self, built: Built, feeds: Feeds, outputs: Feeds) -> Runner:
-        candidate, path = built.engine
-        return _SyntheticRunner(candidate, path, feeds)
+        return _SyntheticRunner(*built.engine, feeds)
 
 
 ROUTE_EFFECTS = {("route.r2", "1"): 0.6, ("route.r5", "1"): 1.6}

@@ -26,9 +26,5 @@ def wide_matmul(megabytes: float) -> onnx.ModelProto:
 
 def save_wide_matmul(path: Path, megabytes: float, weights: str | None = None) -> Path:
     """:func:`wide_matmul` at ``path``; its weight in the file ``weights`` beside it where given."""
-    model = wide_matmul(megabytes)
-    if weights is None:
-        onnx.save(model, str(path))
-    else:
-        onnx.save(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True, location=weights)
+    onnx.save(wide_matmul(megabytes), str(path), save_as_external_data=weights is not None, location=weights)
     return path
