@@ -56,10 +56,9 @@ def recorded_summary(study: optuna.Study) -> StudySummary | None:
     record = study.user_attrs.get(SUMMARY_ATTR)
     if not isinstance(record, dict) or record.get("open"):
         return None
-    same_attrs = record.get("confirmed_attr") == recorded_confirmation(study) and record.get(
-        "host_attr"
-    ) == recorded_host(study)
-    counts = count_by_state(study) if same_attrs else None
+    if record.get("confirmed_attr") != recorded_confirmation(study) or record.get("host_attr") != recorded_host(study):
+        return None
+    counts = count_by_state(study)
     if counts is None or sum(counts.values()) != record.get("trials"):
         return None
     if counts.get(TrialState.RUNNING) or counts.get(TrialState.WAITING):
