@@ -290,11 +290,8 @@ def _configure_sqlite(storage: optuna.storages.RDBStorage) -> None:
         connection.isolation_level = None  # the driver begins no transaction of its own
         connection.execute("PRAGMA synchronous=NORMAL")
 
-    def on_begin(connection: Any) -> None:
-        connection.exec_driver_sql("BEGIN IMMEDIATE")
-
     sqlalchemy.event.listen(storage.engine, "connect", on_connect)
-    sqlalchemy.event.listen(storage.engine, "begin", on_begin)
+    sqlalchemy.event.listen(storage.engine, "begin", lambda connection: connection.exec_driver_sql("BEGIN IMMEDIATE"))
     storage.engine.dispose()
 
 
