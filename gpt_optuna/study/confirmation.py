@@ -86,9 +86,8 @@ class Confirmation:
         """The confirmation a study keeps (None without one)."""
         if not stored:
             return None
-        ranking = tuple(sorted((ConfirmedRow.of(r) for r in stored.get("ranking") or ()), key=_fastest_first))
-        yours = stored.get("yours")
-        engines = stored.get("engines") or {}
+        rows = (ConfirmedRow.of(r) for r in stored.get("ranking") or ())
+        ranking = tuple(sorted(rows, key=lambda row: -(row.speedup or 0.0)))
         return cls(
             baseline=ConfirmedRow.of(stored["baseline"]) if stored.get("baseline") else None,
             ranking=ranking,
@@ -96,9 +95,9 @@ class Confirmation:
             rounds=int(stored.get("rounds", 0)),
             processes=int(stored.get("processes", 1)),  # confirmations before there were several: one
             joint="level" in stored,
-            yours=_against(yours) if yours else None,
+            yours=_against(stored["yours"]) if stored.get("yours") else None,
             stopped=stored.get("stopped") or None,
-            engines={engine: _against(reference) for engine, reference in engines.items()},
+            engines={engine: _against(reference) for engine, reference in (stored.get("engines") or {}).items()},
         )
 
     @property
@@ -143,10 +142,6 @@ def _against(stored: Mapping[str, Any]) -> YoursConfirmed:
     return YoursConfirmed(
         int(stored["number"]), float(stored["median_ms"]), tuple(ConfirmedRow.of(r) for r in stored["versus"])
     )
-
-
-def _fastest_first(row: ConfirmedRow) -> float:
-    return -(row.speedup or 0.0)
 
 
 def _rows(numbers: list[int], found: list[Speedup]) -> list[dict[str, Any]]:

@@ -5,13 +5,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from gpt_optuna.core.engine_paths import EnginePaths
 from gpt_optuna.study.record import FOLDER_ATTR, STUDIES
 
 if TYPE_CHECKING:
     import optuna
+
+
+def _under(name: str, doc: str) -> Any:
+    """A :class:`StudyFolder` property: the folder ``name`` in it."""
+    return property(lambda self: self.root / name, doc=doc)
 
 
 @dataclass(frozen=True)
@@ -68,6 +73,11 @@ class StudyFolder:
             f" back, or link them there: {fix}"
         )
 
+    engines = _under("engines", "Serialized engines a worker hands to the tuner.")
+    artifacts = _under("artifacts", "The artifact store of a study that recorded none elsewhere.")
+    tuners = _under("tuners", "Where each tuning run on this host holds a lock while it runs.")
+    checks = _under("checks", "Where ``check`` runs keep the records they judge against: what the study never reads.")
+
     @property
     def engine_paths(self) -> EnginePaths:
         """What the study's engines share across trials: the model cache, TensorRT's timing cache."""
@@ -77,21 +87,6 @@ class StudyFolder:
     def models(self) -> Path:
         """Transformed models, each made once (``graph.model_cache``)."""
         return self.engine_paths.models
-
-    @property
-    def engines(self) -> Path:
-        """Serialized engines a worker hands to the tuner."""
-        return self.root / "engines"
-
-    @property
-    def artifacts(self) -> Path:
-        """The artifact store of a study that recorded none elsewhere."""
-        return self.root / "artifacts"
-
-    @property
-    def tuners(self) -> Path:
-        """Where each tuning run on this host holds a lock while it runs."""
-        return self.root / "tuners"
 
     def sensitivity(self, fusion: str, model_sha256: str) -> Path:
         """The fp16 sensitivity ranking of one graph (the model and its fusion)."""
@@ -112,11 +107,6 @@ class StudyFolder:
     def profiles(self) -> list[Path]:
         """Every profile comparison kept, by name."""
         return sorted(self.root.glob("profile-*.json"))
-
-    @property
-    def checks(self) -> Path:
-        """Where ``check`` runs keep the records they judge against: what the study never reads."""
-        return self.root / "checks"
 
     def check_run(self, stamp: str) -> Path:
         """The folder of one ``check`` run's record (``stamp``: when it ran)."""

@@ -180,13 +180,12 @@ def count_in_database(backend: optuna.storages.RDBStorage, study: optuna.Study) 
     from optuna.storages._rdb import models
 
     with _session(backend) as session:
-        rows = (
+        return dict(
             session.query(models.TrialModel.state, sqlalchemy.func.count())
             .filter(models.TrialModel.study_id == study._study_id)
             .group_by(models.TrialModel.state)
             .all()
         )
-    return {state: count for state, count in rows}
 
 
 @contextmanager

@@ -290,7 +290,7 @@ def _close(connection: sqlite3.Connection, path: Path, tidy: bool) -> None:
     if not tidy or not wal.exists() or wal.stat().st_size:
         return
     try:
-        closer = sqlite3.connect(writable_uri(path), uri=True, timeout=0, isolation_level=None)
+        closer = sqlite3.connect(_uri(path, "mode=rw"), uri=True, timeout=0, isolation_level=None)  # never creates it
         try:
             closer.execute("SELECT count(*) FROM sqlite_master").fetchall()  # opens the log
         finally:
@@ -304,11 +304,6 @@ def read_only_uri(path: Path) -> str:
     cannot be written would need its write-ahead-log index created)."""
     writable = os.access(path, os.W_OK) and os.access(path.parent, os.W_OK)
     return _uri(path, "mode=ro" if writable else "mode=ro&immutable=1")
-
-
-def writable_uri(path: Path) -> str:
-    """An SQLite URI that opens the file for writing, never creating it."""
-    return _uri(path, "mode=rw")
 
 
 def _uri(path: Path, query: str) -> str:

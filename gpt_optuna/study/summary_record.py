@@ -10,7 +10,7 @@ counting the trials means reading them), the summary is made from every trial.
 
 from __future__ import annotations
 
-from dataclasses import asdict
+from dataclasses import asdict, fields
 from typing import Any
 
 import optuna
@@ -33,24 +33,17 @@ def summary_record(study: optuna.Study, summary: StudySummary) -> dict[str, Any]
         "open": sum(1 for t in summary.trials if not t.state.is_finished()),
         "confirmed_attr": recorded_confirmation(study),
         "host_attr": recorded_host(study),
-        "counts": summary.counts,
-        "reused": summary.reused,
-        "baseline": None if summary.baseline is None else summary.baseline.number,
-        "best": None if summary.best is None else summary.best.number,
-        "dry_run": summary.dry_run,
-        "confirmed": summary.confirmed,
-        "failures": [list(f) for f in summary.failures],
-        "warm_started": list(summary.warm_started),
-        "allow_io_change": summary.allow_io_change,
-        "stability": None if summary.stability is None else asdict(summary.stability),
-        "orphaned": list(summary.orphaned),
-        "stale_confirmation": summary.stale_confirmation,
-        "host_tuned": [list(h) for h in summary.host_tuned],
-        "host_warnings": list(summary.host_warnings),
-        "yours": None if summary.yours is None else summary.yours.number,
-        "backend": summary.backend,
-        "engine_defaults": [[engine, trial.number] for engine, trial in summary.engine_defaults],
+        **{f.name: _kept(getattr(summary, f.name)) for f in fields(summary) if f.name not in ("name", "trials")},
     }
+
+
+def _kept(value: Any) -> Any:
+    """A summary's field as its record keeps it: a trial by its number, tuples as lists."""
+    if isinstance(value, FrozenTrial):
+        return value.number
+    if isinstance(value, Stability):
+        return asdict(value)
+    return [_kept(v) for v in value] if isinstance(value, tuple) else value
 
 
 def study_summary(study: optuna.Study) -> StudySummary:
@@ -63,10 +56,9 @@ def recorded_summary(study: optuna.Study) -> StudySummary | None:
     record = study.user_attrs.get(SUMMARY_ATTR)
     if not isinstance(record, dict) or record.get("open"):
         return None
-    same_attrs = record.get("confirmed_attr") == recorded_confirmation(study) and record.get(
-        "host_attr"
-    ) == recorded_host(study)
-    counts = count_by_state(study) if same_attrs else None
+    if record.get("confirmed_attr") != recorded_confirmation(study) or record.get("host_attr") != recorded_host(study):
+        return None
+    counts = count_by_state(study)
     if counts is None or sum(counts.values()) != record.get("trials"):
         return None
     if counts.get(TrialState.RUNNING) or counts.get(TrialState.WAITING):

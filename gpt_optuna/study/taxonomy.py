@@ -92,7 +92,9 @@ def trial_status(trial: FrozenTrial, retried: set[int] | None = None) -> str:
 def failure_cause(trial: FrozenTrial) -> str:
     """A failed trial's cause as the readers group it: its outcome and first line, paths elided."""
     record = TrialRecord(trial)
-    return f"{record.outcome or 'failed'}: {_first_line(record.failure or '')}"
+    text = (record.failure or "").strip()
+    line = re.sub(r"(?:[A-Za-z]:)?(?:/[^\s:'\"]+)+", "<path>", text.splitlines()[0] if text else "")
+    return f"{record.outcome or 'failed'}: {line[:160]}"
 
 
 def failure_causes(trials: list[FrozenTrial]) -> list[tuple[int, str]]:
@@ -103,8 +105,3 @@ def failure_causes(trials: list[FrozenTrial]) -> list[tuple[int, str]]:
         failure_cause(t) for t in trials if trial_status(t, retried) == "failed" and not TrialRecord(t).reused
     )
     return [(count, cause) for cause, count in causes.most_common()]
-
-
-def _first_line(text: str) -> str:
-    line = text.strip().splitlines()[0] if text.strip() else ""
-    return re.sub(r"(?:[A-Za-z]:)?(?:/[^\s:'\"]+)+", "<path>", line)[:160]

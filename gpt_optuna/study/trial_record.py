@@ -5,9 +5,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import asdict
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from gpt_optuna.core.engine_facts import BuildFacts, RunFacts
+
+if TYPE_CHECKING:
+    import optuna
+    from optuna.trial import FrozenTrial
 
 BASELINE = "baseline"
 """The engine's default configuration: queued first in every study."""
@@ -175,47 +179,29 @@ def facts_attrs(build: BuildFacts, run: RunFacts) -> dict[str, Any]:
     return {name: value for name, value in named.items() if value is not None}
 
 
-class _Running(Protocol):
-    """A running Optuna ``Trial``: what a mark is written to."""
-
-    def set_user_attr(self, key: str, value: Any) -> None: ...
-
-
-def mark_interrupted(trial: _Running, reason: str) -> None:
+def mark_interrupted(trial: optuna.Trial, reason: str) -> None:
     """The trial's candidate was not evaluated (``reason``): the tuner queues it again."""
     trial.set_user_attr(INTERRUPTED, reason)
 
 
-def mark_reused(trial: _Running, earlier: int) -> None:
+def mark_reused(trial: optuna.Trial, earlier: int) -> None:
     """The trial copies the result of trial ``earlier``, which evaluated the same candidate."""
     trial.set_user_attr(REUSED_FROM, earlier)
 
 
-def mark_one_off(trial: _Running, work: str) -> None:
+def mark_one_off(trial: optuna.Trial, work: str) -> None:
     """The trial does one-time work (``work``) that holds it up."""
     trial.set_user_attr(ONE_OFF, work)
 
 
-def mark_engine_kept(trial: _Running, artifact: str) -> None:
+def mark_engine_kept(trial: optuna.Trial, artifact: str) -> None:
     """The trial's engine is kept in the artifact store as ``artifact``."""
     trial.set_user_attr(ENGINE_ARTIFACT, artifact)
 
 
-def mark_engine_dropped(trial: _Running, why: str) -> None:
+def mark_engine_dropped(trial: optuna.Trial, why: str) -> None:
     """The trial's engine was not kept, and why."""
     trial.set_user_attr(ENGINE_DROPPED, why)
-
-
-class _Trial(Protocol):
-    """An Optuna ``Trial`` or ``FrozenTrial``: what every trial has."""
-
-    number: int
-
-    @property
-    def user_attrs(self) -> dict[str, Any]: ...
-
-    @property
-    def params(self) -> dict[str, Any]: ...
 
 
 def source_study(source: str) -> str:
@@ -245,7 +231,7 @@ class TrialRecord:
 
     __slots__ = ("_attrs", "_trial", "number")
 
-    def __init__(self, trial: _Trial) -> None:
+    def __init__(self, trial: optuna.Trial | FrozenTrial) -> None:
         self._trial = trial
         self._attrs: Mapping[str, Any] = trial.user_attrs
         self.number = trial.number
