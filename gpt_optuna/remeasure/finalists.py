@@ -246,12 +246,8 @@ def interleave(
             job = ConfirmJob(tuple(evaluations[i] for i in order), rounds, block, rounds_until=rounds_until)
             started = time.monotonic()
             listener = _listener(timed, process, order, asked, say)
-            try:
-                with Worker(worker_log, env) as worker:
-                    worker.run(job, None if left is None else max(left, 1.0), listener, quiet_s)
-            except JobFailure as failure:
-                late = failure.kind is FailureKind.TIMEOUT and deadline is not None and time.monotonic() >= deadline - 1
-                stopped = f"process {process + 1} " + ("ran into --timeout" if late else f"failed: {failure}")
+            stopped = _run_process(Worker(worker_log, env), job, left, listener, quiet_s, deadline, process)
+            if stopped is not None:
                 say(f"  {stopped}")
                 break
             say(f"    {timed.labels.count(process)} rounds in {time.monotonic() - started:.1f} s")
@@ -259,6 +255,31 @@ def interleave(
             least = max(least, (done if done is not None else time.monotonic()) - started)
     except KeyboardInterrupt:
         stopped, interrupted = f"stopped by {interrupts.cause()}", True
+    return _measured(timed, stopped, interrupted)
+
+
+def _run_process(
+    worker: Worker,
+    job: ConfirmJob,
+    left: float | None,
+    listener: Any,
+    quiet_s: float,
+    deadline: float | None,
+    process: int,
+) -> str | None:
+    """One confirmation process run to its end in ``worker``; why it stopped the measurement, where it did."""
+    try:
+        with worker:
+            worker.run(job, None if left is None else max(left, 1.0), listener, quiet_s)
+    except JobFailure as failure:
+        late = failure.kind is FailureKind.TIMEOUT and deadline is not None and time.monotonic() >= deadline - 1
+        return f"process {process + 1} " + ("ran into --timeout" if late else f"failed: {failure}")
+    return None
+
+
+def _measured(timed: _Rounds, stopped: str | None, interrupted: bool) -> Interleaved:
+    """The rounds measured (:class:`Stopped` raised with them after a Ctrl-C); where there are none,
+    :class:`ConfirmationFailed` (after a Ctrl-C: KeyboardInterrupt)."""
     medians, labels = timed.usable()
     if not len(medians):
         if interrupted:

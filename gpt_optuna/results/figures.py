@@ -208,11 +208,7 @@ def pareto_figure(rows: list[TrialRow], axis: ErrorAxis, marked: list[Mark] | No
     marked = [m for m in marked or [] if errors.get(m.trial) is not None]
     figure.add_traces(_mark_traces(marked, {m.trial: (m.latency_ms, errors[m.trial]) for m in marked}, rows))
     figure.add_traces(_confirmed_traces(marked, errors))
-    front = pareto_front(rows, axis)
-    line = {"shape": "hv", "width": 3, "color": "#2ca02c"}
-    marker = {"size": 7, "color": "#2ca02c", "line": {"width": 1, "color": "white"}}
-    x, y = [r.latency_ms for r in front], [axis.value(r.accuracy) for r in front]
-    figure.add_trace(_points(front, x, y, "Pareto front", marker, "lines+markers", "front", line=line))
+    figure.add_trace(_front_trace(pareto_front(rows, axis), axis))
     for index, text in enumerate(_pareto_notes(rows, axis, len(groups["feasible"]))):
         _note(figure, text, 1.0 + 0.06 * index)
     latencies = [r.latency_ms for r in drawn] + [m.confirmed_ms for m in marked]
@@ -221,6 +217,14 @@ def pareto_figure(rows: list[TrialRow], axis: ErrorAxis, marked: list[Mark] | No
         title=f"Latency against {axis.title}", xaxis=latency_axis(latencies), yaxis=yaxis, legend=LEGEND
     )
     return figure
+
+
+def _front_trace(front: list[TrialRow], axis: ErrorAxis) -> Any:
+    """The Pareto front as a line over its points."""
+    line = {"shape": "hv", "width": 3, "color": "#2ca02c"}
+    marker = {"size": 7, "color": "#2ca02c", "line": {"width": 1, "color": "white"}}
+    x, y = [r.latency_ms for r in front], [axis.value(r.accuracy) for r in front]
+    return _points(front, x, y, "Pareto front", marker, "lines+markers", "front", line=line)
 
 
 def _error_axis(axis: ErrorAxis, values: list[float]) -> dict[str, Any]:
