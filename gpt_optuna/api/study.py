@@ -109,8 +109,12 @@ class Winner:
         record = best_record(summary)
         values = {f.name: record[f.name] for f in fields(cls) if f.name != "record"}
         interval = values["speedup_ci95"]
-        values |= {"params": dict(values["params"]), "accuracy": dict(values["accuracy"])}
-        return cls(**values | {"speedup_ci95": tuple(interval) if interval else None}, record=record)
+        values |= {
+            "params": dict(values["params"]),
+            "accuracy": dict(values["accuracy"]),
+            "speedup_ci95": tuple(interval) if interval else None,
+        }
+        return cls(**values, record=record)
 
     @property
     def deployed(self) -> bool:

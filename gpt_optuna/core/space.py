@@ -155,7 +155,8 @@ class Space:
     def default(self, fixed: Mapping[str, Value] | None = None) -> Candidate:
         """The engine's default configuration: every active knob at its default, or at its value
         in ``fixed``."""
-        return self._walk(lambda knob: (fixed or {}).get(knob.name, knob.default))
+        given = fixed or {}
+        return self._walk(lambda knob: given.get(knob.name, knob.default))
 
     def fitted(self, values: Mapping[str, Value]) -> Candidate:
         """The candidate of this space nearest to ``values`` (say, a configuration recorded on

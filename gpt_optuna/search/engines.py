@@ -40,12 +40,14 @@ class EngineKeeper:
     def seed(self, trials: Sequence[FrozenTrial]) -> None:
         """Take in the engines the study kept before (a resumed search), dropping those beyond ``top``."""
         with self._lock:
-            records = ((t, TrialRecord(t)) for t in trials if t.state is TrialState.COMPLETE and t.values)
-            self._kept = sorted(
-                (t.values[0], t.number, r.engine_artifact)
-                for t, r in records
-                if not r.baseline and not r.reused and r.engine_artifact is not None
-            )
+            kept = []
+            for t in trials:
+                record = TrialRecord(t)
+                if t.state is TrialState.COMPLETE and t.values and not record.baseline and not record.reused:
+                    artifact = record.engine_artifact
+                    if artifact is not None:
+                        kept.append((t.values[0], t.number, artifact))
+            self._kept = sorted(kept)
             self._drop_beyond_top()
 
     def keep(self, trial: optuna.Trial, engine: Path, value: float) -> None:

@@ -98,11 +98,7 @@ class RoutePlan:
         noise = max(NOISE_FLOOR, float(np.median(first)) if first else 0.0)
         self.state = progress(self.knobs, measured, noise, self._fits)
         if not self.state.done and not open_screens:
-            if self.screens >= build_cap(self.knobs):
-                found = fit(self.knobs, [r for r, _ in measured], [t for _, t in measured], noise) if measured else None
-                self.state = Progress(found, True)
-            elif self.screens >= first_batch(self.knobs) and not measured:
-                self.state = Progress(None, True)
+            self._end_without_more(measured, noise)
         if self.state.done and not self._told:
             self._told = True
             LOGGER.info(self.summary(len(measured)))
@@ -126,6 +122,16 @@ class RoutePlan:
                 measured.append((route, record.latency_ms))
                 spreads.append(record.latency_rel_ci / 1.96)
         return measured, spreads
+
+    def _end_without_more(self, measured: list[tuple[Route, float]], noise: float) -> None:
+        """End the screen, none of whose builds is open, where it may make no more (the fit of what
+        was measured) or its first batch measured nothing."""
+        ended = self.screens
+        if ended >= build_cap(self.knobs):
+            found = fit(self.knobs, [r for r, _ in measured], [t for _, t in measured], noise) if measured else None
+            self.state = Progress(found, True)
+        elif ended >= first_batch(self.knobs) and not measured:
+            self.state = Progress(None, True)
 
     def summary(self, builds: int) -> str:
         """One line on what the screen found."""

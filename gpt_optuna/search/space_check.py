@@ -13,7 +13,7 @@ import itertools
 import time
 from collections.abc import Callable
 from collections.abc import Set as AbstractSet
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from gpt_optuna.backends import KnobLimit
 from gpt_optuna.core.errors import UserError
@@ -61,9 +61,8 @@ def check_space(
         key=lambda c: (fusions.index(c[0]) + precisions.index(c[1]), fusions.index(c[0])),
     )
     needed = {(base_fusion, base_precision), *always, *((f, base_precision) for f, _ in always)}
-    loaded, failed, unchecked = _run_checks(
-        space, template, worker, timeout, say, deadline, combos, needed, base_precision
-    )
+    checks = _Checks(space, template, worker, timeout, say, deadline)
+    loaded, failed, unchecked = checks.run(combos, needed, base_precision)
     checked = len(loaded) + len(failed)
     say(f"checked the space: {counted(checked, 'graph variant')} in {time.monotonic() - started:.1f} s")
     if (base_fusion, base_precision) in failed:
@@ -85,42 +84,44 @@ def check_space(
     return _apply_limits(space, loaded, note, judged), not unchecked
 
 
-def _run_checks(
-    space: Space,
-    template: EvaluateJob,
-    worker: Worker,
-    timeout: float,
-    say: Callable[[str], None],
-    deadline: float | None,
-    combos: list[Combo],
-    needed: AbstractSet[Combo],
-    base_precision: Value,
-) -> tuple[dict[Combo, list[KnobLimit]], dict[Combo, str], set[Combo]]:
-    """The graphs ``combos`` checked one by one in a worker (:class:`CheckJob`), as :func:`check_space`
-    says: the knob limits of each graph loaded, why each other failed, and those not checked."""
-    loaded: dict[Combo, list[KnobLimit]] = {}
-    failed: dict[Combo, str] = {}
-    unchecked: set[Combo] = set()
-    took: dict[Value, float] = {}  # by precision: what its last check took (int8's calibrate)
-    last_s = 0.0
-    for done, (fusion, precision) in enumerate(combos):
-        if (fusion, base_precision) in failed or (fusion, base_precision) in unchecked:
-            continue  # the fused graph itself cannot be loaded, or was not
-        now = time.monotonic()
-        late = deadline is not None and now + took.get(precision, last_s) > deadline
-        if late and (fusion, precision) not in needed:
-            unchecked.add((fusion, precision))
-            continue
-        fixed = {FUSION_KNOB: fusion, PRECISION: precision}
-        say(f"checking the space {done + 1}/{len(combos)}: graph_fusion {fusion}, precision {precision} ...")
-        job = replace(template, candidate=space.default(fixed))
-        result = run_evaluation(worker, CheckJob(job, space), timeout)
-        took[precision] = last_s = time.monotonic() - now
-        if result.outcome is Outcome.OK:
-            loaded[(fusion, precision)] = list(result.limits)
-        else:
-            failed[(fusion, precision)] = _why(result)
-    return loaded, failed, unchecked
+@dataclass(frozen=True)
+class _Checks:
+    """The space's graphs checked one by one in a worker (:class:`CheckJob`), as :func:`check_space` says."""
+
+    space: Space
+    template: EvaluateJob
+    worker: Worker
+    timeout: float
+    say: Callable[[str], None]
+    deadline: float | None
+
+    def run(
+        self, combos: list[Combo], needed: AbstractSet[Combo], base_precision: Value
+    ) -> tuple[dict[Combo, list[KnobLimit]], dict[Combo, str], set[Combo]]:
+        """The knob limits of each graph loaded, why each other failed, and those not checked."""
+        loaded: dict[Combo, list[KnobLimit]] = {}
+        failed: dict[Combo, str] = {}
+        unchecked: set[Combo] = set()
+        took: dict[Value, float] = {}  # by precision: what its last check took (int8's calibrate)
+        last_s = 0.0
+        for done, (fusion, precision) in enumerate(combos):
+            if (fusion, base_precision) in failed or (fusion, base_precision) in unchecked:
+                continue  # the fused graph itself cannot be loaded, or was not
+            now = time.monotonic()
+            late = self.deadline is not None and now + took.get(precision, last_s) > self.deadline
+            if late and (fusion, precision) not in needed:
+                unchecked.add((fusion, precision))
+                continue
+            fixed = {FUSION_KNOB: fusion, PRECISION: precision}
+            self.say(f"checking the space {done + 1}/{len(combos)}: graph_fusion {fusion}, precision {precision} ...")
+            job = replace(self.template, candidate=self.space.default(fixed))
+            result = run_evaluation(self.worker, CheckJob(job, self.space), self.timeout)
+            took[precision] = last_s = time.monotonic() - now
+            if result.outcome is Outcome.OK:
+                loaded[(fusion, precision)] = list(result.limits)
+            else:
+                failed[(fusion, precision)] = _why(result)
+        return loaded, failed, unchecked
 
 
 def _kept(

@@ -12,6 +12,38 @@ from gpt_optuna.study.record import FINGERPRINT_ATTR, mark_undecided
 from gpt_optuna.study.trial_record import BASELINE, YOURS_ATTR
 
 
+def fingerprint_differences(stored: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
+    """Plain-language differences between a study's recorded configuration and this run's."""
+    labels = {
+        "model_sha256": "the model (content hash)",
+        "backend": "the backend",
+        "accuracy": "the accuracy criterion",
+        "metric": "the user metric function (--metric)",
+        "inputs_sha256": "the input data",
+        "shapes": "the input shapes",
+        "your_configuration": "your configuration (--baseline-config)",
+        "space": "the search space",
+        "objective": "the objective (--dry-run)",
+        "objectives": "the objectives (--objectives)",
+        "calibration_sha256": "the calibration data",
+        "allow_io_change": "I/O precision changes (--allow-io-change)",
+    }
+    diffs = []
+    for key, label in labels.items():
+        old, new = stored.get(key), current.get(key)
+        if key == "allow_io_change":  # studies made before it was recorded kept their I/O dtypes
+            old, new = bool(old), bool(new)
+        if old == new:
+            continue
+        if key == "space":
+            diffs.append(f"{label}: {_space_difference(old or [], new or [])}")
+        elif key.endswith("sha256"):
+            diffs.append(f"{label}: {str(old)[:12]} in the study, {str(new)[:12]} now")
+        else:
+            diffs.append(f"{label}: {old!r} in the study, {new!r} now")
+    return diffs
+
+
 def _space_difference(old: list[dict[str, Any]], new: list[dict[str, Any]]) -> str:
     before = {k["name"]: k for k in old}
     after = {k["name"]: k for k in new}
@@ -59,35 +91,8 @@ def open_study(
 
 
 def refuse_if_different(name: str, stored: Mapping[str, Any], current: Mapping[str, Any]) -> None:
-    """A UserError saying, in plain language, what differs between a study's recorded configuration
-    and this run's."""
-    labels = {
-        "model_sha256": "the model (content hash)",
-        "backend": "the backend",
-        "accuracy": "the accuracy criterion",
-        "metric": "the user metric function (--metric)",
-        "inputs_sha256": "the input data",
-        "shapes": "the input shapes",
-        "your_configuration": "your configuration (--baseline-config)",
-        "space": "the search space",
-        "objective": "the objective (--dry-run)",
-        "objectives": "the objectives (--objectives)",
-        "calibration_sha256": "the calibration data",
-        "allow_io_change": "I/O precision changes (--allow-io-change)",
-    }
-    diffs = []
-    for key, label in labels.items():
-        old, new = stored.get(key), current.get(key)
-        if key == "allow_io_change":  # studies made before it was recorded kept their I/O dtypes
-            old, new = bool(old), bool(new)
-        if old == new:
-            continue
-        if key == "space":
-            diffs.append(f"{label}: {_space_difference(old or [], new or [])}")
-        elif key.endswith("sha256"):
-            diffs.append(f"{label}: {str(old)[:12]} in the study, {str(new)[:12]} now")
-        else:
-            diffs.append(f"{label}: {old!r} in the study, {new!r} now")
+    """A UserError saying what differs between a study's recorded configuration and this run's."""
+    diffs = fingerprint_differences(stored, current)
     if diffs:
         raise UserError(
             f"study {name!r} was made with a different configuration ({'; '.join(diffs)}); "

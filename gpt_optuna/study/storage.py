@@ -55,46 +55,61 @@ def open_storage(
         path = storage_file(url)
         if path is not None:
             _check_storage_file(url, path, create)
-            if make_dirs:
-                if path.parent.exists() and not path.parent.is_dir():
-                    raise UserError(
-                        f"{path.parent} is a file, not a folder: {path} cannot be made (move the file away, or"
-                        " give --storage)"
-                    )
-                path.parent.mkdir(parents=True, exist_ok=True)
-            elif not path.parent.is_dir():
-                raise UserError(f"the folder of {path} does not exist")
-        if url.startswith("journal:"):
-            from optuna.storages.journal import JournalFileBackend
-
-            return optuna.storages.JournalStorage(JournalFileBackend(str(path)))
-        if url.startswith("grpc://"):
-            return _grpc_storage(url)
-        if path is None:
-            return _rdb_storage(url, create, heartbeat=True)
-        if read_only:
-            from gpt_optuna.study.sqlite_reader import open_reader, read_only_uri
-
-            reader = open_reader(path)  # a schema it does not know: through Optuna
-            return reader or _rdb_storage(f"sqlite:///{read_only_uri(path)}&uri=true", create=False, heartbeat=False)
-        if not os.access(path.parent, os.W_OK) or path.exists() and not os.access(path, os.W_OK):
-            raise UserError(f"{path} is read-only: the study can be read (status, best, report), not searched")
-        _use_write_ahead_log(path)
-        storage = _rdb_storage(url, create, heartbeat=False)
-        _configure_sqlite(storage)
-        return storage
+            _check_folder(path, make_dirs)
+        return _opened(url, path, create, read_only)
     except UserError:
         raise
     except ImportError as exc:
         raise UserError(f"storage {url!r} needs a database driver that is not installed: {exc}") from exc
     except Exception as exc:
-        from gpt_optuna.study.sqlite_reader import sqlite_fault
+        raise _open_error(url, path, exc) from exc
 
-        fault = sqlite_fault(path, exc) if path is not None else None
-        cause: BaseException = exc
-        while cause.__cause__ is not None:  # Optuna's own wrapper says less than the driver's error
-            cause = cause.__cause__
-        raise UserError(fault or f"cannot open storage {url!r}: {one_line(cause)}") from exc
+
+def _check_folder(path: Path, make_dirs: bool) -> None:
+    """The folder of a storage file: made with ``make_dirs``, else there already (a user error)."""
+    if make_dirs:
+        if path.parent.exists() and not path.parent.is_dir():
+            raise UserError(
+                f"{path.parent} is a file, not a folder: {path} cannot be made (move the file away, or give --storage)"
+            )
+        path.parent.mkdir(parents=True, exist_ok=True)
+    elif not path.parent.is_dir():
+        raise UserError(f"the folder of {path} does not exist")
+
+
+def _opened(url: str, path: Path | None, create: bool, read_only: bool) -> optuna.storages.BaseStorage:
+    """The storage ``url`` names (``path``: its file, where it has one), as :func:`open_storage` opens it."""
+    if url.startswith("journal:"):
+        from optuna.storages.journal import JournalFileBackend
+
+        return optuna.storages.JournalStorage(JournalFileBackend(str(path)))
+    if url.startswith("grpc://"):
+        return _grpc_storage(url)
+    if path is None:
+        return _rdb_storage(url, create, heartbeat=True)
+    if read_only:
+        from gpt_optuna.study.sqlite_reader import open_reader, read_only_uri
+
+        reader = open_reader(path)  # a schema it does not know: through Optuna
+        return reader or _rdb_storage(f"sqlite:///{read_only_uri(path)}&uri=true", create=False, heartbeat=False)
+    if not os.access(path.parent, os.W_OK) or path.exists() and not os.access(path, os.W_OK):
+        raise UserError(f"{path} is read-only: the study can be read (status, best, report), not searched")
+    _use_write_ahead_log(path)
+    storage = _rdb_storage(url, create, heartbeat=False)
+    _configure_sqlite(storage)
+    return storage
+
+
+def _open_error(url: str, path: Path | None, exc: Exception) -> UserError:
+    """What went wrong opening the storage, in one line: SQLite's fault with a file, else the
+    driver's own error (Optuna's wrapper says less)."""
+    from gpt_optuna.study.sqlite_reader import sqlite_fault
+
+    fault = sqlite_fault(path, exc) if path is not None else None
+    cause: BaseException = exc
+    while cause.__cause__ is not None:  # Optuna's own wrapper says less than the driver's error
+        cause = cause.__cause__
+    return UserError(fault or f"cannot open storage {url!r}: {one_line(cause)}")
 
 
 def _check_storage_file(url: str, path: Path, create: bool) -> None:

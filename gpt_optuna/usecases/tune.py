@@ -18,6 +18,7 @@ from gpt_optuna.backends import EngineDescription, describe
 from gpt_optuna.backends.engine_choice import engine_defaults
 from gpt_optuna.core import interrupts
 from gpt_optuna.core.errors import EXIT_NO_FEASIBLE, UserError
+from gpt_optuna.core.measure_settings import MeasureSettings
 from gpt_optuna.core.space import Candidate, CandidateKey, Space, candidate_key
 from gpt_optuna.core.words import counted
 from gpt_optuna.graph.model_profile import ModelProfile
@@ -166,11 +167,8 @@ def _tune(config: TuneConfig, progress: Progress) -> TuneEnd:
         if sampler.ledger.counts()[2] == 0 and sampler.covered():
             return ended(config, study, 0, f"{covered_note(sampler, True)}: nothing is left to search", covered=True)
         ends_at = None if deadline is None else time.time() + deadline - time.monotonic()
-        # what a worker joining from another host needs besides the fingerprint: where the study folder
-        # is, the latency protocol of this search, its whole space, and its sampler, trial target and end
-        StudyFolder(config.workdir).record(study)
-        record_setup(study, config.measure, prepared.space.to_record())
-        SearchRecord(config.sampler, config.n_trials, config.trial_timeout_s, ends_at).write(study)
+        search = SearchRecord(config.sampler, config.n_trials, config.trial_timeout_s, ends_at)
+        record_search(study, config.workdir, config.measure, prepared.space, search)
         run = _SearchRun(config, study, session, sampler, progress, phases, deadline, start_s)
         return run.search(prepared, warm)
 
@@ -383,6 +381,17 @@ def once_each(seeds: list[tuple[Candidate, dict[str, str]]]) -> list[tuple[Candi
         _, reasons = kept.setdefault(candidate_key(candidate), (candidate, {}))
         reasons.update({k: v for k, v in why.items() if k not in reasons})
     return list(kept.values())
+
+
+def record_search(
+    study: optuna.Study, folder: Path, measure: MeasureSettings, space: Space, search: SearchRecord
+) -> None:
+    """Where the study folder is, and what a worker joining from another host needs besides the
+    fingerprint: the latency protocol of this search, its whole space, and its sampler, trial
+    target and end (``search``)."""
+    StudyFolder(folder).record(study)
+    record_setup(study, measure, space.to_record())
+    search.write(study)
 
 
 def kept_time(

@@ -77,10 +77,12 @@ def parse_build_routes(text: str) -> list[RouteKnob]:
 
 def route_string(candidate: Candidate, routes: list[RouteKnob]) -> str:
     """The ``build_route`` for a candidate: a ``-name=value`` token for each non-default knob."""
-    values = ((route, candidate.get(route.knob_name)) for route in routes)
-    return " ".join(
-        f"{route.option}={value}" for route, value in values if value is not None and str(value) != route.default
-    )
+    tokens = []
+    for route in routes:
+        value = candidate.get(route.knob_name)
+        if value is not None and str(value) != route.default:
+            tokens.append(f"{route.option}={value}")
+    return " ".join(tokens)
 
 
 def _tokens(route: str) -> dict[str, str]:
