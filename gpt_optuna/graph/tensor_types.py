@@ -86,10 +86,9 @@ def _ort_schemas() -> dict[tuple[str, str], list[tuple[int, _Schema]]]:
 
 @functools.cache
 def schema(op_type: str, domain: str, version: int) -> _Schema | None:
-    """The schema of ``op_type`` as of opset ``version`` of ``domain``, or None where unknown."""
+    """The schema of ``op_type`` as of opset ``version`` of ``domain`` ("" for ONNX's), or None where unknown."""
     onnx = onnx_module()
-    if domain in ("", "ai.onnx"):
-        domain = ""
+    if domain == "":
         try:
             found = onnx.defs.get_schema(op_type, version, "")
         except onnx.defs.SchemaError:  # perhaps one of ONNX Runtime's own
