@@ -136,13 +136,12 @@ class _Conversion:
         return candidates - self._shape_arithmetic(candidates)
 
     def _kept(self, node: Any) -> bool:
-        domain = "" if node.domain == "ai.onnx" else node.domain
         return (
             any(name in self.out_of_range for name in [*node.input, *node.output])
             or node.op_type in self.keep_ops
             or node.name in self.keep_nodes
             or node.op_type in BLOCKED
-            or domain == "ai.onnx.ml"
+            or node.domain == "ai.onnx.ml"
             or has_subgraph(node)
         )
 
