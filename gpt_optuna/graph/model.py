@@ -61,8 +61,15 @@ def every_node(*graphs: Any) -> Iterator[Any]:
     for graph in graphs:
         for node in graph.node:
             yield node
-            for attribute in node.attribute:
-                yield from every_node(*([attribute.g] if attribute.HasField("g") else []), *attribute.graphs)
+            yield from every_node(*subgraphs(node))
+
+
+def subgraphs(node: Any) -> Iterator[Any]:
+    """The graphs an ONNX node holds in its attributes (control-flow bodies)."""
+    for attribute in node.attribute:
+        if attribute.HasField("g"):
+            yield attribute.g
+        yield from attribute.graphs
 
 
 def _tensor_spec(value_info: object) -> TensorSpec:

@@ -13,6 +13,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from gpt_optuna.core.log import onnxruntime_options
+from gpt_optuna.graph.model import every_node, subgraphs
 
 Dim = int | str | None
 SHAPE_ONLY = ("Shape", "Size")
@@ -212,7 +213,5 @@ def drop_dead(graph: onnx.GraphProto) -> None:
 def reads(node: onnx.NodeProto) -> Iterable[str]:
     """The names a node reads, its subgraphs' outer-scope references included."""
     yield from node.input
-    for attribute in node.attribute:
-        for sub in [attribute.g] if attribute.type == attribute.GRAPH else attribute.graphs:
-            for inner in sub.node:
-                yield from reads(inner)
+    for inner in every_node(*subgraphs(node)):
+        yield from inner.input

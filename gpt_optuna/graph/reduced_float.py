@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from gpt_optuna.graph.model import every_node, subgraphs
 from gpt_optuna.graph.tensor_types import (
     BFLOAT16,
     DOUBLE,
@@ -30,7 +31,6 @@ from gpt_optuna.graph.tensor_types import (
     model_opsets,
     node_schema,
     onnx_module,
-    subgraph_reads,
     tensor_types,
 )
 
@@ -112,7 +112,8 @@ class _Conversion:
         self.types = tensor_types(model)
         self.initializers = {i.name: i for i in self.graph.initializer}
         self.graph_inputs = {v.name for v in self.graph.input if v.name not in self.initializers}
-        self.outer_reads = {name for node in self.graph.node for name in subgraph_reads(node)}
+        bodies = [body for node in self.graph.node for body in subgraphs(node)]
+        self.outer_reads = {name for inner in every_node(*bodies) for name in inner.input if name}
         self.names = _Names(self.graph)
         self.out_of_range = _out_of_range_constants(self.graph) if target == FLOAT16 else set()
 
