@@ -13,9 +13,8 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from gpt_optuna.core.log import onnxruntime_options
-from gpt_optuna.graph.model import every_node, subgraphs
+from gpt_optuna.graph.model import Dim, every_node, subgraphs
 
-Dim = int | str | None
 SHAPE_ONLY = ("Shape", "Size")
 """Operators whose output depends on their input's shape alone, not its values."""
 
