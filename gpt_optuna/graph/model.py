@@ -140,15 +140,20 @@ def distinct_dims(model: object) -> bool:
             if dim.HasField("dim_value") and dim.dim_value > 0:
                 continue
             if dim.HasField("dim_value") or dim.dim_param in ("", "?") or dim.dim_param in seen:  # no usable name
-                name, index = f"{value.name}_dim{axis}", 1
-                while name in taken:
-                    index += 1
-                    name = f"{value.name}_dim{axis}_{index}"
-                taken.add(name)
-                dim.dim_param = name
+                dim.dim_param = fresh_name(f"{value.name}_dim{axis}", taken)
                 renamed = True
             seen.add(dim.dim_param)
     return renamed
+
+
+def fresh_name(stem: str, taken: set[str]) -> str:
+    """``stem``, else the first of ``stem_2``, ``stem_3``, ... not in ``taken``; added to ``taken``."""
+    name, index = stem, 1
+    while name in taken:
+        index += 1
+        name = f"{stem}_{index}"
+    taken.add(name)
+    return name
 
 
 def one_line(exc: BaseException) -> str:
