@@ -111,7 +111,6 @@ def elem_type(graph: GraphIndex, name: str) -> int:
 
 def value_sources(graph: GraphIndex, name: str) -> set[str]:
     """The graph inputs whose values (not only shapes) ``name`` is computed from."""
-    sources: set[str] = set()
     seen: set[str] = set()
     todo = [name]
     while todo:
@@ -119,12 +118,10 @@ def value_sources(graph: GraphIndex, name: str) -> set[str]:
         if current in seen:
             continue
         seen.add(current)
-        if current in graph.inputs:
-            sources.add(current)
         node = graph.producer.get(current)
         if node is not None:
             todo.extend(node.input[1:] if node.op_type in SHAPE_ONLY else node.input)
-    return sources
+    return seen.intersection(graph.inputs)
 
 
 def subgraph(graph: GraphIndex, target: str, given: set[str]) -> tuple[list[onnx.NodeProto], set[str], set[str]]:
