@@ -24,10 +24,7 @@ def fold_layer_scales(model: onnx.ModelProto) -> int:
         found = _scaled_projection(graph, mul)
         if found is None or any(o.name == mul.output[0] for o in graph.graph.output):
             continue
-        add, matmul, bias_index, scale = found
-        weight = graph.constant(matmul.input[1])
-        bias = graph.constant(add.input[bias_index])
-        assert weight is not None and bias is not None
+        add, matmul, bias_index, weight, bias, scale = found
         matmul.input[1] = graph.initializer((weight * scale).astype(weight.dtype), "weight")
         add.input[bias_index] = graph.initializer((bias * scale.reshape(bias.shape)).astype(bias.dtype), "bias")
         for user in graph.consumers[mul.output[0]]:
@@ -43,8 +40,8 @@ def fold_layer_scales(model: onnx.ModelProto) -> int:
 
 def _scaled_projection(
     graph: GraphIndex, mul: onnx.NodeProto
-) -> tuple[onnx.NodeProto, onnx.NodeProto, int, np.ndarray] | None:
-    """(Add, MatMul, the bias's input index, the scale as a vector) where ``mul`` scales a projection."""
+) -> tuple[onnx.NodeProto, onnx.NodeProto, int, np.ndarray, np.ndarray, np.ndarray] | None:
+    """(Add, MatMul, the bias's input index, weight, bias, the scale as a vector) where ``mul`` scales a projection."""
     for side in (0, 1):
         scale, add = graph.constant(mul.input[side]), graph.parent(mul.input[1 - side], "Add")
         if scale is None or add is None or len(graph.consumers[add.output[0]]) != 1:
@@ -65,5 +62,5 @@ def _scaled_projection(
                 and bias.shape[-1] == width
                 and np.all(np.isfinite(scale))
             ):
-                return add, matmul, bias_index, scale.reshape(width)
+                return add, matmul, bias_index, weight, bias, scale.reshape(width)
     return None

@@ -48,11 +48,8 @@ class ModelInfo:
 
 
 def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
     with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def every_node(*graphs: Any) -> Iterator[Any]:
@@ -61,8 +58,15 @@ def every_node(*graphs: Any) -> Iterator[Any]:
     for graph in graphs:
         for node in graph.node:
             yield node
-            for attribute in node.attribute:
-                yield from every_node(*([attribute.g] if attribute.HasField("g") else []), *attribute.graphs)
+            yield from every_node(*subgraphs(node))
+
+
+def subgraphs(node: Any) -> Iterator[Any]:
+    """The graphs an ONNX node holds in its attributes (control-flow bodies)."""
+    for attribute in node.attribute:
+        if attribute.HasField("g"):
+            yield attribute.g
+        yield from attribute.graphs
 
 
 def _tensor_spec(value_info: object) -> TensorSpec:
@@ -133,15 +137,20 @@ def distinct_dims(model: object) -> bool:
             if dim.HasField("dim_value") and dim.dim_value > 0:
                 continue
             if dim.HasField("dim_value") or dim.dim_param in ("", "?") or dim.dim_param in seen:  # no usable name
-                name, index = f"{value.name}_dim{axis}", 1
-                while name in taken:
-                    index += 1
-                    name = f"{value.name}_dim{axis}_{index}"
-                taken.add(name)
-                dim.dim_param = name
+                dim.dim_param = fresh_name(f"{value.name}_dim{axis}", taken)
                 renamed = True
             seen.add(dim.dim_param)
     return renamed
+
+
+def fresh_name(stem: str, taken: set[str]) -> str:
+    """``stem``, else the first of ``stem_2``, ``stem_3``, ... not in ``taken``; added to ``taken``."""
+    name, index = stem, 1
+    while name in taken:
+        index += 1
+        name = f"{stem}_{index}"
+    taken.add(name)
+    return name
 
 
 def one_line(exc: BaseException) -> str:

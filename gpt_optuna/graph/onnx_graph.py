@@ -13,8 +13,8 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from gpt_optuna.core.log import onnxruntime_options
+from gpt_optuna.graph.model import Dim, every_node, subgraphs
 
-Dim = int | str | None
 SHAPE_ONLY = ("Shape", "Size")
 """Operators whose output depends on their input's shape alone, not its values."""
 
@@ -111,7 +111,6 @@ def elem_type(graph: GraphIndex, name: str) -> int:
 
 def value_sources(graph: GraphIndex, name: str) -> set[str]:
     """The graph inputs whose values (not only shapes) ``name`` is computed from."""
-    sources: set[str] = set()
     seen: set[str] = set()
     todo = [name]
     while todo:
@@ -119,12 +118,10 @@ def value_sources(graph: GraphIndex, name: str) -> set[str]:
         if current in seen:
             continue
         seen.add(current)
-        if current in graph.inputs:
-            sources.add(current)
         node = graph.producer.get(current)
         if node is not None:
             todo.extend(node.input[1:] if node.op_type in SHAPE_ONLY else node.input)
-    return sources
+    return seen.intersection(graph.inputs)
 
 
 def subgraph(graph: GraphIndex, target: str, given: set[str]) -> tuple[list[onnx.NodeProto], set[str], set[str]]:
@@ -212,7 +209,5 @@ def drop_dead(graph: onnx.GraphProto) -> None:
 def reads(node: onnx.NodeProto) -> Iterable[str]:
     """The names a node reads, its subgraphs' outer-scope references included."""
     yield from node.input
-    for attribute in node.attribute:
-        for sub in [attribute.g] if attribute.type == attribute.GRAPH else attribute.graphs:
-            for inner in sub.node:
-                yield from reads(inner)
+    for inner in every_node(*subgraphs(node)):
+        yield from inner.input

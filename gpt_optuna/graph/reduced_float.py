@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from gpt_optuna.graph.model import every_node, fresh_name, subgraphs
 from gpt_optuna.graph.tensor_types import (
     BFLOAT16,
     DOUBLE,
@@ -30,7 +31,6 @@ from gpt_optuna.graph.tensor_types import (
     model_opsets,
     node_schema,
     onnx_module,
-    subgraph_reads,
     tensor_types,
 )
 
@@ -65,21 +65,11 @@ def reduced_tensor(tensor: Any, target: int, name: str | None = None) -> Any:
     )
 
 
-class _Names:
-    """Fresh names that collide with no tensor or node of the graph."""
-
-    def __init__(self, graph: Any) -> None:
-        self._taken = {n.name for n in graph.node} | {i.name for i in graph.initializer}
-        self._taken |= {v.name for v in [*graph.input, *graph.output, *graph.value_info]}
-        self._taken |= {t for n in graph.node for t in [*n.input, *n.output]}
-
-    def fresh(self, stem: str) -> str:
-        name, index = stem, 1
-        while name in self._taken:
-            index += 1
-            name = f"{stem}_{index}"
-        self._taken.add(name)
-        return name
+def _taken_names(graph: Any) -> set[str]:
+    """Every name of a tensor or node of the graph, which a fresh name must not collide with."""
+    taken = {n.name for n in graph.node} | {i.name for i in graph.initializer}
+    taken |= {v.name for v in [*graph.input, *graph.output, *graph.value_info]}
+    return taken | {t for n in graph.node for t in [*n.input, *n.output]}
 
 
 def convert(
@@ -112,8 +102,9 @@ class _Conversion:
         self.types = tensor_types(model)
         self.initializers = {i.name: i for i in self.graph.initializer}
         self.graph_inputs = {v.name for v in self.graph.input if v.name not in self.initializers}
-        self.outer_reads = {name for node in self.graph.node for name in subgraph_reads(node)}
-        self.names = _Names(self.graph)
+        bodies = [body for node in self.graph.node for body in subgraphs(node)]
+        self.outer_reads = {name for inner in every_node(*bodies) for name in inner.input if name}
+        self.taken = _taken_names(self.graph)
         self.out_of_range = _out_of_range_constants(self.graph) if target == FLOAT16 else set()
 
     def is_float(self, name: str) -> bool:
@@ -136,13 +127,12 @@ class _Conversion:
         return candidates - self._shape_arithmetic(candidates)
 
     def _kept(self, node: Any) -> bool:
-        domain = "" if node.domain == "ai.onnx" else node.domain
         return (
             any(name in self.out_of_range for name in [*node.input, *node.output])
             or node.op_type in self.keep_ops
             or node.name in self.keep_nodes
             or node.op_type in BLOCKED
-            or domain == "ai.onnx.ml"
+            or node.domain == "ai.onnx.ml"
             or has_subgraph(node)
         )
 
@@ -243,7 +233,7 @@ class _Conversion:
                 self.graph.initializer[position].CopyFrom(reduced_tensor(init, self.target))
                 new_types[init.name] = self.target
             else:
-                copies[init.name] = self.names.fresh(f"{init.name}_{_suffix(self.target)}")
+                copies[init.name] = fresh_name(f"{init.name}_{_suffix(self.target)}", self.taken)
                 new_types[init.name] = FLOAT
         for name, copy in copies.items():
             self.graph.initializer.append(reduced_tensor(self.initializers[name], self.target, copy))
@@ -258,7 +248,7 @@ class _Conversion:
                 continue
             if name in self.graph_inputs or name in self.initializers:
                 continue
-            inner = self.names.fresh(f"{name}_{_suffix(new_types[name])}")
+            inner = fresh_name(f"{name}_{_suffix(new_types[name])}", self.taken)
             for node in self.graph.node:
                 node.output[:] = [inner if n == name else n for n in node.output]
                 node.input[:] = [inner if n == name else n for n in node.input]
@@ -270,7 +260,8 @@ class _Conversion:
     def _cast(self, source: str, target_name: str, to: int) -> Any:
         from onnx import helper
 
-        return helper.make_node("Cast", [source], [target_name], to=to, name=self.names.fresh(f"{target_name}_cast"))
+        name = fresh_name(f"{target_name}_cast", self.taken)
+        return helper.make_node("Cast", [source], [target_name], to=to, name=name)
 
     def _rewrite_nodes(self, converted: set[int], new_types: dict[str, int], copies: dict[str, str]) -> None:
         casts: dict[tuple[str, int], str] = {}
@@ -288,7 +279,7 @@ class _Conversion:
                     node.input[position] = copies[name]
                     continue
                 if (name, wanted) not in casts:
-                    casts[(name, wanted)] = self.names.fresh(f"{name}_{_suffix(wanted)}")
+                    casts[(name, wanted)] = fresh_name(f"{name}_{_suffix(wanted)}", self.taken)
                     nodes.append(self._cast(name, casts[(name, wanted)], wanted))
                 node.input[position] = casts[(name, wanted)]
             if is_converted:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -86,10 +85,9 @@ def _ort_schemas() -> dict[tuple[str, str], list[tuple[int, _Schema]]]:
 
 @functools.cache
 def schema(op_type: str, domain: str, version: int) -> _Schema | None:
-    """The schema of ``op_type`` as of opset ``version`` of ``domain``, or None where unknown."""
+    """The schema of ``op_type`` as of opset ``version`` of ``domain`` ("" for ONNX's), or None where unknown."""
     onnx = onnx_module()
-    if domain in ("", "ai.onnx"):
-        domain = ""
+    if domain == "":
         try:
             found = onnx.defs.get_schema(op_type, version, "")
         except onnx.defs.SchemaError:  # perhaps one of ONNX Runtime's own
@@ -180,17 +178,6 @@ def _output_type(node: Any, position: int, types: dict[str, int], opsets: dict[s
         if name and found.input_type(index) == wanted and name in types:
             return types[name]
     return 0
-
-
-def subgraph_reads(node: Any) -> Iterator[str]:
-    """Names a node's subgraphs read from the enclosing scope (and their own, harmlessly)."""
-    onnx = onnx_module()
-    for attribute in node.attribute:
-        graphs = [attribute.g] if attribute.type == onnx.AttributeProto.GRAPH else list(attribute.graphs)
-        for graph in graphs:
-            for inner in graph.node:
-                yield from (n for n in inner.input if n)
-                yield from subgraph_reads(inner)
 
 
 def has_subgraph(node: Any) -> bool:
