@@ -190,7 +190,7 @@ class TensorRTBackend(TensorRTDescription, Backend):
         facts = BuildFacts(
             engine_bytes=len(data),
             engine_sha256=hashlib.sha256(data).hexdigest(),
-            engine_io=network_io(trt, network),
+            engine_io=network_io(network),
             build_route=route_string(candidate, routes) if routes else None,
             build_log="\n".join(logger.messages)[-2000:] if logger.messages else None,
         )
@@ -282,7 +282,7 @@ def io_tensors(trt: ModuleType, engine: Any) -> tuple[list[str], list[str]]:
     return inputs, [n for n in names if n not in inputs]
 
 
-def network_io(trt: Any, network: Any) -> dict[str, dict[str, str]]:
+def network_io(network: Any) -> dict[str, dict[str, str]]:
     """The dtype of each network input and output the engine was built with, by name: what the
     engine takes and returns (``{"inputs": {...}, "outputs": {...}}``)."""
 
