@@ -258,12 +258,9 @@ class TensorRTBackend(TensorRTDescription, Backend):
         job, model = profiling, profiling.model
         plain = where_offered(job.candidate, {"runtime.cuda_graph": False, "runtime.cuda_graph_strategy": "DISABLED"})
         loaded = None if job.saved is None else self.load(model, plain, job.saved)
-        runner = self.open(loaded or self.build(model, plain, job.paths, job.shapes), job.feeds, job.outputs)
-        assert isinstance(runner, TensorRTRunner)
-        try:
+        with self.open(loaded or self.build(model, plain, job.paths, job.shapes), job.feeds, job.outputs) as runner:
+            assert isinstance(runner, TensorRTRunner)
             times = runner.layer_times(job.runs)
-        finally:
-            runner.close()
         kinds = layer_kinds(model.path)
         found = [NodeTime(name, kinds(name), self.library, statistics.median(t)) for name, t in times.items()]
         return sorted(found, key=lambda n: -n.median_ms)
