@@ -83,8 +83,7 @@ class OnnxRuntimeBackend(OnnxRuntimeDescription, Backend):
         return usable_providers()
 
     def layer_times(self, profiling: Profiling) -> list[NodeTime]:
-        job = profiling
-        return profiled_nodes(job.model.path, job.candidate, job.paths.caches, job.feeds, job.runs)
+        return profiled_nodes(profiling)
 
     def space(self, model: ModelInfo, shapes: dict[str, ShapeRange]) -> Space:
         ort = ort_module()

@@ -13,27 +13,25 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from gpt_optuna.backends.base import NodeTime, where_offered
+from gpt_optuna.backends.base import NodeTime, Profiling, where_offered
 from gpt_optuna.backends.onnxruntime.settings import CUDA_GRAPH, ort_module, provider_options, session_options
-from gpt_optuna.core.space import Candidate
-from gpt_optuna.graph.model import Feeds
 
 KERNEL = "_kernel_time"
 """The suffix of a node's kernel event in ONNX Runtime's trace."""
 
 
-def profiled_nodes(model_path: Path, candidate: Candidate, caches: Path, feeds: Feeds, runs: int) -> list[NodeTime]:
+def profiled_nodes(job: Profiling) -> list[NodeTime]:
     """Run the candidate's session ``runs`` times under ONNX Runtime's profiler; its node times.
     A CUDA graph is not captured: its replays run no node the profiler sees."""
-    candidate = where_offered(candidate, {CUDA_GRAPH: False, "trt.cuda_graph": False})
+    candidate = where_offered(job.candidate, {CUDA_GRAPH: False, "trt.cuda_graph": False})
     with tempfile.TemporaryDirectory() as folder:
         options = session_options(candidate)
         options.enable_profiling = True
         options.profile_file_prefix = str(Path(folder) / "profile")
-        providers = [(str(candidate["provider"]), provider_options(candidate, None, caches))]
-        session = ort_module().InferenceSession(str(model_path), options, providers=providers)
-        for _ in range(runs):
-            session.run(None, feeds)
+        providers = [(str(candidate["provider"]), provider_options(candidate, None, job.paths.caches))]
+        session = ort_module().InferenceSession(str(job.model.path), options, providers=providers)
+        for _ in range(job.runs):
+            session.run(None, job.feeds)
         trace = json.loads(Path(session.end_profiling()).read_text())
     return node_times(trace)
 

@@ -83,12 +83,11 @@ def knob_values(settings: Mapping[str, Any], where: str) -> dict[str, Value]:
     values: dict[str, Value] = {}
     provider, options = _provider(settings.get("providers", [CPU]), where)
     values["provider"] = provider
-    for table, names in (
-        ("session_options", _SESSION_OPTIONS),
-        ("session_config_entries", _ENTRIES),
-        (f"the options of {provider}", _PROVIDER_OPTIONS.get(provider, {})),
+    for table, names, given in (
+        ("session_options", _SESSION_OPTIONS, settings.get("session_options", {})),
+        ("session_config_entries", _ENTRIES, settings.get("session_config_entries", {})),
+        (f"the options of {provider}", _PROVIDER_OPTIONS.get(provider, {}), options),
     ):
-        given = options if table.startswith("the options") else settings.get(table, {})
         if not isinstance(given, dict):
             raise UserError(f"{where}: {table} must be a table of settings")
         for key, value in given.items():

@@ -190,7 +190,7 @@ class TensorRTBackend(TensorRTDescription, Backend):
         facts = BuildFacts(
             engine_bytes=len(data),
             engine_sha256=hashlib.sha256(data).hexdigest(),
-            engine_io=network_io(trt, network),
+            engine_io=network_io(network),
             build_route=route_string(candidate, routes) if routes else None,
             build_log="\n".join(logger.messages)[-2000:] if logger.messages else None,
         )
@@ -258,12 +258,9 @@ class TensorRTBackend(TensorRTDescription, Backend):
         job, model = profiling, profiling.model
         plain = where_offered(job.candidate, {"runtime.cuda_graph": False, "runtime.cuda_graph_strategy": "DISABLED"})
         loaded = None if job.saved is None else self.load(model, plain, job.saved)
-        runner = self.open(loaded or self.build(model, plain, job.paths, job.shapes), job.feeds, job.outputs)
-        assert isinstance(runner, TensorRTRunner)
-        try:
+        with self.open(loaded or self.build(model, plain, job.paths, job.shapes), job.feeds, job.outputs) as runner:
+            assert isinstance(runner, TensorRTRunner)
             times = runner.layer_times(job.runs)
-        finally:
-            runner.close()
         kinds = layer_kinds(model.path)
         found = [NodeTime(name, kinds(name), self.library, statistics.median(t)) for name, t in times.items()]
         return sorted(found, key=lambda n: -n.median_ms)
@@ -282,7 +279,7 @@ def io_tensors(trt: ModuleType, engine: Any) -> tuple[list[str], list[str]]:
     return inputs, [n for n in names if n not in inputs]
 
 
-def network_io(trt: Any, network: Any) -> dict[str, dict[str, str]]:
+def network_io(network: Any) -> dict[str, dict[str, str]]:
     """The dtype of each network input and output the engine was built with, by name: what the
     engine takes and returns (``{"inputs": {...}, "outputs": {...}}``)."""
 

@@ -27,6 +27,15 @@ NUMBER_FLAGS = {
     "avg_timing_iterations": "--avgTiming",
 }
 """The knobs trtexec takes as a number, by their flags."""
+SWITCH_FLAGS = {
+    ("flag.FP16", True): "--fp16",
+    ("flag.BF16", True): "--bf16",
+    ("flag.INT8", True): "--int8",
+    ("flag.TF32", False): "--noTF32",
+    ("flag.SPARSE_WEIGHTS", True): "--sparsity=enable",
+    ("flag.SPARSE_WEIGHTS", False): "--sparsity=disable",
+}
+"""The builder flags trtexec sets by a flag of its own, by knob and value (TF32 is on unless ``--noTF32``)."""
 
 
 @dataclass
@@ -121,15 +130,9 @@ def _trtexec_argument(name: str, value: Any) -> str | None:
         return f"--tilingOptimizationLevel={TILING_LEVELS[str(value)]}"
     if name == "workspace_mib":
         return f"--memPoolSize=workspace:{value}M"
-    if name == "flag.TF32":
-        return None if value else "--noTF32"
-    if name == "flag.SPARSE_WEIGHTS":
-        return "--sparsity=enable" if value else "--sparsity=disable"
-    if name in ("flag.FP16", "flag.BF16", "flag.INT8") and value:
-        return f"--{name.removeprefix('flag.').lower()}"
     if name in GRAPH_KNOBS:
         return "--useCudaGraph" if captures({name: value}) else None
-    return None
+    return SWITCH_FLAGS.get((name, bool(value)))
 
 
 def polygraphy(

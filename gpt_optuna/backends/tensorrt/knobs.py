@@ -67,9 +67,7 @@ def parse_build_routes(text: str) -> list[RouteKnob]:
         allowed = re.search(r"\[([^\]]*)\]", entry.get("allowed_values", ""))
         inside = allowed.group(1) if allowed else ""
         open_ended = not inside or "..." in inside
-        default = str(entry.get("default_value", ""))
-        if default.startswith(option + "="):
-            default = default[len(option) + 1 :]
+        default = str(entry.get("default_value", "")).removeprefix(option + "=")
         values = () if open_ended else tuple(v.strip() for v in inside.split("|") if v.strip())
         knobs.append(RouteKnob(option, values, default, open_ended, entry.get("help", "")))
     return knobs

@@ -12,16 +12,12 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
-from gpt_optuna.backends.tensorrt.commands import GRAPH_BY_DEFAULT_SINCE, NUMBER_FLAGS, TILING_LEVELS
+from gpt_optuna.backends.tensorrt.commands import GRAPH_BY_DEFAULT_SINCE, NUMBER_FLAGS, SWITCH_FLAGS, TILING_LEVELS
 from gpt_optuna.core.errors import UserError
 from gpt_optuna.core.space import Value
 
 _NUMBERS = {flag: knob for knob, flag in NUMBER_FLAGS.items()}
-_SWITCHES = {
-    "--fp16": ("flag.FP16", True),
-    "--bf16": ("flag.BF16", True),
-    "--int8": ("flag.INT8", True),
-    "--noTF32": ("flag.TF32", False),
+_SWITCHES = {flag: setting for setting, flag in SWITCH_FLAGS.items()} | {
     "--useCudaGraph": ("runtime.cuda_graph", True),
     "--noCudaGraph": ("runtime.cuda_graph", False),
 }
@@ -61,8 +57,9 @@ def knob_values(flags: list[str], where: str, major: int | None = None) -> dict[
         name, _, text = flag.partition("=")
         if name in _THE_STUDYS:
             continue
-        if name in _SWITCHES and not text:
-            knob, value = _SWITCHES[name]
+        switch = f"{name}={text}" if text else name
+        if switch in _SWITCHES:
+            knob, value = _SWITCHES[switch]
             values[knob] = value
         elif name in _NUMBERS:
             values[_NUMBERS[name]] = _number(flag, text, where)
@@ -74,8 +71,6 @@ def knob_values(flags: list[str], where: str, major: int | None = None) -> dict[
             values["tiling_optimization_level"] = names[level]
         elif name == "--memPoolSize":
             values["workspace_mib"] = _workspace(flag, text, where)
-        elif name == "--sparsity" and text in ("enable", "disable"):
-            values["flag.SPARSE_WEIGHTS"] = text == "enable"
         elif name == "--tacticSources":
             for source in filter(None, text.split(",")):
                 if source[:1] not in "+-" or len(source) < 2:
