@@ -100,14 +100,14 @@ KILLED_AFTER_RESULT = textwrap.dedent(
     from gpt_optuna.search import objective
     from gpt_optuna.cli import main
 
-    write = objective.record
+    write = objective.set_trial_attrs
 
     def write_then_die(trial, attrs, limits):
         write(trial, attrs, limits)
         if "outcome" in attrs:  # the result is written; the trial is not complete yet
             os.kill(os.getpid(), signal.SIGKILL)
 
-    objective.record = write_then_die
+    objective.set_trial_attrs = write_then_die
     sys.exit(main(sys.argv[1:]))
     """
 )

@@ -325,9 +325,8 @@ _TOML_OPTIONS = {key: option for option in OPTIONS for key in option.toml_keys}
 
 def _check_type(path: Path, key: str, value: Any, expected: str, types: tuple[type, ...]) -> None:
     """One line naming the key when a TOML value has the wrong type (a bool is no number here)."""
-    if isinstance(value, bool) and bool not in types or not isinstance(value, types):
-        raise UserError(f"{path}: {key} must be {expected}, got {value!r}")
-    if isinstance(value, list) and not all(isinstance(v, str) for v in value):
+    wrong_type = isinstance(value, bool) and bool not in types or not isinstance(value, types)
+    if wrong_type or isinstance(value, list) and not all(isinstance(v, str) for v in value):
         raise UserError(f"{path}: {key} must be {expected}, got {value!r}")
 
 

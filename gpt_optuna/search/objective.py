@@ -147,7 +147,7 @@ class Objective:
             raise UserError(
                 f"backend {self.job.backend!r} does not report engine device memory; drop memory from --objectives"
             )
-        record(trial, trial_record.result_attrs(result), constraints(result))
+        set_trial_attrs(trial, trial_record.result_attrs(result), constraints(result))
         self._keep_engine(trial, result)
         self.on_result(trial.number, candidate, result)
         if result.outcome is Outcome.OK:
@@ -215,7 +215,7 @@ class Objective:
             trial.study.stop()  # the sampler keeps proposing what was tried: the space is covered
         trial_record.mark_reused(trial, earlier.number)
         done = TrialRecord(earlier)
-        record(trial, done.result, earlier.constraints)
+        set_trial_attrs(trial, done.result, earlier.constraints)
         self.on_result(trial.number, dict(trial.params), None)
         if earlier.state is TrialState.COMPLETE:
             return earlier.values[0] if len(earlier.values) == 1 else tuple(earlier.values)
@@ -234,11 +234,6 @@ def constraints(result: TrialResult) -> dict[str, float]:
     if result.outcome.is_deterministic:
         return {"failure": FAILURE_VIOLATION}
     return {"accuracy": result.verdict.constraint} if result.verdict is not None else {}
-
-
-def record(trial: optuna.Trial, attrs: dict[str, Any], limits: dict[str, float]) -> None:
-    """Store a result's attrs, and its constraints (> 0: infeasible) for the sampler."""
-    set_trial_attrs(trial, attrs, limits)
 
 
 def find_evaluated(study: optuna.Study, candidate: Candidate, exclude: int) -> FrozenTrial | None:

@@ -59,24 +59,17 @@ class FreshSampler(BaseSampler):
 
     ``transform_knobs`` names the knobs that decide a candidate's graph transform: a trial whose
     transform failed rules out every candidate with the same values of those knobs. ``ledger``
-    holds what the study's trials hold (one is made where none is given).
+    holds what the study's trials hold.
     """
 
-    def __init__(
-        self,
-        base: BaseSampler,
-        space: Space,
-        transform_knobs: Callable[[str], bool],
-        seed: int | None,
-        ledger: StudyLedger | None = None,
-    ):
+    def __init__(self, base: BaseSampler, space: Space, transform_knobs: Callable[[str], bool], seed: int | None):
         self.base = base
         self.space = space
         self._transform_knob = transform_knobs
         self._rng = random.Random(seed)
         self._lock = threading.RLock()  # the budget reads into the ledger from other lanes' threads
         self._reserved: dict[int, Key] = {}
-        self.ledger = ledger or StudyLedger()
+        self.ledger = StudyLedger()
         self._failed_transforms: set[Key] = set()
         self._transforms_read = 0
         self.coverage = Coverage(space, self.ledger, self._ruled_out)
@@ -243,13 +236,13 @@ class FreshSampler(BaseSampler):
         return candidate
 
 
-def make_sampler(name: str, seed: int | None, space: Space, ledger: StudyLedger | None = None) -> FreshSampler:
+def make_sampler(name: str, seed: int | None, space: Space) -> FreshSampler:
     """TPE (multivariate, few start-up trials) by default; it handles several objectives too.
 
     Whichever it is, it proposes only candidates the study does not hold yet (:class:`FreshSampler`),
-    reading the study into ``ledger``.
+    reading the study into its ledger.
     """
-    return FreshSampler(base_sampler(name, seed), space, is_transform_knob, seed, ledger)
+    return FreshSampler(base_sampler(name, seed), space, is_transform_knob, seed)
 
 
 def check_sampler(name: str) -> None:

@@ -100,9 +100,8 @@ def check(
     write; ``update``: rewrite the record where the model is found faster; ``metric``: the
     record's metric function from elsewhere (``script.py:function`` or ``module:function``).
     Ctrl-C stops it with KeyboardInterrupt."""
-    options = {"config": config, "junit": junit, "update": update, "progress": progress, "metric": metric}
     with interrupts.handled():
-        result = gate(model, record, budget, tolerance, **options)
+        result = gate(model, record, budget, tolerance, config, junit, update, progress, metric)
     if result.code > 128:  # stopped by a signal: so is the caller
         interrupts.stop_caller("the check")
     return result

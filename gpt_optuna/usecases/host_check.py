@@ -11,7 +11,6 @@ and any thermal or hardware slowdown. What it finds is recorded in the study (us
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import time
 from dataclasses import asdict, dataclass
@@ -96,8 +95,6 @@ def _busy_cores(window_s: float) -> float | None:
 
 def _nvidia_smi(query: str) -> list[list[str]]:
     """``nvidia-smi --query-...=FIELDS`` as rows of fields (none without it, or where it fails)."""
-    if shutil.which("nvidia-smi") is None:
-        return []
     command = ["nvidia-smi", query, "--format=csv,noheader,nounits"]
     try:
         listed = subprocess.run(command, capture_output=True, text=True, timeout=10, check=True).stdout

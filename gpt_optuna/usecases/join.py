@@ -25,12 +25,7 @@ from gpt_optuna.graph.model import load_model_info
 from gpt_optuna.remeasure.finalists import template_from_study
 from gpt_optuna.results.summary_text import format_summary
 from gpt_optuna.search.config import DEFAULT_TRIAL_TIMEOUT_S
-from gpt_optuna.search.lanes import (
-    TrialBudget,
-    measured_on,
-    study_device,
-    warming,
-)
+from gpt_optuna.search.lanes import TrialBudget, measured_on, study_device, warming
 from gpt_optuna.search.objective import OWNER, Objective
 from gpt_optuna.search.sampling import make_sampler
 from gpt_optuna.study.artifacts import artifact_folder, fetch

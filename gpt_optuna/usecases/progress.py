@@ -101,12 +101,11 @@ class Progress:
             from tqdm.notebook import tqdm as notebook_bar
 
             self._bar = notebook_bar(total=remaining, unit="trial")
-            self._show()
         elif sys.stderr.isatty():
             self._bar = tqdm(total=remaining, file=sys.stderr, unit="trial", dynamic_ncols=True)
-            self._show()
         else:
             self._lines = (0, remaining)
+        self._show()
 
     def end(self) -> None:
         """Close the bar (or end the per-trial lines)."""

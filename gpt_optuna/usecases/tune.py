@@ -28,13 +28,7 @@ from gpt_optuna.results.winner import name_objectives, record_winner
 from gpt_optuna.search.config import FinalistPlan, TuneConfig
 from gpt_optuna.search.engines import KEPT_ENGINES
 from gpt_optuna.search.error_objective import error_objective_note
-from gpt_optuna.search.lanes import (
-    TrialBudget,
-    pinned,
-    started_in,
-    study_device,
-    warming,
-)
+from gpt_optuna.search.lanes import TrialBudget, pinned, started_in, study_device, warming
 from gpt_optuna.search.objective import Objective
 from gpt_optuna.search.sampling import FreshSampler, check_sampler, make_sampler
 from gpt_optuna.search.seeds import WarmStart, speed_seeds, warm_start
