@@ -83,11 +83,7 @@ def _left_in_study(storage: str, name: str, space: Any) -> tuple[str, int] | Non
     """(study name, candidates of ``space`` no trial holds) where the study ``name`` exists in ``storage``."""
     from gpt_optuna.api.study import open_existing_study
     from gpt_optuna.search.coverage import candidates_left
-    from gpt_optuna.study.storage import storage_file
 
-    path = storage_file(storage)
-    if path is not None and not path.is_file():
-        return None
     try:
         study = open_existing_study(storage, name)
     except UserError:

@@ -109,7 +109,7 @@ def dead_stagings(target: Path) -> list[Path]:
     for folder in target.parent.glob(f".{glob.escape(target.name)}.*{STAGING_SUFFIX}"):
         found = name.fullmatch(folder.name)
         pid = int(found[1]) if found else 0
-        if found and folder.is_dir() and folder not in _IN_USE and (pid == os.getpid() or not _running(pid)):
+        if found and folder.is_dir() and folder not in _IN_USE and (pid == os.getpid() or not process_runs(pid)):
             dead.append(folder)
     return sorted(dead)
 
@@ -208,7 +208,7 @@ def _roll_back(folder: Path) -> None:
             target.unlink(missing_ok=True)
 
 
-def _running(pid: int) -> bool:
+def process_runs(pid: int) -> bool:
     """Whether a process of this host with that id runs (this one included; unknown: taken as running)."""
     if pid <= 0:
         return True

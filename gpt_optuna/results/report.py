@@ -52,12 +52,7 @@ BEST_SHOWN = 10
 """Feasible candidates the report's table lists."""
 
 
-def best_rows(
-    rows: list[TrialRow],
-    summary: StudySummary,
-    criterion: Criterion | None = None,
-    limit: int = BEST_SHOWN,
-) -> list[dict[str, Any]]:
+def best_rows(rows: list[TrialRow], summary: StudySummary, criterion: Criterion | None = None) -> list[dict[str, Any]]:
     """The best distinct feasible candidates, the one the verdict deploys first, then the confirmed
     finalists by speedup, then the rest by search latency. Each speedup is the ratio of the two
     latencies of one measurement, named in the row (:meth:`StudySummary.figures`): confirmed ones
@@ -78,7 +73,7 @@ def best_rows(
     table = []
     names = metric_names(rows, criterion)
     defaults = summary.baseline.params if summary.baseline is not None else {}
-    for r in sorted(feasible, key=order)[:limit]:
+    for r in sorted(feasible, key=order)[:BEST_SHOWN]:
         f = figures[r.number]
         row: dict[str, Any] = {"trial": r.number, "deploy": "yes" if r.number == deploy else ""}
         row |= {"latency_ms": f.latency_ms, "baseline_ms": f.baseline_ms, "measured": f.measurement}

@@ -15,7 +15,7 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from gpt_optuna.core.files import is_held, locked
+from gpt_optuna.core.files import is_held, locked, process_runs
 from gpt_optuna.study.folder import StudyFolder
 from gpt_optuna.study.optuna_internals import storage_of, trial_id
 from gpt_optuna.study.taxonomy import is_interrupted, own_results, retried_numbers
@@ -59,16 +59,6 @@ def _enqueue_copy(
             system_attrs=system_attrs,
         )
     )
-
-
-def _process_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 ORPHAN_AFTER_S = 60.0
@@ -124,7 +114,7 @@ def _is_gone(process: str, alone: bool) -> bool:
         return False
     if not pid.isdigit() or int(pid) == os.getpid():
         return alone  # this process's own earlier run (in a notebook, say)
-    return not _process_alive(int(pid)) or alone and not _runs_gpt_optuna(int(pid))
+    return not process_runs(int(pid)) or alone and not _runs_gpt_optuna(int(pid))
 
 
 def _failer_is_gone(trial: FrozenTrial, alone: bool) -> bool:

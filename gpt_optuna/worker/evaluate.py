@@ -36,29 +36,25 @@ PROGRESS_EVERY_S = 5.0
 """How often a long step inside a job (the fp16 sensitivity ranking) tells the tuner how far it is."""
 
 
-_arrays: dict[tuple[Path, float], Feeds] = {}
-_infos: dict[tuple[Path, float], ModelInfo] = {}
-
-
 @functools.cache
 def backend_of(spec: str) -> Backend:
     """The backend ``spec`` names, loaded once in this worker."""
     return load_backend(spec)
 
 
+@functools.cache
+def _read_once(read: Callable[[Path], Any], path: Path, mtime: float) -> Any:
+    """``read(path)``, once per version of the file (``mtime``: its time of change) in this worker."""
+    return read(path)
+
+
 def _npz(path: Path) -> Feeds:
-    key = (path, path.stat().st_mtime)
-    if key not in _arrays:
-        _arrays[key] = read_npz(path)
-    return _arrays[key]
+    return _read_once(read_npz, path, path.stat().st_mtime)  # type: ignore[no-any-return]
 
 
 def _model_info(path: Path) -> ModelInfo:
     """A transformed model's info (parsed, checked, hashed), read once per file in this worker."""
-    key = (path, path.stat().st_mtime)
-    if key not in _infos:
-        _infos[key] = load_model_info(path)
-    return _infos[key]
+    return _read_once(load_model_info, path, path.stat().st_mtime)  # type: ignore[no-any-return]
 
 
 def gpu_name() -> str:
