@@ -101,7 +101,17 @@ def check(
     record's metric function from elsewhere (``script.py:function`` or ``module:function``).
     Ctrl-C stops it with KeyboardInterrupt."""
     with interrupts.handled():
-        result = gate(model, record, budget, tolerance, config, junit, update, progress, metric)
+        result = gate(
+            model,
+            record,
+            budget,
+            tolerance,
+            config=config,
+            junit=junit,
+            update=update,
+            progress=progress,
+            metric=metric,
+        )
     if result.code > 128:  # stopped by a signal: so is the caller
         interrupts.stop_caller("the check")
     return result
