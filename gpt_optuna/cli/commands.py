@@ -69,18 +69,18 @@ def print_space(config: TuneConfig, as_json: bool) -> int:
     assert config.storage is not None and config.study_name is not None
     left = _left_in_study(config.storage, config.study_name, space)
     if as_json:
-        counts = {"candidates": space.size(), "left": None if left is None else left[1]}
+        counts = {"candidates": space.size(), "left": left}
         print(json.dumps({"backend": config.backend, "versions": versions, "knobs": space.describe(), **counts}))
     else:
         print(f"{config.backend} ({', '.join(f'{k} {v}' for k, v in versions.items())}) for {config.model}:")
         print(space.table())
         if left is not None:
-            print(f"study {left[0]}: {left[1]:,} of the {space.size():,} candidates not evaluated yet")
+            print(f"study {config.study_name}: {left:,} of the {space.size():,} candidates not evaluated yet")
     return 0
 
 
-def _left_in_study(storage: str, name: str, space: Any) -> tuple[str, int] | None:
-    """(study name, candidates of ``space`` no trial holds) where the study ``name`` exists in ``storage``."""
+def _left_in_study(storage: str, name: str, space: Any) -> int | None:
+    """The candidates of ``space`` no trial holds, where the study ``name`` exists in ``storage``."""
     from gpt_optuna.api.study import open_existing_study
     from gpt_optuna.search.coverage import candidates_left
 
@@ -88,7 +88,7 @@ def _left_in_study(storage: str, name: str, space: Any) -> tuple[str, int] | Non
         study = open_existing_study(storage, name)
     except UserError:
         return None
-    return name, candidates_left(space, study.get_trials(deepcopy=False))
+    return candidates_left(space, study.get_trials(deepcopy=False))
 
 
 def _tune_flags(parser: argparse.ArgumentParser) -> None:
