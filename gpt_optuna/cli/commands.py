@@ -27,6 +27,7 @@ from gpt_optuna.search.options import (
     DEFAULT_TOLERANCE,
     DEFAULT_TOP,
     OPTIONS,
+    optional_path,
     parse_duration,
 )
 from gpt_optuna.study.record import STUDIES
@@ -211,10 +212,10 @@ def _worker(args: argparse.Namespace, _: list[str]) -> int:
     config = JoinConfig(
         storage=storage_url(args.storage),
         study_name=args.study_name,
-        model=Path(args.model) if args.model else None,
+        model=optional_path(args.model),
         n_trials=args.n_trials,
         timeout_s=parse_duration(args.timeout) if args.timeout else None,
-        artifacts=Path(args.artifacts) if args.artifacts else None,
+        artifacts=optional_path(args.artifacts),
         workers=args.workers,
         gpus=args.gpus,
         allow_mixed_gpus=bool(args.allow_mixed_gpus),
