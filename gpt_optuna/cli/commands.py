@@ -18,7 +18,7 @@ from gpt_optuna.core import log
 from gpt_optuna.core.engine_spec import trial_engine
 from gpt_optuna.core.errors import UserError
 from gpt_optuna.core.words import counted
-from gpt_optuna.search.config import CHECK_STUDY, TuneConfig, absolute_storage, default_storage, storage_url
+from gpt_optuna.search.config import CHECK_STUDY, TuneConfig, default_storage, storage_url
 from gpt_optuna.search.config import study_flags as flags_naming
 from gpt_optuna.search.options import (
     DEFAULT_CHECK_BUDGET,
@@ -356,7 +356,7 @@ def _status(_: argparse.Namespace, study: Any) -> int:
     if files:
         print(f"artifact store: {size / 2**20:,.1f} MiB in {counted(files, 'file')} ({folder})")
     if study.winner is not None and importlib.util.find_spec("optuna_dashboard") and not dashboard_written(study.study):
-        where = shlex.join(flags_naming(str(study.storage), study.study_name))
+        where = shlex.join(flags_naming(study.storage, study.study_name))
         print(f"optuna-dashboard does not show this study's winner yet: gpt-optuna dashboard {where} writes it")
     return 0
 
@@ -367,7 +367,7 @@ def _dashboard(_: argparse.Namespace, study: Any) -> int:
         f"optuna-dashboard shows trial {winner.number} as the study's winner: a figure on the study's page,"
         " the verdict first among its user attrs, a note on the study and on the trial; open it with:"
     )
-    print(f"  optuna-dashboard {shlex.quote(absolute_storage(str(study.storage)))}")
+    print(f"  optuna-dashboard {shlex.quote(study.storage)}")
     return 0
 
 
