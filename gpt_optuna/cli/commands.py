@@ -173,8 +173,8 @@ def _check_flags(parser: argparse.ArgumentParser) -> None:
 def _check(args: argparse.Namespace, _: list[str]) -> int:
     from gpt_optuna.usecases.check import gate
 
-    options = (args.config, args.junit, args.update, not args.quiet, args.metric)
-    return gate(args.model, args.baseline, args.budget, args.tolerance, *options).code
+    options = {"config": args.config, "junit": args.junit, "update": args.update, "metric": args.metric}
+    return gate(args.model, args.baseline, args.budget, args.tolerance, progress=not args.quiet, **options).code
 
 
 def _space_flags(parser: argparse.ArgumentParser) -> None:
