@@ -488,5 +488,4 @@ class TunedStudy:
         folder = StudyFolder.of(self.study).check_run(time.strftime("%Y%m%d-%H%M%S"))
         folder.mkdir(parents=True, exist_ok=True)
         exported = self.export(folder / "record", force=True)
-        options = {"budget": budget, "tolerance": tolerance, "config": config, "progress": progress}
-        return check(model, exported.record, **options)
+        return check(model, exported.record, budget=budget, tolerance=tolerance, config=config, progress=progress)
