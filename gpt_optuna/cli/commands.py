@@ -138,7 +138,7 @@ def next_steps(end: TuneEnd, args: list[str]) -> list[str]:
         steps.append(f"re-measure on a quiet host: gpt-optuna confirm {where} --processes {processes}")
     if advice.remeasure_rounds is not None:
         steps.append(f"re-measure with more rounds: gpt-optuna confirm {where} --rounds {advice.remeasure_rounds}")
-    steps.append(f"report: gpt-optuna report {where} -o {shlex.quote(str(Path('report.html').resolve()))}")
+    steps.append(f"report: gpt-optuna report {where} -o {shlex.quote(str(Path(DEFAULT_REPORT).resolve()))}")
     if advice.export and summary.best is not None:
         engine = trial_engine(config.backend, summary.best.params)
         out = Path("best").resolve().with_suffix(export_suffix(summary.best, engine))
