@@ -29,7 +29,7 @@ def export(
     format: str,
     force: bool,
     model_name: str | None,
-    storage: str | None = None,
+    storage: str,
 ) -> Exported:
     """The trial (default: what the study recommends deploying) to ``out`` as a file, or as a
     Triton model repository entry; nothing over a file the study (in ``storage``) reads."""

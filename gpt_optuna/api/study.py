@@ -316,7 +316,7 @@ class TunedStudy:
             *("number", "status", "latency_ms", "deploy", "winner", "baseline"),
             *("reason", "reused_from", "measured_on"),
         ]
-        return pandas.DataFrame.from_records(records or [], columns=None if records else columns, index="number")
+        return pandas.DataFrame.from_records(records, columns=None if records else columns, index="number")
 
     def error_axis(self, error: str | None = None) -> ErrorAxis:
         """The accuracy metric ``error`` names as the Pareto front is drawn against it (default:
@@ -488,5 +488,4 @@ class TunedStudy:
         folder = StudyFolder.of(self.study).check_run(time.strftime("%Y%m%d-%H%M%S"))
         folder.mkdir(parents=True, exist_ok=True)
         exported = self.export(folder / "record", force=True)
-        options = {"budget": budget, "tolerance": tolerance, "config": config, "progress": progress}
-        return check(model, exported.record, **options)
+        return check(model, exported.record, budget=budget, tolerance=tolerance, config=config, progress=progress)

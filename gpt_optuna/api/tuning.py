@@ -17,7 +17,7 @@ import optuna
 from gpt_optuna.api.study import TunedStudy, load, storage_url
 from gpt_optuna.core import interrupts
 from gpt_optuna.core.errors import UserError
-from gpt_optuna.search.config import TuneConfig, absolute_storage, measure_settings, read_toml
+from gpt_optuna.search.config import TuneConfig, absolute_storage, config_from, measure_settings, read_toml
 from gpt_optuna.search.options import OPTIONS, Option, parse_duration
 from gpt_optuna.usecases.progress import Progress, in_notebook
 from gpt_optuna.usecases.tune import TuneEnd
@@ -73,11 +73,7 @@ def tune(
     """
     given = config_values(dict(locals()))
     values = read_toml(Path(config)) if config is not None else {}
-    values |= given
-    try:
-        tune_config = TuneConfig(**values)
-    except TypeError as exc:
-        raise UserError(f"bad configuration: {exc}") from exc
+    tune_config = config_from(values | given)
     shown = Progress(enabled=progress, widgets=progress and in_notebook())
     try:
         with interrupts.handled():

@@ -18,7 +18,7 @@ from gpt_optuna.core import log
 from gpt_optuna.core.engine_spec import trial_engine
 from gpt_optuna.core.errors import UserError
 from gpt_optuna.core.words import counted
-from gpt_optuna.search.config import CHECK_STUDY, TuneConfig, absolute_storage, default_storage, storage_url
+from gpt_optuna.search.config import CHECK_STUDY, TuneConfig, default_storage, storage_url
 from gpt_optuna.search.config import study_flags as flags_naming
 from gpt_optuna.search.options import (
     DEFAULT_CHECK_BUDGET,
@@ -27,6 +27,7 @@ from gpt_optuna.search.options import (
     DEFAULT_TOLERANCE,
     DEFAULT_TOP,
     OPTIONS,
+    optional_path,
     parse_duration,
 )
 from gpt_optuna.study.record import STUDIES
@@ -69,18 +70,18 @@ def print_space(config: TuneConfig, as_json: bool) -> int:
     assert config.storage is not None and config.study_name is not None
     left = _left_in_study(config.storage, config.study_name, space)
     if as_json:
-        counts = {"candidates": space.size(), "left": None if left is None else left[1]}
+        counts = {"candidates": space.size(), "left": left}
         print(json.dumps({"backend": config.backend, "versions": versions, "knobs": space.describe(), **counts}))
     else:
         print(f"{config.backend} ({', '.join(f'{k} {v}' for k, v in versions.items())}) for {config.model}:")
         print(space.table())
         if left is not None:
-            print(f"study {left[0]}: {left[1]:,} of the {space.size():,} candidates not evaluated yet")
+            print(f"study {config.study_name}: {left:,} of the {space.size():,} candidates not evaluated yet")
     return 0
 
 
-def _left_in_study(storage: str, name: str, space: Any) -> tuple[str, int] | None:
-    """(study name, candidates of ``space`` no trial holds) where the study ``name`` exists in ``storage``."""
+def _left_in_study(storage: str, name: str, space: Any) -> int | None:
+    """The candidates of ``space`` no trial holds, where the study ``name`` exists in ``storage``."""
     from gpt_optuna.api.study import open_existing_study
     from gpt_optuna.search.coverage import candidates_left
 
@@ -88,7 +89,7 @@ def _left_in_study(storage: str, name: str, space: Any) -> tuple[str, int] | Non
         study = open_existing_study(storage, name)
     except UserError:
         return None
-    return name, candidates_left(space, study.get_trials(deepcopy=False))
+    return candidates_left(space, study.get_trials(deepcopy=False))
 
 
 def _tune_flags(parser: argparse.ArgumentParser) -> None:
@@ -137,7 +138,7 @@ def next_steps(end: TuneEnd, args: list[str]) -> list[str]:
         steps.append(f"re-measure on a quiet host: gpt-optuna confirm {where} --processes {processes}")
     if advice.remeasure_rounds is not None:
         steps.append(f"re-measure with more rounds: gpt-optuna confirm {where} --rounds {advice.remeasure_rounds}")
-    steps.append(f"report: gpt-optuna report {where} -o {shlex.quote(str(Path('report.html').resolve()))}")
+    steps.append(f"report: gpt-optuna report {where} -o {shlex.quote(str(Path(DEFAULT_REPORT).resolve()))}")
     if advice.export and summary.best is not None:
         engine = trial_engine(config.backend, summary.best.params)
         out = Path("best").resolve().with_suffix(export_suffix(summary.best, engine))
@@ -172,8 +173,8 @@ def _check_flags(parser: argparse.ArgumentParser) -> None:
 def _check(args: argparse.Namespace, _: list[str]) -> int:
     from gpt_optuna.usecases.check import gate
 
-    options = (args.config, args.junit, args.update, not args.quiet, args.metric)
-    return gate(args.model, args.baseline, args.budget, args.tolerance, *options).code
+    options = {"config": args.config, "junit": args.junit, "update": args.update, "metric": args.metric}
+    return gate(args.model, args.baseline, args.budget, args.tolerance, progress=not args.quiet, **options).code
 
 
 def _space_flags(parser: argparse.ArgumentParser) -> None:
@@ -211,10 +212,10 @@ def _worker(args: argparse.Namespace, _: list[str]) -> int:
     config = JoinConfig(
         storage=storage_url(args.storage),
         study_name=args.study_name,
-        model=Path(args.model) if args.model else None,
+        model=optional_path(args.model),
         n_trials=args.n_trials,
         timeout_s=parse_duration(args.timeout) if args.timeout else None,
-        artifacts=Path(args.artifacts) if args.artifacts else None,
+        artifacts=optional_path(args.artifacts),
         workers=args.workers,
         gpus=args.gpus,
         allow_mixed_gpus=bool(args.allow_mixed_gpus),
@@ -355,7 +356,7 @@ def _status(_: argparse.Namespace, study: Any) -> int:
     if files:
         print(f"artifact store: {size / 2**20:,.1f} MiB in {counted(files, 'file')} ({folder})")
     if study.winner is not None and importlib.util.find_spec("optuna_dashboard") and not dashboard_written(study.study):
-        where = shlex.join(flags_naming(str(study.storage), study.study_name))
+        where = shlex.join(flags_naming(study.storage, study.study_name))
         print(f"optuna-dashboard does not show this study's winner yet: gpt-optuna dashboard {where} writes it")
     return 0
 
@@ -366,7 +367,7 @@ def _dashboard(_: argparse.Namespace, study: Any) -> int:
         f"optuna-dashboard shows trial {winner.number} as the study's winner: a figure on the study's page,"
         " the verdict first among its user attrs, a note on the study and on the trial; open it with:"
     )
-    print(f"  optuna-dashboard {shlex.quote(absolute_storage(str(study.storage)))}")
+    print(f"  optuna-dashboard {shlex.quote(study.storage)}")
     return 0
 
 

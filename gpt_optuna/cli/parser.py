@@ -9,7 +9,7 @@ from typing import Any
 
 from gpt_optuna.core.errors import UserError
 from gpt_optuna.protocol.timing import ROUNDS
-from gpt_optuna.search.config import TuneConfig, read_toml
+from gpt_optuna.search.config import TuneConfig, config_from, read_toml
 from gpt_optuna.search.options import DEFAULT_PROCESSES, OPTIONS
 
 _OPTIONS = {option.dest: option for option in OPTIONS}
@@ -77,10 +77,7 @@ def tune_config(args: argparse.Namespace) -> TuneConfig:
     values.update({k: v for k, v in flags.items() if v is not None})
     if "model" not in values:
         raise UserError("no model given: gpt-optuna tune MODEL.onnx")
-    try:
-        return TuneConfig(**values)
-    except TypeError as exc:
-        raise UserError(f"bad configuration: {exc}") from exc
+    return config_from(values)
 
 
 EXIT_CODES = """exit codes:

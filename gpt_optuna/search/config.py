@@ -320,6 +320,15 @@ class TuneConfig:
         return self.folder or StudyFolder.named(self.study_name).root
 
 
+def config_from(values: dict[str, Any]) -> TuneConfig:
+    """The TuneConfig of ``values`` (a tune.toml's, overlaid by the flags or keywords given); a
+    UserError where they are not its arguments (no model among them)."""
+    try:
+        return TuneConfig(**values)
+    except TypeError as exc:
+        raise UserError(f"bad configuration: {exc}") from exc
+
+
 _TOML_OPTIONS = {key: option for option in OPTIONS for key in option.toml_keys}
 
 
