@@ -109,9 +109,10 @@ class Inputs:
     def inputs_sha256(self) -> str:
         return feeds_io.samples_sha256(self.samples)
 
-    @property
-    def shapes_record(self) -> dict[str, list[list[int]]]:
-        return {name: [list(r.min), list(r.opt), list(r.max)] for name, r in self.shapes.items()}
+
+def shapes_record(shapes: dict[str, model_io.ShapeRange]) -> dict[str, list[list[int]]]:
+    """Each input's shape range as the study records it: its min, opt and max as lists."""
+    return {name: [list(r.min), list(r.opt), list(r.max)] for name, r in shapes.items()}
 
 
 @dataclass(frozen=True)
@@ -293,7 +294,7 @@ def remembered_check(
         "backend": template.backend,
         "versions": versions,
         "space": space.to_record(),
-        "shapes": {name: [list(r.min), list(r.opt), list(r.max)] for name, r in template.shapes.items()},
+        "shapes": shapes_record(template.shapes),
         "calibration": calibration_sha256,
         "trial_timeout_s": trial_timeout_s,
     }
@@ -397,7 +398,7 @@ def run_identity(kind: StudyKind, inputs: Inputs) -> dict[str, Any]:
         "accuracy": kind.criterion.text,
         "metric": kind.metric,
         "inputs_sha256": inputs.inputs_sha256,
-        "shapes": inputs.shapes_record,
+        "shapes": shapes_record(inputs.shapes),
         "objective": "build_s" if kind.dry_run else "latency_ms",
         "objectives": list(kind.objectives),
         "allow_io_change": kind.allow_io_change,
