@@ -20,6 +20,7 @@ import optuna
 from gpt_optuna.backends import describe
 from gpt_optuna.core.errors import UserError
 from gpt_optuna.core.files import atomic_write
+from gpt_optuna.core.measure_settings import MeasureSettings
 from gpt_optuna.core.space import Space, Value
 from gpt_optuna.graph import feeds as feeds_io
 from gpt_optuna.graph import model as model_io
@@ -230,17 +231,7 @@ def discover_space(
     for knob, choices in graphs.items():  # after the calibration data, which the study recorded as it was
         if set(space.choices(knob)) > set(choices):
             space = space.restricted(knob, choices)
-    template = EvaluateJob.in_study(
-        workdir,
-        config.backend,
-        working,
-        inputs.shapes,
-        config.criterion,
-        config.measure,
-        space.defaults(),
-        config.dry_run,
-        config.metric,
-    )
+    template = study_job(config.kind, config.measure, workdir, working, inputs.shapes, space)
     space = remembered_check(
         space,
         template,
@@ -255,6 +246,22 @@ def discover_space(
         always=always,
     )
     return space, versions, calibration_sha256
+
+
+def study_job(
+    kind: StudyKind,
+    measure: MeasureSettings,
+    workdir: Path,
+    working: model_io.ModelInfo,
+    shapes: dict[str, model_io.ShapeRange],
+    space: Space,
+) -> EvaluateJob:
+    """The template evaluation of a study of ``kind`` in the study folder ``workdir``
+    (:meth:`EvaluateJob.in_study`): the ``working`` model, measured by ``measure``, with ``space``'s
+    defaults."""
+    return EvaluateJob.in_study(
+        workdir, kind.backend, working, shapes, kind.criterion, measure, space.defaults(), kind.dry_run, kind.metric
+    )
 
 
 def _fusions_to_make(
