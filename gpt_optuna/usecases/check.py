@@ -255,6 +255,7 @@ def _check_config(
 ) -> TuneConfig:
     """The search a check runs on ``model``: the record's engine, criterion, samples and shapes, its
     configuration tried first (``gated``: and the engine's defaults alone, the comparison deciding)."""
+    yours = your_configuration(record)
     return TuneConfig(
         **base,
         model=model,
@@ -264,11 +265,11 @@ def _check_config(
         inputs=(record.samples or {})["inputs"],
         shapes=shape_flags(record),
         timeout_s=timeout_s,
-        n_trials=2 + bool(your_configuration(record)) if gated else None,  # the defaults, the record's, yours
+        n_trials=2 + bool(yours) if gated else None,  # the defaults, the record's, yours
         confirm_top=0 if exported is not None else base.get("confirm_top", 5),  # the comparison confirms
         study_name=name,
         seeds=[(record.params, "the recorded configuration")],
-        **your_configuration(record),
+        **yours,
         no_seeds=True,  # the recorded configuration is the one to try first
         allow_io_change=bool((record.interface or {}).get("allow_io_change")),
     )
