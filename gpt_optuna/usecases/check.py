@@ -321,6 +321,7 @@ def judge_latency(
     best = search_ranking(list(study.get_trials(deepcopy=False)))[0]  # the search's fastest, timed beside them
     winner = best if best.number != seeded.number and best.values[0] < (seeded.values or [float("inf")])[0] else None
     trials = [seeded, *([winner] if winner is not None else [])]
+    timed = [seeded, *trials]  # the record's model first, as costly as the recorded configuration
     exported_job = replace(
         template,
         model=model_io.load_model_info(exported),
@@ -337,10 +338,10 @@ def judge_latency(
             StudyFolder(finalists.folder).log("compare"),
             finalists.processes,
             tell,
-            process_seconds([seeded, *trials], template.settings),
-            quiet_seconds([seeded, *trials], template.settings),
+            process_seconds(timed, template.settings),
+            quiet_seconds(timed, template.settings),
             deadline=deadline,
-            rounds=gate_rounds([seeded, *trials], finalists.processes, deadline - time.monotonic()),
+            rounds=gate_rounds(timed, finalists.processes, deadline - time.monotonic()),
         )
     except ConfirmationFailed as failure:
         said = f"latency not decided: the models could not be timed ({failure.reason}); give more --budget"
