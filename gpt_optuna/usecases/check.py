@@ -172,8 +172,8 @@ def still_to_measure(study: Any) -> int:
     measured (a budget spent on the preparation can leave them waiting): the waiting trials up to
     the last of them, since waiting trials run in order."""
     waiting = study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
-    needed = [t.number for t in waiting if TrialRecord(t).baseline or TrialRecord(t).seeded]
-    return sum(1 for t in waiting if t.number <= max(needed)) if needed else 0
+    last = max((t.number for t in waiting if TrialRecord(t).baseline or TrialRecord(t).seeded), default=None)
+    return 0 if last is None else sum(1 for t in waiting if t.number <= last)
 
 
 def run_check(
