@@ -38,7 +38,6 @@ from gpt_optuna.core.files import writable_file
 from gpt_optuna.core.log import RESULT, tell
 from gpt_optuna.core.words import counted
 from gpt_optuna.graph import model as model_io
-from gpt_optuna.graph.transforms import is_transform_knob
 from gpt_optuna.protocol.accuracy import Criterion
 from gpt_optuna.protocol.jobs import EvaluateJob, MetricJob, reference_outputs
 from gpt_optuna.protocol.timing import BLOCK
@@ -71,6 +70,7 @@ from gpt_optuna.usecases.check_outcome import (
     write_junit,
 )
 from gpt_optuna.usecases.check_record import exported_model, load_record, read_samples, recorded_latency, shape_flags
+from gpt_optuna.usecases.compare import as_recorded
 
 COMPARISON_SHARE = 0.5
 """Of ``--budget``, the share kept for timing the record's model beside the changed one where
@@ -322,11 +322,7 @@ def judge_latency(
     winner = best if best.number != seeded.number and best.values[0] < (seeded.values or [float("inf")])[0] else None
     trials = [seeded, *([winner] if winner is not None else [])]
     timed = [seeded, *trials]  # the record's model first, as costly as the recorded configuration
-    exported_job = replace(
-        template,
-        model=model_io.load_model_info(exported),
-        candidate={k: v for k, v in (record.params or {}).items() if not is_transform_knob(k)},
-    )
+    exported_job = as_recorded(template, model_io.load_model_info(exported), record.params)
     evaluations = [exported_job, *kept_evaluations(template, study, trials, tell)]
     tell(
         f"timing the record's model {exported.name} beside the changed model, interleaved, in"
