@@ -300,12 +300,12 @@ def judge_latency(
     search left it unconfirmed), and the study's summary (None where the recorded configuration
     was never measured)."""
     seeded = seeded_trial(study)
-    if seeded is not None and seeded.state.name == "PRUNED":
+    if seeded is not None and seeded.state == TrialState.PRUNED:
         tried = TrialRecord(seeded)
         reason = tried.infeasible or tried.failure or ""
         return Outcome("accuracy", False, f"accuracy regression: the recorded configuration fails: {reason}"), None
     summary = summarize_study(study)
-    if seeded is None or seeded.state.name != "COMPLETE":
+    if seeded is None or seeded.state != TrialState.COMPLETE:
         return Outcome(
             "latency",
             False,
