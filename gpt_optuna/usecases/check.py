@@ -38,7 +38,6 @@ from gpt_optuna.core.files import writable_file
 from gpt_optuna.core.log import RESULT, tell
 from gpt_optuna.core.words import counted
 from gpt_optuna.graph import model as model_io
-from gpt_optuna.graph.transforms import is_transform_knob
 from gpt_optuna.protocol.accuracy import Criterion
 from gpt_optuna.protocol.jobs import EvaluateJob, MetricJob, reference_outputs
 from gpt_optuna.protocol.timing import BLOCK
@@ -71,6 +70,7 @@ from gpt_optuna.usecases.check_outcome import (
     write_junit,
 )
 from gpt_optuna.usecases.check_record import exported_model, load_record, read_samples, recorded_latency, shape_flags
+from gpt_optuna.usecases.compare import as_recorded
 
 COMPARISON_SHARE = 0.5
 """Of ``--budget``, the share kept for timing the record's model beside the changed one where
@@ -172,8 +172,8 @@ def still_to_measure(study: Any) -> int:
     measured (a budget spent on the preparation can leave them waiting): the waiting trials up to
     the last of them, since waiting trials run in order."""
     waiting = study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
-    needed = [t.number for t in waiting if TrialRecord(t).baseline or TrialRecord(t).seeded]
-    return sum(1 for t in waiting if t.number <= max(needed)) if needed else 0
+    last = max((t.number for t in waiting if TrialRecord(t).baseline or TrialRecord(t).seeded), default=None)
+    return 0 if last is None else sum(1 for t in waiting if t.number <= last)
 
 
 def run_check(
@@ -255,6 +255,7 @@ def _check_config(
 ) -> TuneConfig:
     """The search a check runs on ``model``: the record's engine, criterion, samples and shapes, its
     configuration tried first (``gated``: and the engine's defaults alone, the comparison deciding)."""
+    yours = your_configuration(record)
     return TuneConfig(
         **base,
         model=model,
@@ -264,11 +265,11 @@ def _check_config(
         inputs=(record.samples or {})["inputs"],
         shapes=shape_flags(record),
         timeout_s=timeout_s,
-        n_trials=2 + bool(your_configuration(record)) if gated else None,  # the defaults, the record's, yours
+        n_trials=2 + bool(yours) if gated else None,  # the defaults, the record's, yours
         confirm_top=0 if exported is not None else base.get("confirm_top", 5),  # the comparison confirms
         study_name=name,
         seeds=[(record.params, "the recorded configuration")],
-        **your_configuration(record),
+        **yours,
         no_seeds=True,  # the recorded configuration is the one to try first
         allow_io_change=bool((record.interface or {}).get("allow_io_change")),
     )
@@ -299,12 +300,12 @@ def judge_latency(
     search left it unconfirmed), and the study's summary (None where the recorded configuration
     was never measured)."""
     seeded = seeded_trial(study)
-    if seeded is not None and seeded.state.name == "PRUNED":
+    if seeded is not None and seeded.state == TrialState.PRUNED:
         tried = TrialRecord(seeded)
         reason = tried.infeasible or tried.failure or ""
         return Outcome("accuracy", False, f"accuracy regression: the recorded configuration fails: {reason}"), None
     summary = summarize_study(study)
-    if seeded is None or seeded.state.name != "COMPLETE":
+    if seeded is None or seeded.state != TrialState.COMPLETE:
         return Outcome(
             "latency",
             False,
@@ -320,11 +321,8 @@ def judge_latency(
     best = search_ranking(list(study.get_trials(deepcopy=False)))[0]  # the search's fastest, timed beside them
     winner = best if best.number != seeded.number and best.values[0] < (seeded.values or [float("inf")])[0] else None
     trials = [seeded, *([winner] if winner is not None else [])]
-    exported_job = replace(
-        template,
-        model=model_io.load_model_info(exported),
-        candidate={k: v for k, v in (record.params or {}).items() if not is_transform_knob(k)},
-    )
+    timed = [seeded, *trials]  # the record's model first, as costly as the recorded configuration
+    exported_job = as_recorded(template, model_io.load_model_info(exported), record.params)
     evaluations = [exported_job, *kept_evaluations(template, study, trials, tell)]
     tell(
         f"timing the record's model {exported.name} beside the changed model, interleaved, in"
@@ -336,10 +334,10 @@ def judge_latency(
             StudyFolder(finalists.folder).log("compare"),
             finalists.processes,
             tell,
-            process_seconds([seeded, *trials], template.settings),
-            quiet_seconds([seeded, *trials], template.settings),
+            process_seconds(timed, template.settings),
+            quiet_seconds(timed, template.settings),
             deadline=deadline,
-            rounds=gate_rounds([seeded, *trials], finalists.processes, deadline - time.monotonic()),
+            rounds=gate_rounds(timed, finalists.processes, deadline - time.monotonic()),
         )
     except ConfirmationFailed as failure:
         said = f"latency not decided: the models could not be timed ({failure.reason}); give more --budget"

@@ -38,11 +38,10 @@ def compare_absolute(record_ms: float, summary: Any, tolerance: float) -> Outcom
     median = winner.latency_ms
     measured = list(winner.process_ms) or [median]
     low, high = min(measured), max(measured)
-    which = f" ({winner.measurement}; processes {low:.4g}-{high:.4g} ms)" if len(measured) > 1 else ""
-    which = which or f" ({winner.measurement})"
+    which = f"{winner.measurement}; processes {low:.4g}-{high:.4g} ms" if len(measured) > 1 else winner.measurement
     change = 100 * (median / record_ms - 1)
     said = (
-        f"trial {summary.best.number}: {median:.4g} ms{which} against the recorded {record_ms:.4g} ms (a figure of"
+        f"trial {summary.best.number}: {median:.4g} ms ({which}) against the recorded {record_ms:.4g} ms (a figure of"
         f" the host that made the record), {change:+.1f} %"
     )
     if low > record_ms * (1 + tolerance):

@@ -164,10 +164,15 @@ def _model_side(template: EvaluateJob, path: Path) -> Side:
     if record_path.is_file():
         from gpt_optuna.backends.side_file import SideFile
 
-        params = SideFile.read(path).params or {}
-        candidate = {k: v for k, v in params.items() if not is_transform_knob(k)}
-        return Side(f"{path.name} (as its record says)", replace(template, model=info, candidate=candidate))
+        return Side(f"{path.name} (as its record says)", as_recorded(template, info, SideFile.read(path).params))
     return Side(f"{path.name} (the engine's defaults)", replace(template, model=info, candidate={}))
+
+
+def as_recorded(template: EvaluateJob, model: model_io.ModelInfo, params: dict[str, Any] | None) -> EvaluateJob:
+    """``template`` on an exported ``model`` under its record's ``params``, less the graph
+    transforms' knobs (the exported model has its transforms made)."""
+    candidate = {k: v for k, v in (params or {}).items() if not is_transform_knob(k)}
+    return replace(template, model=model, candidate=candidate)
 
 
 def writable_folder(study: optuna.Study) -> StudyFolder:

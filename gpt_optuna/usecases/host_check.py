@@ -17,6 +17,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from gpt_optuna.core.host import usable_cores
+
 BUSY_SHARE = 0.25
 """Other work on this share of the cores (half a core at least) makes the host busy."""
 WINDOW_S = 0.1
@@ -64,11 +66,10 @@ class HostCheck:
         return asdict(self) | {"gpu_processes": list(self.gpu_processes), "warnings": self.warnings}
 
 
-def look(window_s: float = WINDOW_S) -> HostCheck:
-    """Sample the host for ``window_s`` seconds, this process idle meanwhile."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+def look() -> HostCheck:
+    """Sample the host for :data:`WINDOW_S` seconds, this process idle meanwhile."""
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
-    return HostCheck(cores, _busy_cores(window_s), load, tuple(_gpu_processes()), tuple(_gpu_clocks()))
+    return HostCheck(usable_cores(), _busy_cores(), load, tuple(_gpu_processes()), tuple(_gpu_clocks()))
 
 
 def _cpu_times() -> tuple[float, float] | None:
@@ -82,11 +83,11 @@ def _cpu_times() -> tuple[float, float] | None:
     return sum(values) - idle, sum(values)
 
 
-def _busy_cores(window_s: float) -> float | None:
+def _busy_cores() -> float | None:
     before = _cpu_times()
     if before is None:
         return None
-    time.sleep(window_s)
+    time.sleep(WINDOW_S)
     after = _cpu_times()
     assert after is not None
     total = after[1] - before[1]

@@ -20,6 +20,7 @@ import optuna
 from gpt_optuna.backends import describe
 from gpt_optuna.core.errors import UserError
 from gpt_optuna.core.files import atomic_write
+from gpt_optuna.core.measure_settings import MeasureSettings
 from gpt_optuna.core.space import Space, Value
 from gpt_optuna.graph import feeds as feeds_io
 from gpt_optuna.graph import model as model_io
@@ -109,9 +110,10 @@ class Inputs:
     def inputs_sha256(self) -> str:
         return feeds_io.samples_sha256(self.samples)
 
-    @property
-    def shapes_record(self) -> dict[str, list[list[int]]]:
-        return {name: [list(r.min), list(r.opt), list(r.max)] for name, r in self.shapes.items()}
+
+def shapes_record(shapes: dict[str, model_io.ShapeRange]) -> dict[str, list[list[int]]]:
+    """Each input's shape range as the study records it: its min, opt and max as lists."""
+    return {name: [list(r.min), list(r.opt), list(r.max)] for name, r in shapes.items()}
 
 
 @dataclass(frozen=True)
@@ -229,17 +231,7 @@ def discover_space(
     for knob, choices in graphs.items():  # after the calibration data, which the study recorded as it was
         if set(space.choices(knob)) > set(choices):
             space = space.restricted(knob, choices)
-    template = EvaluateJob.in_study(
-        workdir,
-        config.backend,
-        working,
-        inputs.shapes,
-        config.criterion,
-        config.measure,
-        space.defaults(),
-        config.dry_run,
-        config.metric,
-    )
+    template = study_job(config.kind, config.measure, workdir, working, inputs.shapes, space)
     space = remembered_check(
         space,
         template,
@@ -254,6 +246,22 @@ def discover_space(
         always=always,
     )
     return space, versions, calibration_sha256
+
+
+def study_job(
+    kind: StudyKind,
+    measure: MeasureSettings,
+    workdir: Path,
+    working: model_io.ModelInfo,
+    shapes: dict[str, model_io.ShapeRange],
+    space: Space,
+) -> EvaluateJob:
+    """The template evaluation of a study of ``kind`` in the study folder ``workdir``
+    (:meth:`EvaluateJob.in_study`): the ``working`` model, measured by ``measure``, with ``space``'s
+    defaults."""
+    return EvaluateJob.in_study(
+        workdir, kind.backend, working, shapes, kind.criterion, measure, space.defaults(), kind.dry_run, kind.metric
+    )
 
 
 def _fusions_to_make(
@@ -293,7 +301,7 @@ def remembered_check(
         "backend": template.backend,
         "versions": versions,
         "space": space.to_record(),
-        "shapes": {name: [list(r.min), list(r.opt), list(r.max)] for name, r in template.shapes.items()},
+        "shapes": shapes_record(template.shapes),
         "calibration": calibration_sha256,
         "trial_timeout_s": trial_timeout_s,
     }
@@ -397,7 +405,7 @@ def run_identity(kind: StudyKind, inputs: Inputs) -> dict[str, Any]:
         "accuracy": kind.criterion.text,
         "metric": kind.metric,
         "inputs_sha256": inputs.inputs_sha256,
-        "shapes": inputs.shapes_record,
+        "shapes": shapes_record(inputs.shapes),
         "objective": "build_s" if kind.dry_run else "latency_ms",
         "objectives": list(kind.objectives),
         "allow_io_change": kind.allow_io_change,

@@ -45,7 +45,7 @@ from gpt_optuna.study.summary import StudySummary, finished_count
 from gpt_optuna.study.trial_record import ENGINE_DEFAULTS_ATTR, SEEDED, YOURS_ATTR
 from gpt_optuna.usecases.host_check import look
 from gpt_optuna.usecases.phases import Phases
-from gpt_optuna.usecases.preparation import Prepared, check_resumable, fingerprint, load_inputs, prepare
+from gpt_optuna.usecases.preparation import Prepared, check_resumable, fingerprint, load_inputs, prepare, study_job
 from gpt_optuna.usecases.progress import Progress
 from gpt_optuna.usecases.session import SearchSession, begin_search
 from gpt_optuna.usecases.time_budget import (
@@ -199,16 +199,8 @@ class _SearchRun:
     def search(self, prepared: Prepared, warm: WarmStart) -> TuneEnd:
         """The search, then the finalists re-measured, and how the run ended."""
         config, study, progress = self.config, self.study, self.progress
-        job = EvaluateJob.in_study(
-            config.workdir,
-            config.backend,
-            prepared.working,
-            prepared.inputs.shapes,
-            config.criterion,
-            config.measure,
-            prepared.space.defaults(),
-            config.dry_run,
-            config.metric,
+        job = study_job(
+            config.kind, config.measure, config.workdir, prepared.working, prepared.inputs.shapes, prepared.space
         )
         store = artifact_folder(study, config.artifacts)
         publish(study, store, config.workdir)

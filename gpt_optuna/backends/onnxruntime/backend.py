@@ -47,10 +47,10 @@ from gpt_optuna.backends.onnxruntime.settings import (
     ort_version,
     provider_options,
     session_options,
-    usable_cores,
     usable_providers,
 )
 from gpt_optuna.core.engine_paths import EnginePaths
+from gpt_optuna.core.host import usable_cores
 from gpt_optuna.core.space import Candidate, Space
 from gpt_optuna.graph.feeds import synthetic_feeds
 from gpt_optuna.graph.fusion import FUSIONS

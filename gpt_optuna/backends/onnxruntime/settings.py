@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -155,13 +154,6 @@ def thread_choices(cores: int) -> tuple[int, ...]:
         counts.add(n)
         n *= 2
     return tuple(sorted(counts))
-
-
-def usable_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count() or 1
 
 
 def _probe_session(ort: Any, provider: str) -> Any:
