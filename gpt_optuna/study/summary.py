@@ -213,7 +213,7 @@ class StudySummary:
             return figures.measurement == "search" and figures.speedup > 1.0
         return figures.significant
 
-    @property
+    @cached_property
     def winner(self) -> Figures | None:
         """The winner's figures (None before any feasible trial)."""
         return None if self.best is None else self.figures(self.best)
