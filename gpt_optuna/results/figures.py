@@ -15,6 +15,7 @@ import math
 import warnings
 from collections import Counter
 from collections.abc import Iterable
+from itertools import accumulate
 from typing import Any
 
 import optuna
@@ -266,10 +267,7 @@ def history_figure(rows: list[TrialRow], marked: list[Mark] | None = None) -> An
 
     marked = marked or []
     feasible = [r for r in rows if r.status == "feasible" and r.latency_ms is not None]
-    best, running = [], float("inf")
-    for r in feasible:
-        running = min(running, r.latency_ms)  # type: ignore[type-var]
-        best.append(running)
+    best = list(accumulate((r.latency_ms for r in feasible), min))  # type: ignore[type-var]
     numbers = [r.number for r in feasible]
     figure = go.Figure(
         [
