@@ -103,10 +103,10 @@ class Deployment:
     configuration fields)."""
 
     side_file: Callable[[ExportedTrial], dict[str, Any]]
-    triton_platform: str | None
-    """None: Triton has no backend that serves the engine's exports."""
-    triton_model_file: str
-    triton_fields: Callable[[SideFile], TritonFields]
+    triton_platform: str | None = None
+    """None: Triton has no backend that serves the engine's exports (nor model file or fields)."""
+    triton_model_file: str = ""
+    triton_fields: Callable[[SideFile], TritonFields] | None = None
     beside: tuple[str, ...] = ()
     shipped: Callable[[Path], Path] | None = None
     """The file an export ships, from the ONNX model the trial ran, where it is not the engine

@@ -56,9 +56,6 @@ ENGINES = {
         "gpt_optuna.backends.inductor.backend:InductorBackend",
         Deployment(
             _inductor.side_file,
-            None,
-            "model.pt2",
-            _inductor.triton_fields,
             shipped=_inductor.needs_program,
             engine_beside=_INDUCTOR_CACHE_SUFFIX,
             suffix=".pt2",

@@ -15,6 +15,7 @@ import math
 import warnings
 from collections import Counter
 from collections.abc import Iterable
+from itertools import accumulate
 from typing import Any
 
 import optuna
@@ -264,11 +265,9 @@ def history_figure(rows: list[TrialRow], marked: list[Mark] | None = None) -> An
     and the trial to deploy marked on their own trials."""
     import plotly.graph_objects as go
 
+    marked = marked or []
     feasible = [r for r in rows if r.status == "feasible" and r.latency_ms is not None]
-    best, running = [], float("inf")
-    for r in feasible:
-        running = min(running, r.latency_ms)  # type: ignore[type-var]
-        best.append(running)
+    best = list(accumulate((r.latency_ms for r in feasible), min))  # type: ignore[type-var]
     numbers = [r.number for r in feasible]
     figure = go.Figure(
         [
@@ -276,9 +275,9 @@ def history_figure(rows: list[TrialRow], marked: list[Mark] | None = None) -> An
             go.Scatter(x=numbers, y=best, mode="lines", line={"shape": "hv"}, name="best so far", meta="line"),
         ]
     )
-    figure.add_traces(_mark_traces(marked or [], {m.trial: (m.trial, m.latency_ms) for m in marked or []}, rows))
-    axis = latency_axis([r.latency_ms for r in feasible] + [m.latency_ms for m in marked or []])
-    xaxis = trial_axis(numbers + [m.trial for m in marked or []])
+    figure.add_traces(_mark_traces(marked, {m.trial: (m.trial, m.latency_ms) for m in marked}, rows))
+    axis = latency_axis([r.latency_ms for r in feasible] + [m.latency_ms for m in marked])
+    xaxis = trial_axis(numbers + [m.trial for m in marked])
     figure.update_layout(title="Optimization history (search latencies)", xaxis=xaxis, yaxis=axis, legend=LEGEND)
     return figure
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import optuna
 
-from gpt_optuna.core.words import counted
+from gpt_optuna.core.words import counted, in_number
 from gpt_optuna.protocol.accuracy import Criterion
 from gpt_optuna.results.figures import (
     build_figure,
@@ -163,8 +163,7 @@ def failure_lines(rows: list[TrialRow]) -> list[str]:
     for cause, numbers in sorted(by_cause.items(), key=lambda item: (-len(item[1]), item[1][0])):
         shown = ", ".join(map(str, numbers[:SHOWN_NUMBERS]))
         more = f" and {len(numbers) - SHOWN_NUMBERS} more" if len(numbers) > SHOWN_NUMBERS else ""
-        which = "trial" if len(numbers) == 1 else "trials"
-        lines.append(f"{len(numbers)} x {cause} ({which} {shown}{more})")
+        lines.append(f"{len(numbers)} x {cause} ({in_number(len(numbers), 'trial')} {shown}{more})")
     return lines
 
 

@@ -90,17 +90,17 @@ def collect(study: optuna.Study) -> list[TrialRow]:
                 reused_from=record.reused_from,
                 accuracy=dict(accuracy or {}),
                 measured_on=f"{record.host} {record.gpu or ''}".strip() if record.host is not None else "",
-                cause=_cause(trial, status),
+                cause=_cause(trial, status, record.infeasible),
             )
         )
     return rows
 
 
-def _cause(trial: optuna.trial.FrozenTrial, status: str) -> str:
+def _cause(trial: optuna.trial.FrozenTrial, status: str, infeasible: str | None) -> str:
     if status == "failed":
         return failure_cause(trial)
     if status == "infeasible":
-        reason = TrialRecord(trial).infeasible or ""
+        reason = infeasible or ""
         clauses = re.findall(r"fails (\S+)", reason)
         return f"fails {', '.join(clauses)}" if clauses else (reason.splitlines() or [""])[0][:80]
     return ""

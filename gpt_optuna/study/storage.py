@@ -362,11 +362,9 @@ def count_by_state(study: optuna.Study) -> dict[optuna.trial.TrialState, int] | 
     return None if backend is None else count_in_database(backend, study)
 
 
-def load_study(
-    storage: optuna.storages.BaseStorage, name: str, sampler: optuna.samplers.BaseSampler | None = None
-) -> optuna.Study:
+def load_study(storage: optuna.storages.BaseStorage, name: str) -> optuna.Study:
     try:
-        return optuna.load_study(study_name=name, storage=storage, sampler=sampler)
+        return optuna.load_study(study_name=name, storage=storage)
     except KeyError:
         names = optuna.get_all_study_names(storage)
         known = f"; studies there: {', '.join(names)}" if names else "; the storage holds no study"

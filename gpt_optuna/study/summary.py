@@ -213,7 +213,7 @@ class StudySummary:
             return figures.measurement == "search" and figures.speedup > 1.0
         return figures.significant
 
-    @property
+    @cached_property
     def winner(self) -> Figures | None:
         """The winner's figures (None before any feasible trial)."""
         return None if self.best is None else self.figures(self.best)
@@ -244,7 +244,7 @@ class StudySummary:
         beyond their intervals, or (unconfirmed) no feasible candidate was faster in the search."""
         return bool(self.best is not None and self.baseline is not None and self.best.number == self.baseline.number)
 
-    @property
+    @cached_property
     def verdict(self) -> str:
         """What the study found, in one word (:func:`gpt_optuna.study.evidence.judge` where the
         finalists were re-measured): ``faster`` (confirmed, beyond its interval), ``inconclusive``
@@ -266,7 +266,7 @@ class StudySummary:
         """The verdict recommends the default configuration: nothing measured beats it for sure."""
         return self.verdict in ("baseline", "not_significant", "inconclusive")
 
-    @property
+    @cached_property
     def decided(self) -> FrozenTrial | None:
         """The trial the study recommends deploying: the baseline where the verdict keeps the
         default configuration, else the winner (None before any feasible trial); where the user

@@ -8,11 +8,10 @@ import os
 from pathlib import Path
 from typing import Any
 
-from gpt_optuna.backends.base import ExportedTrial, TritonFields
+from gpt_optuna.backends.base import ExportedTrial
 from gpt_optuna.backends.inductor.deploy import CACHE_SUFFIX, SECTION
 from gpt_optuna.backends.inductor.fresh import compiled_fresh
 from gpt_optuna.backends.inductor.knobs import CUDAGRAPHS, PRECISION, SDPA_BACKEND, compile_options
-from gpt_optuna.backends.side_file import SideFile
 from gpt_optuna.core.errors import UserError
 from gpt_optuna.core.space import Candidate
 from gpt_optuna.graph.program import program_of
@@ -62,7 +61,3 @@ def side_file(trial: ExportedTrial) -> dict[str, Any]:
     cache = trial.out.with_name(trial.out.name + CACHE_SUFFIX)
     fresh = compiled_fresh(trial.out, settings, trial.inputs, inductor_caches(trial.paths.caches), cache)
     return {SECTION: settings, "fresh_process": fresh}
-
-
-def triton_fields(side: SideFile) -> TritonFields:
-    raise UserError("Triton's PyTorch backend runs TorchScript, not a program Inductor compiles")
