@@ -149,7 +149,9 @@ def _link_or_copy(source: Path | str, destination: Path | str) -> None:
 
 
 def config_text(name: str, info: ModelInfo, record: SideFile, deployment: Deployment) -> tuple[str, list[str]]:
-    """``config.pbtxt`` in protobuf text format, and the trial's settings it cannot express."""
+    """``config.pbtxt`` in protobuf text format, and the trial's settings it cannot express (an
+    engine Triton serves)."""
+    assert deployment.triton_fields is not None, "an engine Triton does not serve"
     fields = deployment.triton_fields(record)
     lines = [f'name: "{name}"', deployment.triton_platform, "max_batch_size: 0"]
     lines += [_tensor("input", spec) for spec in info.inputs]
