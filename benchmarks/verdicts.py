@@ -23,7 +23,6 @@ import argparse
 import contextlib
 import json
 import math
-import os
 import shutil
 import signal
 import subprocess
@@ -41,6 +40,7 @@ import optuna
 
 from benchmarks import child_env
 from benchmarks.models import MINILM, OCR, PPOCR_CLS, PPOCR_REC, mobilenet_v2_onnx
+from gpt_optuna.core.host import usable_cores
 from gpt_optuna.study.evidence import t_quantile
 from gpt_optuna.study.summary import summarize_study
 from gpt_optuna.testing.registry import download_one
@@ -68,7 +68,7 @@ def model_file(name: str, folder: Path) -> Path:
 def background_load() -> Iterator[str]:
     """Other work on the host while the block runs: one process spinning on a core for every two
     cores, and one that spins and sleeps by turns (0.3 s each), as a shared machine's jobs do."""
-    cores = len(os.sched_getaffinity(0))
+    cores = usable_cores()
     steady = "while True: pass"
     bursty = (
         "import time\nwhile True:\n    end = time.time() + 0.3\n    while time.time() < end: pass\n    time.sleep(0.3)"
